@@ -1,0 +1,85 @@
+"""Users and SASL authentication.
+
+Responsibilities:
+- ``UserStore``: users with salted scrypt password hashes (never plain text), constant-time
+  comparison, and a small cache of verified credentials so the slow hash runs once per login
+  pair rather than once per connection;
+- parsing the PLAIN and AMQPLAIN responses of ``connection.start-ok``.
+
+The hash is deliberately slow; callers run ``verify`` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+
+import attrs
+
+from .protocol.codec import U32, read_table
+from .protocol.errors import DecodeError
+
+MECHANISMS = ("PLAIN", "AMQPLAIN")
+_SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
+
+
+@attrs.frozen
+class User:
+    name: str
+    salt: bytes = attrs.field(repr=False)
+    password_hash: bytes = attrs.field(repr=False)
+    loopback_only: bool = False
+
+
+def _hash(password: str, salt: bytes) -> bytes:
+    return hashlib.scrypt(password.encode(), salt=salt, **_SCRYPT)  # type: ignore[arg-type]
+
+
+class UserStore:
+    def __init__(self) -> None:
+        self._users: dict[str, User] = {}
+        self._cache_key = os.urandom(32)
+        self._verified: set[bytes] = set()
+
+    def add(self, name: str, password: str, *, loopback_only: bool = False) -> None:
+        salt = os.urandom(16)
+        self._users[name] = User(name, salt, _hash(password, salt), loopback_only)
+        self._verified = {v for v in self._verified if not v.startswith(name.encode() + b"\0")}
+
+    def get(self, name: str) -> User | None:
+        return self._users.get(name)
+
+    def verify(self, name: str, password: str) -> User | None:
+        """The user if the password is right, else None. Slow (scrypt) on a cache miss."""
+        user = self._users.get(name)
+        if user is None:
+            return None
+        token = name.encode() + b"\0" + hmac.digest(self._cache_key, password.encode(), "sha256")
+        if token in self._verified:
+            return user
+        if not hmac.compare_digest(_hash(password, user.salt), user.password_hash):
+            return None
+        if len(self._verified) > 10_000:
+            self._verified.clear()
+        self._verified.add(token)
+        return user
+
+
+def parse_response(mechanism: str, response: bytes) -> tuple[str, str]:
+    """``(username, password)`` from a start-ok response; ValueError if it does not parse."""
+    if mechanism == "PLAIN":
+        parts = response.split(b"\0")
+        if len(parts) != 3:
+            raise ValueError("PLAIN response is not authzid NUL authcid NUL passwd")
+        return parts[1].decode(), parts[2].decode()
+    if mechanism == "AMQPLAIN":
+        try:
+            table, _ = read_table(memoryview(U32.pack(len(response)) + response), 0)
+        except DecodeError as exc:
+            raise ValueError(f"AMQPLAIN response is not a field table: {exc}") from None
+        login, password = table.get("LOGIN"), table.get("PASSWORD")
+        if not isinstance(login, str) or not isinstance(password, str):
+            raise ValueError("AMQPLAIN response lacks LOGIN or PASSWORD")
+        return login, password
+    raise ValueError(f"unknown mechanism {mechanism!r}")

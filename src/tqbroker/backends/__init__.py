@@ -1,0 +1,1 @@
+"""Message storage backends: the ``Backend`` protocol and the built-in implementations."""

@@ -1,0 +1,77 @@
+"""The in-memory backend: the reference implementation of ``QueueStore``.
+
+Keeps messages in Python objects and survives nothing: a restart loses every message, which is
+what transient queues promise.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from ..model import Message
+
+
+class MemoryQueueStore:
+    """Ready messages in a deque (ids increasing) plus a heap of requeued ids, which are always
+    older than anything in the deque, so ``pop`` takes the heap first."""
+
+    def __init__(self) -> None:
+        self._next_id = 1
+        self._ready: deque[tuple[int, Message]] = deque()
+        self._requeued: list[int] = []  # heap of ids
+        self._messages: dict[int, Message] = {}  # unacked and requeued messages by id
+
+    def push(self, message: Message) -> int:
+        message_id = self._next_id
+        self._next_id += 1
+        self._ready.append((message_id, message))
+        return message_id
+
+    def pop(self) -> tuple[int, Message, bool] | None:
+        if self._requeued:
+            message_id = heapq.heappop(self._requeued)
+            return message_id, self._messages[message_id], True
+        if self._ready:
+            message_id, message = self._ready.popleft()
+            self._messages[message_id] = message
+            return message_id, message, False
+        return None
+
+    def ack(self, message_id: int) -> None:
+        self._messages.pop(message_id, None)
+
+    def requeue(self, message_id: int) -> None:
+        if message_id in self._messages:
+            heapq.heappush(self._requeued, message_id)
+
+    def purge(self) -> int:
+        count = len(self._ready) + len(self._requeued)
+        self._ready.clear()
+        for message_id in self._requeued:
+            del self._messages[message_id]
+        self._requeued.clear()
+        return count
+
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready) + len(self._requeued)
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self._messages) - len(self._requeued)
+
+
+class MemoryBackend:
+    """Registered as the ``memory`` backend."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self._stores: dict[tuple[str, str], MemoryQueueStore] = {}
+
+    def open_queue(self, vhost: str, queue: str) -> MemoryQueueStore:
+        return self._stores.setdefault((vhost, queue), MemoryQueueStore())
+
+    def delete_queue(self, vhost: str, queue: str) -> None:
+        self._stores.pop((vhost, queue), None)

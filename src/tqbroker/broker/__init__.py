@@ -1,0 +1,1 @@
+"""Broker state: virtual hosts, exchanges, bindings, queues and their actors, consumers."""

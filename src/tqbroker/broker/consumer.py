@@ -1,0 +1,76 @@
+"""Consumers: who a queue delivers to, and the channel interface it delivers through.
+
+Responsibilities:
+- ``Consumer``: tag, queue, ack mode, per-consumer prefetch and its count of unacked deliveries;
+- ``DeliveryChannel``: what a queue needs of the channel behind a consumer (the server's channel
+  implements it; tests can too).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from ..model import Message
+from ..protocol.codec import FieldTable
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+
+class DeliveryChannel(Protocol):
+    def can_deliver(self) -> bool:
+        """False while the channel's shared prefetch is used up or its socket is backed up."""
+        ...
+
+    def deliver(
+        self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
+    ) -> None:
+        """Send one message to the consumer (never blocks)."""
+        ...
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        """The queue went away: tell the client (``basic.cancel``) if it asked to be told."""
+        ...
+
+
+class Consumer:
+    __slots__ = (
+        "arguments",
+        "channel",
+        "exclusive",
+        "no_ack",
+        "prefetch_count",
+        "queue",
+        "tag",
+        "unacked",
+    )
+
+    def __init__(
+        self,
+        tag: str,
+        queue: Queue,
+        channel: DeliveryChannel,
+        *,
+        no_ack: bool,
+        exclusive: bool,
+        prefetch_count: int,
+        arguments: FieldTable,
+    ) -> None:
+        self.tag = tag
+        self.queue = queue
+        self.channel = channel
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch_count = prefetch_count  # 0 = unlimited
+        self.arguments = arguments
+        self.unacked = 0
+
+    def has_capacity(self) -> bool:
+        if self.no_ack:
+            return self.channel.can_deliver()
+        return (
+            not self.prefetch_count or self.unacked < self.prefetch_count
+        ) and self.channel.can_deliver()
+
+    def __repr__(self) -> str:
+        return f"Consumer({self.tag!r} on {self.queue.name!r})"

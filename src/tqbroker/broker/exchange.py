@@ -1,0 +1,83 @@
+"""Exchanges and their bindings.
+
+Responsibilities:
+- ``Exchange``: declared properties, the distinct bindings (source side), the plugin ``Router``
+  that indexes them, and the exchanges/queues bound *to* it (``bound_by``) for clean deletes;
+- ``DefaultExchange``: the nameless direct exchange every queue is implicitly bound to by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import TypeAlias
+
+from ..plugins.spec import Router
+from ..protocol.codec import FieldTable, encode_table
+
+# (source exchange, routing key, encoded arguments): how a destination remembers a binding to it.
+BindingRef: TypeAlias = tuple["Exchange", str, bytes]
+
+
+class Exchange:
+    def __init__(
+        self,
+        name: str,
+        type_name: str,
+        router: Router,
+        *,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: FieldTable,
+    ) -> None:
+        self.name = name
+        self.type_name = type_name
+        self.router = router
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = arguments
+        alternate = arguments.get("alternate-exchange")
+        self.alternate = alternate if isinstance(alternate, str) else None
+        # (destination, key, encoded args) -> args
+        self.bindings: dict[tuple[Hashable, str, bytes], FieldTable] = {}
+        self.bound_by: set[BindingRef] = set()
+        self.had_binding = False
+
+    def bind(self, destination: Hashable, key: str, arguments: FieldTable) -> BindingRef | None:
+        """Add a binding; return the reference the destination keeps, or None if it existed."""
+        args_id = encode_table(arguments)
+        if (destination, key, args_id) in self.bindings:
+            return None
+        self.router.bind(destination, key, arguments)
+        self.bindings[(destination, key, args_id)] = arguments
+        self.had_binding = True
+        return (self, key, args_id)
+
+    def unbind(self, destination: Hashable, key: str, args_id: bytes) -> bool:
+        """Remove a binding; False if there was none."""
+        arguments = self.bindings.pop((destination, key, args_id), None)
+        if arguments is None:
+            return False
+        self.router.unbind(destination, key, arguments)
+        return True
+
+    def route(self, routing_key: str, headers: FieldTable | None) -> Iterable[Hashable]:
+        return self.router.route(routing_key, headers)
+
+    def __repr__(self) -> str:
+        return f"Exchange({self.name!r}, {self.type_name!r})"
+
+
+class DefaultExchange(Exchange):
+    """The default exchange ``""``: routes to the queue named by the routing key."""
+
+    def __init__(self, queues: dict[str, Hashable], router: Router) -> None:
+        super().__init__(
+            "", "direct", router, durable=True, auto_delete=False, internal=False, arguments={}
+        )
+        self._queues = queues
+
+    def route(self, routing_key: str, headers: FieldTable | None) -> Iterable[Hashable]:
+        queue = self._queues.get(routing_key)
+        return (queue,) if queue is not None else ()

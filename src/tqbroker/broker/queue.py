@@ -1,0 +1,151 @@
+"""A classic queue and its actor.
+
+Responsibilities:
+- accept messages (``publish``: a plain call that wakes the actor, no message passing per message);
+- the actor task: deliver ready messages round-robin to consumers that have prefetch credit;
+- basic.get, ack and requeue through the queue's ``QueueStore``;
+- consumer bookkeeping (exclusive consumers, auto-delete once the last consumer leaves).
+
+The actor is woken, not messaged: any number of publishes, acks or new consumers between two
+wake-ups cost one delivery pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..backends.base import QueueStore
+from ..model import Message
+from ..protocol.codec import FieldTable
+from .consumer import Consumer
+
+if TYPE_CHECKING:
+    from .exchange import BindingRef
+
+
+class Queue:
+    def __init__(
+        self,
+        vhost: str,
+        name: str,
+        store: QueueStore,
+        *,
+        durable: bool,
+        exclusive_owner: object | None,
+        auto_delete: bool,
+        arguments: FieldTable,
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.store = store
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        self.consumers: list[Consumer] = []
+        self.bound_by: set[BindingRef] = set()
+        self.deleted = False
+        self.on_unused: Callable[[Queue], None] | None = None  # set by the vhost (auto-delete)
+        self._had_consumer = False
+        self._next_consumer = 0
+        self._wakeup = trio.Event()
+        self._cancel_scope = trio.CancelScope()
+
+    # -- the actor ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Deliver until the queue is deleted."""
+        with self._cancel_scope:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                self._dispatch()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def stop(self) -> None:
+        self._cancel_scope.cancel()
+
+    def _dispatch(self) -> None:
+        store = self.store
+        consumers = self.consumers
+        while consumers and store.ready_count:
+            consumer = self._pick_consumer()
+            if consumer is None:
+                return
+            entry = store.pop()
+            if entry is None:
+                return
+            message_id, message, redelivered = entry
+            if consumer.no_ack:
+                store.ack(message_id)
+            else:
+                consumer.unacked += 1
+            consumer.channel.deliver(consumer, message_id, message, redelivered)
+
+    def _pick_consumer(self) -> Consumer | None:
+        consumers = self.consumers
+        n = len(consumers)
+        start = self._next_consumer
+        for i in range(n):
+            index = (start + i) % n
+            consumer = consumers[index]
+            if consumer.has_capacity():
+                self._next_consumer = index + 1
+                return consumer
+        return None
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def publish(self, message: Message) -> None:
+        self.store.push(message)
+        if self.consumers:
+            self._wakeup.set()
+
+    def get(self) -> tuple[int, Message, bool] | None:
+        return self.store.pop()
+
+    def ack(self, message_id: int, consumer: Consumer | None) -> None:
+        self.store.ack(message_id)
+        if consumer is not None:
+            consumer.unacked -= 1
+            self._wakeup.set()
+
+    def requeue(self, message_id: int, consumer: Consumer | None) -> None:
+        if consumer is not None:
+            consumer.unacked -= 1
+        self.store.requeue(message_id)
+        self._wakeup.set()
+
+    def purge(self) -> int:
+        return self.store.purge()
+
+    @property
+    def message_count(self) -> int:
+        return self.store.ready_count
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    @property
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.consumers)
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self._had_consumer = True
+        self._wakeup.set()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return
+        if not self.consumers and self.auto_delete and self._had_consumer and self.on_unused:
+            self.on_unused(self)
+
+    def __repr__(self) -> str:
+        return f"Queue({self.vhost!r}, {self.name!r})"

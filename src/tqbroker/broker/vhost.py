@@ -1,0 +1,442 @@
+"""A virtual host: its exchanges, queues and bindings, and the AMQP rules for changing them.
+
+Responsibilities:
+- declare / delete / bind / unbind for exchanges and queues with RabbitMQ's checks and reply codes
+  (reserved ``amq.`` names 403, missing entities 404, exclusive queues 405, inequivalent
+  redeclare 406, unknown exchange type 503);
+- routing a message through exchange-to-exchange bindings and alternate exchanges (a plain
+  function call, no task);
+- exclusive and auto-delete lifetimes.
+
+Everything here is synchronous and runs on the broker's Trio thread; queue actors are started
+through the ``spawn`` callback the broker passes in.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Final
+
+from ..backends.base import Backend
+from ..plugins.builtin.direct import DirectRouter
+from ..plugins.spec import ExchangeType
+from ..protocol.codec import FieldTable, FieldValue, encode_table
+from ..protocol.errors import AMQPError, ReplyCode
+from .exchange import DefaultExchange, Exchange
+from .queue import Queue
+
+PREDECLARED: Final = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+Spawn = Callable[[Callable[[], Any]], None]
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class VirtualHost:
+    def __init__(
+        self,
+        name: str,
+        *,
+        exchange_types: Mapping[str, ExchangeType],
+        backend: Backend,
+        spawn: Spawn,
+    ) -> None:
+        self.name = name
+        self.exchange_types = exchange_types
+        self.backend = backend
+        self._spawn = spawn
+        self.queues: dict[str, Queue] = {}
+        self.default_exchange = DefaultExchange(self.queues, DirectRouter())  # type: ignore[arg-type]
+        self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
+        for name_, type_name in PREDECLARED:
+            if type_name in exchange_types:
+                self.exchanges[name_] = self._new_exchange(
+                    name_, type_name, durable=True, auto_delete=False, internal=False, arguments={}
+                )
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def _not_found(self, kind: str, name: str) -> AMQPError:
+        return AMQPError(ReplyCode.NOT_FOUND, f"no {kind} '{name}' in vhost '{self.name}'")
+
+    def get_exchange(self, name: str) -> Exchange:
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            raise self._not_found("exchange", name)
+        return exchange
+
+    def get_queue(self, name: str, owner: object) -> Queue:
+        """The queue, if it exists and ``owner`` (a connection) may use it."""
+        queue = self.queues.get(name)
+        if queue is None:
+            raise self._not_found("queue", name)
+        self._check_exclusive(queue, owner)
+        return queue
+
+    def _check_exclusive(self, queue: Queue, owner: object) -> None:
+        if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
+            raise AMQPError(
+                ReplyCode.RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost "
+                f"'{self.name}'. It could be originally declared on another connection or the "
+                "exclusive property value does not match that of the original declaration.",
+            )
+
+    # -- exchanges ---------------------------------------------------------------------------
+
+    def _new_exchange(
+        self,
+        name: str,
+        type_name: str,
+        *,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: FieldTable,
+    ) -> Exchange:
+        exchange_type = self.exchange_types[type_name]
+        try:
+            exchange_type.validate(arguments)
+        except ValueError as exc:
+            raise AMQPError(ReplyCode.PRECONDITION_FAILED, str(exc)) from None
+        return Exchange(
+            name,
+            type_name,
+            exchange_type.create_router(arguments),
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+        )
+
+    def declare_exchange(
+        self,
+        name: str,
+        type_name: str,
+        *,
+        passive: bool,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: FieldTable,
+    ) -> Exchange:
+        if passive:
+            return self.get_exchange(name)
+        if name == "":
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange"
+            )
+        if name.startswith("amq."):
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED,
+                f"exchange name '{name}' contains reserved prefix 'amq.*'",
+            )
+        if type_name not in self.exchange_types:
+            raise AMQPError(
+                ReplyCode.COMMAND_INVALID,
+                f"unknown exchange type '{type_name}' (installed: "
+                f"{', '.join(sorted(self.exchange_types))})",
+            )
+        existing = self.exchanges.get(name)
+        if existing is not None:
+            what = f"for exchange '{name}' in vhost '{self.name}'"
+            self._check_equivalent(
+                what,
+                {
+                    "type": (type_name, existing.type_name),
+                    "durable": (durable, existing.durable),
+                    "auto_delete": (auto_delete, existing.auto_delete),
+                    "internal": (internal, existing.internal),
+                },
+                arguments,
+                existing.arguments,
+            )
+            return existing
+        exchange = self._new_exchange(
+            name,
+            type_name,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+        )
+        self.exchanges[name] = exchange
+        return exchange
+
+    @staticmethod
+    def _check_equivalent(
+        what: str,
+        flags: dict[str, tuple[object, object]],
+        arguments: FieldTable,
+        current: FieldTable,
+    ) -> None:
+        for flag, (received, now) in flags.items():
+            if received != now:
+                raise AMQPError(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"inequivalent arg '{flag}' {what}: received '{_fmt(received)}' but "
+                    f"current is '{_fmt(now)}'",
+                )
+        for key in sorted(set(arguments) | set(current)):
+            got: FieldValue = arguments.get(key)
+            now_value: FieldValue = current.get(key)
+            if encode_table({key: got}) != encode_table({key: now_value}):
+                raise AMQPError(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"inequivalent arg '{key}' {what}: received "
+                    f"{'none' if got is None else repr(got)} but current is "
+                    f"{'none' if now_value is None else repr(now_value)}",
+                )
+
+    def delete_exchange(self, name: str, *, if_unused: bool) -> None:
+        if name == "" or name.startswith("amq."):
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED,
+                f"operation not permitted on exchange '{name}' (reserved name)",
+            )
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return  # deleting a missing exchange succeeds, as in RabbitMQ
+        if if_unused and exchange.bindings:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use"
+            )
+        self._remove_exchange(exchange)
+
+    def _remove_exchange(self, exchange: Exchange) -> None:
+        del self.exchanges[exchange.name]
+        for destination, key, args_id in list(exchange.bindings):
+            exchange.unbind(destination, key, args_id)
+            if isinstance(destination, Queue | Exchange):
+                destination.bound_by.discard((exchange, key, args_id))
+        for source, key, args_id in list(exchange.bound_by):
+            source.unbind(exchange, key, args_id)
+            self._maybe_auto_delete(source)
+        exchange.bound_by.clear()
+
+    def _maybe_auto_delete(self, exchange: Exchange) -> None:
+        if (
+            exchange.auto_delete
+            and exchange.had_binding
+            and not exchange.bindings
+            and self.exchanges.get(exchange.name) is exchange
+        ):
+            self._remove_exchange(exchange)
+
+    def _source_for_binding(self, name: str) -> Exchange:
+        if name == "":
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange"
+            )
+        return self.get_exchange(name)
+
+    def bind_exchange(
+        self, destination: str, source: str, routing_key: str, arguments: FieldTable
+    ) -> None:
+        dest = self._source_for_binding(destination)
+        src = self._source_for_binding(source)
+        self._bind(src, dest, routing_key, arguments)
+
+    def unbind_exchange(
+        self, destination: str, source: str, routing_key: str, arguments: FieldTable
+    ) -> None:
+        dest = self._source_for_binding(destination)
+        src = self._source_for_binding(source)
+        self._unbind(src, dest, routing_key, arguments)
+
+    def _bind(
+        self, source: Exchange, dest: Queue | Exchange, routing_key: str, arguments: FieldTable
+    ) -> None:
+        try:
+            ref = source.bind(dest, routing_key, arguments)
+        except ValueError as exc:
+            raise AMQPError(ReplyCode.PRECONDITION_FAILED, str(exc)) from None
+        if ref is not None:
+            dest.bound_by.add(ref)
+
+    def _unbind(
+        self, source: Exchange, dest: Queue | Exchange, routing_key: str, arguments: FieldTable
+    ) -> None:
+        args_id = encode_table(arguments)
+        if source.unbind(dest, routing_key, args_id):
+            dest.bound_by.discard((source, routing_key, args_id))
+            self._maybe_auto_delete(source)
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        passive: bool,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: FieldTable,
+        owner: object,
+    ) -> Queue:
+        if passive:
+            return self.get_queue(name, owner)
+        if name.startswith("amq.") and name not in self.queues:
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED,
+                f"queue name '{name}' contains reserved prefix 'amq.*'",
+            )
+        if not name:
+            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        queue_type = arguments.get("x-queue-type", "classic")
+        if queue_type != "classic":
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{self.name}': "
+                f"{queue_type!r} is not supported (supported: 'classic')",
+            )
+        existing = self.queues.get(name)
+        if existing is not None:
+            self._check_exclusive(existing, owner)
+            what = f"for queue '{name}' in vhost '{self.name}'"
+            self._check_equivalent(
+                what,
+                {
+                    "durable": (durable, existing.durable),
+                    "exclusive": (exclusive, existing.exclusive_owner is not None),
+                    "auto_delete": (auto_delete, existing.auto_delete),
+                },
+                _equivalence_args(arguments),
+                _equivalence_args(existing.arguments),
+            )
+            return existing
+        queue = Queue(
+            self.name,
+            name,
+            self.backend.open_queue(self.name, name),
+            durable=durable,
+            exclusive_owner=owner if exclusive else None,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
+        queue.on_unused = self._remove_queue
+        self.queues[name] = queue
+        self._spawn(queue.run)
+        return queue
+
+    def bind_queue(
+        self, queue_name: str, exchange: str, routing_key: str, arguments: FieldTable, owner: object
+    ) -> None:
+        queue = self.get_queue(queue_name, owner)
+        source = self._source_for_binding(exchange)
+        self._bind(source, queue, routing_key, arguments)
+
+    def unbind_queue(
+        self, queue_name: str, exchange: str, routing_key: str, arguments: FieldTable, owner: object
+    ) -> None:
+        queue = self.get_queue(queue_name, owner)
+        source = self._source_for_binding(exchange)
+        self._unbind(source, queue, routing_key, arguments)
+
+    def purge_queue(self, name: str, owner: object) -> int:
+        return self.get_queue(name, owner).purge()
+
+    def delete_queue(self, name: str, *, if_unused: bool, if_empty: bool, owner: object) -> int:
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0  # deleting a missing queue succeeds, as in RabbitMQ
+        self._check_exclusive(queue, owner)
+        if if_unused and queue.consumers:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' in use"
+            )
+        if if_empty and queue.message_count:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"queue '{name}' in vhost '{self.name}' is not empty",
+            )
+        count = queue.message_count
+        self._remove_queue(queue)
+        return count
+
+    def _remove_queue(self, queue: Queue) -> None:
+        if self.queues.get(queue.name) is not queue:
+            return
+        del self.queues[queue.name]
+        queue.deleted = True
+        for source, key, args_id in list(queue.bound_by):
+            source.unbind(queue, key, args_id)
+            self._maybe_auto_delete(source)
+        queue.bound_by.clear()
+        for consumer in list(queue.consumers):
+            queue.consumers.remove(consumer)
+            consumer.channel.consumer_cancelled(consumer)
+        queue.stop()
+        self.backend.delete_queue(self.name, queue.name)
+
+    def connection_closed(self, owner: object) -> None:
+        """Delete the exclusive queues ``owner`` declared."""
+        for queue in [q for q in self.queues.values() if q.exclusive_owner is owner]:
+            self._remove_queue(queue)
+
+    # -- routing -----------------------------------------------------------------------------
+
+    def route(
+        self, exchange: Exchange, routing_key: str, headers: FieldTable | None
+    ) -> list[Queue]:
+        """The queues a message reaches, each once, following exchange-to-exchange bindings and
+        alternate exchanges."""
+        if exchange is self.default_exchange:
+            queue = self.queues.get(routing_key)
+            return [queue] if queue is not None else []
+        queues: dict[int, Queue] = {}
+        seen: set[Hashable] = {exchange}
+        frontier = [exchange]
+        while frontier:
+            current = frontier.pop()
+            routed = False
+            for dest in current.route(routing_key, headers):
+                routed = True
+                if isinstance(dest, Queue):
+                    queues[id(dest)] = dest
+                elif dest not in seen:
+                    seen.add(dest)
+                    frontier.append(dest)  # type: ignore[arg-type]
+            if not routed and current.alternate is not None:
+                alternate = self.exchanges.get(current.alternate)
+                if alternate is not None and alternate not in seen:
+                    seen.add(alternate)
+                    frontier.append(alternate)
+        return list(queues.values())
+
+
+# Queue arguments RabbitMQ compares on redeclare; others are accepted and ignored.
+_EQUIVALENCE_ARGS: Final = frozenset(
+    {
+        "x-expires",
+        "x-message-ttl",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-priority",
+        "x-overflow",
+        "x-queue-mode",
+        "x-queue-type",
+        "x-single-active-consumer",
+        "x-delivery-limit",
+        "x-queue-backend",
+    }
+)
+
+
+def _equivalence_args(arguments: FieldTable) -> FieldTable:
+    return {k: v for k, v in arguments.items() if k in _EQUIVALENCE_ARGS}

@@ -1,0 +1,67 @@
+"""The command line: ``python -m tqbroker [--host H] [--port P] [--data-dir D]``.
+
+Responsibilities:
+- parse flags into a ``BrokerConfig`` (embedded defaults: 127.0.0.1:5672, ./tqbroker-data,
+  guest/guest from loopback only, vhost ``/``);
+- print one startup line naming the bound address;
+- SIGINT / SIGTERM: graceful shutdown within the configured deadline, exit status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+import trio
+
+from . import __version__
+from .config import BrokerConfig
+from .server.listener import serve
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tqbroker", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=5672, help="AMQP port, 0 = ephemeral (5672)")
+    parser.add_argument(
+        "--data-dir", default="tqbroker-data", help="where data lives (./tqbroker-data)"
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    parser.add_argument("--version", action="version", version=f"tqbroker {__version__}")
+    return parser.parse_args(argv)
+
+
+async def run(config: BrokerConfig) -> None:
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        addresses = await nursery.start(lambda task_status: serve(
+            config, shutdown=shutdown, task_status=task_status
+        ))
+        bound = ", ".join(f"amqp://{host}:{port}" for host, port in addresses)
+        print(f"tqbroker {__version__} ready: listening on {bound}", flush=True)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                logging.getLogger("tqbroker").info(
+                    "received %s: shutting down", signal.Signals(signum).name
+                )
+                shutdown.set()
+                break
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = BrokerConfig(host=args.host, port=args.port, data_dir=args.data_dir)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        trio.run(run, config)
+    except OSError as exc:
+        print(f"tqbroker: cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,1 @@
+"""Routing plugins: the ``ExchangeType`` protocol, its loader and the built-in exchange types."""

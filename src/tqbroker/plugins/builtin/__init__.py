@@ -1,0 +1,1 @@
+"""The exchange types every AMQP broker has: direct, fanout, topic, headers."""

@@ -1,0 +1,255 @@
+"""Primitive AMQP 0-9-1 encodings: integers, strings, field tables and field arrays.
+
+Responsibilities:
+- read/write of shortstr, longstr and field tables with RabbitMQ's errata type letters
+  (``t b B s u I i l f d D S A T F V x``);
+- bounds: every length is checked against the bytes present before anything is allocated, nesting
+  is capped at ``MAX_TABLE_DEPTH``; failures raise ``DecodeError`` (never ``IndexError``).
+
+Python representation of field values: ``bool``, ``int``, ``float``, ``decimal.Decimal``, ``str``
+(``S``; invalid UTF-8 survives through ``surrogateescape``), ``bytes`` (``x``), ``datetime`` in UTC
+(``T``, whole seconds), ``dict`` (``F``), ``list`` (``A``) and ``None`` (``V``). Integers encode as
+``I`` when they fit 32 bits and ``l`` otherwise, as pika and RabbitMQ do.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import struct
+from collections.abc import Mapping, Sequence
+from typing import TypeAlias, Union
+
+from .errors import DecodeError
+
+FieldValue: TypeAlias = Union[
+    bool,
+    int,
+    float,
+    decimal.Decimal,
+    str,
+    bytes,
+    datetime.datetime,
+    "FieldTable",
+    "FieldArray",
+    None,
+]
+FieldTable: TypeAlias = dict[str, FieldValue]
+FieldArray: TypeAlias = list[FieldValue]
+
+MAX_TABLE_DEPTH = 32
+
+U8 = struct.Struct(">B")
+U16 = struct.Struct(">H")
+U32 = struct.Struct(">I")
+U64 = struct.Struct(">Q")
+I8 = struct.Struct(">b")
+I16 = struct.Struct(">h")
+I32 = struct.Struct(">i")
+I64 = struct.Struct(">q")
+F32 = struct.Struct(">f")
+F64 = struct.Struct(">d")
+_DECIMAL = struct.Struct(">Bi")
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def read_shortstr(buf: memoryview, off: int) -> tuple[str, int]:
+    """Decode a shortstr (u8 length + UTF-8) at ``off``; return it and the next offset."""
+    try:
+        end = off + 1 + buf[off]
+    except IndexError:
+        raise DecodeError("shortstr length past end of data") from None
+    if end > len(buf):
+        raise DecodeError("shortstr longer than the data that holds it")
+    try:
+        return str(buf[off + 1 : end], "utf-8"), end
+    except UnicodeDecodeError:
+        raise DecodeError("Malformed UTF-8 in shortstr") from None
+
+
+def read_longstr_bytes(buf: memoryview, off: int) -> tuple[bytes, int]:
+    """Decode a longstr (u32 length + bytes) at ``off`` as raw bytes."""
+    if off + 4 > len(buf):
+        raise DecodeError("longstr length past end of data")
+    end = off + 4 + U32.unpack_from(buf, off)[0]
+    if end > len(buf):
+        raise DecodeError("longstr longer than the data that holds it")
+    return bytes(buf[off + 4 : end]), end
+
+
+def read_longstr(buf: memoryview, off: int) -> tuple[str, int]:
+    """Decode a longstr as text (invalid UTF-8 kept through ``surrogateescape``)."""
+    raw, end = read_longstr_bytes(buf, off)
+    return raw.decode("utf-8", "surrogateescape"), end
+
+
+def read_table(buf: memoryview, off: int, depth: int = 0) -> tuple[FieldTable, int]:
+    """Decode a field table (u32 byte length + name/value pairs) at ``off``."""
+    if off + 4 > len(buf):
+        raise DecodeError("table length past end of data")
+    end = off + 4 + U32.unpack_from(buf, off)[0]
+    if end > len(buf):
+        raise DecodeError("table longer than the data that holds it")
+    if depth >= MAX_TABLE_DEPTH:
+        raise DecodeError(f"field tables nested deeper than {MAX_TABLE_DEPTH}")
+    body = buf[:end]
+    off += 4
+    table: FieldTable = {}
+    while off < end:
+        key, off = read_shortstr(body, off)
+        table[key], off = _read_value(body, off, depth + 1)
+    return table, end
+
+
+def _read_array(buf: memoryview, off: int, depth: int) -> tuple[FieldArray, int]:
+    if off + 4 > len(buf):
+        raise DecodeError("array length past end of data")
+    end = off + 4 + U32.unpack_from(buf, off)[0]
+    if end > len(buf):
+        raise DecodeError("array longer than the data that holds it")
+    if depth >= MAX_TABLE_DEPTH:
+        raise DecodeError(f"field arrays nested deeper than {MAX_TABLE_DEPTH}")
+    body = buf[:end]
+    off += 4
+    items: FieldArray = []
+    while off < end:
+        value, off = _read_value(body, off, depth + 1)
+        items.append(value)
+    return items, end
+
+
+def _read_fixed(fmt: struct.Struct, buf: memoryview, off: int) -> tuple[int | float, int]:
+    end = off + fmt.size
+    if end > len(buf):
+        raise DecodeError("field value past end of data")
+    value: int | float = fmt.unpack_from(buf, off)[0]
+    return value, end
+
+
+def _read_value(buf: memoryview, off: int, depth: int) -> tuple[FieldValue, int]:
+    if off >= len(buf):
+        raise DecodeError("field value type past end of data")
+    kind = buf[off]
+    off += 1
+    fixed = _FIXED_READERS.get(kind)
+    if fixed is not None:
+        return _read_fixed(fixed, buf, off)
+    if kind == 0x74:  # t
+        if off >= len(buf):
+            raise DecodeError("boolean past end of data")
+        return buf[off] != 0, off + 1
+    if kind == 0x53:  # S
+        return read_longstr(buf, off)
+    if kind == 0x46:  # F
+        return read_table(buf, off, depth)
+    if kind == 0x41:  # A
+        return _read_array(buf, off, depth)
+    if kind == 0x54:  # T
+        seconds, off = _read_fixed(U64, buf, off)
+        try:
+            return _EPOCH + datetime.timedelta(seconds=seconds), off
+        except OverflowError:
+            raise DecodeError("timestamp out of range") from None
+    if kind == 0x44:  # D
+        if off + 5 > len(buf):
+            raise DecodeError("decimal past end of data")
+        scale, value = _DECIMAL.unpack_from(buf, off)
+        return decimal.Decimal(value).scaleb(-scale), off + 5
+    if kind == 0x78:  # x
+        return read_longstr_bytes(buf, off)
+    if kind == 0x56:  # V
+        return None, off
+    raise DecodeError(f"unknown field table type {chr(kind)!r}")
+
+
+_FIXED_READERS: dict[int, struct.Struct] = {
+    ord("b"): I8,
+    ord("B"): U8,
+    ord("s"): I16,
+    ord("u"): U16,
+    ord("I"): I32,
+    ord("i"): U32,
+    ord("l"): I64,
+    ord("f"): F32,
+    ord("d"): F64,
+}
+
+
+def write_shortstr(out: bytearray, value: str) -> None:
+    raw = value.encode("utf-8", "surrogateescape")
+    if len(raw) > 255:
+        raise ValueError(f"shortstr longer than 255 bytes: {value[:40]!r}...")
+    out.append(len(raw))
+    out += raw
+
+
+def write_longstr(out: bytearray, value: str | bytes) -> None:
+    raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+    out += U32.pack(len(raw))
+    out += raw
+
+
+def write_table(out: bytearray, table: Mapping[str, FieldValue]) -> None:
+    start = len(out)
+    out += b"\0\0\0\0"
+    for key, value in table.items():
+        write_shortstr(out, key)
+        _write_value(out, value)
+    U32.pack_into(out, start, len(out) - start - 4)
+
+
+def encode_table(table: Mapping[str, FieldValue]) -> bytes:
+    out = bytearray()
+    write_table(out, table)
+    return bytes(out)
+
+
+def _write_array(out: bytearray, items: Sequence[FieldValue]) -> None:
+    start = len(out)
+    out += b"\0\0\0\0"
+    for item in items:
+        _write_value(out, item)
+    U32.pack_into(out, start, len(out) - start - 4)
+
+
+def _write_value(out: bytearray, value: FieldValue) -> None:
+    if value is None:
+        out += b"V"
+    elif isinstance(value, bool):
+        out += b"t\x01" if value else b"t\x00"
+    elif isinstance(value, int):
+        if -(2**31) <= value < 2**31:
+            out += b"I" + I32.pack(value)
+        elif -(2**63) <= value < 2**63:
+            out += b"l" + I64.pack(value)
+        else:
+            raise ValueError(f"integer out of the signed 64-bit range: {value}")
+    elif isinstance(value, float):
+        out += b"d" + F64.pack(value)
+    elif isinstance(value, str):
+        out += b"S"
+        write_longstr(out, value)
+    elif isinstance(value, bytes | bytearray):
+        out += b"x"
+        write_longstr(out, bytes(value))
+    elif isinstance(value, dict):
+        out += b"F"
+        write_table(out, value)
+    elif isinstance(value, list | tuple):
+        out += b"A"
+        _write_array(out, value)
+    elif isinstance(value, datetime.datetime):
+        seconds = int((value - _EPOCH).total_seconds()) if value.tzinfo else int(value.timestamp())
+        out += b"T" + U64.pack(seconds)
+    elif isinstance(value, decimal.Decimal):
+        sign, digits, exponent = value.as_tuple()
+        if not isinstance(exponent, int):
+            raise ValueError(f"cannot encode decimal {value}")
+        scale = max(0, -exponent)
+        unscaled = int(value.scaleb(scale))
+        if scale > 255 or not -(2**31) <= unscaled < 2**31:
+            raise ValueError(f"decimal out of AMQP range: {value}")
+        out += b"D" + _DECIMAL.pack(scale, unscaled)
+    else:
+        raise ValueError(f"cannot encode {type(value).__name__} in a field table")

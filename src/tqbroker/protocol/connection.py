@@ -1,0 +1,523 @@
+"""The server side of an AMQP 0-9-1 connection, sans I/O: bytes in, events out.
+
+Responsibilities:
+- the protocol header check;
+- frame splitting (``NEED_DATA`` on short input, never an exception), frame sizes checked from the
+  frame head before any payload is buffered, frame end markers, frame types;
+- the connection state machine (``TRANSITIONS``: start, tune, open, close in both directions) and
+  the negotiated limits (channel_max, frame_max, heartbeat);
+- channel bookkeeping (open, closing, closed) and content assembly (publish + header + bodies),
+  with the message size checked from the content header before any body byte is buffered;
+- encoding what the server sends, updating the state as it goes.
+
+Usage, the h11 way::
+
+    conn = ServerConnection(limits)
+    conn.receive_data(data)          # b"" at end of stream
+    while (event := conn.next_event()) is not NEED_DATA: ...
+    sock.send(conn.send_method(0, ConnectionStart(...)))
+
+``next_event`` raises ``AMQPError``: a hard one means "send ``close_connection(err)``", a soft one
+"send ``close_channel(err)``"; the error knows its channel. Nothing here imports trio.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+import attrs
+
+from .codec import U64
+from .errors import AMQPError, DecodeError, ReplyCode, UnknownMethodError
+from .frames import (
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_HEAD,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+    PROTOCOL_HEADER,
+    encode_method,
+)
+from .methods import (
+    BasicPublish,
+    ChannelClose,
+    ChannelCloseOk,
+    ChannelOpen,
+    ConnectionClose,
+    ConnectionCloseOk,
+    ConnectionOpen,
+    ConnectionOpenOk,
+    ConnectionStart,
+    ConnectionStartOk,
+    ConnectionTune,
+    ConnectionTuneOk,
+    ConnectionUpdateSecret,
+    Method,
+    decode_method,
+)
+
+
+class NeedData(enum.Enum):
+    """``next_event`` has nothing complete to return yet."""
+
+    NEED_DATA = enum.auto()
+
+
+NEED_DATA: Final = NeedData.NEED_DATA
+
+
+@attrs.frozen
+class ProtocolHeaderReceived:
+    """The client sent a valid ``AMQP 0-9-1`` header: answer with ``connection.start``."""
+
+
+@attrs.frozen
+class MethodReceived:
+    """A method without content (everything except ``basic.publish``)."""
+
+    channel: int
+    method: Method
+
+
+@attrs.frozen
+class ContentReceived:
+    """A complete ``basic.publish``: the method, the raw property bytes (flags word first, as
+    sent, so deliveries can forward them untouched) and the body."""
+
+    channel: int
+    method: BasicPublish
+    properties: bytes
+    body: bytes
+
+
+@attrs.frozen
+class EndOfStream:
+    """The peer closed its side of the socket."""
+
+
+Event = ProtocolHeaderReceived | MethodReceived | ContentReceived | EndOfStream
+
+
+class BadProtocolHeader(Exception):
+    """The first bytes were not ``AMQP 0-9-1``: send ``PROTOCOL_HEADER`` and close the socket."""
+
+
+class State(enum.Enum):
+    AWAIT_HEADER = enum.auto()  # nothing received yet
+    HEADER_RECEIVED = enum.auto()  # server must send connection.start
+    AWAIT_START_OK = enum.auto()
+    AUTHENTICATING = enum.auto()  # server checks credentials, then sends tune (or closes)
+    AWAIT_TUNE_OK = enum.auto()
+    AWAIT_OPEN = enum.auto()
+    OPENING = enum.auto()  # server checks the vhost, then sends open-ok (or closes)
+    OPEN = enum.auto()
+    CLOSE_RECEIVED = enum.auto()  # peer sent connection.close; server sends close-ok
+    CLOSING = enum.auto()  # server sent connection.close; waiting for close-ok
+    CLOSED = enum.auto()
+
+
+# Every state transition of the connection lives in these two tables.
+# (state, method received) -> next state
+RECEIVE_TRANSITIONS: Final[dict[tuple[State, type[Method]], State]] = {
+    (State.AWAIT_START_OK, ConnectionStartOk): State.AUTHENTICATING,
+    (State.AWAIT_TUNE_OK, ConnectionTuneOk): State.AWAIT_OPEN,
+    (State.AWAIT_OPEN, ConnectionOpen): State.OPENING,
+    (State.OPEN, ConnectionUpdateSecret): State.OPEN,
+    (State.CLOSING, ConnectionCloseOk): State.CLOSED,
+    (State.CLOSING, ConnectionClose): State.CLOSING,
+} | {
+    (state, ConnectionClose): State.CLOSE_RECEIVED
+    for state in (
+        State.AWAIT_START_OK,
+        State.AUTHENTICATING,
+        State.AWAIT_TUNE_OK,
+        State.AWAIT_OPEN,
+        State.OPENING,
+        State.OPEN,
+    )
+}
+# (state, method sent) -> next state; sending connection.close moves any state to CLOSING.
+SEND_TRANSITIONS: Final[dict[tuple[State, type[Method]], State]] = {
+    (State.HEADER_RECEIVED, ConnectionStart): State.AWAIT_START_OK,
+    (State.AUTHENTICATING, ConnectionTune): State.AWAIT_TUNE_OK,
+    (State.OPENING, ConnectionOpenOk): State.OPEN,
+    (State.CLOSE_RECEIVED, ConnectionCloseOk): State.CLOSED,
+    (State.CLOSING, ConnectionCloseOk): State.CLOSING,
+}
+
+
+@attrs.frozen
+class Limits:
+    """What the server offers in ``connection.tune`` and enforces."""
+
+    channel_max: int = 2047
+    frame_max: int = 131072
+    heartbeat: int = 60
+    max_message_size: int = 16 * 1024 * 1024
+    # Largest frame accepted before tune-ok (RabbitMQ's initial_frame_max).
+    initial_frame_max: int = 8192
+
+
+class _Channel:
+    """Per-channel framing state: open or closing, and the content being assembled."""
+
+    __slots__ = ("body", "body_size", "closing", "method", "properties", "received")
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.method: BasicPublish | None = None  # a publish waiting for its content
+        self.properties: bytes | None = None  # set once the content header arrived
+        self.body_size = 0
+        self.received = 0
+        self.body: list[bytes] = []
+
+
+class ServerConnection:
+    """One client connection, seen from the server."""
+
+    def __init__(self, limits: Limits = Limits()) -> None:
+        self.limits = limits
+        self.state = State.AWAIT_HEADER
+        # Negotiated in tune-ok; until then the pre-tune limits apply.
+        self.channel_max = limits.channel_max
+        self.frame_max = limits.frame_max
+        self.heartbeat = 0
+        self.channels: dict[int, _Channel] = {}
+        self._buf = b""
+        self._pos = 0
+        self._eof = False
+        self._broken = False  # framing lost: read nothing more
+        self._tuned = False
+
+    # -- input -------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes from the socket; ``b""`` means the peer closed its side."""
+        if not data:
+            self._eof = True
+            return
+        if self._broken:
+            return
+        self._buf = self._buf[self._pos :] + data if self._pos else self._buf + data
+        self._pos = 0
+
+    def next_event(self) -> Event | NeedData:
+        """The next complete event, ``NEED_DATA`` when more bytes are needed."""
+        while True:
+            if self._broken:
+                return EndOfStream() if self._eof else NEED_DATA
+            if self.state is State.AWAIT_HEADER:
+                return self._read_protocol_header()
+            buf, pos = self._buf, self._pos
+            if len(buf) - pos < 7:
+                return EndOfStream() if self._eof else NEED_DATA
+            frame_type, channel, size = FRAME_HEAD.unpack_from(buf, pos)
+            limit = self.frame_max if self._tuned else self.limits.initial_frame_max
+            if size > limit:
+                self._broken = True
+                raise AMQPError(
+                    ReplyCode.FRAME_ERROR,
+                    f"frame size {size} exceeds the negotiated frame_max {limit}",
+                )
+            end = pos + 7 + size
+            if len(buf) <= end:
+                return EndOfStream() if self._eof else NEED_DATA
+            if buf[end] != FRAME_END:
+                self._broken = True
+                raise AMQPError(ReplyCode.FRAME_ERROR, f"invalid frame end marker {buf[end]:#x}")
+            self._pos = end + 1
+            event = self._handle_frame(frame_type, channel, memoryview(buf)[pos + 7 : end])
+            if event is not None:
+                return event
+
+    def _read_protocol_header(self) -> Event | NeedData:
+        got = self._buf[self._pos : self._pos + 8]
+        if got != PROTOCOL_HEADER[: len(got)]:
+            self._broken = True
+            raise BadProtocolHeader(f"bad protocol header {got!r}")
+        if len(got) < 8:
+            return EndOfStream() if self._eof else NEED_DATA
+        self._pos += 8
+        self.state = State.HEADER_RECEIVED
+        return ProtocolHeaderReceived()
+
+    def _handle_frame(self, frame_type: int, channel: int, payload: memoryview) -> Event | None:
+        if frame_type == FRAME_HEARTBEAT:
+            if channel:
+                raise AMQPError(ReplyCode.UNEXPECTED_FRAME, f"heartbeat frame on channel {channel}")
+            if payload:
+                raise AMQPError(ReplyCode.FRAME_ERROR, "heartbeat frame with a payload")
+            return None
+        if frame_type not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
+            self._broken = True
+            raise AMQPError(ReplyCode.FRAME_ERROR, f"unknown frame type {frame_type}")
+        if channel == 0:
+            if frame_type != FRAME_METHOD:
+                raise AMQPError(ReplyCode.UNEXPECTED_FRAME, "content frame on channel 0")
+            return self._connection_method(_decode(payload))
+        if self.state is not State.OPEN:
+            if self.state in (State.CLOSING, State.CLOSED):
+                return None  # after connection.close only close/close-ok count
+            raise AMQPError(
+                ReplyCode.UNEXPECTED_FRAME,
+                f"frame on channel {channel} before the connection is open",
+            )
+        ch = self.channels.get(channel)
+        if frame_type == FRAME_METHOD:
+            return self._channel_method(channel, ch, payload)
+        if ch is None:
+            raise AMQPError(
+                ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {channel}"
+            )
+        if ch.closing:
+            return None
+        if frame_type == FRAME_HEADER:
+            return self._content_header(channel, ch, payload)
+        return self._content_body(channel, ch, payload)
+
+    def _connection_method(self, method: Method) -> Event | None:
+        if self.state is State.CLOSED:
+            return None
+        next_state = RECEIVE_TRANSITIONS.get((self.state, type(method)))
+        if next_state is None:
+            if self.state is State.CLOSING:
+                return None  # discard everything but close / close-ok
+            raise AMQPError(
+                ReplyCode.COMMAND_INVALID,
+                f"unexpected {method.NAME} in connection state {self.state.name.lower()}",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
+        if isinstance(method, ConnectionTuneOk):
+            self._tune(method)
+        self.state = next_state
+        return MethodReceived(0, method)
+
+    def _tune(self, tune_ok: ConnectionTuneOk) -> None:
+        ours = self.limits
+        if tune_ok.channel_max > ours.channel_max:
+            raise AMQPError(
+                ReplyCode.NOT_ALLOWED,
+                f"negotiated channel_max = {tune_ok.channel_max} is higher than the maximum "
+                f"allowed value ({ours.channel_max})",
+                class_id=10,
+                method_id=31,
+            )
+        if tune_ok.frame_max > ours.frame_max:
+            raise AMQPError(
+                ReplyCode.NOT_ALLOWED,
+                f"negotiated frame_max = {tune_ok.frame_max} is higher than the maximum "
+                f"allowed value ({ours.frame_max})",
+                class_id=10,
+                method_id=31,
+            )
+        if 0 < tune_ok.frame_max < FRAME_MIN_SIZE:
+            raise AMQPError(
+                ReplyCode.NOT_ALLOWED,
+                f"negotiated frame_max = {tune_ok.frame_max} is lower than the minimum "
+                f"allowed value ({FRAME_MIN_SIZE})",
+                class_id=10,
+                method_id=31,
+            )
+        self.channel_max = tune_ok.channel_max or ours.channel_max
+        self.frame_max = tune_ok.frame_max or ours.frame_max
+        self.heartbeat = tune_ok.heartbeat
+        self._tuned = True
+
+    def _channel_method(self, channel: int, ch: _Channel | None, payload: memoryview) -> Event | None:
+        if ch is not None and ch.closing:
+            # After we sent channel.close only close and close-ok count (peek the ids first:
+            # the rest may be anything, even undecodable).
+            if payload[:4] not in (_CHANNEL_CLOSE_ID, _CHANNEL_CLOSE_OK_ID):
+                return None
+        method = _decode(payload)
+        if isinstance(method, ChannelOpen):
+            if channel > self.channel_max:
+                raise AMQPError(
+                    ReplyCode.NOT_ALLOWED,
+                    f"number of channels opened ({channel}) has reached the negotiated "
+                    f"channel_max ({self.channel_max})",
+                    class_id=20,
+                    method_id=10,
+                )
+            if ch is not None:
+                raise AMQPError(
+                    ReplyCode.CHANNEL_ERROR,
+                    f"second 'channel.open' seen on channel {channel}",
+                    class_id=20,
+                    method_id=10,
+                )
+            self.channels[channel] = _Channel()
+            return MethodReceived(channel, method)
+        if ch is None:
+            if isinstance(method, ChannelCloseOk):
+                return None  # a late close-ok for a channel both sides already closed
+            raise AMQPError(
+                ReplyCode.CHANNEL_ERROR,
+                f"expected 'channel.open' on channel {channel}",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
+        if method.CLASS_ID == 10:
+            raise AMQPError(
+                ReplyCode.COMMAND_INVALID,
+                f"{method.NAME} on channel {channel}",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
+        if ch.method is not None:
+            raise AMQPError(
+                ReplyCode.UNEXPECTED_FRAME,
+                f"expected content {'body' if ch.properties is not None else 'header'} for "
+                f"class 60, got {method.NAME} instead",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
+        if isinstance(method, ChannelCloseOk):
+            del self.channels[channel]
+        elif method.HAS_CONTENT:
+            if not isinstance(method, BasicPublish):
+                raise AMQPError(
+                    ReplyCode.COMMAND_INVALID,
+                    f"{method.NAME} is sent by servers only",
+                    class_id=method.CLASS_ID,
+                    method_id=method.METHOD_ID,
+                )
+            ch.method = method
+            return None
+        return MethodReceived(channel, method)
+
+    def _content_header(self, channel: int, ch: _Channel, payload: memoryview) -> Event | None:
+        if ch.method is None or ch.properties is not None:
+            raise AMQPError(
+                ReplyCode.UNEXPECTED_FRAME,
+                "expected method frame, got non method frame instead",
+            )
+        if len(payload) < 14:
+            raise AMQPError(ReplyCode.FRAME_ERROR, "content header shorter than 14 bytes")
+        class_id = payload[0] << 8 | payload[1]
+        weight = payload[2] << 8 | payload[3]
+        if class_id != ch.method.CLASS_ID or weight != 0:
+            raise AMQPError(
+                ReplyCode.UNEXPECTED_FRAME,
+                f"content header for class {class_id} (weight {weight}) does not match "
+                f"method class {ch.method.CLASS_ID}",
+            )
+        (body_size,) = U64.unpack_from(payload, 4)
+        if body_size > self.limits.max_message_size:
+            ch.method = None
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"message size {body_size} is larger than configured max size "
+                f"{self.limits.max_message_size}",
+                channel=channel,
+                class_id=60,
+                method_id=40,
+            )
+        ch.properties = bytes(payload[12:])
+        ch.body_size = body_size
+        ch.received = 0
+        if body_size == 0:
+            return self._content_done(channel, ch, b"")
+        return None
+
+    def _content_body(self, channel: int, ch: _Channel, payload: memoryview) -> Event | None:
+        if ch.properties is None:
+            raise AMQPError(
+                ReplyCode.UNEXPECTED_FRAME,
+                "expected method frame, got non method frame instead"
+                if ch.method is None
+                else "expected content header for class 60, got body frame instead",
+            )
+        received = ch.received + len(payload)
+        if received > ch.body_size:
+            raise AMQPError(
+                ReplyCode.FRAME_ERROR, "content body frame exceeds remaining content size"
+            )
+        if received == ch.body_size and not ch.body:
+            return self._content_done(channel, ch, bytes(payload))
+        ch.body.append(bytes(payload))
+        ch.received = received
+        if received == ch.body_size:
+            body = b"".join(ch.body)
+            ch.body = []
+            return self._content_done(channel, ch, body)
+        return None
+
+    @staticmethod
+    def _content_done(channel: int, ch: _Channel, body: bytes) -> ContentReceived:
+        assert ch.method is not None and ch.properties is not None
+        event = ContentReceived(channel, ch.method, ch.properties, body)
+        ch.method = ch.properties = None
+        return event
+
+    # -- output ------------------------------------------------------------------------------
+
+    def send_method(self, channel: int, method: Method) -> bytes:
+        """Encode a method frame, applying what sending it does to the state."""
+        if channel == 0:
+            if isinstance(method, ConnectionClose):
+                self.state = State.CLOSING
+            else:
+                self.state = SEND_TRANSITIONS.get((self.state, type(method)), self.state)
+        elif isinstance(method, ChannelClose):
+            ch = self.channels.get(channel)
+            if ch is not None:
+                ch.closing = True
+                ch.method = ch.properties = None
+                ch.body = []
+        elif isinstance(method, ChannelCloseOk):
+            ch = self.channels.get(channel)
+            if ch is not None and not ch.closing:
+                del self.channels[channel]
+        return encode_method(channel, method)
+
+    def close_connection(self, error: AMQPError) -> bytes:
+        """``connection.close`` carrying the error."""
+        close = ConnectionClose(error.code, error.reply_text, error.class_id, error.method_id)
+        return self.send_method(0, close)
+
+    def close_channel(self, error: AMQPError) -> bytes:
+        """``channel.close`` carrying a soft error on ``error.channel``."""
+        close = ChannelClose(error.code, error.reply_text, error.class_id, error.method_id)
+        return self.send_method(error.channel, close)
+
+    @property
+    def is_open(self) -> bool:
+        return self.state is State.OPEN
+
+    def channel_is_open(self, channel: int) -> bool:
+        """True when the channel is open and not closing (so it may receive deliveries)."""
+        ch = self.channels.get(channel)
+        return ch is not None and not ch.closing
+
+
+_CHANNEL_CLOSE_ID = bytes((0, 20, 0, 40))
+_CHANNEL_CLOSE_OK_ID = bytes((0, 20, 0, 41))
+
+
+def _decode(payload: memoryview) -> Method:
+    try:
+        return decode_method(payload)
+    except UnknownMethodError as exc:
+        raise AMQPError(ReplyCode.COMMAND_INVALID, str(exc)) from None
+    except DecodeError as exc:
+        raise AMQPError(ReplyCode.FRAME_ERROR, str(exc)) from None
+
+
+__all__ = [
+    "NEED_DATA",
+    "BadProtocolHeader",
+    "ContentReceived",
+    "EndOfStream",
+    "Event",
+    "Limits",
+    "MethodReceived",
+    "NeedData",
+    "ProtocolHeaderReceived",
+    "ServerConnection",
+    "State",
+]

@@ -1,0 +1,138 @@
+"""AMQP 0-9-1 frames: constants and the encoders for everything the server sends.
+
+Responsibilities:
+- frame type constants, the protocol header, the frame layout ``type u8, channel u16, size u32,
+  payload, 0xCE``;
+- ``encode_method``: one method frame;
+- the hot path: ``encode_delivery`` writes a whole ``basic.deliver`` / ``basic.get-ok`` /
+  ``basic.return`` (method, content header, body frames) into one buffer with precompiled structs,
+  reusing the content-header properties exactly as the publisher sent them.
+
+Decoding lives in ``connection.py``, which needs the connection state to judge a frame.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .methods import Method
+
+FRAME_METHOD = 1
+FRAME_HEADER = 2
+FRAME_BODY = 3
+FRAME_HEARTBEAT = 8
+FRAME_END = 0xCE
+FRAME_END_BYTE = b"\xce"
+FRAME_MIN_SIZE = 4096
+FRAME_OVERHEAD = 8  # type, channel, size, end marker
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+
+FRAME_HEAD = struct.Struct(">BHI")
+HEARTBEAT_FRAME = FRAME_HEAD.pack(FRAME_HEARTBEAT, 0, 0) + FRAME_END_BYTE
+
+_METHOD_HEAD = struct.Struct(">BHIHH")  # frame head + class id + method id
+_CONTENT_HEAD = struct.Struct(">BHIHHQ")  # frame head + class id + weight + body size
+_DELIVER_TAIL = struct.Struct(">QB")  # delivery tag + redelivered bit
+_BASIC = 60
+
+
+def encode_method(channel: int, method: Method) -> bytes:
+    """One method frame."""
+    out = bytearray(_METHOD_HEAD.pack(FRAME_METHOD, channel, 0, method.CLASS_ID, method.METHOD_ID))
+    method.encode_arguments(out)
+    struct.pack_into(">I", out, 3, len(out) - 7)
+    out += FRAME_END_BYTE
+    return bytes(out)
+
+
+def shortstr(value: str) -> bytes:
+    """A shortstr with its length byte (callers of ``write_deliver`` encode names once)."""
+    raw = value.encode()
+    return bytes((len(raw),)) + raw
+
+
+def write_content(
+    out: bytearray, channel: int, properties: bytes, body: bytes, frame_max: int
+) -> None:
+    """Append a content header frame and the body frames (each at most ``frame_max``)."""
+    out += _CONTENT_HEAD.pack(FRAME_HEADER, channel, 12 + len(properties), _BASIC, 0, len(body))
+    out += properties
+    out += FRAME_END_BYTE
+    chunk = frame_max - FRAME_OVERHEAD
+    for start in range(0, len(body), chunk):
+        part = body[start : start + chunk]
+        out += FRAME_HEAD.pack(FRAME_BODY, channel, len(part))
+        out += part
+        out += FRAME_END_BYTE
+
+
+def write_deliver(
+    out: bytearray,
+    channel: int,
+    consumer_tag: bytes,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: bytes,
+    routing_key: bytes,
+    properties: bytes,
+    body: bytes,
+    frame_max: int,
+) -> None:
+    """Append a complete ``basic.deliver``. ``consumer_tag``, ``exchange`` and ``routing_key``
+    are already shortstr-encoded (length byte included) so a hot loop encodes them once."""
+    size = 4 + len(consumer_tag) + 9 + len(exchange) + len(routing_key)
+    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, size, _BASIC, 60)
+    out += consumer_tag
+    out += _DELIVER_TAIL.pack(delivery_tag, redelivered)
+    out += exchange
+    out += routing_key
+    out += FRAME_END_BYTE
+    write_content(out, channel, properties, body, frame_max)
+
+
+def write_get_ok(
+    out: bytearray,
+    channel: int,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: str,
+    routing_key: str,
+    message_count: int,
+    properties: bytes,
+    body: bytes,
+    frame_max: int,
+) -> None:
+    """Append a complete ``basic.get-ok``."""
+    ex, rk = shortstr(exchange), shortstr(routing_key)
+    size = 4 + 9 + len(ex) + len(rk) + 4
+    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, size, _BASIC, 71)
+    out += _DELIVER_TAIL.pack(delivery_tag, redelivered)
+    out += ex
+    out += rk
+    out += struct.pack(">I", message_count)
+    out += FRAME_END_BYTE
+    write_content(out, channel, properties, body, frame_max)
+
+
+def write_return(
+    out: bytearray,
+    channel: int,
+    reply_code: int,
+    reply_text: str,
+    exchange: str,
+    routing_key: str,
+    properties: bytes,
+    body: bytes,
+    frame_max: int,
+) -> None:
+    """Append a complete ``basic.return``."""
+    text, ex, rk = shortstr(reply_text), shortstr(exchange), shortstr(routing_key)
+    size = 4 + 2 + len(text) + len(ex) + len(rk)
+    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, size, _BASIC, 50)
+    out += struct.pack(">H", reply_code)
+    out += text
+    out += ex
+    out += rk
+    out += FRAME_END_BYTE
+    write_content(out, channel, properties, body, frame_max)

@@ -1,0 +1,1 @@
+"""The only place with sockets: the listener, connections and their channels."""

@@ -1,0 +1,497 @@
+"""One open AMQP channel of a connection: the methods of the exchange, queue, basic, confirm and
+tx classes, and the consumers and unacked deliveries that belong to the channel.
+
+Responsibilities:
+- turn methods into vhost operations and reply (``*-ok`` unless ``nowait``);
+- publishing: exchange checks, routing, ``mandatory`` returns, publisher confirms (coalesced into
+  one ``multiple`` ack per read batch), transactions;
+- consuming: consumers and their prefetch, ``basic.get``, delivery tags, ack / nack / reject /
+  recover, and requeueing everything unacked when the channel goes away.
+
+Every handler is synchronous and raises ``AMQPError`` to refuse; the connection closes the
+channel or the connection accordingly.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..broker.consumer import Consumer
+from ..broker.exchange import Exchange
+from ..broker.queue import Queue
+from ..broker.vhost import VirtualHost
+from ..model import Message
+from ..protocol import frames
+from ..protocol.errors import AMQPError, DecodeError, ReplyCode
+from ..protocol.methods import (
+    AccessRequest,
+    AccessRequestOk,
+    BasicAck,
+    BasicCancel,
+    BasicCancelOk,
+    BasicConsume,
+    BasicConsumeOk,
+    BasicGet,
+    BasicGetEmpty,
+    BasicNack,
+    BasicProperties,
+    BasicPublish,
+    BasicQos,
+    BasicQosOk,
+    BasicRecover,
+    BasicRecoverAsync,
+    BasicRecoverOk,
+    BasicReject,
+    ChannelFlow,
+    ChannelFlowOk,
+    ConfirmSelect,
+    ConfirmSelectOk,
+    ExchangeBind,
+    ExchangeBindOk,
+    ExchangeDeclare,
+    ExchangeDeclareOk,
+    ExchangeDelete,
+    ExchangeDeleteOk,
+    ExchangeUnbind,
+    ExchangeUnbindOk,
+    Method,
+    QueueBind,
+    QueueBindOk,
+    QueueDeclare,
+    QueueDeclareOk,
+    QueueDelete,
+    QueueDeleteOk,
+    QueuePurge,
+    QueuePurgeOk,
+    QueueUnbind,
+    QueueUnbindOk,
+    TxCommit,
+    TxCommitOk,
+    TxRollback,
+    TxRollbackOk,
+    TxSelect,
+    TxSelectOk,
+)
+
+if TYPE_CHECKING:
+    from .connection import AMQPConnection
+
+# (queue, message id, consumer or None for basic.get)
+Unacked = tuple[Queue, int, Consumer | None]
+
+
+def _server_name(prefix: str) -> str:
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class Channel:
+    def __init__(self, connection: AMQPConnection, number: int, vhost: VirtualHost) -> None:
+        self.connection = connection
+        self.number = number
+        self.vhost = vhost
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: dict[int, Unacked] = {}
+        self._next_tag = 1
+        self.prefetch_count = 0  # for consumers created from now on
+        self.global_prefetch = 0  # shared by the channel's deliveries
+        self.confirm = False
+        self.publish_seq = 0
+        self.confirmed = 0
+        self.tx: list[tuple[Exchange, Message, bool]] | None = None  # publishes awaiting commit
+        self.tx_acks: list[tuple[int, Unacked, bool]] = []  # (tag, entry, requeue-or-not)
+        self._last_queue = ""
+        self._tag_cache: dict[str, bytes] = {}
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    def handle(self, method: Method) -> None:
+        """Carry out one method; raises ``AMQPError`` to refuse it."""
+        match method:
+            case BasicAck(delivery_tag=tag, multiple=multiple):
+                self._settle(self._take(tag, multiple), requeue=None)
+            case BasicNack(delivery_tag=tag, multiple=multiple, requeue=requeue):
+                self._settle(self._take(tag, multiple), requeue=requeue)
+            case BasicReject(delivery_tag=tag, requeue=requeue):
+                self._settle(self._take(tag, False), requeue=requeue)
+            case BasicQos():
+                self._qos(method)
+            case BasicConsume():
+                self._consume(method)
+            case BasicCancel(consumer_tag=tag, nowait=nowait):
+                self._cancel(tag)
+                if not nowait:
+                    self._send(BasicCancelOk(tag))
+            case BasicGet():
+                self._get(method)
+            case BasicRecover(requeue=requeue) | BasicRecoverAsync(requeue=requeue):
+                if not requeue:
+                    raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "requeue=false")
+                self._requeue_all()
+                if isinstance(method, BasicRecover):
+                    self._send(BasicRecoverOk())
+            case QueueDeclare():
+                self._queue_declare(method)
+            case QueueBind():
+                self.vhost.bind_queue(
+                    self._queue_name(method.queue),
+                    method.exchange,
+                    method.routing_key or (self._last_queue if not method.queue else ""),
+                    method.arguments,
+                    self.connection,
+                )
+                self._reply(method.nowait, QueueBindOk())
+            case QueueUnbind():
+                self.vhost.unbind_queue(
+                    self._queue_name(method.queue),
+                    method.exchange,
+                    method.routing_key,
+                    method.arguments,
+                    self.connection,
+                )
+                self._send(QueueUnbindOk())
+            case QueuePurge():
+                count = self.vhost.purge_queue(self._queue_name(method.queue), self.connection)
+                self._reply(method.nowait, QueuePurgeOk(count))
+            case QueueDelete():
+                count = self.vhost.delete_queue(
+                    self._queue_name(method.queue),
+                    if_unused=method.if_unused,
+                    if_empty=method.if_empty,
+                    owner=self.connection,
+                )
+                self._reply(method.nowait, QueueDeleteOk(count))
+            case ExchangeDeclare():
+                self.vhost.declare_exchange(
+                    method.exchange,
+                    method.type,
+                    passive=method.passive,
+                    durable=method.durable,
+                    auto_delete=method.auto_delete,
+                    internal=method.internal,
+                    arguments=method.arguments,
+                )
+                self._reply(method.nowait, ExchangeDeclareOk())
+            case ExchangeDelete():
+                self.vhost.delete_exchange(method.exchange, if_unused=method.if_unused)
+                self._reply(method.nowait, ExchangeDeleteOk())
+            case ExchangeBind():
+                self.vhost.bind_exchange(
+                    method.destination, method.source, method.routing_key, method.arguments
+                )
+                self._reply(method.nowait, ExchangeBindOk())
+            case ExchangeUnbind():
+                self.vhost.unbind_exchange(
+                    method.destination, method.source, method.routing_key, method.arguments
+                )
+                self._reply(method.nowait, ExchangeUnbindOk())
+            case ConfirmSelect(nowait=nowait):
+                if self.tx is not None:
+                    raise AMQPError(
+                        ReplyCode.PRECONDITION_FAILED, "cannot switch from tx to confirm mode"
+                    )
+                self.confirm = True
+                self._reply(nowait, ConfirmSelectOk())
+            case TxSelect():
+                if self.confirm:
+                    raise AMQPError(
+                        ReplyCode.PRECONDITION_FAILED, "cannot switch from confirm to tx mode"
+                    )
+                if self.tx is None:
+                    self.tx = []
+                self._send(TxSelectOk())
+            case TxCommit():
+                self._tx_commit()
+                self._send(TxCommitOk())
+            case TxRollback():
+                self._tx_rollback()
+                self._send(TxRollbackOk())
+            case ChannelFlow(active=active):
+                if not active:
+                    raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "active=false")
+                self._send(ChannelFlowOk(True))
+            case AccessRequest():
+                self._send(AccessRequestOk(1))
+            case BasicCancelOk() | ChannelFlowOk():
+                pass  # answers to what the server sent; nothing to do
+            case _:
+                raise AMQPError(
+                    ReplyCode.COMMAND_INVALID, f"{method.NAME} is not a client-to-server method"
+                )
+
+    def _send(self, method: Method) -> None:
+        self.connection.write(self.connection.protocol.send_method(self.number, method))
+
+    def _reply(self, nowait: bool, method: Method) -> None:
+        if not nowait:
+            self._send(method)
+
+    def _queue_name(self, name: str) -> str:
+        """An empty queue name means the queue last declared on this channel."""
+        if name:
+            return name
+        if not self._last_queue:
+            raise AMQPError(ReplyCode.NOT_ALLOWED, "no previously declared queue", hard=True)
+        return self._last_queue
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def _queue_declare(self, method: QueueDeclare) -> None:
+        queue = self.vhost.declare_queue(
+            method.queue,
+            passive=method.passive,
+            durable=method.durable,
+            exclusive=method.exclusive,
+            auto_delete=method.auto_delete,
+            arguments=method.arguments,
+            owner=self.connection,
+        )
+        self._last_queue = queue.name
+        self._reply(
+            method.nowait, QueueDeclareOk(queue.name, queue.message_count, len(queue.consumers))
+        )
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def publish(self, method: BasicPublish, properties_raw: bytes, body: bytes) -> None:
+        if method.immediate:
+            raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true")
+        exchange = self.vhost.get_exchange(method.exchange)
+        if exchange.internal:
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED,
+                f"cannot publish to internal exchange '{exchange.name}' in vhost "
+                f"'{self.vhost.name}'",
+            )
+        try:
+            properties = BasicProperties.decode(memoryview(properties_raw))
+        except DecodeError as exc:
+            raise AMQPError(ReplyCode.FRAME_ERROR, f"cannot decode properties: {exc}") from None
+        message = Message(method.exchange, method.routing_key, properties_raw, body, properties)
+        if self.tx is not None:
+            self.tx.append((exchange, message, method.mandatory))
+            return
+        self._route(exchange, message, method.mandatory)
+        if self.confirm:
+            self.publish_seq += 1
+            self.connection.confirms_pending(self)
+
+    def _route(self, exchange: Exchange, message: Message, mandatory: bool) -> None:
+        queues = self.vhost.route(exchange, message.routing_key, message.properties.headers)
+        for queue in queues:
+            queue.publish(message)
+        if not queues and mandatory:
+            out = self.connection.out
+            frames.write_return(
+                out,
+                self.number,
+                ReplyCode.NO_ROUTE,
+                "NO_ROUTE",
+                message.exchange,
+                message.routing_key,
+                message.properties_raw,
+                message.body,
+                self.connection.protocol.frame_max,
+            )
+            self.connection.wake_writer()
+
+    def flush_confirms(self) -> None:
+        """Acknowledge every publish since the last flush with one ``basic.ack``."""
+        if self.publish_seq > self.confirmed:
+            multiple = self.publish_seq - self.confirmed > 1
+            self.confirmed = self.publish_seq
+            self._send(BasicAck(self.publish_seq, multiple))
+
+    def _tx_commit(self) -> None:
+        if self.tx is None:
+            raise AMQPError(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
+        publishes, self.tx = self.tx, []
+        for exchange, message, mandatory in publishes:
+            if self.vhost.exchanges.get(exchange.name) is exchange:
+                self._route(exchange, message, mandatory)
+        acks, self.tx_acks = self.tx_acks, []
+        for _tag, (queue, message_id, consumer), requeue in acks:
+            if requeue:
+                queue.requeue(message_id, consumer)
+            else:
+                queue.ack(message_id, consumer)
+
+    def _tx_rollback(self) -> None:
+        if self.tx is None:
+            raise AMQPError(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
+        self.tx = []
+        # Rolled-back acks leave their deliveries unacknowledged.
+        for tag, entry, _requeue in self.tx_acks:
+            self.unacked[tag] = entry
+        self.unacked = dict(sorted(self.unacked.items()))
+        self.tx_acks = []
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    def _qos(self, method: BasicQos) -> None:
+        if method.prefetch_size:
+            raise AMQPError(
+                ReplyCode.NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})"
+            )
+        if method.global_:
+            self.global_prefetch = method.prefetch_count
+        else:
+            self.prefetch_count = method.prefetch_count
+        self._send(BasicQosOk())
+        self._wake_queues()
+
+    def _consume(self, method: BasicConsume) -> None:
+        queue = self.vhost.get_queue(self._queue_name(method.queue), self.connection)
+        tag = method.consumer_tag or _server_name("amq.ctag-")
+        if tag in self.consumers:
+            raise AMQPError(
+                ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", hard=True
+            )
+        if queue.has_exclusive_consumer or (method.exclusive and queue.consumers):
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED,
+                f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
+            )
+        consumer = Consumer(
+            tag,
+            queue,
+            self,
+            no_ack=method.no_ack,
+            exclusive=method.exclusive,
+            prefetch_count=self.prefetch_count,
+            arguments=method.arguments,
+        )
+        # consume-ok goes out before the first delivery: the queue actor runs after this.
+        self._reply(method.nowait, BasicConsumeOk(tag))
+        self.consumers[tag] = consumer
+        queue.add_consumer(consumer)
+
+    def _cancel(self, tag: str) -> None:
+        consumer = self.consumers.pop(tag, None)
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    def _get(self, method: BasicGet) -> None:
+        queue = self.vhost.get_queue(self._queue_name(method.queue), self.connection)
+        entry = queue.get()
+        if entry is None:
+            self._send(BasicGetEmpty())
+            return
+        message_id, message, redelivered = entry
+        tag = self._next_tag
+        self._next_tag += 1
+        if method.no_ack:
+            queue.ack(message_id, None)
+        else:
+            self.unacked[tag] = (queue, message_id, None)
+        frames.write_get_ok(
+            self.connection.out,
+            self.number,
+            tag,
+            redelivered,
+            message.exchange,
+            message.routing_key,
+            queue.message_count,
+            message.properties_raw,
+            message.body,
+            self.connection.protocol.frame_max,
+        )
+        self.connection.wake_writer()
+
+    def _take(self, tag: int, multiple: bool) -> list[tuple[int, Unacked]]:
+        """Remove and return the deliveries an ack/nack/reject refers to."""
+        unacked = self.unacked
+        if multiple and tag == 0:
+            taken = list(unacked.items())
+            unacked.clear()
+            return taken
+        if tag not in unacked:
+            raise AMQPError(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        if not multiple:
+            return [(tag, unacked.pop(tag))]
+        taken = []
+        for t in unacked:
+            if t > tag:
+                break
+            taken.append((t, unacked[t]))
+        for t, _ in taken:
+            del unacked[t]
+        return taken
+
+    def _settle(self, taken: Iterable[tuple[int, Unacked]], requeue: bool | None) -> None:
+        """Ack (``requeue`` None), requeue (True) or discard (False) deliveries."""
+        if self.tx is not None:
+            self.tx_acks.extend((tag, entry, bool(requeue)) for tag, entry in taken)
+            return
+        for _tag, (queue, message_id, consumer) in taken:
+            if requeue:
+                queue.requeue(message_id, consumer)
+            else:
+                queue.ack(message_id, consumer)
+        if self.global_prefetch:
+            self._wake_queues()
+
+    def _requeue_all(self) -> None:
+        taken = list(self.unacked.items())
+        self.unacked.clear()
+        self._settle_now(taken)
+
+    @staticmethod
+    def _settle_now(taken: list[tuple[int, Unacked]]) -> None:
+        for _tag, (queue, message_id, consumer) in taken:
+            queue.requeue(message_id, consumer)
+
+    def _wake_queues(self) -> None:
+        for consumer in self.consumers.values():
+            consumer.queue.wake()
+
+    # -- DeliveryChannel (called by queue actors) --------------------------------------------
+
+    def can_deliver(self) -> bool:
+        if self.global_prefetch and len(self.unacked) >= self.global_prefetch:
+            return False
+        return self.connection.can_write()
+
+    def deliver(self, consumer: Consumer, message_id: int, message: Message, redelivered: bool) -> None:
+        tag = self._next_tag
+        self._next_tag += 1
+        if not consumer.no_ack:
+            self.unacked[tag] = (consumer.queue, message_id, consumer)
+        consumer_tag = self._tag_cache.get(consumer.tag)
+        if consumer_tag is None:
+            consumer_tag = self._tag_cache[consumer.tag] = frames.shortstr(consumer.tag)
+        frames.write_deliver(
+            self.connection.out,
+            self.number,
+            consumer_tag,
+            tag,
+            redelivered,
+            frames.shortstr(message.exchange),
+            frames.shortstr(message.routing_key),
+            message.properties_raw,
+            message.body,
+            self.connection.protocol.frame_max,
+        )
+        self.connection.wake_writer()
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        if self.consumers.pop(consumer.tag, None) is None:
+            return
+        if self.connection.capabilities.get("consumer_cancel_notify") is True:
+            self._send(BasicCancel(consumer.tag, True))
+
+    # -- teardown ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """The channel is gone: cancel its consumers and requeue what it left unacked."""
+        for consumer in self.consumers.values():
+            consumer.queue.remove_consumer(consumer)
+        self.consumers.clear()
+        taken = list(self.unacked.items())
+        taken.extend((tag, entry) for tag, entry, _ in self.tx_acks)
+        self.unacked.clear()
+        self.tx_acks = []
+        self.tx = None
+        self._settle_now(taken)

@@ -1,0 +1,401 @@
+"""One client connection on a Trio stream: the thin I/O layer around ``protocol.ServerConnection``.
+
+Responsibilities:
+- the connection's nursery: a reader task (this one), a writer task and a heartbeat task;
+- the handshake: server properties and capabilities, SASL PLAIN/AMQPLAIN against the user store
+  (loopback-only users refused elsewhere), tune, vhost on open, all within a deadline;
+- heartbeats both ways (two missed intervals close the socket);
+- errors: soft ones close the channel, hard ones send ``connection.close`` and wait briefly for
+  ``close-ok``;
+- a write buffer that coalesces frames into one ``send_all`` and tells queue actors when a slow
+  reader is backed up;
+- teardown: channels closed (unacked messages requeued), exclusive queues deleted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import platform
+from typing import TYPE_CHECKING
+
+import trio
+
+from .. import __version__
+from ..auth import MECHANISMS, parse_response
+from ..broker.vhost import VirtualHost
+from ..protocol.codec import FieldTable
+from ..protocol.connection import (
+    NEED_DATA,
+    BadProtocolHeader,
+    ContentReceived,
+    EndOfStream,
+    Limits,
+    MethodReceived,
+    ProtocolHeaderReceived,
+    ServerConnection,
+    State,
+)
+from ..protocol.errors import AMQPError, ReplyCode
+from ..protocol.frames import HEARTBEAT_FRAME, PROTOCOL_HEADER
+from ..protocol.methods import (
+    ChannelClose,
+    ChannelCloseOk,
+    ChannelOpen,
+    ChannelOpenOk,
+    ConnectionClose,
+    ConnectionCloseOk,
+    ConnectionOpen,
+    ConnectionOpenOk,
+    ConnectionStart,
+    ConnectionStartOk,
+    ConnectionTune,
+    ConnectionTuneOk,
+    ConnectionUpdateSecret,
+    ConnectionUpdateSecretOk,
+    Method,
+)
+from .channel import Channel
+
+if TYPE_CHECKING:
+    from ..broker.broker import Broker
+
+log = logging.getLogger("tqbroker.connection")
+
+RECEIVE_SIZE = 256 * 1024
+# Deliveries pause while this much is waiting to be written to a slow client.
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+# How long to wait for close-ok after sending connection.close.
+CLOSE_TIMEOUT = 3.0
+
+CAPABILITIES: FieldTable = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+}
+
+
+def server_properties(cluster_name: str) -> FieldTable:
+    return {
+        "product": "tqbroker",
+        "version": __version__,
+        "platform": f"Python {platform.python_version()} / Trio",
+        "copyright": "tqbroker contributors",
+        "information": "An AMQP 0-9-1 broker on Trio",
+        "cluster_name": cluster_name,
+        "capabilities": CAPABILITIES,
+    }
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+class HangUp(Exception):
+    """Close the socket without another word."""
+
+
+class AMQPConnection:
+    def __init__(self, broker: Broker, stream: trio.SocketStream) -> None:
+        self.broker = broker
+        self.stream = stream
+        config = broker.config
+        self.protocol = ServerConnection(
+            Limits(
+                channel_max=config.channel_max,
+                frame_max=config.frame_max,
+                heartbeat=config.heartbeat,
+                max_message_size=config.max_message_size,
+            )
+        )
+        try:
+            peer = stream.socket.getpeername()
+            self.peer = f"{peer[0]}:{peer[1]}"
+            self.peer_host: str = peer[0]
+        except OSError:
+            self.peer, self.peer_host = "unknown", ""
+        self.out = bytearray()
+        self.channels: dict[int, Channel] = {}
+        self.capabilities: FieldTable = {}
+        self.client_properties: FieldTable = {}
+        self.user = ""
+        self.vhost: VirtualHost | None = None
+        self._writer_wakeup = trio.Event()
+        self._writer_done = trio.Event()
+        self._finishing = False
+        self._backed_up = False
+        self._confirming: dict[int, Channel] = {}
+        self._deadline = trio.current_time() + config.handshake_timeout
+        self._nursery: trio.Nursery | None = None
+        self._sent_at = trio.current_time()
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the connection until it closes; never raises for the peer's mistakes."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._write_loop)
+                try:
+                    await self._read_loop()
+                except HangUp:
+                    self.out.clear()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    log.debug("connection %s lost: %r", self.peer, exc)
+                self._finishing = True
+                self._writer_wakeup.set()
+                with trio.move_on_after(CLOSE_TIMEOUT):
+                    await self._writer_done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._teardown()
+            await trio.aclose_forcefully(self.stream)
+
+    def _teardown(self) -> None:
+        for channel in self.channels.values():
+            channel.close()
+        self.channels.clear()
+        if self.vhost is not None:
+            self.vhost.connection_closed(self)
+
+    def shutdown(self, text: str = "broker shutdown") -> None:
+        """Ask the client to go away (``connection.close`` 320); it has until the deadline."""
+        if self.protocol.state in (State.CLOSING, State.CLOSED):
+            return
+        self._fail(AMQPError(ReplyCode.CONNECTION_FORCED, text))
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+        self._writer_wakeup.set()
+
+    def wake_writer(self) -> None:
+        self._writer_wakeup.set()
+
+    def can_write(self) -> bool:
+        """False while the client is slow to read what we already queued for it."""
+        if len(self.out) < WRITE_HIGH_WATER:
+            return True
+        self._backed_up = True
+        return False
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                await self._writer_wakeup.wait()
+                self._writer_wakeup = trio.Event()
+                while self.out:
+                    data, self.out = self.out, bytearray()
+                    await self.stream.send_all(data)
+                    self._sent_at = trio.current_time()
+                if self._backed_up:
+                    self._backed_up = False
+                    for channel in self.channels.values():
+                        for consumer in channel.consumers.values():
+                            consumer.queue.wake()
+                if self._finishing:
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.debug("connection %s: write failed: %r", self.peer, exc)
+            self.out.clear()
+        finally:
+            self._writer_done.set()
+
+    async def _heartbeat_loop(self, interval: float) -> None:
+        self._sent_at = trio.current_time()
+        while True:
+            await trio.sleep(interval)
+            if trio.current_time() - self._sent_at >= interval:
+                self.write(HEARTBEAT_FRAME)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _receive_deadline(self) -> float:
+        state = self.protocol.state
+        if state is State.OPEN:
+            heartbeat = self.protocol.heartbeat
+            return trio.current_time() + 2 * heartbeat if heartbeat else math.inf
+        return self._deadline
+
+    async def _read_loop(self) -> None:
+        protocol = self.protocol
+        while True:
+            with trio.move_on_at(self._receive_deadline()) as timeout:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+            if timeout.cancelled_caught:
+                self._timed_out()
+                return
+            protocol.receive_data(data)
+            while True:
+                try:
+                    event = protocol.next_event()
+                except BadProtocolHeader:
+                    # Send the header we speak and hang up, as the spec asks.
+                    self.write(PROTOCOL_HEADER)
+                    return
+                except AMQPError as err:
+                    self._fail(err)
+                    continue
+                if event is NEED_DATA:
+                    break
+                if isinstance(event, EndOfStream):
+                    return
+                try:
+                    if isinstance(event, ContentReceived):
+                        self._channel(event.channel).publish(event.method, event.properties, event.body)
+                    elif isinstance(event, MethodReceived):
+                        if event.channel == 0:
+                            await self._connection_method(event.method)
+                        else:
+                            self._channel_method(event.channel, event.method)
+                    elif isinstance(event, ProtocolHeaderReceived):
+                        self._send_start()
+                except AMQPError as err:
+                    if isinstance(event, MethodReceived | ContentReceived):
+                        method = event.method
+                        err.on_method(event.channel, method.CLASS_ID, method.METHOD_ID)
+                    self._fail(err)
+                if protocol.state is State.CLOSED:
+                    return
+            if self._confirming:
+                for channel in self._confirming.values():
+                    channel.flush_confirms()
+                self._confirming.clear()
+
+    def _timed_out(self) -> None:
+        state = self.protocol.state
+        if state is State.OPEN:
+            log.warning(
+                "closing connection %s: missed heartbeats from client, timeout: %ss",
+                self.peer,
+                self.protocol.heartbeat,
+            )
+        elif state is not State.CLOSING:
+            log.warning("closing connection %s: handshake timeout", self.peer)
+
+    def _fail(self, err: AMQPError) -> None:
+        """Close the channel (soft error) or the connection (hard error)."""
+        if err.hard or not err.channel:
+            if self.protocol.state in (State.CLOSING, State.CLOSED):
+                return
+            log.info("closing connection %s: %s", self.peer, err.reply_text)
+            for channel in self.channels.values():
+                channel.close()
+            self.channels.clear()
+            self.write(self.protocol.close_connection(err))
+            self._deadline = trio.current_time() + CLOSE_TIMEOUT
+            return
+        channel = self.channels.pop(err.channel, None)
+        if channel is not None:
+            channel.close()
+            self._confirming.pop(err.channel, None)
+        log.debug("closing channel %s on %s: %s", err.channel, self.peer, err.reply_text)
+        self.write(self.protocol.close_channel(err))
+
+    def confirms_pending(self, channel: Channel) -> None:
+        self._confirming[channel.number] = channel
+
+    # -- methods -----------------------------------------------------------------------------
+
+    def _channel(self, number: int) -> Channel:
+        channel = self.channels.get(number)
+        if channel is None:  # the protocol checked the channel is open; be safe anyway
+            raise AMQPError(ReplyCode.CHANNEL_ERROR, f"channel {number} is not open")
+        return channel
+
+    def _channel_method(self, number: int, method: Method) -> None:
+        if isinstance(method, ChannelOpen):
+            assert self.vhost is not None
+            self.channels[number] = Channel(self, number, self.vhost)
+            self.write(self.protocol.send_method(number, ChannelOpenOk()))
+        elif isinstance(method, ChannelClose):
+            channel = self.channels.pop(number, None)
+            if channel is not None:
+                channel.close()
+                self._confirming.pop(number, None)
+            self.write(self.protocol.send_method(number, ChannelCloseOk()))
+        elif isinstance(method, ChannelCloseOk):
+            pass
+        else:
+            self._channel(number).handle(method)
+
+    def _send_start(self) -> None:
+        start = ConnectionStart(
+            0,
+            9,
+            server_properties(self.broker.config.host),
+            " ".join(MECHANISMS),
+            "en_US",
+        )
+        self.write(self.protocol.send_method(0, start))
+
+    async def _connection_method(self, method: Method) -> None:
+        match method:
+            case ConnectionStartOk():
+                await self._authenticate(method)
+            case ConnectionTuneOk():
+                if self.protocol.heartbeat and self._nursery is not None:
+                    self._nursery.start_soon(self._heartbeat_loop, self.protocol.heartbeat / 2)
+            case ConnectionOpen(virtual_host=name):
+                vhost = self.broker.vhosts.get(name)
+                if vhost is None:
+                    raise AMQPError(ReplyCode.NOT_ALLOWED, f"vhost {name} not found")
+                self.vhost = vhost
+                self.write(self.protocol.send_method(0, ConnectionOpenOk()))
+                log.info("connection %s: user '%s' opened vhost '%s'", self.peer, self.user, name)
+            case ConnectionClose():
+                for channel in self.channels.values():
+                    channel.close()
+                self.channels.clear()
+                self.write(self.protocol.send_method(0, ConnectionCloseOk()))
+            case ConnectionUpdateSecret():
+                self.write(self.protocol.send_method(0, ConnectionUpdateSecretOk()))
+            case _:
+                pass  # close-ok: the protocol moved to CLOSED and the read loop ends
+
+    async def _authenticate(self, start_ok: ConnectionStartOk) -> None:
+        self.client_properties = start_ok.client_properties
+        capabilities = start_ok.client_properties.get("capabilities")
+        self.capabilities = capabilities if isinstance(capabilities, dict) else {}
+        if start_ok.mechanism not in MECHANISMS:
+            log.warning(
+                "closing connection %s: unknown authentication mechanism %r",
+                self.peer,
+                start_ok.mechanism[:64],
+            )
+            raise HangUp  # the spec: close without sending anything further
+        try:
+            username, password = parse_response(
+                start_ok.mechanism, start_ok.response.encode("utf-8", "surrogateescape")
+            )
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise AMQPError(ReplyCode.ACCESS_REFUSED, str(exc), hard=True) from None
+        users = self.broker.users
+        user = await trio.to_thread.run_sync(users.verify, username, password)
+        if user is None:
+            await trio.sleep(self.broker.config.auth_failure_delay)
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED,
+                f"Login was refused using authentication mechanism {start_ok.mechanism}. "
+                "For details see the broker logfile.",
+                hard=True,
+            )
+        if user.loopback_only and not _is_loopback(self.peer_host):
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED,
+                f"user '{username}' can only connect via localhost",
+                hard=True,
+            )
+        self.user = username
+        config = self.broker.config
+        tune = ConnectionTune(config.channel_max, config.frame_max, config.heartbeat)
+        self.write(self.protocol.send_method(0, tune))

@@ -1,0 +1,78 @@
+"""``serve``: run a broker and its AMQP listener in the caller's nursery.
+
+Responsibilities:
+- start the broker (queue actors) and bind the listeners, then report the bound addresses through
+  the Trio start protocol;
+- a nursery per connection, under a handler nursery owned here;
+- graceful shutdown when ``shutdown`` is set: stop accepting, ask every client to leave
+  (``connection.close`` 320), give them ``shutdown_timeout`` seconds, then cut what remains.
+  Cancelling ``serve`` instead stops everything at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import trio
+
+from ..broker.broker import Broker
+from ..config import BrokerConfig
+from .connection import AMQPConnection
+
+log = logging.getLogger("tqbroker.server")
+
+Address = tuple[str, int]
+
+
+async def serve(
+    config: BrokerConfig | None = None,
+    *,
+    shutdown: trio.Event | None = None,
+    task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a broker until cancelled, or until ``shutdown`` is set (then shut down gracefully).
+
+    ``await nursery.start(serve, config)`` returns the bound ``(host, port)`` addresses.
+    """
+    config = config or BrokerConfig()
+    broker = Broker(config)
+    connections: set[AMQPConnection] = set()
+    async with trio.open_nursery() as broker_nursery:
+        await broker_nursery.start(broker.run)
+        listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+        addresses: list[Address] = [
+            (sockname[0], sockname[1])
+            for sockname in (listener.socket.getsockname() for listener in listeners)
+        ]
+        for host, port in addresses:
+            log.info("tqbroker %s listening for AMQP on %s:%d", broker.config.host, host, port)
+
+        async def handle(stream: trio.SocketStream) -> None:
+            connection = AMQPConnection(broker, stream)
+            connections.add(connection)
+            try:
+                await connection.run()
+            finally:
+                connections.discard(connection)
+
+        async with trio.open_nursery() as handler_nursery:
+            async with trio.open_nursery() as accept_nursery:
+                accept_nursery.start_soon(
+                    functools.partial(
+                        trio.serve_listeners, handle, listeners, handler_nursery=handler_nursery
+                    )
+                )
+                task_status.started(addresses)
+                if shutdown is None:
+                    await trio.sleep_forever()
+                await shutdown.wait()
+                accept_nursery.cancel_scope.cancel()
+            log.info("shutting down: closing %d connection(s)", len(connections))
+            for connection in list(connections):
+                connection.shutdown()
+            handler_nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout
+            while connections:
+                await trio.sleep(0.05)
+            handler_nursery.cancel_scope.cancel()
+        broker_nursery.cancel_scope.cancel()
