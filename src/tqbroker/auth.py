@@ -21,7 +21,6 @@ from .protocol.codec import U32, read_table
 from .protocol.errors import DecodeError
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")
-_SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 
 
 @attrs.frozen
@@ -33,7 +32,7 @@ class User:
 
 
 def _hash(password: str, salt: bytes) -> bytes:
-    return hashlib.scrypt(password.encode(), salt=salt, **_SCRYPT)  # type: ignore[arg-type]
+    return hashlib.scrypt(password.encode(), salt=salt, n=2**14, r=8, p=1, dklen=32)
 
 
 class UserStore:

@@ -38,9 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def run(config: BrokerConfig) -> None:
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
-        addresses = await nursery.start(lambda task_status: serve(
-            config, shutdown=shutdown, task_status=task_status
-        ))
+        addresses = await nursery.start(
+            lambda task_status: serve(config, shutdown=shutdown, task_status=task_status)
+        )
         bound = ", ".join(f"amqp://{host}:{port}" for host, port in addresses)
         print(f"tqbroker {__version__} ready: listening on {bound}", flush=True)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -61,7 +61,22 @@ def main(argv: list[str] | None = None) -> int:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
         trio.run(run, config)
-    except OSError as exc:
-        print(f"tqbroker: cannot start: {exc}", file=sys.stderr)
+    except (OSError, BaseExceptionGroup) as exc:
+        error = _os_error(exc)
+        if error is None:
+            raise
+        print(f"tqbroker: cannot start: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError (address in use, permission denied...) inside a possibly grouped error."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _os_error(inner)
+            if found is not None:
+                return found
+    return None

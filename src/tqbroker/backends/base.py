@@ -2,8 +2,9 @@
 
 Responsibilities:
 - ``QueueStore``: the messages of one queue, ready and unacknowledged, in order;
-- ``Backend``: opens and deletes ``QueueStore``s; implementations register under the entry-point
-  group ``tqbroker.backends`` (the built-in ``memory`` backend does, exactly as a third party would).
+- ``Backend``: opens and deletes ``QueueStore``s; implementations register under the
+  entry-point group ``tqbroker.backends`` (the built-in ``memory`` backend does, exactly as a
+  third party would).
 
 The contract is passive, like RabbitMQ's backing queue: a store owns no tasks or timers and never
 blocks; the queue actor calls it from the Trio thread.

@@ -58,7 +58,9 @@ def load_plugins(group: str, protocol: type[T]) -> dict[str, T]:
             log.error("%s; skipping it", exc)
             continue
         if ep.name in found:
-            log.error("%s: a plugin named %r is already loaded; skipping it", _describe(ep), ep.name)
+            log.error(
+                "%s: a plugin named %r is already loaded; skipping it", _describe(ep), ep.name
+            )
             continue
         found[ep.name] = plugin
     return found

@@ -332,9 +332,7 @@ class Channel:
 
     def _qos(self, method: BasicQos) -> None:
         if method.prefetch_size:
-            raise AMQPError(
-                ReplyCode.NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})"
-            )
+            raise AMQPError(ReplyCode.NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})")
         if method.global_:
             self.global_prefetch = method.prefetch_count
         else:
@@ -454,7 +452,9 @@ class Channel:
             return False
         return self.connection.can_write()
 
-    def deliver(self, consumer: Consumer, message_id: int, message: Message, redelivered: bool) -> None:
+    def deliver(
+        self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
+    ) -> None:
         tag = self._next_tag
         self._next_tag += 1
         if not consumer.no_ack:

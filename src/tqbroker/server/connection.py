@@ -251,7 +251,9 @@ class AMQPConnection:
                     return
                 try:
                     if isinstance(event, ContentReceived):
-                        self._channel(event.channel).publish(event.method, event.properties, event.body)
+                        self._channel(event.channel).publish(
+                            event.method, event.properties, event.body
+                        )
                     elif isinstance(event, MethodReceived):
                         if event.channel == 0:
                             await self._connection_method(event.method)
@@ -294,10 +296,10 @@ class AMQPConnection:
             self.write(self.protocol.close_connection(err))
             self._deadline = trio.current_time() + CLOSE_TIMEOUT
             return
-        channel = self.channels.pop(err.channel, None)
-        if channel is not None:
-            channel.close()
-            self._confirming.pop(err.channel, None)
+        failed = self.channels.pop(err.channel, None)
+        if failed is not None:
+            failed.close()
+            self._confirming.pop(failed.number, None)
         log.debug("closing channel %s on %s: %s", err.channel, self.peer, err.reply_text)
         self.write(self.protocol.close_channel(err))
 
@@ -321,7 +323,7 @@ class AMQPConnection:
             channel = self.channels.pop(number, None)
             if channel is not None:
                 channel.close()
-                self._confirming.pop(number, None)
+                self._confirming.pop(channel.number, None)
             self.write(self.protocol.send_method(number, ChannelCloseOk()))
         elif isinstance(method, ChannelCloseOk):
             pass

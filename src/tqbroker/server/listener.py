@@ -38,6 +38,7 @@ async def serve(
     config = config or BrokerConfig()
     broker = Broker(config)
     connections: set[AMQPConnection] = set()
+    all_closed = trio.Event()
     async with trio.open_nursery() as broker_nursery:
         await broker_nursery.start(broker.run)
         listeners = await trio.open_tcp_listeners(config.port, host=config.host)
@@ -55,6 +56,8 @@ async def serve(
                 await connection.run()
             finally:
                 connections.discard(connection)
+                if not connections and shutdown is not None and shutdown.is_set():
+                    all_closed.set()
 
         async with trio.open_nursery() as handler_nursery:
             async with trio.open_nursery() as accept_nursery:
@@ -72,7 +75,7 @@ async def serve(
             for connection in list(connections):
                 connection.shutdown()
             handler_nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout
-            while connections:
-                await trio.sleep(0.05)
+            if connections:
+                await all_closed.wait()
             handler_nursery.cancel_scope.cancel()
         broker_nursery.cancel_scope.cancel()

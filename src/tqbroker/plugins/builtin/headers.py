@@ -7,6 +7,7 @@ too. An argument whose value is void (``None``) matches on the header's presence
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Hashable, Iterable
 
 from ...protocol.codec import FieldTable, FieldValue
@@ -35,7 +36,9 @@ class HeadersRouter:
     def _parse(arguments: FieldTable) -> tuple[str, list[tuple[str, FieldValue]]]:
         mode = arguments.get("x-match", "all")
         if mode not in _MODES:
-            raise ValueError(f"Invalid x-match field value {mode!r}; expected one of {sorted(_MODES)}")
+            raise ValueError(
+                f"Invalid x-match field value {mode!r}; expected one of {sorted(_MODES)}"
+            )
         assert isinstance(mode, str)
         with_x = mode.endswith("-with-x")
         wanted = [
@@ -51,10 +54,8 @@ class HeadersRouter:
 
     def unbind(self, destination: Hashable, binding_key: str, arguments: FieldTable) -> None:
         mode, wanted = self._parse(arguments)
-        try:
+        with contextlib.suppress(ValueError):
             self._bindings.remove((destination, mode, wanted))
-        except ValueError:
-            pass
 
     def route(self, routing_key: str, headers: FieldTable | None) -> Iterable[Hashable]:
         headers = headers or {}

@@ -44,7 +44,9 @@ class TopicRouter:
         if leaf.destinations[destination] <= 0:
             del leaf.destinations[destination]
         # Prune nodes left with nothing below them.
-        for parent, word, node in zip(reversed(path[:-1]), reversed(words), reversed(path[1:])):
+        for parent, word, node in zip(
+            reversed(path[:-1]), reversed(words), reversed(path[1:]), strict=True
+        ):
             if node.children or node.destinations:
                 break
             del parent.children[word]

@@ -1,0 +1,39 @@
+"""Developer tasks. ``nox`` runs tests, lint and typecheck; ``nox -s tests -- -m slow`` runs the
+slow tests; ``nox -s generate`` regenerates the protocol module from the AMQP spec."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite (slow tests excluded unless asked for with ``-- -m slow``)."""
+    session.install("-e", ".[test]")
+    args = session.posargs or ["-m", "not slow"]
+    session.run("pytest", "-p", "no:cacheprovider", *args)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package, tools and examples."""
+    session.install("-e", ".[test]", "mypy>=1.10")
+    session.run("mypy")
+
+
+@nox.session
+def generate(session: nox.Session) -> None:
+    """Regenerate src/tqbroker/protocol/methods.py from the AMQP 0-9-1 spec file."""
+    session.install("ruff>=0.6")
+    session.run("python", "tools/gen_protocol.py")

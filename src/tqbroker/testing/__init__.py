@@ -1,0 +1,78 @@
+"""Helpers for testing code against a real tqbroker.
+
+- ``running_broker()``: a context manager that runs a broker in a background thread on an
+  ephemeral port, for synchronous code (pika's BlockingConnection, kombu, Celery);
+- ``start_broker(nursery)``: start a broker inside a Trio nursery you own;
+- the pytest plugin (``tqbroker.testing.pytest_plugin``, loaded automatically when tqbroker is
+  installed) offers the fixtures ``tqbroker_broker`` (pytest-trio) and ``tqbroker_thread``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import attrs
+import trio
+
+from ..config import BrokerConfig
+from ..server.listener import serve
+
+
+@attrs.frozen
+class RunningBroker:
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@{self.host}:{self.port}/"
+
+
+async def start_broker(nursery: trio.Nursery, config: BrokerConfig | None = None) -> RunningBroker:
+    """Start a broker (port 0 unless ``config`` says otherwise) in ``nursery``."""
+    config = config or BrokerConfig(port=0)
+    addresses = await nursery.start(lambda task_status: serve(config, task_status=task_status))
+    host, port = addresses[0]
+    return RunningBroker(host, port)
+
+
+@contextmanager
+def running_broker(config: BrokerConfig | None = None) -> Iterator[RunningBroker]:
+    """Run a broker in a background thread for the duration of the ``with`` block."""
+    config = config or BrokerConfig(port=0)
+    started: queue.Queue[RunningBroker | BaseException] = queue.Queue()
+    stop: list[trio.Event] = []
+    token: list[trio.lowlevel.TrioToken] = []
+
+    async def main() -> None:
+        shutdown = trio.Event()
+        stop.append(shutdown)
+        token.append(trio.lowlevel.current_trio_token())
+        async with trio.open_nursery() as nursery:
+            addresses = await nursery.start(
+                lambda task_status: serve(config, shutdown=shutdown, task_status=task_status)
+            )
+            started.put(RunningBroker(*addresses[0]))
+
+    def thread_main() -> None:
+        try:
+            trio.run(main)
+        except BaseException as exc:  # reported to the waiting caller
+            started.put(exc)
+
+    thread = threading.Thread(target=thread_main, name="tqbroker", daemon=True)
+    thread.start()
+    result = started.get(timeout=30)
+    if isinstance(result, BaseException):
+        raise RuntimeError("the broker failed to start") from result
+    try:
+        yield result
+    finally:
+        trio.from_thread.run_sync(stop[0].set, trio_token=token[0])
+        thread.join(timeout=30)
+
+
+__all__ = ["RunningBroker", "running_broker", "start_broker"]

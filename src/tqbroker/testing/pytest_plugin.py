@@ -1,0 +1,27 @@
+"""pytest fixtures for tests that need a real broker (registered as a ``pytest11`` plugin).
+
+- ``tqbroker_broker``: a broker on an ephemeral port inside the test's Trio nursery (pytest-trio);
+- ``tqbroker_thread``: a broker in a background thread, for synchronous tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import trio
+
+from . import RunningBroker, running_broker, start_broker
+
+
+@pytest.fixture
+async def tqbroker_broker() -> AsyncIterator[RunningBroker]:
+    async with trio.open_nursery() as nursery:
+        yield await start_broker(nursery)
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+def tqbroker_thread() -> Iterator[RunningBroker]:
+    with running_broker() as broker:
+        yield broker

@@ -1,0 +1,85 @@
+"""``python -m tqbroker`` as a user runs it: startup line, defaults, signals, graceful shutdown."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pika
+import pytest
+
+STARTUP = re.compile(r"ready: listening on amqp://([\d.]+):(\d+)")
+
+
+def start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tqbroker", "--port", "0", *extra],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = STARTUP.search(line)
+    assert match, f"no startup line, got {line!r}"
+    return proc, int(match.group(2))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_starts_with_defaults_and_exits_zero_on_signal(tmp_path: Path, signum: int) -> None:
+    proc, port = start(tmp_path)
+    try:
+        assert (tmp_path / "tqbroker-data").is_dir()
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        ch = conn.channel()
+        ch.queue_declare("cli-smoke")
+        ch.basic_publish("", "cli-smoke", b"x")
+        assert ch.basic_get("cli-smoke", auto_ack=True)[2] == b"x"
+        conn.close()
+        proc.send_signal(signum)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_shutdown_closes_clients_with_320(tmp_path: Path) -> None:
+    proc, port = start(tmp_path, "--data-dir", "elsewhere")
+    try:
+        assert (tmp_path / "elsewhere").is_dir()
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        conn.channel()
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+            conn.process_data_events(time_limit=5)
+            conn.process_data_events(time_limit=5)
+        assert info.value.reply_code == 320
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    proc, port = start(tmp_path)
+    try:
+        second = subprocess.run(
+            [sys.executable, "-m", "tqbroker", "--port", str(port)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert second.returncode == 1
+        assert "cannot start" in second.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+        proc.communicate()

@@ -1,0 +1,84 @@
+"""Embedding the broker in a Trio application."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pika
+import trio
+
+import tqbroker
+from tqbroker.testing import RunningBroker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_serve_returns_bound_addresses() -> None:
+    async with trio.open_nursery() as nursery:
+        addresses = await nursery.start(tqbroker.serve, tqbroker.BrokerConfig(port=0))
+        host, port = addresses[0]
+        assert host == "127.0.0.1"
+        assert port > 0
+        stream = await trio.open_tcp_stream(host, port)
+        await stream.send_all(b"AMQP\x00\x00\x09\x01")
+        start = await stream.receive_some(4096)
+        assert start[:1] == b"\x01"  # a method frame: connection.start
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_pytest_trio_fixture(tqbroker_broker: RunningBroker) -> None:
+    def publish_and_get() -> bytes:
+        conn = pika.BlockingConnection(pika.URLParameters(tqbroker_broker.url))
+        ch = conn.channel()
+        ch.queue_declare("fixture")
+        ch.basic_publish("", "fixture", b"from a thread")
+        body = ch.basic_get("fixture", auto_ack=True)[2]
+        conn.close()
+        return body
+
+    assert await trio.to_thread.run_sync(publish_and_get) == b"from a thread"
+
+
+async def test_graceful_shutdown_event() -> None:
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        addresses = await nursery.start(
+            lambda task_status: tqbroker.serve(
+                tqbroker.BrokerConfig(port=0), shutdown=shutdown, task_status=task_status
+            )
+        )
+        host, port = addresses[0]
+
+        def connect_and_wait() -> int:
+            conn = pika.BlockingConnection(pika.ConnectionParameters(host, port))
+            try:
+                conn.process_data_events(time_limit=10)
+            except pika.exceptions.ConnectionClosedByBroker as exc:
+                return int(exc.reply_code)
+            return 0
+
+        async with trio.open_nursery() as clients:
+            codes: list[int] = []
+
+            async def client() -> None:
+                codes.append(await trio.to_thread.run_sync(connect_and_wait))
+
+            clients.start_soon(client)
+            await trio.sleep(0.5)
+            shutdown.set()
+        assert codes == [320]
+    # serve returned by itself: the nursery exited without being cancelled
+
+
+def test_embedded_example_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "embedded.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "received: hello 0, hello 1, hello 2" in result.stdout
