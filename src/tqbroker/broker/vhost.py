@@ -17,9 +17,10 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from ..backends.base import Backend
+from ..model import Message
 from ..plugins.builtin.direct import DirectRouter
 from ..plugins.spec import ExchangeType
 from ..protocol.codec import FieldTable, FieldValue, encode_table
@@ -36,6 +37,16 @@ PREDECLARED: Final = (
 )
 
 Spawn = Callable[[Callable[[], Any]], None]
+
+# RabbitMQ's direct reply-to pseudo-queue and the prefix of the names it hands out.
+REPLY_TO: Final = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX: Final = REPLY_TO + "."
+
+
+class ReplyConsumer(Protocol):
+    """A channel consuming from ``amq.rabbitmq.reply-to`` (direct reply-to)."""
+
+    def deliver_reply(self, message: Message) -> None: ...
 
 
 def _fmt(value: object) -> str:
@@ -58,6 +69,8 @@ class VirtualHost:
         self.backend = backend
         self._spawn = spawn
         self.queues: dict[str, Queue] = {}
+        # Direct reply-to: "amq.rabbitmq.reply-to.<token>" -> the channel consuming replies.
+        self.reply_consumers: dict[str, ReplyConsumer] = {}
         self.default_exchange = DefaultExchange(self.queues, DirectRouter())  # type: ignore[arg-type]
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
         for name_, type_name in PREDECLARED:
@@ -388,6 +401,20 @@ class VirtualHost:
             self._remove_queue(queue)
 
     # -- routing -----------------------------------------------------------------------------
+
+    def register_reply_consumer(self, consumer: ReplyConsumer) -> str:
+        """Register a direct reply-to consumer; return the reply-to address to hand out."""
+        address = REPLY_TO_PREFIX + base64.urlsafe_b64encode(os.urandom(18)).decode()
+        self.reply_consumers[address] = consumer
+        return address
+
+    def deliver_reply(self, routing_key: str, message: Message) -> bool:
+        """Deliver a message published to a direct reply-to address; False if nobody waits."""
+        consumer = self.reply_consumers.get(routing_key)
+        if consumer is None:
+            return False
+        consumer.deliver_reply(message)
+        return True
 
     def route(
         self, exchange: Exchange, routing_key: str, headers: FieldTable | None

@@ -19,10 +19,12 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import attrs
+
 from ..broker.consumer import Consumer
 from ..broker.exchange import Exchange
 from ..broker.queue import Queue
-from ..broker.vhost import VirtualHost
+from ..broker.vhost import REPLY_TO, REPLY_TO_PREFIX, VirtualHost
 from ..model import Message
 from ..protocol import frames
 from ..protocol.errors import AMQPError, DecodeError, ReplyCode
@@ -104,6 +106,9 @@ class Channel:
         self.tx_acks: list[tuple[int, Unacked, bool]] = []  # (tag, entry, requeue-or-not)
         self._last_queue = ""
         self._tag_cache: dict[str, bytes] = {}
+        # Direct reply-to: the consumer tag on amq.rabbitmq.reply-to and our reply address.
+        self.reply_tag: str | None = None
+        self.reply_address: str | None = None
 
     # -- dispatch ----------------------------------------------------------------------------
 
@@ -239,6 +244,9 @@ class Channel:
     # -- queues ------------------------------------------------------------------------------
 
     def _queue_declare(self, method: QueueDeclare) -> None:
+        if method.passive and method.queue == REPLY_TO:
+            self._reply(method.nowait, QueueDeclareOk(REPLY_TO, 0, 0))
+            return
         queue = self.vhost.declare_queue(
             method.queue,
             passive=method.passive,
@@ -269,6 +277,11 @@ class Channel:
             properties = BasicProperties.decode(memoryview(properties_raw))
         except DecodeError as exc:
             raise AMQPError(ReplyCode.FRAME_ERROR, f"cannot decode properties: {exc}") from None
+        if properties.reply_to == REPLY_TO:
+            if self.reply_tag is None or self.reply_address is None:
+                raise AMQPError(ReplyCode.PRECONDITION_FAILED, "fast reply consumer does not exist")
+            properties = attrs.evolve(properties, reply_to=self.reply_address)
+            properties_raw = properties.encode()
         message = Message(method.exchange, method.routing_key, properties_raw, body, properties)
         if self.tx is not None:
             self.tx.append((exchange, message, method.mandatory))
@@ -279,10 +292,15 @@ class Channel:
             self.connection.confirms_pending(self)
 
     def _route(self, exchange: Exchange, message: Message, mandatory: bool) -> None:
-        queues = self.vhost.route(exchange, message.routing_key, message.properties.headers)
-        for queue in queues:
-            queue.publish(message)
-        if not queues and mandatory:
+        vhost = self.vhost
+        if exchange is vhost.default_exchange and message.routing_key.startswith(REPLY_TO_PREFIX):
+            routed = vhost.deliver_reply(message.routing_key, message)
+        else:
+            queues = vhost.route(exchange, message.routing_key, message.properties.headers)
+            for queue in queues:
+                queue.publish(message)
+            routed = bool(queues)
+        if not routed and mandatory:
             out = self.connection.out
             frames.write_return(
                 out,
@@ -341,12 +359,15 @@ class Channel:
         self._wake_queues()
 
     def _consume(self, method: BasicConsume) -> None:
-        queue = self.vhost.get_queue(self._queue_name(method.queue), self.connection)
         tag = method.consumer_tag or _server_name("amq.ctag-")
-        if tag in self.consumers:
+        if tag in self.consumers or tag == self.reply_tag:
             raise AMQPError(
                 ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", hard=True
             )
+        if method.queue == REPLY_TO:
+            self._consume_replies(tag, method)
+            return
+        queue = self.vhost.get_queue(self._queue_name(method.queue), self.connection)
         if queue.has_exclusive_consumer or (method.exclusive and queue.consumers):
             raise AMQPError(
                 ReplyCode.ACCESS_REFUSED,
@@ -366,7 +387,41 @@ class Channel:
         self.consumers[tag] = consumer
         queue.add_consumer(consumer)
 
+    def _consume_replies(self, tag: str, method: BasicConsume) -> None:
+        """Start consuming from the direct reply-to pseudo-queue (no-ack only, one per channel)."""
+        if not method.no_ack:
+            raise AMQPError(ReplyCode.PRECONDITION_FAILED, "reply consumer cannot acknowledge")
+        if self.reply_tag is not None:
+            raise AMQPError(ReplyCode.PRECONDITION_FAILED, "reply consumer already set")
+        self._reply(method.nowait, BasicConsumeOk(tag))
+        self.reply_tag = tag
+        if self.reply_address is None:
+            self.reply_address = self.vhost.register_reply_consumer(self)
+
+    def deliver_reply(self, message: Message) -> None:
+        """Deliver a reply sent to our direct reply-to address (no ack expected)."""
+        if self.reply_tag is None:
+            return
+        tag = self._next_tag
+        self._next_tag += 1
+        frames.write_deliver(
+            self.connection.out,
+            self.number,
+            frames.shortstr(self.reply_tag),
+            tag,
+            False,
+            frames.shortstr(message.exchange),
+            frames.shortstr(message.routing_key),
+            message.properties_raw,
+            message.body,
+            self.connection.protocol.frame_max,
+        )
+        self.connection.wake_writer()
+
     def _cancel(self, tag: str) -> None:
+        if tag == self.reply_tag:
+            self.reply_tag = None
+            return
         consumer = self.consumers.pop(tag, None)
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
@@ -495,3 +550,6 @@ class Channel:
         self.tx_acks = []
         self.tx = None
         self._settle_now(taken)
+        self.reply_tag = None
+        if self.reply_address is not None:
+            self.vhost.reply_consumers.pop(self.reply_address, None)
