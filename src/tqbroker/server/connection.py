@@ -355,9 +355,8 @@ class AMQPConnection:
                 self.write(self.protocol.send_method(0, ConnectionOpenOk()))
                 log.info("connection %s: user '%s' opened vhost '%s'", self.peer, self.user, name)
             case ConnectionClose():
-                for channel in self.channels.values():
-                    channel.close()
-                self.channels.clear()
+                # Release everything (exclusive queues included) before the client hears close-ok.
+                self._teardown()
                 self.write(self.protocol.send_method(0, ConnectionCloseOk()))
             case ConnectionUpdateSecret():
                 self.write(self.protocol.send_method(0, ConnectionUpdateSecretOk()))
