@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any, Final, Protocol
+from typing import Any, Final, NoReturn, Protocol
 
 from ..backends.base import Backend
 from ..model import Message
@@ -100,12 +100,15 @@ class VirtualHost:
 
     def _check_exclusive(self, queue: Queue, owner: object) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
-            raise AMQPError(
-                ReplyCode.RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost "
-                f"'{self.name}'. It could be originally declared on another connection or the "
-                "exclusive property value does not match that of the original declaration.",
-            )
+            self._lock_error(queue)
+
+    def _lock_error(self, queue: Queue) -> NoReturn:
+        raise AMQPError(
+            ReplyCode.RESOURCE_LOCKED,
+            f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost "
+            f"'{self.name}'. It could be originally declared on another connection or the "
+            "exclusive property value does not match that of the original declaration.",
+        )
 
     # -- exchanges ---------------------------------------------------------------------------
 
@@ -145,17 +148,12 @@ class VirtualHost:
         internal: bool,
         arguments: FieldTable,
     ) -> Exchange:
-        if passive:
-            return self.get_exchange(name)
         if name == "":
             raise AMQPError(
                 ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange"
             )
-        if name.startswith("amq."):
-            raise AMQPError(
-                ReplyCode.ACCESS_REFUSED,
-                f"exchange name '{name}' contains reserved prefix 'amq.*'",
-            )
+        if passive:
+            return self.get_exchange(name)
         if type_name not in self.exchange_types:
             raise AMQPError(
                 ReplyCode.COMMAND_INVALID,
@@ -177,6 +175,11 @@ class VirtualHost:
                 existing.arguments,
             )
             return existing
+        if name.startswith("amq."):
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED,
+                f"exchange name '{name}' contains reserved prefix 'amq.*'",
+            )
         exchange = self._new_exchange(
             name,
             type_name,
@@ -302,7 +305,7 @@ class VirtualHost:
     ) -> Queue:
         if passive:
             return self.get_queue(name, owner)
-        if name.startswith("amq.") and name not in self.queues:
+        if name.startswith("amq."):
             raise AMQPError(
                 ReplyCode.ACCESS_REFUSED,
                 f"queue name '{name}' contains reserved prefix 'amq.*'",
@@ -318,13 +321,14 @@ class VirtualHost:
             )
         existing = self.queues.get(name)
         if existing is not None:
-            self._check_exclusive(existing, owner)
+            # RabbitMQ answers an exclusive mismatch with 405, before any other check.
+            if existing.exclusive_owner is not (owner if exclusive else None):
+                self._lock_error(existing)
             what = f"for queue '{name}' in vhost '{self.name}'"
             self._check_equivalent(
                 what,
                 {
                     "durable": (durable, existing.durable),
-                    "exclusive": (exclusive, existing.exclusive_owner is not None),
                     "auto_delete": (auto_delete, existing.auto_delete),
                 },
                 _equivalence_args(arguments),

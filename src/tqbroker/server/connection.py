@@ -363,6 +363,15 @@ class AMQPConnection:
             case _:
                 pass  # close-ok: the protocol moved to CLOSED and the read loop ends
 
+    async def _refuse_login(self, text: str) -> None:
+        """After a pause, tell clients that understand it (``authentication_failure_close``)
+        with connection.close 403; hang up on the others, as the spec says."""
+        log.warning("connection %s: %s", self.peer, text)
+        await trio.sleep(self.broker.config.auth_failure_delay)
+        if self.capabilities.get("authentication_failure_close") is not True:
+            raise HangUp
+        raise AMQPError(ReplyCode.ACCESS_REFUSED, text, hard=True)
+
     async def _authenticate(self, start_ok: ConnectionStartOk) -> None:
         self.client_properties = start_ok.client_properties
         capabilities = start_ok.client_properties.get("capabilities")
@@ -383,19 +392,12 @@ class AMQPConnection:
         users = self.broker.users
         user = await trio.to_thread.run_sync(users.verify, username, password)
         if user is None:
-            await trio.sleep(self.broker.config.auth_failure_delay)
-            raise AMQPError(
-                ReplyCode.ACCESS_REFUSED,
+            await self._refuse_login(
                 f"Login was refused using authentication mechanism {start_ok.mechanism}. "
-                "For details see the broker logfile.",
-                hard=True,
+                "For details see the broker logfile."
             )
-        if user.loopback_only and not _is_loopback(self.peer_host):
-            raise AMQPError(
-                ReplyCode.ACCESS_REFUSED,
-                f"user '{username}' can only connect via localhost",
-                hard=True,
-            )
+        elif user.loopback_only and not _is_loopback(self.peer_host):
+            await self._refuse_login(f"user '{username}' can only connect via localhost")
         self.user = username
         config = self.broker.config
         tune = ConnectionTune(config.channel_max, config.frame_max, config.heartbeat)
