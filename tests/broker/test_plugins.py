@@ -49,7 +49,9 @@ def third_party_plugin(tmp_path: Path) -> Iterator[None]:
     )
     dist_info = tmp_path / "reverse_exchange-1.0.dist-info"
     dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: reverse-exchange\nVersion: 1.0\n")
+    (dist_info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: reverse-exchange\nVersion: 1.0\n"
+    )
     (dist_info / "entry_points.txt").write_text(
         "[tqbroker.exchange_types]\n"
         "x-reverse = reverse_exchange:ReverseExchange\n"
