@@ -99,7 +99,9 @@ def _encode_lines(fields: list[Field]) -> list[str]:
     for group in _groups(fields):
         f = group[0]
         if f.type == "bit":
-            parts = [f"(self.{b.name} << {i})" if i else f"self.{b.name}" for i, b in enumerate(group)]
+            parts = [
+                f"(self.{b.name} << {i})" if i else f"self.{b.name}" for i, b in enumerate(group)
+            ]
             lines.append(f"out.append({' | '.join(parts)})")
         elif f.type in STRUCTS:
             lines.append(f"out += {STRUCTS[f.type]}.pack(self.{f.name})")
@@ -163,6 +165,9 @@ def render_method(m: Method) -> str:
         f"    def decode_arguments(cls, buf: memoryview, off: int) -> {m.py_name}:",
     ]
     out += [f"        {line}" for line in _decode_lines(m.fields)]
+    # The arguments must fill the payload exactly, as RabbitMQ's generated decoder requires.
+    out.append("        if off != len(buf):")
+    out.append('            raise DecodeError(f"{len(buf) - off} bytes after the arguments")')
     args = ", ".join(f.name for f in m.fields)
     out.append(f"        return cls({args})")
     return "\n".join(out)
@@ -225,6 +230,8 @@ def render_properties(props: list[Field]) -> str:
             out.append(f"            off += {s}.size")
         elif f.type == "shortstr":
             out.append(f"            {f.name}, off = read_shortstr(buf, off)")
+        elif f.type == "longstr":
+            out.append(f"            {f.name}, off = read_longstr(buf, off)")
         else:
             out.append(f"            {f.name}, off = read_table(buf, off)")
     args = ", ".join(f"{f.name}={f.name}" for f in props)
@@ -238,8 +245,9 @@ HEADER = '''\
 
 Every method is a frozen attrs class with ``CLASS_ID``, ``METHOD_ID``, ``INDEX`` (class << 16 |
 method), ``NAME`` and ``HAS_CONTENT``; ``encode_arguments`` appends its arguments to a bytearray and
-``decode_arguments`` reads them from a memoryview (raising ``struct.error``/``IndexError``/
-``DecodeError`` on bad bytes, which ``decode_method`` turns into ``DecodeError``).
+``decode_arguments`` reads them from a memoryview, which they must fill exactly (raising
+``struct.error``/``IndexError``/``DecodeError`` on bad bytes, which ``decode_method`` turns into a
+``DecodeError`` naming the method).
 """
 
 from __future__ import annotations
@@ -308,7 +316,7 @@ def decode_method(payload: memoryview) -> Method:
         raise UnknownMethodError(f"unknown method {{index >> 16}}.{{index & 0xFFFF}}")
     try:
         return method_class.decode_arguments(payload, 4)
-    except (struct.error, IndexError) as exc:
+    except (struct.error, IndexError, DecodeError) as exc:
         raise DecodeError(f"cannot decode {{method_class.NAME}}: {{exc}}") from None
 '''
 

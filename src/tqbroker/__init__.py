@@ -14,9 +14,23 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING, Any
+
 from .config import BrokerConfig as BrokerConfig
 from .config import UserConfig as UserConfig
 from .model import Message as Message
-from .server.listener import serve as serve
+
+if TYPE_CHECKING:
+    from .server.listener import serve as serve
 
 __all__ = ["BrokerConfig", "Message", "UserConfig", "__version__", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    # ``serve`` pulls in trio and the server; importing it lazily keeps ``import
+    # tqbroker.protocol`` free of trio (the protocol package is sans-IO).
+    if name == "serve":
+        from .server.listener import serve
+
+        return serve
+    raise AttributeError(f"module 'tqbroker' has no attribute {name!r}")

@@ -8,8 +8,9 @@ Responsibilities:
 
 Python representation of field values: ``bool``, ``int``, ``float``, ``decimal.Decimal``, ``str``
 (``S``; invalid UTF-8 survives through ``surrogateescape``), ``bytes`` (``x``), ``datetime`` in UTC
-(``T``, whole seconds), ``dict`` (``F``), ``list`` (``A``) and ``None`` (``V``). Integers encode as
-``I`` when they fit 32 bits and ``l`` otherwise, as pika and RabbitMQ do.
+(``T``, whole seconds, 1970 onwards; a naive datetime encodes as UTC), ``dict`` (``F``), ``list``
+(``A``) and ``None`` (``V``). Integers encode as ``I`` when they fit 32 bits and ``l`` otherwise, as
+pika and RabbitMQ do.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ F32 = struct.Struct(">f")
 F64 = struct.Struct(">d")
 _DECIMAL = struct.Struct(">Bi")
 
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 def read_shortstr(buf: memoryview, off: int) -> tuple[str, int]:
@@ -240,10 +241,15 @@ def _write_value(out: bytearray, value: FieldValue) -> None:
         out += b"A"
         _write_array(out, value)
     elif isinstance(value, datetime.datetime):
-        seconds = int((value - _EPOCH).total_seconds()) if value.tzinfo else int(value.timestamp())
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)  # naive means UTC, as in pika and pamqp
+        delta = value - _EPOCH
+        seconds = delta.days * 86400 + delta.seconds  # whole seconds, exact
+        if seconds < 0:
+            raise ValueError(f"timestamp before 1970 cannot be encoded: {value}")
         out += b"T" + U64.pack(seconds)
     elif isinstance(value, decimal.Decimal):
-        sign, digits, exponent = value.as_tuple()
+        exponent = value.as_tuple().exponent
         if not isinstance(exponent, int):
             raise ValueError(f"cannot encode decimal {value}")
         scale = max(0, -exponent)

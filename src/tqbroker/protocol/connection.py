@@ -24,7 +24,7 @@ Usage, the h11 way::
 from __future__ import annotations
 
 import enum
-from typing import Final
+from typing import Final, NoReturn
 
 import attrs
 
@@ -149,6 +149,11 @@ SEND_TRANSITIONS: Final[dict[tuple[State, type[Method]], State]] = {
 }
 
 
+# The largest body size a content header may announce at all (RabbitMQ's ?MAX_MSG_SIZE, 512 MiB):
+# beyond it the connection fails with 501, whatever max_message_size allows.
+MAX_BODY_SIZE: Final = 512 * 1024 * 1024
+
+
 @attrs.frozen
 class Limits:
     """What the server offers in ``connection.tune`` and enforces."""
@@ -216,7 +221,7 @@ class ServerConnection:
                 return EndOfStream() if self._eof else NEED_DATA
             frame_type, channel, size = FRAME_HEAD.unpack_from(buf, pos)
             limit = self.frame_max if self._tuned else self.limits.initial_frame_max
-            if size > limit:
+            if limit and size > limit:  # 0: no limit
                 self._broken = True
                 raise AMQPError(
                     ReplyCode.FRAME_ERROR,
@@ -245,6 +250,10 @@ class ServerConnection:
         return ProtocolHeaderReceived()
 
     def _handle_frame(self, frame_type: int, channel: int, payload: memoryview) -> Event | None:
+        if self.state in (State.CLOSING, State.CLOSED) and not _is_connection_close(
+            frame_type, channel, payload
+        ):
+            return None  # after we sent connection.close only close and close-ok count
         if frame_type == FRAME_HEARTBEAT:
             if channel:
                 raise AMQPError(ReplyCode.UNEXPECTED_FRAME, f"heartbeat frame on channel {channel}")
@@ -259,8 +268,6 @@ class ServerConnection:
                 raise AMQPError(ReplyCode.UNEXPECTED_FRAME, "content frame on channel 0")
             return self._connection_method(_decode(payload))
         if self.state is not State.OPEN:
-            if self.state in (State.CLOSING, State.CLOSED):
-                return None  # after connection.close only close/close-ok count
             raise AMQPError(
                 ReplyCode.UNEXPECTED_FRAME,
                 f"frame on channel {channel} before the connection is open",
@@ -285,8 +292,9 @@ class ServerConnection:
         if next_state is None:
             if self.state is State.CLOSING:
                 return None  # discard everything but close / close-ok
+            # RabbitMQ (rabbit_reader's handle_method0 fallback) answers 504 CHANNEL_ERROR.
             raise AMQPError(
-                ReplyCode.COMMAND_INVALID,
+                ReplyCode.CHANNEL_ERROR,
                 f"unexpected {method.NAME} in connection state {self.state.name.lower()}",
                 class_id=method.CLASS_ID,
                 method_id=method.METHOD_ID,
@@ -298,41 +306,43 @@ class ServerConnection:
 
     def _tune(self, tune_ok: ConnectionTuneOk) -> None:
         ours = self.limits
-        if tune_ok.channel_max > ours.channel_max:
-            raise AMQPError(
-                ReplyCode.NOT_ALLOWED,
-                f"negotiated channel_max = {tune_ok.channel_max} is higher than the maximum "
-                f"allowed value ({ours.channel_max})",
-                class_id=10,
-                method_id=31,
-            )
-        if tune_ok.frame_max > ours.frame_max:
-            raise AMQPError(
-                ReplyCode.NOT_ALLOWED,
-                f"negotiated frame_max = {tune_ok.frame_max} is higher than the maximum "
-                f"allowed value ({ours.frame_max})",
-                class_id=10,
-                method_id=31,
-            )
+        # As RabbitMQ's validate_negotiated_integer_value: below the minimum, or above the
+        # server's limit, where 0 ("no limit") counts as above any limit the server has.
         if 0 < tune_ok.frame_max < FRAME_MIN_SIZE:
-            raise AMQPError(
-                ReplyCode.NOT_ALLOWED,
-                f"negotiated frame_max = {tune_ok.frame_max} is lower than the minimum "
-                f"allowed value ({FRAME_MIN_SIZE})",
-                class_id=10,
-                method_id=31,
+            self._refuse_tune(
+                "frame_max", tune_ok.frame_max, "lower than the minimum", FRAME_MIN_SIZE
             )
-        self.channel_max = tune_ok.channel_max or ours.channel_max
+        for name, value, limit in (
+            ("channel_max", tune_ok.channel_max, ours.channel_max),
+            ("frame_max", tune_ok.frame_max, ours.frame_max),
+        ):
+            if limit and not 0 < value <= limit:
+                self._refuse_tune(name, value, "higher than the maximum", limit)
+        self.channel_max = tune_ok.channel_max or ours.channel_max or 0xFFFF  # 0: no limit
         self.frame_max = tune_ok.frame_max or ours.frame_max
         self.heartbeat = tune_ok.heartbeat
         self._tuned = True
 
-    def _channel_method(self, channel: int, ch: _Channel | None, payload: memoryview) -> Event | None:
-        if ch is not None and ch.closing:
-            # After we sent channel.close only close and close-ok count (peek the ids first:
-            # the rest may be anything, even undecodable).
-            if payload[:4] not in (_CHANNEL_CLOSE_ID, _CHANNEL_CLOSE_OK_ID):
-                return None
+    @staticmethod
+    def _refuse_tune(name: str, value: int, relation: str, limit: int) -> NoReturn:
+        raise AMQPError(
+            ReplyCode.NOT_ALLOWED,
+            f"negotiated {name} = {value} is {relation} allowed value ({limit})",
+            class_id=10,
+            method_id=31,
+        )
+
+    def _channel_method(
+        self, channel: int, ch: _Channel | None, payload: memoryview
+    ) -> Event | None:
+        # After we sent channel.close only close and close-ok count (peek the ids first: the rest
+        # may be anything, even undecodable).
+        if (
+            ch is not None
+            and ch.closing
+            and payload[:4] not in (_CHANNEL_CLOSE_ID, _CHANNEL_CLOSE_OK_ID)
+        ):
+            return None
         method = _decode(payload)
         if isinstance(method, ChannelOpen):
             if channel > self.channel_max:
@@ -369,13 +379,7 @@ class ServerConnection:
                 method_id=method.METHOD_ID,
             )
         if ch.method is not None:
-            raise AMQPError(
-                ReplyCode.UNEXPECTED_FRAME,
-                f"expected content {'body' if ch.properties is not None else 'header'} for "
-                f"class 60, got {method.NAME} instead",
-                class_id=method.CLASS_ID,
-                method_id=method.METHOD_ID,
-            )
+            raise _content_owed(ch.method, ch.properties is not None, method.NAME)
         if isinstance(method, ChannelCloseOk):
             del self.channels[channel]
         elif method.HAS_CONTENT:
@@ -391,22 +395,38 @@ class ServerConnection:
         return MethodReceived(channel, method)
 
     def _content_header(self, channel: int, ch: _Channel, payload: memoryview) -> Event | None:
-        if ch.method is None or ch.properties is not None:
+        method = ch.method
+        if method is None:
             raise AMQPError(
-                ReplyCode.UNEXPECTED_FRAME,
-                "expected method frame, got non method frame instead",
+                ReplyCode.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
             )
+        if ch.properties is not None:
+            raise _content_owed(method, True, "content header")
         if len(payload) < 14:
-            raise AMQPError(ReplyCode.FRAME_ERROR, "content header shorter than 14 bytes")
+            raise AMQPError(
+                ReplyCode.FRAME_ERROR,
+                "content header shorter than 14 bytes",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
         class_id = payload[0] << 8 | payload[1]
         weight = payload[2] << 8 | payload[3]
-        if class_id != ch.method.CLASS_ID or weight != 0:
+        if class_id != method.CLASS_ID or weight != 0:
             raise AMQPError(
                 ReplyCode.UNEXPECTED_FRAME,
-                f"content header for class {class_id} (weight {weight}) does not match "
-                f"method class {ch.method.CLASS_ID}",
+                f"expected content header for class {method.CLASS_ID}, got one for class "
+                f"{class_id} (weight {weight}) instead",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
             )
         (body_size,) = U64.unpack_from(payload, 4)
+        if body_size > MAX_BODY_SIZE:
+            raise AMQPError(
+                ReplyCode.FRAME_ERROR,
+                f"content body size {body_size} exceeds maximum allowed size {MAX_BODY_SIZE}",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
         if body_size > self.limits.max_message_size:
             ch.method = None
             raise AMQPError(
@@ -425,17 +445,19 @@ class ServerConnection:
         return None
 
     def _content_body(self, channel: int, ch: _Channel, payload: memoryview) -> Event | None:
-        if ch.properties is None:
+        if ch.method is None:
             raise AMQPError(
-                ReplyCode.UNEXPECTED_FRAME,
-                "expected method frame, got non method frame instead"
-                if ch.method is None
-                else "expected content header for class 60, got body frame instead",
+                ReplyCode.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
             )
+        if ch.properties is None:
+            raise _content_owed(ch.method, False, "content body")
         received = ch.received + len(payload)
         if received > ch.body_size:
             raise AMQPError(
-                ReplyCode.FRAME_ERROR, "content body frame exceeds remaining content size"
+                ReplyCode.FRAME_ERROR,
+                "content body frame exceeds remaining content size",
+                class_id=ch.method.CLASS_ID,
+                method_id=ch.method.METHOD_ID,
             )
         if received == ch.body_size and not ch.body:
             return self._content_done(channel, ch, bytes(payload))
@@ -449,7 +471,8 @@ class ServerConnection:
 
     @staticmethod
     def _content_done(channel: int, ch: _Channel, body: bytes) -> ContentReceived:
-        assert ch.method is not None and ch.properties is not None
+        assert ch.method is not None
+        assert ch.properties is not None
         event = ContentReceived(channel, ch.method, ch.properties, body)
         ch.method = ch.properties = None
         return event
@@ -495,8 +518,32 @@ class ServerConnection:
         return ch is not None and not ch.closing
 
 
+_CONNECTION_CLOSE_ID = bytes((0, 10, 0, 50))
+_CONNECTION_CLOSE_OK_ID = bytes((0, 10, 0, 51))
 _CHANNEL_CLOSE_ID = bytes((0, 20, 0, 40))
 _CHANNEL_CLOSE_OK_ID = bytes((0, 20, 0, 41))
+
+
+def _content_owed(method: Method, header_received: bool, got: str) -> AMQPError:
+    """505 for a frame that is not the content ``method`` still waits for; like RabbitMQ's
+    command assembler, it names the content's method, not the intruder."""
+    expected = "content body" if header_received else f"content header for class {method.CLASS_ID}"
+    return AMQPError(
+        ReplyCode.UNEXPECTED_FRAME,
+        f"expected {expected}, got {got} instead",
+        class_id=method.CLASS_ID,
+        method_id=method.METHOD_ID,
+    )
+
+
+def _is_connection_close(frame_type: int, channel: int, payload: memoryview) -> bool:
+    """Whether a frame is ``connection.close``/``close-ok``, judged by the ids alone (the rest
+    of a frame the connection discards may be anything, even undecodable)."""
+    return (
+        frame_type == FRAME_METHOD
+        and channel == 0
+        and payload[:4] in (_CONNECTION_CLOSE_ID, _CONNECTION_CLOSE_OK_ID)
+    )
 
 
 def _decode(payload: memoryview) -> Method:
@@ -505,10 +552,19 @@ def _decode(payload: memoryview) -> Method:
     except UnknownMethodError as exc:
         raise AMQPError(ReplyCode.COMMAND_INVALID, str(exc)) from None
     except DecodeError as exc:
-        raise AMQPError(ReplyCode.FRAME_ERROR, str(exc)) from None
+        # Name the method that failed to decode, as RabbitMQ does, when the ids are there.
+        class_id, method_id = (
+            (payload[0] << 8 | payload[1], payload[2] << 8 | payload[3])
+            if len(payload) >= 4
+            else (0, 0)
+        )
+        raise AMQPError(
+            ReplyCode.FRAME_ERROR, str(exc), class_id=class_id, method_id=method_id
+        ) from None
 
 
 __all__ = [
+    "MAX_BODY_SIZE",
     "NEED_DATA",
     "BadProtocolHeader",
     "ContentReceived",

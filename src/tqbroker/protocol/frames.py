@@ -55,11 +55,12 @@ def shortstr(value: str) -> bytes:
 def write_content(
     out: bytearray, channel: int, properties: bytes, body: bytes, frame_max: int
 ) -> None:
-    """Append a content header frame and the body frames (each at most ``frame_max``)."""
+    """Append a content header frame and the body frames (each at most ``frame_max``; 0 means no
+    limit: one body frame)."""
     out += _CONTENT_HEAD.pack(FRAME_HEADER, channel, 12 + len(properties), _BASIC, 0, len(body))
     out += properties
     out += FRAME_END_BYTE
-    chunk = frame_max - FRAME_OVERHEAD
+    chunk = frame_max - FRAME_OVERHEAD if frame_max else max(len(body), 1)
     for start in range(0, len(body), chunk):
         part = body[start : start + chunk]
         out += FRAME_HEAD.pack(FRAME_BODY, channel, len(part))

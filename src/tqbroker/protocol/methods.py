@@ -3,8 +3,9 @@
 
 Every method is a frozen attrs class with ``CLASS_ID``, ``METHOD_ID``, ``INDEX`` (class << 16 |
 method), ``NAME`` and ``HAS_CONTENT``; ``encode_arguments`` appends its arguments to a bytearray and
-``decode_arguments`` reads them from a memoryview (raising ``struct.error``/``IndexError``/
-``DecodeError`` on bad bytes, which ``decode_method`` turns into ``DecodeError``).
+``decode_arguments`` reads them from a memoryview, which they must fill exactly (raising
+``struct.error``/``IndexError``/``DecodeError`` on bad bytes, which ``decode_method`` turns into a
+``DecodeError`` naming the method).
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class ConnectionStart(Method):
         server_properties, off = read_table(buf, off)
         mechanisms, off = read_longstr(buf, off)
         locales, off = read_longstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(version_major, version_minor, server_properties, mechanisms, locales)
 
 
@@ -117,6 +120,8 @@ class ConnectionStartOk(Method):
         mechanism, off = read_shortstr(buf, off)
         response, off = read_longstr(buf, off)
         locale, off = read_shortstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(client_properties, mechanism, response, locale)
 
 
@@ -138,6 +143,8 @@ class ConnectionSecure(Method):
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ConnectionSecure:
         challenge, off = read_longstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(challenge)
 
 
@@ -159,6 +166,8 @@ class ConnectionSecureOk(Method):
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ConnectionSecureOk:
         response, off = read_longstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(response)
 
 
@@ -189,6 +198,8 @@ class ConnectionTune(Method):
         off += U32.size
         (heartbeat,) = U16.unpack_from(buf, off)
         off += U16.size
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(channel_max, frame_max, heartbeat)
 
 
@@ -219,6 +230,8 @@ class ConnectionTuneOk(Method):
         off += U32.size
         (heartbeat,) = U16.unpack_from(buf, off)
         off += U16.size
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(channel_max, frame_max, heartbeat)
 
 
@@ -248,6 +261,8 @@ class ConnectionOpen(Method):
         bits = buf[off]
         off += 1
         insist = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(virtual_host, capabilities, insist)
 
 
@@ -269,6 +284,8 @@ class ConnectionOpenOk(Method):
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ConnectionOpenOk:
         known_hosts, off = read_shortstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(known_hosts)
 
 
@@ -302,6 +319,8 @@ class ConnectionClose(Method):
         off += U16.size
         (method_id,) = U16.unpack_from(buf, off)
         off += U16.size
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(reply_code, reply_text, class_id, method_id)
 
 
@@ -320,6 +339,8 @@ class ConnectionCloseOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ConnectionCloseOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -341,6 +362,8 @@ class ConnectionBlocked(Method):
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ConnectionBlocked:
         reason, off = read_shortstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(reason)
 
 
@@ -359,6 +382,8 @@ class ConnectionUnblocked(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ConnectionUnblocked:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -383,6 +408,8 @@ class ConnectionUpdateSecret(Method):
     def decode_arguments(cls, buf: memoryview, off: int) -> ConnectionUpdateSecret:
         new_secret, off = read_longstr(buf, off)
         reason, off = read_shortstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(new_secret, reason)
 
 
@@ -401,6 +428,8 @@ class ConnectionUpdateSecretOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ConnectionUpdateSecretOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -422,6 +451,8 @@ class ChannelOpen(Method):
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ChannelOpen:
         out_of_band, off = read_shortstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(out_of_band)
 
 
@@ -443,6 +474,8 @@ class ChannelOpenOk(Method):
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ChannelOpenOk:
         channel_id, off = read_longstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(channel_id)
 
 
@@ -466,6 +499,8 @@ class ChannelFlow(Method):
         bits = buf[off]
         off += 1
         active = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(active)
 
 
@@ -489,6 +524,8 @@ class ChannelFlowOk(Method):
         bits = buf[off]
         off += 1
         active = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(active)
 
 
@@ -522,6 +559,8 @@ class ChannelClose(Method):
         off += U16.size
         (method_id,) = U16.unpack_from(buf, off)
         off += U16.size
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(reply_code, reply_text, class_id, method_id)
 
 
@@ -540,6 +579,8 @@ class ChannelCloseOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ChannelCloseOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -580,6 +621,8 @@ class AccessRequest(Method):
         active = bool(bits & 4)
         write = bool(bits & 8)
         read = bool(bits & 16)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(realm, exclusive, passive, active, write, read)
 
 
@@ -602,6 +645,8 @@ class AccessRequestOk(Method):
     def decode_arguments(cls, buf: memoryview, off: int) -> AccessRequestOk:
         (ticket,) = U16.unpack_from(buf, off)
         off += U16.size
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket)
 
 
@@ -652,6 +697,8 @@ class ExchangeDeclare(Method):
         internal = bool(bits & 8)
         nowait = bool(bits & 16)
         arguments, off = read_table(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(
             ticket, exchange, type, passive, durable, auto_delete, internal, nowait, arguments
         )
@@ -672,6 +719,8 @@ class ExchangeDeclareOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ExchangeDeclareOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -704,6 +753,8 @@ class ExchangeDelete(Method):
         off += 1
         if_unused = bool(bits & 1)
         nowait = bool(bits & 2)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket, exchange, if_unused, nowait)
 
 
@@ -722,6 +773,8 @@ class ExchangeDeleteOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ExchangeDeleteOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -761,6 +814,8 @@ class ExchangeBind(Method):
         off += 1
         nowait = bool(bits & 1)
         arguments, off = read_table(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket, destination, source, routing_key, nowait, arguments)
 
 
@@ -779,6 +834,8 @@ class ExchangeBindOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ExchangeBindOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -818,6 +875,8 @@ class ExchangeUnbind(Method):
         off += 1
         nowait = bool(bits & 1)
         arguments, off = read_table(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket, destination, source, routing_key, nowait, arguments)
 
 
@@ -836,6 +895,8 @@ class ExchangeUnbindOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ExchangeUnbindOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -883,6 +944,8 @@ class QueueDeclare(Method):
         auto_delete = bool(bits & 8)
         nowait = bool(bits & 16)
         arguments, off = read_table(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket, queue, passive, durable, exclusive, auto_delete, nowait, arguments)
 
 
@@ -912,6 +975,8 @@ class QueueDeclareOk(Method):
         off += U32.size
         (consumer_count,) = U32.unpack_from(buf, off)
         off += U32.size
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(queue, message_count, consumer_count)
 
 
@@ -951,6 +1016,8 @@ class QueueBind(Method):
         off += 1
         nowait = bool(bits & 1)
         arguments, off = read_table(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket, queue, exchange, routing_key, nowait, arguments)
 
 
@@ -969,6 +1036,8 @@ class QueueBindOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> QueueBindOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -999,6 +1068,8 @@ class QueuePurge(Method):
         bits = buf[off]
         off += 1
         nowait = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket, queue, nowait)
 
 
@@ -1021,6 +1092,8 @@ class QueuePurgeOk(Method):
     def decode_arguments(cls, buf: memoryview, off: int) -> QueuePurgeOk:
         (message_count,) = U32.unpack_from(buf, off)
         off += U32.size
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(message_count)
 
 
@@ -1055,6 +1128,8 @@ class QueueDelete(Method):
         if_unused = bool(bits & 1)
         if_empty = bool(bits & 2)
         nowait = bool(bits & 4)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket, queue, if_unused, if_empty, nowait)
 
 
@@ -1077,6 +1152,8 @@ class QueueDeleteOk(Method):
     def decode_arguments(cls, buf: memoryview, off: int) -> QueueDeleteOk:
         (message_count,) = U32.unpack_from(buf, off)
         off += U32.size
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(message_count)
 
 
@@ -1111,6 +1188,8 @@ class QueueUnbind(Method):
         exchange, off = read_shortstr(buf, off)
         routing_key, off = read_shortstr(buf, off)
         arguments, off = read_table(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket, queue, exchange, routing_key, arguments)
 
 
@@ -1129,6 +1208,8 @@ class QueueUnbindOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> QueueUnbindOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -1160,6 +1241,8 @@ class BasicQos(Method):
         bits = buf[off]
         off += 1
         global_ = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(prefetch_size, prefetch_count, global_)
 
 
@@ -1178,6 +1261,8 @@ class BasicQosOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> BasicQosOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -1220,6 +1305,8 @@ class BasicConsume(Method):
         exclusive = bool(bits & 4)
         nowait = bool(bits & 8)
         arguments, off = read_table(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket, queue, consumer_tag, no_local, no_ack, exclusive, nowait, arguments)
 
 
@@ -1241,6 +1328,8 @@ class BasicConsumeOk(Method):
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> BasicConsumeOk:
         consumer_tag, off = read_shortstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(consumer_tag)
 
 
@@ -1267,6 +1356,8 @@ class BasicCancel(Method):
         bits = buf[off]
         off += 1
         nowait = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(consumer_tag, nowait)
 
 
@@ -1288,6 +1379,8 @@ class BasicCancelOk(Method):
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> BasicCancelOk:
         consumer_tag, off = read_shortstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(consumer_tag)
 
 
@@ -1323,6 +1416,8 @@ class BasicPublish(Method):
         off += 1
         mandatory = bool(bits & 1)
         immediate = bool(bits & 2)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket, exchange, routing_key, mandatory, immediate)
 
 
@@ -1354,6 +1449,8 @@ class BasicReturn(Method):
         reply_text, off = read_shortstr(buf, off)
         exchange, off = read_shortstr(buf, off)
         routing_key, off = read_shortstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(reply_code, reply_text, exchange, routing_key)
 
 
@@ -1390,6 +1487,8 @@ class BasicDeliver(Method):
         redelivered = bool(bits & 1)
         exchange, off = read_shortstr(buf, off)
         routing_key, off = read_shortstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(consumer_tag, delivery_tag, redelivered, exchange, routing_key)
 
 
@@ -1420,6 +1519,8 @@ class BasicGet(Method):
         bits = buf[off]
         off += 1
         no_ack = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(ticket, queue, no_ack)
 
 
@@ -1457,6 +1558,8 @@ class BasicGetOk(Method):
         routing_key, off = read_shortstr(buf, off)
         (message_count,) = U32.unpack_from(buf, off)
         off += U32.size
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(delivery_tag, redelivered, exchange, routing_key, message_count)
 
 
@@ -1478,6 +1581,8 @@ class BasicGetEmpty(Method):
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> BasicGetEmpty:
         cluster_id, off = read_shortstr(buf, off)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(cluster_id)
 
 
@@ -1505,6 +1610,8 @@ class BasicAck(Method):
         bits = buf[off]
         off += 1
         multiple = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(delivery_tag, multiple)
 
 
@@ -1532,6 +1639,8 @@ class BasicReject(Method):
         bits = buf[off]
         off += 1
         requeue = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(delivery_tag, requeue)
 
 
@@ -1555,6 +1664,8 @@ class BasicRecoverAsync(Method):
         bits = buf[off]
         off += 1
         requeue = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(requeue)
 
 
@@ -1578,6 +1689,8 @@ class BasicRecover(Method):
         bits = buf[off]
         off += 1
         requeue = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(requeue)
 
 
@@ -1596,6 +1709,8 @@ class BasicRecoverOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> BasicRecoverOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -1625,6 +1740,8 @@ class BasicNack(Method):
         off += 1
         multiple = bool(bits & 1)
         requeue = bool(bits & 2)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(delivery_tag, multiple, requeue)
 
 
@@ -1648,6 +1765,8 @@ class ConfirmSelect(Method):
         bits = buf[off]
         off += 1
         nowait = bool(bits & 1)
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls(nowait)
 
 
@@ -1666,6 +1785,8 @@ class ConfirmSelectOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> ConfirmSelectOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -1684,6 +1805,8 @@ class TxSelect(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> TxSelect:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -1702,6 +1825,8 @@ class TxSelectOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> TxSelectOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -1720,6 +1845,8 @@ class TxCommit(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> TxCommit:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -1738,6 +1865,8 @@ class TxCommitOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> TxCommitOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -1756,6 +1885,8 @@ class TxRollback(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> TxRollback:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -1774,6 +1905,8 @@ class TxRollbackOk(Method):
 
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> TxRollbackOk:
+        if off != len(buf):
+            raise DecodeError(f"{len(buf) - off} bytes after the arguments")
         return cls()
 
 
@@ -2003,5 +2136,5 @@ def decode_method(payload: memoryview) -> Method:
         raise UnknownMethodError(f"unknown method {index >> 16}.{index & 0xFFFF}")
     try:
         return method_class.decode_arguments(payload, 4)
-    except (struct.error, IndexError) as exc:
+    except (struct.error, IndexError, DecodeError) as exc:
         raise DecodeError(f"cannot decode {method_class.NAME}: {exc}") from None
