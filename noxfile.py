@@ -8,6 +8,8 @@ import nox
 nox.options.sessions = ["tests", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
 
+RUFF = "ruff==0.17.6"  # the same pin as the test extra: generated code is formatted with it
+
 
 @nox.session
 def tests(session: nox.Session) -> None:
@@ -20,7 +22,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
-    session.install("ruff>=0.6")
+    session.install(RUFF)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -35,5 +37,5 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def generate(session: nox.Session) -> None:
     """Regenerate src/tqbroker/protocol/methods.py from the AMQP 0-9-1 spec file."""
-    session.install("ruff>=0.6")
+    session.install(RUFF)
     session.run("python", "tools/gen_protocol.py")
