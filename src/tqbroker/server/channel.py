@@ -400,23 +400,9 @@ class Channel:
 
     def deliver_reply(self, message: Message) -> None:
         """Deliver a reply sent to our direct reply-to address (no ack expected)."""
-        if self.reply_tag is None:
-            return
-        tag = self._next_tag
-        self._next_tag += 1
-        frames.write_deliver(
-            self.connection.out,
-            self.number,
-            frames.shortstr(self.reply_tag),
-            tag,
-            False,
-            frames.shortstr(message.exchange),
-            frames.shortstr(message.routing_key),
-            message.properties_raw,
-            message.body,
-            self.connection.protocol.frame_max,
-        )
-        self.connection.wake_writer()
+        if self.reply_tag is not None:
+            self._write_deliver(self.reply_tag, self._next_tag, False, message)
+            self._next_tag += 1
 
     def _cancel(self, tag: str) -> None:
         if tag == self.reply_tag:
@@ -514,14 +500,19 @@ class Channel:
         self._next_tag += 1
         if not consumer.no_ack:
             self.unacked[tag] = (consumer.queue, message_id, consumer)
-        consumer_tag = self._tag_cache.get(consumer.tag)
-        if consumer_tag is None:
-            consumer_tag = self._tag_cache[consumer.tag] = frames.shortstr(consumer.tag)
+        self._write_deliver(consumer.tag, tag, redelivered, message)
+
+    def _write_deliver(
+        self, consumer_tag: str, delivery_tag: int, redelivered: bool, message: Message
+    ) -> None:
+        encoded_tag = self._tag_cache.get(consumer_tag)
+        if encoded_tag is None:
+            encoded_tag = self._tag_cache[consumer_tag] = frames.shortstr(consumer_tag)
         frames.write_deliver(
             self.connection.out,
             self.number,
-            consumer_tag,
-            tag,
+            encoded_tag,
+            delivery_tag,
             redelivered,
             frames.shortstr(message.exchange),
             frames.shortstr(message.routing_key),
