@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from collections.abc import Iterable
 
 import attrs
 
@@ -29,6 +30,10 @@ class User:
     salt: bytes = attrs.field(repr=False)
     password_hash: bytes = attrs.field(repr=False)
     loopback_only: bool = False
+    vhosts: frozenset[str] | None = None  # None: every vhost
+
+    def may_open(self, vhost: str) -> bool:
+        return self.vhosts is None or vhost in self.vhosts
 
 
 def _hash(password: str, salt: bytes) -> bytes:
@@ -41,9 +46,17 @@ class UserStore:
         self._cache_key = os.urandom(32)
         self._verified: set[bytes] = set()
 
-    def add(self, name: str, password: str, *, loopback_only: bool = False) -> None:
+    def add(
+        self,
+        name: str,
+        password: str,
+        *,
+        loopback_only: bool = False,
+        vhosts: Iterable[str] | None = None,
+    ) -> None:
         salt = os.urandom(16)
-        self._users[name] = User(name, salt, _hash(password, salt), loopback_only)
+        allowed = None if vhosts is None else frozenset(vhosts)
+        self._users[name] = User(name, salt, _hash(password, salt), loopback_only, allowed)
         self._verified = {v for v in self._verified if not v.startswith(name.encode() + b"\0")}
 
     def get(self, name: str) -> User | None:

@@ -18,6 +18,8 @@ class UserConfig:
     password: str
     # Users that may only connect from a loopback address (RabbitMQ's ``loopback_users``).
     loopback_only: bool = False
+    # The vhosts the user may open; None means every vhost.
+    vhosts: tuple[str, ...] | None = None
 
 
 @attrs.frozen

@@ -576,6 +576,34 @@ def test_r09_open_unknown_vhost(connect: Connect, vhost: str) -> None:
     assert "not found" in close.reply_text
 
 
+RESTRICTED = {
+    "vhosts": ("/", "restricted"),
+    "users": (
+        UserConfig("guest", "guest", loopback_only=True),
+        UserConfig("limited", "secret", vhosts=("/",)),
+    ),
+}
+
+
+@pytest.mark.parametrize("broker_and_canary", [RESTRICTED], indirect=True, ids=["restricted"])
+def test_r10_open_vhost_without_permission(connect: Connect) -> None:
+    """connection.open of an existing vhost the user may not use: 530 NOT_ALLOWED "access to
+    vhost ... refused for user ..." on connection.open (10/40); the vhost it may use opens."""
+    conn = connect()
+    conn.send_header()
+    conn.expect_method(ConnectionStart)
+    conn.start_ok("limited", "secret")
+    tune = conn.expect_method(ConnectionTune)
+    conn.tune_ok(tune.channel_max, tune.frame_max, 0)
+    conn.send_method(0, ConnectionOpen("restricted"))
+    close = conn.expect_connection_close(NOT_ALLOWED, class_id=10, method_id=40)
+    assert "access to vhost 'restricted' refused for user 'limited'" in close.reply_text
+    allowed = connect()
+    allowed.handshake("limited", "secret")
+    allowed.open_channel(1)
+    allowed.close_connection()
+
+
 @pytest.mark.parametrize("stage", ["starting", "tuning"])
 def test_r11_channel_frame_before_authentication(connect: Connect, stage: str) -> None:
     """A channel frame while the server waits for start-ok / tune-ok: 505 UNEXPECTED_FRAME or,

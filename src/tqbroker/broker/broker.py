@@ -28,7 +28,9 @@ class Broker:
             raise RuntimeError("the 'memory' backend is not installed: is tqbroker installed?")
         self.users = UserStore()
         for user in config.users:
-            self.users.add(user.name, user.password, loopback_only=user.loopback_only)
+            self.users.add(
+                user.name, user.password, loopback_only=user.loopback_only, vhosts=user.vhosts
+            )
         self.vhosts = {
             name: VirtualHost(
                 name,

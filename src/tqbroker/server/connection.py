@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .. import __version__
-from ..auth import MECHANISMS, parse_response
+from ..auth import MECHANISMS, User, parse_response
 from ..broker.vhost import VirtualHost
 from ..protocol.codec import FieldTable
 from ..protocol.connection import (
@@ -125,7 +125,7 @@ class AMQPConnection:
         self.channels: dict[int, Channel] = {}
         self.capabilities: FieldTable = {}
         self.client_properties: FieldTable = {}
-        self.user = ""
+        self.user: User | None = None
         self.vhost: VirtualHost | None = None
         self._writer_wakeup = trio.Event()
         self._writer_done = trio.Event()
@@ -351,9 +351,17 @@ class AMQPConnection:
                 vhost = self.broker.vhosts.get(name)
                 if vhost is None:
                     raise AMQPError(ReplyCode.NOT_ALLOWED, f"vhost {name} not found")
+                assert self.user is not None  # authenticated before open is allowed
+                if not self.user.may_open(name):
+                    raise AMQPError(
+                        ReplyCode.NOT_ALLOWED,
+                        f"access to vhost '{name}' refused for user '{self.user.name}'",
+                    )
                 self.vhost = vhost
                 self.write(self.protocol.send_method(0, ConnectionOpenOk()))
-                log.info("connection %s: user '%s' opened vhost '%s'", self.peer, self.user, name)
+                log.info(
+                    "connection %s: user '%s' opened vhost '%s'", self.peer, self.user.name, name
+                )
             case ConnectionClose():
                 # Release everything (exclusive queues included) before the client hears close-ok.
                 self._teardown()
@@ -398,7 +406,7 @@ class AMQPConnection:
             )
         elif user.loopback_only and not _is_loopback(self.peer_host):
             await self._refuse_login(f"user '{username}' can only connect via localhost")
-        self.user = username
+        self.user = user
         config = self.broker.config
         tune = ConnectionTune(config.channel_max, config.frame_max, config.heartbeat)
         self.write(self.protocol.send_method(0, tune))
