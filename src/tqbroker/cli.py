@@ -29,6 +29,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--data-dir", default="tqbroker-data", help="where data lives (./tqbroker-data)"
     )
     parser.add_argument(
+        "--durable-backend",
+        default="log",
+        help="storage of durable queues: log (default), rocksdb, or any installed backend",
+    )
+    parser.add_argument(
+        "--fsync",
+        default="batch",
+        choices=["batch", "never"],
+        help="log backend: fsync before confirming (batch, default) or never",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     parser.add_argument("--version", action="version", version=f"tqbroker {__version__}")
@@ -57,7 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    config = BrokerConfig(host=args.host, port=args.port, data_dir=args.data_dir)
+    config = BrokerConfig(
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        durable_backend=args.durable_backend,
+        backend_options={"log": {"fsync": args.fsync}},
+    )
     config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
         trio.run(run, config)

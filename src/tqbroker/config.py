@@ -7,7 +7,9 @@ Responsibilities:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -40,3 +42,8 @@ class BrokerConfig:
     shutdown_timeout: float = 5.0
     # Seconds to wait before answering a failed login (slows down password guessing).
     auth_failure_delay: float = 1.0
+    # The backend of durable queues ("log" or any installed backend); transient queues use
+    # "memory". A queue's x-queue-backend argument overrides.
+    durable_backend: str = "log"
+    # Constructor options per backend name, e.g. {"log": {"fsync": "never"}}.
+    backend_options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)

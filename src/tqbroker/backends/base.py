@@ -2,20 +2,45 @@
 
 Responsibilities:
 - ``QueueStore``: the messages of one queue, ready and unacknowledged, in order;
-- ``Backend``: opens and deletes ``QueueStore``s; implementations register under the
-  entry-point group ``tqbroker.backends`` (the built-in ``memory`` backend does, exactly as a
-  third party would).
+- ``Backend``: opens and deletes ``QueueStore``s and makes what was written durable when the
+  broker's flusher asks; implementations register under the entry-point group
+  ``tqbroker.backends`` (the built-in ``memory`` and ``log`` backends do, exactly as a third party
+  would).
 
-The contract is passive, like RabbitMQ's backing queue: a store owns no tasks or timers and never
-blocks; the queue actor calls it from the Trio thread.
+The contract is passive, like RabbitMQ's backing queue: a backend owns no tasks or timers. Every
+method is called from the broker's Trio thread and must not block for long (a ``write`` into the
+page cache is fine; an ``fsync`` is not). The one exception is the callable returned by
+``Backend.begin_flush``, which the flusher runs in a worker thread while the Trio thread goes on
+calling the other methods.
 
-Ordering: ``push`` assigns increasing message ids; ``pop`` returns ready messages in id order, so a
-message requeued with ``requeue`` goes back to its original place ahead of newer messages.
-Durability: the in-memory backend keeps nothing across a restart.
+Ordering: ``push`` assigns increasing message ids; ``pop`` returns ready messages in id order,
+requeued messages first, so a message requeued with ``requeue`` goes back to its original place
+ahead of newer ones. A durable backend keeps a message's id across restarts, and never reuses an
+id within a queue.
+
+Durability (backends whose ``durable`` is true):
+- a message pushed with ``persistent=True`` is durable once a flush that *began* after the push
+  has completed without raising; only then may the broker confirm it;
+- transient messages (``persistent=False``) are never written durably and are gone after a
+  restart, as RabbitMQ drops them from durable queues;
+- acks, requeues and purges become durable lazily (at a later flush, or at ``close``); after a
+  crash a message acked shortly before may come back, always flagged redelivered;
+- after a restart (clean or not), every surviving message is ready, in id order; those that had
+  been delivered (popped) before come back flagged redelivered. After a clean ``close``, messages
+  never delivered come back unflagged; after a crash a backend may also flag a bounded window of
+  messages past the last delivered one (it must flag every message that *may* have been
+  delivered), never more.
+A flush that raises means nothing since the previous successful flush may be assumed durable; the
+backend reports ``healthy`` false until it can write again, and the broker refuses publishes
+(nack) meanwhile.
+
+The in-memory backend (``durable`` false) keeps nothing across a restart.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from ..model import Message
@@ -24,13 +49,15 @@ from ..model import Message
 class QueueStore(Protocol):
     """The messages of one queue."""
 
-    def push(self, message: Message) -> int:
-        """Append a ready message; return its id (increasing per store)."""
+    def push(self, message: Message, persistent: bool) -> int:
+        """Append a ready message; return its id (increasing per store). ``persistent`` asks
+        for the message to survive a restart (ignored by non-durable backends)."""
         ...
 
     def pop(self) -> tuple[int, Message, bool] | None:
         """Take the oldest ready message as ``(id, message, redelivered)``; it becomes unacked.
-        ``None`` when nothing is ready."""
+        ``None`` when nothing is ready (or, for a durable backend, when it must flush before it
+        may hand out more: it then reports ``Backend.needs_flush``)."""
         ...
 
     def ack(self, message_id: int) -> None:
@@ -56,17 +83,48 @@ class QueueStore(Protocol):
         """Messages delivered and not yet acked."""
         ...
 
+    @property
+    def wants_flush(self) -> bool:
+        """The store asks for a flush soon (e.g. to keep delivering without pausing); the
+        broker then runs one. Unrelated to the durability of publishes."""
+        ...
+
 
 @runtime_checkable
 class Backend(Protocol):
-    """A kind of storage; one instance per broker."""
+    """A kind of storage. The broker creates one instance per backend name and calls ``open``
+    once before anything else and ``close`` once at the end."""
 
     name: str
+    durable: bool
+
+    def open(self, data_dir: Path) -> None:
+        """Start using ``data_dir`` (created if missing), recovering what a previous run left."""
+        ...
 
     def open_queue(self, vhost: str, queue: str) -> QueueStore:
-        """The store for a queue (created empty if new)."""
+        """The store for a queue: created empty if new, recovered if it existed."""
         ...
 
     def delete_queue(self, vhost: str, queue: str) -> None:
         """Remove the queue's messages for good."""
+        ...
+
+    @property
+    def needs_flush(self) -> bool:
+        """True when something written since the last flush awaits durability."""
+        ...
+
+    @property
+    def healthy(self) -> bool:
+        """False after a failed write or flush, until a flush succeeds again."""
+        ...
+
+    def begin_flush(self) -> Callable[[], None] | None:
+        """Snapshot what must be made durable and return the blocking work that does it (run in
+        a worker thread; it raises ``OSError`` on failure), or ``None`` if nothing is pending."""
+        ...
+
+    def close(self) -> None:
+        """Clean shutdown: make everything durable and mark the data as cleanly closed."""
         ...

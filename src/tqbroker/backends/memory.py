@@ -1,13 +1,16 @@
-"""The in-memory backend: the reference implementation of ``QueueStore``.
+"""The in-memory backend: the reference implementation of the backend protocol.
 
 Keeps messages in Python objects and survives nothing: a restart loses every message, which is
-what transient queues promise.
+what transient queues promise. ``durable`` is false, nothing ever needs a flush, and it is always
+healthy.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
+from pathlib import Path
 
 from ..model import Message
 
@@ -22,7 +25,7 @@ class MemoryQueueStore:
         self._requeued: list[int] = []  # heap of ids
         self._messages: dict[int, Message] = {}  # unacked and requeued messages by id
 
-    def push(self, message: Message) -> int:
+    def push(self, message: Message, persistent: bool = False) -> int:
         message_id = self._next_id
         self._next_id += 1
         self._ready.append((message_id, message))
@@ -61,14 +64,28 @@ class MemoryQueueStore:
     def unacked_count(self) -> int:
         return len(self._messages) - len(self._requeued)
 
+    wants_flush = False
+
 
 class MemoryBackend:
     """Registered as the ``memory`` backend."""
 
     name = "memory"
+    durable = False
+    needs_flush = False
+    healthy = True
 
     def __init__(self) -> None:
         self._stores: dict[tuple[str, str], MemoryQueueStore] = {}
+
+    def open(self, data_dir: Path) -> None:
+        pass
+
+    def begin_flush(self) -> Callable[[], None] | None:
+        return None
+
+    def close(self) -> None:
+        self._stores.clear()
 
     def open_queue(self, vhost: str, queue: str) -> MemoryQueueStore:
         return self._stores.setdefault((vhost, queue), MemoryQueueStore())

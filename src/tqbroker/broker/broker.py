@@ -1,46 +1,70 @@
-"""The broker: configuration, plugins, users and virtual hosts, and the nursery of queue actors.
+"""The broker: configuration, plugins, users and virtual hosts, storage, and the nursery of queue
+actors and flushers.
 
 Responsibilities:
-- load exchange types and storage backends through their entry points;
-- hold the users and the virtual hosts;
-- own the nursery in which every queue actor runs (``run`` follows the Trio start protocol).
+- load exchange types and storage backends through their entry points; open the backends in the
+  data directory and run one flusher (group commit) per durable backend;
+- durable definitions: vhosts' durable exchanges, queues and bindings are written to
+  ``<data_dir>/definitions.cbor`` atomically (temp file, fsync, rename, directory fsync) before the
+  declaring client gets its ``*-ok``, and restored at startup;
+- own the nursery in which every queue actor and flusher runs (``run`` follows the Trio start
+  protocol); close the backends cleanly when it ends.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import cbor2
 import trio
 
 from ..auth import UserStore
 from ..config import BrokerConfig
 from ..plugins.loader import load_backends, load_exchange_types
+from .flusher import Flusher
 from .vhost import VirtualHost
+
+log = logging.getLogger("tqbroker.broker")
+
+DEFINITIONS_FILE = "definitions.cbor"
 
 
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.exchange_types = load_exchange_types()
-        self.backends = load_backends()
-        if "memory" not in self.backends:
-            raise RuntimeError("the 'memory' backend is not installed: is tqbroker installed?")
+        self.backends = load_backends(config.backend_options)
+        for required in ("memory", config.durable_backend):
+            if required not in self.backends:
+                raise RuntimeError(
+                    f"the {required!r} backend is not installed (installed: "
+                    f"{', '.join(sorted(self.backends))})"
+                )
+        self.flushers = {
+            name: Flusher(backend) for name, backend in self.backends.items() if backend.durable
+        }
         self.users = UserStore()
         for user in config.users:
             self.users.add(
                 user.name, user.password, loopback_only=user.loopback_only, vhosts=user.vhosts
             )
-        self.vhosts = {
-            name: VirtualHost(
-                name,
-                exchange_types=self.exchange_types,
-                backend=self.backends["memory"],
-                spawn=self._spawn,
-            )
-            for name in config.vhosts
-        }
+        self.vhosts: dict[str, VirtualHost] = {}
         self._nursery: trio.Nursery | None = None
+        self._restoring = False
+
+    def _new_vhost(self, name: str) -> VirtualHost:
+        return VirtualHost(
+            name,
+            exchange_types=self.exchange_types,
+            backends=self.backends,
+            flushers=self.flushers,
+            durable_backend=self.config.durable_backend,
+            spawn=self._spawn,
+            on_change=self.save_definitions,
+        )
 
     def _spawn(self, fn: Callable[[], Awaitable[Any]]) -> None:
         if self._nursery is None:
@@ -48,8 +72,72 @@ class Broker:
         self._nursery.start_soon(fn)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Host the queue actors until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
+        """Open storage, restore definitions, host the queue actors and flushers until
+        cancelled; then close the backends cleanly."""
+        data_dir = self.config.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        for name, backend in self.backends.items():
+            backend.open(data_dir)
+            log.debug("opened backend %s", name)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for flusher in self.flushers.values():
+                    await nursery.start(flusher.run)
+                self._restore()
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            for name, backend in self.backends.items():
+                try:
+                    backend.close()
+                except OSError as exc:
+                    log.error("closing backend %s failed: %s", name, exc)
+
+    # -- definitions -------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        stored = self._load_definitions()
+        names = list(self.config.vhosts) + [
+            v for v in stored.get("vhosts", []) if v not in self.config.vhosts
+        ]
+        self._restoring = True
+        try:
+            for name in names:
+                vhost = self.vhosts[name] = self._new_vhost(name)
+                vhost.restore(stored.get("definitions", {}).get(name, {}))
+        finally:
+            self._restoring = False
+        self.save_definitions()
+
+    def _load_definitions(self) -> dict[str, Any]:
+        path = self.config.data_dir / DEFINITIONS_FILE
+        try:
+            loaded = cbor2.loads(path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+
+    def save_definitions(self) -> None:
+        """Write the durable definitions of every vhost, atomically and durably."""
+        if self._restoring:
+            return
+        data = cbor2.dumps(
+            {
+                "vhosts": list(self.vhosts),
+                "definitions": {name: v.definitions() for name, v in self.vhosts.items()},
+            }
+        )
+        path = self.config.data_dir / DEFINITIONS_FILE
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(self.config.data_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -21,9 +21,13 @@ from ..backends.base import QueueStore
 from ..model import Message
 from ..protocol.codec import FieldTable
 from .consumer import Consumer
+from .flusher import Flusher
 
 if TYPE_CHECKING:
     from .exchange import BindingRef
+
+# What a publish must wait for before it may be confirmed: a flusher ticket, or nothing.
+Durability = tuple[Flusher, int] | None
 
 
 class Queue:
@@ -37,6 +41,7 @@ class Queue:
         exclusive_owner: object | None,
         auto_delete: bool,
         arguments: FieldTable,
+        flusher: Flusher | None = None,
     ) -> None:
         self.vhost = vhost
         self.name = name
@@ -45,6 +50,9 @@ class Queue:
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = arguments
+        # Set for queues on a durable backend: persistent messages wait for its flushes.
+        self.flusher = flusher
+        self.backend_name = "memory"
         self.consumers: list[Consumer] = []
         self.bound_by: set[BindingRef] = set()
         self.deleted = False
@@ -79,8 +87,12 @@ class Queue:
                 return
             entry = store.pop()
             if entry is None:
+                if store.ready_count and self.flusher is not None:
+                    self.flusher.wake_after_flush(self)  # the store needs a flush first
                 return
             message_id, message, redelivered = entry
+            if store.wants_flush and self.flusher is not None:
+                self.flusher.poke()
             if consumer.no_ack:
                 store.ack(message_id)
             else:
@@ -101,13 +113,33 @@ class Queue:
 
     # -- messages ----------------------------------------------------------------------------
 
-    def publish(self, message: Message) -> None:
-        self.store.push(message)
+    @property
+    def accepting(self) -> bool:
+        """False while the queue's durable backend cannot write (publishes are refused)."""
+        return self.flusher is None or self.flusher.backend.healthy
+
+    def publish(self, message: Message) -> Durability:
+        """Enqueue; return what a confirm must wait for (None: confirm at once)."""
+        flusher = self.flusher
+        persistent = flusher is not None and message.properties.delivery_mode == 2
+        self.store.push(message, persistent)
         if self.consumers:
             self._wakeup.set()
+        if persistent:
+            assert flusher is not None
+            return flusher, flusher.request()
+        return None
 
     def get(self) -> tuple[int, Message, bool] | None:
-        return self.store.pop()
+        entry = self.store.pop()
+        if entry is None and self.store.ready_count and self.flusher is not None:
+            # Rare: the store must flush before it may hand out more. basic.get cannot wait
+            # for the flusher, so flush here (blocking the event loop briefly) and retry.
+            self.flusher.flush_now()
+            entry = self.store.pop()
+        if self.store.wants_flush and self.flusher is not None:
+            self.flusher.poke()
+        return entry
 
     def ack(self, message_id: int, consumer: Consumer | None) -> None:
         self.store.ack(message_id)

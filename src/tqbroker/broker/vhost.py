@@ -15,6 +15,7 @@ through the ``spawn`` callback the broker passes in.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Final, NoReturn, Protocol
@@ -26,7 +27,10 @@ from ..plugins.spec import ExchangeType
 from ..protocol.codec import FieldTable, FieldValue, encode_table
 from ..protocol.errors import AMQPError, ReplyCode
 from .exchange import DefaultExchange, Exchange
+from .flusher import Flusher
 from .queue import Queue
+
+log = logging.getLogger("tqbroker.vhost")
 
 PREDECLARED: Final = (
     ("amq.direct", "direct"),
@@ -61,13 +65,20 @@ class VirtualHost:
         name: str,
         *,
         exchange_types: Mapping[str, ExchangeType],
-        backend: Backend,
+        backends: Mapping[str, Backend],
+        flushers: Mapping[str, Flusher],
+        durable_backend: str,
         spawn: Spawn,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
         self.exchange_types = exchange_types
-        self.backend = backend
+        self.backends = backends
+        self.flushers = flushers
+        self.durable_backend = durable_backend
         self._spawn = spawn
+        # Called after a change to durable definitions (exchanges, queues, bindings).
+        self._on_change = on_change
         self.queues: dict[str, Queue] = {}
         # Direct reply-to: "amq.rabbitmq.reply-to.<token>" -> the channel consuming replies.
         self.reply_consumers: dict[str, ReplyConsumer] = {}
@@ -189,6 +200,8 @@ class VirtualHost:
             arguments=arguments,
         )
         self.exchanges[name] = exchange
+        if durable:
+            self._on_change()
         return exchange
 
     @staticmethod
@@ -241,6 +254,8 @@ class VirtualHost:
             source.unbind(exchange, key, args_id)
             self._maybe_auto_delete(source)
         exchange.bound_by.clear()
+        if exchange.durable:
+            self._on_change()
 
     def _maybe_auto_delete(self, exchange: Exchange) -> None:
         if (
@@ -281,6 +296,8 @@ class VirtualHost:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED, str(exc)) from None
         if ref is not None:
             dest.bound_by.add(ref)
+            if source.durable and dest.durable:
+                self._on_change()
 
     def _unbind(
         self, source: Exchange, dest: Queue | Exchange, routing_key: str, arguments: FieldTable
@@ -289,6 +306,91 @@ class VirtualHost:
         if source.unbind(dest, routing_key, args_id):
             dest.bound_by.discard((source, routing_key, args_id))
             self._maybe_auto_delete(source)
+            if source.durable and dest.durable:
+                self._on_change()
+
+    # -- durable definitions -----------------------------------------------------------------
+
+    def definitions(self) -> dict[str, list[dict[str, Any]]]:
+        """The durable exchanges, queues and bindings, for the definitions file."""
+        exchanges = [
+            {
+                "name": x.name,
+                "type": x.type_name,
+                "auto_delete": x.auto_delete,
+                "internal": x.internal,
+                "arguments": x.arguments,
+            }
+            for x in self.exchanges.values()
+            if x.durable and x.name and not x.name.startswith("amq.")
+        ]
+        queues = [
+            {
+                "name": q.name,
+                "backend": q.backend_name,
+                "auto_delete": q.auto_delete,
+                "arguments": q.arguments,
+            }
+            for q in self.queues.values()
+            if q.durable and q.exclusive_owner is None
+        ]
+        bindings = [
+            {
+                "source": source.name,
+                "destination": dest.name,
+                "destination_type": "queue" if isinstance(dest, Queue) else "exchange",
+                "routing_key": key,
+                "arguments": arguments,
+            }
+            for source in self.exchanges.values()
+            if source.durable
+            for (dest, key, _args_id), arguments in source.bindings.items()
+            if isinstance(dest, Queue | Exchange)
+            and dest.durable
+            and not (isinstance(dest, Queue) and dest.exclusive_owner is not None)
+        ]
+        return {"exchanges": exchanges, "queues": queues, "bindings": bindings}
+
+    def restore(self, definitions: Mapping[str, list[dict[str, Any]]]) -> None:
+        """Recreate durable definitions saved by ``definitions`` (at startup)."""
+        for x in definitions.get("exchanges", []):
+            if x["type"] not in self.exchange_types:
+                log.error(
+                    "vhost %s: cannot restore exchange %r: no exchange type %r",
+                    self.name,
+                    x["name"],
+                    x["type"],
+                )
+                continue
+            self.exchanges[x["name"]] = self._new_exchange(
+                x["name"],
+                x["type"],
+                durable=True,
+                auto_delete=x["auto_delete"],
+                internal=x["internal"],
+                arguments=x["arguments"],
+            )
+        for q in definitions.get("queues", []):
+            backend = q["backend"] if q["backend"] in self.backends else self.durable_backend
+            self.create_queue(
+                q["name"],
+                backend,
+                durable=True,
+                exclusive_owner=None,
+                auto_delete=q["auto_delete"],
+                arguments=q["arguments"],
+            )
+        for b in definitions.get("bindings", []):
+            source = self.exchanges.get(b["source"])
+            dest: Queue | Exchange | None = (
+                self.queues.get(b["destination"])
+                if b["destination_type"] == "queue"
+                else self.exchanges.get(b["destination"])
+            )
+            if source is not None and dest is not None:
+                ref = source.bind(dest, b["routing_key"], b["arguments"])
+                if ref is not None:
+                    dest.bound_by.add(ref)
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -335,15 +437,63 @@ class VirtualHost:
                 _equivalence_args(existing.arguments),
             )
             return existing
-        queue = Queue(
-            self.name,
+        backend_name = self._backend_for(
+            name, durable=durable, exclusive=exclusive, arguments=arguments
+        )
+        backend = self.backends[backend_name]
+        if backend.durable and not durable:
+            backend.delete_queue(self.name, name)  # a transient queue starts empty
+        queue = self.create_queue(
             name,
-            self.backend.open_queue(self.name, name),
+            backend_name,
             durable=durable,
             exclusive_owner=owner if exclusive else None,
             auto_delete=auto_delete,
             arguments=arguments,
         )
+        if queue.durable:
+            self._on_change()
+        return queue
+
+    def _backend_for(
+        self, name: str, *, durable: bool, exclusive: bool, arguments: FieldTable
+    ) -> str:
+        """Transient and exclusive queues live in memory, durable ones on the durable backend;
+        the ``x-queue-backend`` argument overrides."""
+        chosen = arguments.get("x-queue-backend")
+        if chosen is None:
+            return self.durable_backend if durable and not exclusive else "memory"
+        if not isinstance(chosen, str) or chosen not in self.backends:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"invalid arg 'x-queue-backend' for queue '{name}' in vhost '{self.name}': "
+                f"unknown backend {chosen!r} (installed: {', '.join(sorted(self.backends))})",
+            )
+        return chosen
+
+    def create_queue(
+        self,
+        name: str,
+        backend_name: str,
+        *,
+        durable: bool,
+        exclusive_owner: object | None,
+        auto_delete: bool,
+        arguments: FieldTable,
+    ) -> Queue:
+        """Create (or recover) a queue without the AMQP checks; starts its actor."""
+        backend = self.backends[backend_name]
+        queue = Queue(
+            self.name,
+            name,
+            backend.open_queue(self.name, name),
+            durable=durable,
+            exclusive_owner=exclusive_owner,
+            auto_delete=auto_delete,
+            arguments=arguments,
+            flusher=self.flushers.get(backend_name) if durable and backend.durable else None,
+        )
+        queue.backend_name = backend_name
         queue.on_unused = self._remove_queue
         self.queues[name] = queue
         self._spawn(queue.run)
@@ -397,7 +547,9 @@ class VirtualHost:
             queue.consumers.remove(consumer)
             consumer.channel.consumer_cancelled(consumer)
         queue.stop()
-        self.backend.delete_queue(self.name, queue.name)
+        self.backends[queue.backend_name].delete_queue(self.name, queue.name)
+        if queue.durable:
+            self._on_change()
 
     def connection_closed(self, owner: object) -> None:
         """Delete the exclusive queues ``owner`` declared."""

@@ -8,8 +8,9 @@ A plugin that fails to load or validate is logged and skipped; it never stops th
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..backends.base import Backend
 from .spec import ExchangeType
@@ -31,27 +32,29 @@ def _describe(ep: EntryPoint) -> str:
     return f"{ep.group} plugin {ep.name!r} ({ep.value}, from {dist})"
 
 
-def load_entry_point(ep: EntryPoint) -> object:
-    """Import an entry point; instantiate it when it names a class."""
+def load_entry_point(ep: EntryPoint, options: Mapping[str, Any] | None = None) -> object:
+    """Import an entry point; instantiate it (with ``options``) when it names a class."""
     try:
         obj = ep.load()
     except Exception as exc:
         raise PluginError(f"cannot load {_describe(ep)}: {exc!r}") from exc
     if isinstance(obj, type):
         try:
-            obj = obj()
+            obj = obj(**(options or {}))
         except Exception as exc:
             raise PluginError(f"cannot instantiate {_describe(ep)}: {exc!r}") from exc
     return obj
 
 
-def load_plugins(group: str, protocol: type[T]) -> dict[str, T]:
+def load_plugins(
+    group: str, protocol: type[T], options: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, T]:
     """Every installed plugin of ``group`` that implements ``protocol`` (a runtime-checkable
-    Protocol), by entry-point name."""
+    Protocol), by entry-point name; classes are instantiated with ``options[name]``."""
     found: dict[str, T] = {}
     for ep in entry_points(group=group):
         try:
-            plugin = load_entry_point(ep)
+            plugin = load_entry_point(ep, (options or {}).get(ep.name))
             if not isinstance(plugin, protocol):
                 raise PluginError(f"{_describe(ep)} does not implement {protocol.__name__}")
         except PluginError as exc:
@@ -71,6 +74,6 @@ def load_exchange_types() -> dict[str, ExchangeType]:
     return load_plugins(EXCHANGE_TYPES_GROUP, ExchangeType)  # type: ignore[type-abstract]
 
 
-def load_backends() -> dict[str, Backend]:
-    """Every installed storage backend, by name."""
-    return load_plugins(BACKENDS_GROUP, Backend)  # type: ignore[type-abstract]
+def load_backends(options: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Backend]:
+    """Every installed storage backend, by name, constructed with ``options[name]``."""
+    return load_plugins(BACKENDS_GROUP, Backend, options)  # type: ignore[type-abstract]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ import attrs
 
 from ..broker.consumer import Consumer
 from ..broker.exchange import Exchange
+from ..broker.flusher import Flusher
 from ..broker.queue import Queue
 from ..broker.vhost import REPLY_TO, REPLY_TO_PREFIX, VirtualHost
 from ..model import Message
@@ -101,7 +103,9 @@ class Channel:
         self.global_prefetch = 0  # shared by the channel's deliveries
         self.confirm = False
         self.publish_seq = 0
-        self.confirmed = 0
+        self.confirmed = 0  # every publish up to this one has been acked or nacked
+        # Publishes that wait for a flush (or failed): [seq, [(flusher, ticket)], failed]
+        self._pending_confirms: deque[tuple[int, list[tuple[Flusher, int]], list[bool]]] = deque()
         self.tx: list[tuple[Exchange, Message, bool]] | None = None  # publishes awaiting commit
         self.tx_acks: list[tuple[int, Unacked, bool]] = []  # (tag, entry, requeue-or-not)
         self._last_queue = ""
@@ -286,19 +290,34 @@ class Channel:
         if self.tx is not None:
             self.tx.append((exchange, message, method.mandatory))
             return
-        self._route(exchange, message, method.mandatory)
+        waits, refused = self._route(exchange, message, method.mandatory)
         if self.confirm:
             self.publish_seq += 1
+            if waits or refused:
+                self._pending_confirms.append((self.publish_seq, waits, [refused]))
+                for flusher, _ticket in waits:
+                    flusher.listen(self)
             self.connection.confirms_pending(self)
 
-    def _route(self, exchange: Exchange, message: Message, mandatory: bool) -> None:
+    def _route(
+        self, exchange: Exchange, message: Message, mandatory: bool
+    ) -> tuple[list[tuple[Flusher, int]], bool]:
+        """Route and enqueue; return what a confirm must wait for, and whether a queue refused
+        the message (its storage cannot write: the publish is nacked)."""
         vhost = self.vhost
+        waits: list[tuple[Flusher, int]] = []
+        refused = False
         if exchange is vhost.default_exchange and message.routing_key.startswith(REPLY_TO_PREFIX):
             routed = vhost.deliver_reply(message.routing_key, message)
         else:
             queues = vhost.route(exchange, message.routing_key, message.properties.headers)
             for queue in queues:
-                queue.publish(message)
+                if not queue.accepting:
+                    refused = True
+                    continue
+                durability = queue.publish(message)
+                if durability is not None:
+                    waits.append(durability)
             routed = bool(queues)
         if not routed and mandatory:
             out = self.connection.out
@@ -314,13 +333,42 @@ class Channel:
                 self.connection.protocol.frame_max,
             )
             self.connection.wake_writer()
+        return waits, refused
 
     def flush_confirms(self) -> None:
-        """Acknowledge every publish since the last flush with one ``basic.ack``."""
-        if self.publish_seq > self.confirmed:
-            multiple = self.publish_seq - self.confirmed > 1
-            self.confirmed = self.publish_seq
-            self._send(BasicAck(self.publish_seq, multiple))
+        """Confirm, with as few ``basic.ack(multiple=True)`` as possible, every publish that is
+        durable where it needs to be; nack those whose storage failed. Publishes are settled in
+        order: nothing is acked past one that still waits for a flush."""
+        pending = self._pending_confirms
+        while pending:
+            seq, waits, failed = pending[0]
+            if failed[0]:
+                self._ack_upto(seq - 1)
+                self._send(BasicNack(seq, False, False))
+                self.confirmed = seq
+            elif not all(flusher.completed >= ticket for flusher, ticket in waits):
+                break
+            pending.popleft()
+        self._ack_upto(pending[0][0] - 1 if pending else self.publish_seq)
+
+    def _ack_upto(self, seq: int) -> None:
+        if seq > self.confirmed:
+            self._send(BasicAck(seq, seq - self.confirmed > 1))
+            self.confirmed = seq
+
+    # -- FlushListener (called by flushers) --------------------------------------------------
+
+    def flushed(self, flusher: Flusher) -> None:
+        if self._pending_confirms:
+            self.flush_confirms()
+        else:
+            flusher.unlisten(self)
+
+    def flush_failed(self, flusher: Flusher, upto: int) -> None:
+        for _seq, waits, failed in self._pending_confirms:
+            if any(f is flusher and flusher.completed < t <= upto for f, t in waits):
+                failed[0] = True
+        self.flush_confirms()
 
     def _tx_commit(self) -> None:
         if self.tx is None:
@@ -541,6 +589,10 @@ class Channel:
         self.tx_acks = []
         self.tx = None
         self._settle_now(taken)
+        for _seq, waits, _failed in self._pending_confirms:
+            for flusher, _ticket in waits:
+                flusher.unlisten(self)
+        self._pending_confirms.clear()
         self.reply_tag = None
         if self.reply_address is not None:
             self.vhost.reply_consumers.pop(self.reply_address, None)

@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import queue
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import attrs
 import trio
@@ -31,9 +33,19 @@ class RunningBroker:
         return f"amqp://guest:guest@{self.host}:{self.port}/"
 
 
-async def start_broker(nursery: trio.Nursery, config: BrokerConfig | None = None) -> RunningBroker:
-    """Start a broker (port 0 unless ``config`` says otherwise) in ``nursery``."""
+def _isolated(config: BrokerConfig | None, data_dir: str) -> BrokerConfig:
+    """Port 0 by default, and a private data directory unless ``config`` names one: a test
+    broker never reads or writes ``./tqbroker-data``."""
     config = config or BrokerConfig(port=0)
+    if config.data_dir == BrokerConfig().data_dir:
+        config = attrs.evolve(config, data_dir=Path(data_dir))
+    return config
+
+
+async def start_broker(nursery: trio.Nursery, config: BrokerConfig | None = None) -> RunningBroker:
+    """Start a broker (port 0 unless ``config`` says otherwise) in ``nursery``, with a fresh
+    temporary data directory unless ``config`` names one."""
+    config = _isolated(config, tempfile.mkdtemp(prefix="tqbroker-test-"))
     addresses = await nursery.start(lambda task_status: serve(config, task_status=task_status))
     host, port = addresses[0]
     return RunningBroker(host, port)
@@ -41,8 +53,17 @@ async def start_broker(nursery: trio.Nursery, config: BrokerConfig | None = None
 
 @contextmanager
 def running_broker(config: BrokerConfig | None = None) -> Iterator[RunningBroker]:
-    """Run a broker in a background thread for the duration of the ``with`` block."""
-    config = config or BrokerConfig(port=0)
+    """Run a broker in a background thread for the duration of the ``with`` block (port 0 and
+    a temporary data directory, removed afterwards, unless ``config`` says otherwise)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="tqbroker-test-") as data_dir,
+        _run_in_thread(_isolated(config, data_dir)) as broker,
+    ):
+        yield broker
+
+
+@contextmanager
+def _run_in_thread(config: BrokerConfig) -> Iterator[RunningBroker]:
     started: queue.Queue[RunningBroker | BaseException] = queue.Queue()
     stop: list[trio.Event] = []
     token: list[trio.lowlevel.TrioToken] = []

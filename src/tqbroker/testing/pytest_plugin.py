@@ -7,17 +7,19 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import trio
 
+from ..config import BrokerConfig
 from . import RunningBroker, running_broker, start_broker
 
 
 @pytest.fixture
-async def tqbroker_broker() -> AsyncIterator[RunningBroker]:
+async def tqbroker_broker(tmp_path: Path) -> AsyncIterator[RunningBroker]:
     async with trio.open_nursery() as nursery:
-        yield await start_broker(nursery)
+        yield await start_broker(nursery, BrokerConfig(port=0, data_dir=tmp_path / "data"))
         nursery.cancel_scope.cancel()
 
 

@@ -1,0 +1,210 @@
+"""An append-only log: an ordered list of segments in one directory, Kafka style.
+
+Responsibilities:
+- append records with increasing offsets, rolling to a new segment by size and by age;
+- read a record by offset (segment by binary search, then the segment's sparse index);
+- find the first offset at or after a timestamp (the time index);
+- recovery: a clean-shutdown marker means the files are trusted; otherwise every segment from the
+  recovery point on is scanned, the torn tail truncated at the first bad record and later
+  segments discarded, and indexes rebuilt; orphan index files are removed;
+- durability work for the flusher (``sync_work``), deleting whole segments below an offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+from pathlib import Path
+
+from ...model import Message
+from .format import Record, RecordError, encode_record
+from .segment import Segment
+
+log = logging.getLogger("tqbroker.backends.log")
+
+CLEAN_MARKER = "clean-shutdown"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Log:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes: int = 64 * 1024 * 1024,
+        segment_ms: int = 7 * 24 * 3600 * 1000,
+        index_interval_bytes: int = 4096,
+    ) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.segment_ms = segment_ms
+        self.index_interval_bytes = index_interval_bytes
+        self.segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._segment_created_ms = 0
+        self.corrupt_records = 0
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def open(self, *, recovery_point: int = 0) -> bool:
+        """Open (creating if needed) and recover. Returns True when the previous run closed
+        cleanly. Segments at or after ``recovery_point`` (the first offset not known to be
+        fsync'd) are scanned when the shutdown was not clean."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        marker = self.directory / CLEAN_MARKER
+        clean = marker.exists()
+        bases = sorted(
+            int(p.name[:20]) for p in self.directory.glob("*.log") if p.name[:20].isdigit()
+        )
+        self._remove_orphans(set(bases))
+        for i, base in enumerate(bases):
+            segment = Segment(self.directory, base, self.index_interval_bytes)
+            next_base = bases[i + 1] if i + 1 < len(bases) else None
+            if clean or (next_base is not None and next_base <= recovery_point):
+                segment.load()
+            elif not segment.scan():
+                self._add(segment)
+                self._drop_after(i, bases)
+                break
+            self._add(segment)
+        if marker.exists():
+            marker.unlink()
+            fsync_dir(self.directory)
+        if not self.segments:
+            self._roll(0)
+        self._segment_created_ms = _now_ms()
+        return clean
+
+    def _remove_orphans(self, bases: set[int]) -> None:
+        for path in self.directory.iterdir():
+            base = path.name[:20]
+            orphan = base.isdigit() and int(base) not in bases
+            if path.suffix in (".index", ".timeindex") and orphan:
+                log.info("removing orphan index file %s", path)
+                path.unlink()
+
+    def _drop_after(self, i: int, bases: list[int]) -> None:
+        """A segment was truncated: every later segment is unreachable garbage."""
+        for base in bases[i + 1 :]:
+            log.warning("%s: discarding segment %d after a truncated one", self.directory, base)
+            Segment(self.directory, base, self.index_interval_bytes).delete()
+
+    def _add(self, segment: Segment) -> None:
+        self.segments.append(segment)
+        self._bases.append(segment.base_offset)
+
+    def _roll(self, base_offset: int) -> None:
+        if self.segments:
+            self.segments[-1].write_out()
+        self._add(Segment(self.directory, base_offset, self.index_interval_bytes))
+        self._segment_created_ms = _now_ms()
+
+    # -- appending and reading ---------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        return self.segments[0].base_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self.segments[-1].next_offset
+
+    def append(self, message: Message, flags: int, timestamp_ms: int | None = None) -> int:
+        """Append a record (buffered); return its offset."""
+        if timestamp_ms is None:
+            timestamp_ms = _now_ms()
+        active = self.segments[-1]
+        offset = active.next_offset
+        record = encode_record(offset, timestamp_ms, flags, message)
+        if active.size and (
+            active.size + len(record) > self.segment_bytes
+            or timestamp_ms - self._segment_created_ms > self.segment_ms
+        ):
+            self._roll(offset)
+            active = self.segments[-1]
+        active.append(offset, timestamp_ms, record)
+        if active.pending >= 256 * 1024:
+            active.write_out()
+        return offset
+
+    def read(self, offset: int) -> Record | None:
+        """The record at ``offset``; None if it is not in the log. A record that fails its
+        CRC is logged, counted and treated as absent: a corrupt body is never returned."""
+        i = bisect_right(self._bases, offset) - 1
+        if i < 0:
+            return None
+        segment = self.segments[i]
+        try:
+            return segment.read(offset)
+        except RecordError as exc:
+            self.corrupt_records += 1
+            log.error("%s: offset %d is corrupt (%s); skipping it", segment.log_path, offset, exc)
+            return None
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """The first offset whose timestamp is >= ``timestamp_ms`` (the log end if none)."""
+        for segment in self.segments:
+            found = segment.offset_for_timestamp(timestamp_ms)
+            if found is not None:
+                return found
+        return self.next_offset
+
+    # -- durability --------------------------------------------------------------------------
+
+    def write_out(self) -> None:
+        """Push buffered bytes of the active segment to the page cache (may raise OSError)."""
+        self.segments[-1].write_out()
+
+    def sync_work(self) -> Callable[[], None] | None:
+        """Write out what is buffered and return the fsync work for every segment written
+        since the last call (None if nothing)."""
+        self.write_out()
+        dirty = [s for s in self.segments if s.dirty]
+        if not dirty:
+            return None
+        for segment in dirty:
+            segment.dirty = False
+
+        def sync() -> None:
+            try:
+                for segment in dirty:
+                    segment.sync()
+            except OSError:
+                for segment in dirty:
+                    segment.dirty = True
+                raise
+
+        return sync
+
+    def delete_segments_below(self, offset: int) -> list[Segment]:
+        """Detach the segments whose every record is below ``offset`` (never the active one);
+        the caller deletes them (``Segment.delete``) once it is safe."""
+        removed: list[Segment] = []
+        while len(self.segments) > 1 and self.segments[1].base_offset <= offset:
+            removed.append(self.segments.pop(0))
+            self._bases.pop(0)
+        return removed
+
+    def close(self, *, clean: bool) -> None:
+        """Close every file; with ``clean`` (after a final sync) leave the clean marker."""
+        if clean:
+            (self.directory / CLEAN_MARKER).touch()
+            fsync_dir(self.directory)
+        for segment in self.segments:
+            segment.close()
+        self.segments.clear()
+        self._bases.clear()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,302 @@
+"""A classic queue on an append log: the ``QueueStore`` of the ``log`` backend.
+
+Responsibilities:
+- message ids are log offsets; every message (persistent or not) is appended to the log, transient
+  ones flagged so that recovery skips them;
+- the ack state, kept compactly: ``head`` (every offset below is settled) plus ranges of settled
+  offsets above it, the delivery cursor, the requeued offsets and the unacked set; bodies are never
+  held in memory between delivery and ack (a requeued message is read again);
+- a checkpoint (``state.cbor``: head, settled ranges, the delivered reservation, the recovery
+  point), written atomically during flushes;
+- the delivered reservation: offsets below it may have been delivered, so after a crash they come
+  back flagged redelivered; the queue never delivers past it until a flush has extended it;
+- segments whose every record is settled are deleted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import threading
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cbor2
+
+from ...model import Message
+from .format import FLAG_PERSISTENT
+from .log import Log, fsync_dir
+from .segment import Segment
+
+STATE_FILE = "state.cbor"
+RESERVE_WINDOW = 8192
+
+
+class RangeSet:
+    """Disjoint half-open ranges of ints, kept sorted and merged."""
+
+    def __init__(self, ranges: list[tuple[int, int]] | None = None) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        for start, end in ranges or ():
+            self.add(start, end)
+
+    def add(self, start: int, end: int) -> None:
+        if start >= end:
+            return
+        i = bisect_left(self.ends, start)  # first range that ends at or after start
+        j = bisect_right(self.starts, end)  # ranges before j start at or before end
+        if i < j:
+            start = min(start, self.starts[i])
+            end = max(end, self.ends[j - 1])
+        self.starts[i:j] = [start]
+        self.ends[i:j] = [end]
+
+    def __contains__(self, value: int) -> bool:
+        i = bisect_right(self.starts, value) - 1
+        return i >= 0 and value < self.ends[i]
+
+    def pop_prefix(self, head: int) -> int:
+        """If a range starts at ``head``, remove it and return its end; else return ``head``."""
+        if self.starts and self.starts[0] <= head:
+            end = max(head, self.ends[0])
+            del self.starts[0]
+            del self.ends[0]
+            return end
+        return head
+
+    def drop_below(self, value: int) -> None:
+        while self.starts and self.ends[0] <= value:
+            del self.starts[0]
+            del self.ends[0]
+        if self.starts and self.starts[0] < value:
+            self.starts[0] = value
+
+    def as_list(self) -> list[tuple[int, int]]:
+        return list(zip(self.starts, self.ends, strict=True))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+class LogQueueStore:
+    def __init__(self, directory: Path, log: Log, *, fsync: bool = True) -> None:
+        self.directory = directory
+        self.log = log
+        self._fsync = fsync
+        self.head = 0
+        self.settled = RangeSet()
+        self.cursor = 0
+        self._requeued: list[int] = []
+        self._unacked: set[int] = set()
+        self._ready = 0
+        self.redelivered_below = 0  # offsets below this were (maybe) delivered in an earlier run
+        self.delivered_reserved = 0  # durable: we may deliver offsets below this
+        self._reserve_target = 0
+        self._state_dirty = False
+        self._obsolete: list[Segment] = []
+        self._recovered_end = 0  # offsets below this predate this run (transient ones are stale)
+        self._state_seq = 0  # snapshots taken
+        self._state_written = 0  # the newest snapshot on disk
+        self._state_lock = threading.Lock()
+
+    # -- recovery ----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        state = self._read_state()
+        recovery_point = int(state.get("recovery_point", 0))
+        clean = self.log.open(recovery_point=recovery_point)
+        start, end = self.log.start_offset, self.log.next_offset
+        self.head = max(int(state.get("head", 0)), start)
+        self.settled = RangeSet([(int(a), int(b)) for a, b in state.get("settled", [])])
+        self.settled.drop_below(self.head)
+        self.head = self.settled.pop_prefix(self.head)
+        delivered = int(state.get("delivered", 0))
+        if clean:
+            delivered = int(state.get("delivered_exact", delivered))
+        self.redelivered_below = self.delivered_reserved = self._reserve_target = delivered
+        self.cursor = self.head
+        self._recovered_end = end
+        # Reserve a first delivery window now, durably, so delivery starts without a flush.
+        self._reserve_target = max(self.cursor, self.delivered_reserved) + RESERVE_WINDOW
+        self._write_state(self._state(self._reserve_target), fsync=self._fsync)
+        self.delivered_reserved = self._reserve_target
+        self._ready = (end - self.head) - sum(
+            min(b, end) - max(a, self.head) for a, b in self.settled.as_list() if a < end
+        )
+
+    def _read_state(self) -> dict[str, Any]:
+        path = self.directory / STATE_FILE
+        try:
+            state = cbor2.loads(path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        return state if isinstance(state, dict) else {}
+
+    # -- QueueStore --------------------------------------------------------------------------
+
+    def push(self, message: Message, persistent: bool = False) -> int:
+        offset = self.log.append(message, FLAG_PERSISTENT if persistent else 0)
+        self._ready += 1
+        return offset
+
+    def pop(self) -> tuple[int, Message, bool] | None:
+        while self._requeued:
+            offset = heapq.heappop(self._requeued)
+            record = self.log.read(offset)
+            if record is None:  # corrupt: already logged; drop it
+                self._settle(offset)
+                self._ready -= 1
+                continue
+            self._ready -= 1
+            self._unacked.add(offset)
+            return offset, record.message, True
+        end = self.log.next_offset
+        while self.cursor < end:
+            offset = self.cursor
+            if offset in self.settled:
+                self.cursor += 1
+                continue
+            if offset >= self.delivered_reserved:
+                self._request_reservation(offset)
+                return None
+            if offset >= self.delivered_reserved - RESERVE_WINDOW // 2:
+                self._request_reservation(offset)
+            record = self.log.read(offset)
+            self.cursor += 1
+            self._ready -= 1
+            if record is None or (not record.persistent and offset < self._recovered_end):
+                # Corrupt (logged by the log) or a transient message from before a restart.
+                self._settle(offset)
+                continue
+            self._unacked.add(offset)
+            return offset, record.message, offset < self.redelivered_below
+        return None
+
+    def _request_reservation(self, offset: int) -> None:
+        target = max(offset, self.delivered_reserved) + RESERVE_WINDOW
+        if self._reserve_target < target:
+            self._reserve_target = target
+            self._state_dirty = True
+
+    def ack(self, message_id: int) -> None:
+        if message_id in self._unacked:
+            self._unacked.discard(message_id)
+            self._settle(message_id)
+
+    def requeue(self, message_id: int) -> None:
+        if message_id in self._unacked:
+            self._unacked.discard(message_id)
+            heapq.heappush(self._requeued, message_id)
+            self._ready += 1
+
+    def purge(self) -> int:
+        count = self._ready
+        for offset in self._requeued:
+            self._settle(offset)
+        self._requeued.clear()
+        end = self.log.next_offset
+        self.settled.add(self.cursor, end)
+        self.cursor = end
+        self._advance_head()
+        self._ready = 0
+        self._state_dirty = True
+        return count
+
+    @property
+    def ready_count(self) -> int:
+        return self._ready
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self._unacked)
+
+    def _settle(self, offset: int) -> None:
+        self.settled.add(offset, offset + 1)
+        self._advance_head()
+        self._state_dirty = True
+
+    def _advance_head(self) -> None:
+        self.head = self.settled.pop_prefix(self.head)
+
+    # -- durability --------------------------------------------------------------------------
+
+    @property
+    def needs_flush(self) -> bool:
+        return self._state_dirty or any(s.pending or s.dirty for s in self.log.segments)
+
+    def begin_flush(self) -> Callable[[], None] | None:
+        """Write out buffered records (may raise OSError) and return the blocking work: fsync
+        the log, then write the checkpoint atomically, then delete fully settled segments."""
+        sync = self.log.sync_work()
+        self._obsolete.extend(self.log.delete_segments_below(self.head))
+        if sync is None and not self._state_dirty and not self._obsolete:
+            return None
+        self._state_dirty = False
+        target = self._reserve_target
+        state = self._state(target)
+        obsolete, self._obsolete = self._obsolete, []
+        fsync = self._fsync
+
+        def work() -> None:
+            if sync is not None and fsync:
+                sync()
+            self._write_state(state, fsync=fsync)
+            for segment in obsolete:
+                segment.delete()
+            # Publish the reservation only once it is on disk.
+            self.delivered_reserved = max(self.delivered_reserved, target)
+
+        return work
+
+    def _state(self, delivered: int) -> dict[str, Any]:
+        self._state_seq += 1
+        return {
+            "seq": self._state_seq,
+            "head": self.head,
+            "settled": self.settled.as_list(),
+            "delivered": delivered,
+            "recovery_point": self.log.next_offset,
+        }
+
+    @property
+    def wants_flush(self) -> bool:
+        return self._reserve_target > self.delivered_reserved
+
+    def _write_state(self, state: dict[str, Any], *, fsync: bool) -> None:
+        """Replace the checkpoint atomically. Two flushes may run at once (the flusher's and a
+        synchronous one): the lock and the snapshot number keep an older snapshot from
+        replacing a newer one."""
+        path = self.directory / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        with self._state_lock:
+            if state["seq"] <= self._state_written:
+                return
+            with open(tmp, "wb") as f:
+                f.write(cbor2.dumps(state))
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+            if fsync:
+                fsync_dir(self.directory)
+            self._state_written = state["seq"]
+
+    def close(self) -> None:
+        """Clean shutdown: write out, fsync, exact checkpoint, clean marker."""
+        self.log.write_out()
+        work = self.begin_flush()
+        if work is not None:
+            work()
+        for segment in self.log.segments:
+            segment.sync()
+        state = self._state(self.delivered_reserved)
+        state["delivered_exact"] = max(self.cursor, self.redelivered_below)
+        self._write_state(state, fsync=True)
+        self.log.close(clean=True)
+
+    def abandon(self) -> None:
+        """Close the files without a final flush (the queue is being deleted)."""
+        self.log.close(clean=False)

@@ -1,0 +1,108 @@
+"""Group commit: one task per durable backend that makes writes durable in batches.
+
+Responsibilities:
+- tickets: ``request()`` returns a number; once ``completed`` reaches it, everything written before
+  the request is durable (a flush that began after the request has finished);
+- the loop: wait until asked, take the backend's flush work (``Backend.begin_flush``) and run it
+  in a worker thread, so one fsync covers every message appended meanwhile;
+- telling whoever waits: channels confirm (or, on failure, nack) their publishes; queues that
+  paused for a flush resume;
+- after a failure, retry once a second while the backend has something to flush.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+from ..backends.base import Backend
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+log = logging.getLogger("tqbroker.flusher")
+
+RETRY_SECONDS = 1.0
+
+
+class FlushListener(Protocol):
+    def flushed(self, flusher: Flusher) -> None:
+        """Tickets up to ``flusher.completed`` are durable."""
+        ...
+
+    def flush_failed(self, flusher: Flusher, upto: int) -> None:
+        """Tickets up to ``upto`` not yet completed will never be: refuse what waits on them."""
+        ...
+
+
+class Flusher:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.requested = 0
+        self.completed = 0
+        self.flushes = 0
+        self._wakeup = trio.Event()
+        self._listeners: set[FlushListener] = set()
+        self._waiting_queues: set[Queue] = set()
+
+    def request(self) -> int:
+        """A ticket for everything written so far."""
+        self.requested += 1
+        self._wakeup.set()
+        return self.requested
+
+    def listen(self, listener: FlushListener) -> None:
+        self._listeners.add(listener)
+
+    def unlisten(self, listener: FlushListener) -> None:
+        self._listeners.discard(listener)
+
+    def poke(self) -> None:
+        """Run a flush soon (the backend asked for one)."""
+        self._wakeup.set()
+
+    def flush_now(self) -> None:
+        """Flush synchronously on the calling (Trio) thread. Blocks the event loop: only for
+        rare paths that cannot wait. Raises OSError if the flush fails."""
+        work = self.backend.begin_flush()
+        if work is not None:
+            work()
+
+    def wake_after_flush(self, queue: Queue) -> None:
+        """A queue cannot deliver before the next flush: run one and wake it afterwards."""
+        self._waiting_queues.add(queue)
+        self._wakeup.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            covering = self.requested
+            work = self.backend.begin_flush()
+            if work is not None:
+                try:
+                    await trio.to_thread.run_sync(work)
+                except OSError as exc:
+                    log.error("%s backend: flush failed: %s", self.backend.name, exc)
+                    for listener in list(self._listeners):
+                        listener.flush_failed(self, covering)
+                    self.completed = covering
+                    await trio.sleep(RETRY_SECONDS)
+                    if self.backend.needs_flush:
+                        self._wakeup.set()
+                    continue
+                self.flushes += 1
+            self.completed = covering
+            for listener in list(self._listeners):
+                listener.flushed(self)
+            if self._waiting_queues:
+                queues, self._waiting_queues = self._waiting_queues, set()
+                for queue in queues:
+                    queue.wake()
+
+    def close(self) -> None:
+        """Final flush and clean shutdown of the backend (blocking; called at broker exit)."""
+        self.backend.close()
