@@ -39,3 +39,10 @@ def generate(session: nox.Session) -> None:
     """Regenerate src/tqbroker/protocol/methods.py from the AMQP 0-9-1 spec file."""
     session.install(RUFF)
     session.run("python", "tools/gen_protocol.py")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks (print numbers; assert nothing): ``nox -s bench -- --queued 1000000``."""
+    session.install("-e", ".")
+    session.run("python", "benchmarks/storage.py", *session.posargs)
