@@ -24,6 +24,7 @@ class MemoryQueueStore:
         self._ready: deque[tuple[int, Message]] = deque()
         self._requeued: list[int] = []  # heap of ids
         self._messages: dict[int, Message] = {}  # unacked and requeued messages by id
+        self._unacked: set[int] = set()
 
     def push(self, message: Message, persistent: bool = False) -> int:
         message_id = self._next_id
@@ -34,18 +35,23 @@ class MemoryQueueStore:
     def pop(self) -> tuple[int, Message, bool] | None:
         if self._requeued:
             message_id = heapq.heappop(self._requeued)
+            self._unacked.add(message_id)
             return message_id, self._messages[message_id], True
         if self._ready:
             message_id, message = self._ready.popleft()
             self._messages[message_id] = message
+            self._unacked.add(message_id)
             return message_id, message, False
         return None
 
     def ack(self, message_id: int) -> None:
-        self._messages.pop(message_id, None)
+        if message_id in self._unacked:
+            self._unacked.discard(message_id)
+            del self._messages[message_id]
 
     def requeue(self, message_id: int) -> None:
-        if message_id in self._messages:
+        if message_id in self._unacked:
+            self._unacked.discard(message_id)
             heapq.heappush(self._requeued, message_id)
 
     def purge(self) -> int:
@@ -62,7 +68,7 @@ class MemoryQueueStore:
 
     @property
     def unacked_count(self) -> int:
-        return len(self._messages) - len(self._requeued)
+        return len(self._unacked)
 
     wants_flush = False
 

@@ -88,6 +88,7 @@ class LogQueueStore:
         self._fsync = fsync
         self.head = 0
         self.settled = RangeSet()
+        self.transient = RangeSet()  # offsets of transient messages (dropped at restart)
         self.cursor = 0
         self._requeued: list[int] = []
         self._unacked: set[int] = set()
@@ -111,6 +112,10 @@ class LogQueueStore:
         start, end = self.log.start_offset, self.log.next_offset
         self.head = max(int(state.get("head", 0)), start)
         self.settled = RangeSet([(int(a), int(b)) for a, b in state.get("settled", [])])
+        # Transient messages of the previous run are gone: settle them now so counts are exact
+        # (those written after the last checkpoint of a crashed run are skipped when reached).
+        for a, b in state.get("transient", []):
+            self.settled.add(int(a), min(int(b), end))
         self.settled.drop_below(self.head)
         self.head = self.settled.pop_prefix(self.head)
         delivered = int(state.get("delivered", 0))
@@ -139,6 +144,8 @@ class LogQueueStore:
 
     def push(self, message: Message, persistent: bool = False) -> int:
         offset = self.log.append(message, FLAG_PERSISTENT if persistent else 0)
+        if not persistent:
+            self.transient.add(offset, offset + 1)
         self._ready += 1
         return offset
 
@@ -155,6 +162,9 @@ class LogQueueStore:
             return offset, record.message, True
         end = self.log.next_offset
         while self.cursor < end:
+            if self.cursor < self.head:
+                self.cursor = self.head  # everything below head is settled
+                continue
             offset = self.cursor
             if offset in self.settled:
                 self.cursor += 1
@@ -253,10 +263,12 @@ class LogQueueStore:
 
     def _state(self, delivered: int) -> dict[str, Any]:
         self._state_seq += 1
+        self.transient.drop_below(self.head)
         return {
             "seq": self._state_seq,
             "head": self.head,
             "settled": self.settled.as_list(),
+            "transient": self.transient.as_list(),
             "delivered": delivered,
             "recovery_point": self.log.next_offset,
         }
