@@ -86,6 +86,7 @@ from tqbroker.protocol.methods import (
     ExchangeDelete,
     ExchangeDeleteOk,
     ExchangeUnbind,
+    ExchangeUnbindOk,
     Method,
     QueueBind,
     QueueBindOk,
@@ -95,6 +96,7 @@ from tqbroker.protocol.methods import (
     QueueDeleteOk,
     QueuePurge,
     QueueUnbind,
+    QueueUnbindOk,
     TxCommit,
     TxRollback,
     TxSelect,
@@ -1018,7 +1020,6 @@ def test_r31_frames_after_channel_close_are_discarded(
         + content_header(1, 3)
         + body_frame(1, b"abc")
         + encode_method(1, BasicGet(queue="x"))
-        + encode_method(1, ChannelOpen())
     )
     ping(amqp, 2)  # the first thing to come back is channel 2's answer
     amqp.send_method(1, ChannelCloseOk())
@@ -1026,6 +1027,15 @@ def test_r31_frames_after_channel_close_are_discarded(
     ping(amqp, 1)
     amqp.send_method(2, QueueDeclare(queue=name("declared-after-close"), passive=True))
     amqp.expect_channel_close(2, NOT_FOUND)
+
+
+def test_r31_channel_open_while_the_channel_is_closing(amqp: RawAMQP) -> None:
+    """channel.open on a channel the server is closing (before the client's close-ok) is a
+    second channel.open: 504 CHANNEL_ERROR on the connection, as RabbitMQ 3.10.8 answers."""
+    amqp.send_method(1, QueueDeclare(queue="missing-for-r31", passive=True))
+    amqp.expect_channel_close(1, NOT_FOUND, close_ok=False)
+    amqp.send_method(1, ChannelOpen())
+    amqp.expect_connection_close(CHANNEL_ERROR, class_id=20, method_id=10)
 
 
 @pytest.mark.parametrize("answer", ["close-ok", "crossing-close"])
@@ -1085,12 +1095,9 @@ MISSING: dict[str, Method] = {
     "exchange.declare-passive": ExchangeDeclare(exchange="missing", type="direct", passive=True),
     "queue.bind-missing-queue": QueueBind(queue="missing", exchange="amq.direct"),
     "queue.bind-missing-exchange": QueueBind(queue="present", exchange="missing"),
-    "queue.unbind-missing-queue": QueueUnbind(queue="missing", exchange="amq.direct"),
-    "queue.unbind-missing-exchange": QueueUnbind(queue="present", exchange="missing"),
     "queue.purge": QueuePurge(queue="missing"),
     "exchange.bind-missing-source": ExchangeBind(destination="amq.direct", source="missing"),
     "exchange.bind-missing-destination": ExchangeBind(destination="missing", source="amq.direct"),
-    "exchange.unbind-missing": ExchangeUnbind(destination="missing", source="amq.direct"),
     "basic.consume": BasicConsume(queue="missing"),
     "basic.get": BasicGet(queue="missing"),
 }
@@ -1112,14 +1119,25 @@ def test_r33_operation_on_missing_entity(
     [
         (QueueDelete(queue="missing"), QueueDeleteOk),
         (ExchangeDelete(exchange="missing"), ExchangeDeleteOk),
+        (QueueUnbind(queue="missing", exchange="amq.direct"), QueueUnbindOk),
+        (QueueUnbind(queue="present", exchange="missing"), QueueUnbindOk),
+        (ExchangeUnbind(destination="missing", source="amq.direct"), ExchangeUnbindOk),
     ],
-    ids=["queue.delete", "exchange.delete"],
+    ids=[
+        "queue.delete",
+        "exchange.delete",
+        "queue.unbind-missing-queue",
+        "queue.unbind-missing-exchange",
+        "exchange.unbind-missing",
+    ],
 )
-def test_r33_delete_of_missing_entity_succeeds(
+def test_r33_delete_or_unbind_of_missing_entity_succeeds(
     amqp: RawAMQP, method: Method, reply: type[Method], name: Callable[[str], str]
 ) -> None:
-    """Deleting a missing queue or exchange: the spec says 404, RabbitMQ (``rabbit_channel``:
-    ``not_found -> {ok, 0}``) answers delete-ok, and so must we."""
+    """Deleting a missing queue or exchange, or unbinding from one: the spec says 404,
+    RabbitMQ (checked against 3.10.8: delete and unbind are idempotent) answers the ok, and
+    so must we."""
+    declare_queue(amqp, 1, name("present"))
     amqp.call(1, scoped(method, name), reply)
 
 

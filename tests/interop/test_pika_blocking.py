@@ -1099,3 +1099,39 @@ def test_consume_generator_with_inactivity_timeout_and_cancel(connect: Connect) 
     assert next(ch.consume(queue, inactivity_timeout=0.3)) == (None, None, None)
     assert time.monotonic() - started >= 0.25
     ch.cancel()
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"x-max-length": -1},
+        {"x-max-length": "ten"},
+        {"x-max-length-bytes": -5},
+        {"x-expires": 0},
+        {"x-message-ttl": -1},
+        {"x-overflow": "explode"},
+        {"x-max-priority": 256},
+        {"x-dead-letter-routing-key": "rk"},
+        {"x-single-active-consumer": "yes"},
+        {"x-queue-mode": "eager"},
+    ],
+    ids=lambda args: next(iter(args)),
+)
+def test_invalid_queue_arguments_are_refused_with_406(
+    connect: Connect, arguments: dict[str, object]
+) -> None:
+    """RabbitMQ (checked against 3.10.8) refuses ill-typed or out-of-range queue arguments."""
+    ch = connect().channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        ch.queue_declare("bad-args", arguments=arguments)
+    assert refused.value.reply_code == 406
+    assert f"invalid arg '{next(iter(arguments))}'" in refused.value.reply_text
+
+
+def test_consumer_priority_must_be_an_integer(connect: Connect) -> None:
+    ch = connect().channel()
+    queue = ch.queue_declare("", exclusive=True).method.queue
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        ch.basic_consume(queue, lambda *a: None, arguments={"x-priority": "high"})
+        ch.connection.process_data_events(time_limit=1)
+    assert refused.value.reply_code == 406

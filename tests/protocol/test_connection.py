@@ -776,6 +776,16 @@ def test_message_of_exactly_max_message_size_is_accepted() -> None:
 # -- closing --------------------------------------------------------------------------------------
 
 
+def test_channel_open_on_a_closing_channel_is_a_second_open() -> None:
+    """RabbitMQ answers channel.open before close-ok with 504 "second 'channel.open' seen"."""
+    server = open_server(1)
+    server.send(1, m.ChannelClose(406, "PRECONDITION_FAILED - nope", 50, 10))
+    with pytest.raises(AMQPError) as info:
+        server.feed(encode_method(1, m.ChannelOpen()))
+    assert info.value.code == ReplyCode.CHANNEL_ERROR
+    assert (info.value.class_id, info.value.method_id) == (20, 10)
+
+
 def test_frames_after_channel_close_are_discarded_except_close_and_close_ok() -> None:
     server = open_server(1, 2)
     server.feed(encode_method(1, m.BasicPublish()) + frame(2, 1, content_header(10)))
@@ -785,7 +795,6 @@ def test_frames_after_channel_close_are_discarded_except_close_and_close_ok() ->
         frame(3, 1, b"x" * 10),
         frame(3, 1, b"overrun" * 10),
         encode_method(1, m.BasicQos(0, 1, False)),
-        encode_method(1, m.ChannelOpen()),
         frame(1, 1, struct.pack(">HH", 60, 99)),  # unknown method
         frame(1, 1, struct.pack(">HH", 60, 80) + b"\0"),  # undecodable basic.ack
         frame(1, 1, b"\0"),  # too short for ids

@@ -283,9 +283,12 @@ class VirtualHost:
     def unbind_exchange(
         self, destination: str, source: str, routing_key: str, arguments: FieldTable
     ) -> None:
-        dest = self._source_for_binding(destination)
-        src = self._source_for_binding(source)
-        self._unbind(src, dest, routing_key, arguments)
+        """Idempotent, as in RabbitMQ: unbinding from a missing exchange succeeds."""
+        if "" in (destination, source):
+            self._source_for_binding("")  # the default exchange is still refused (403)
+        dest, src = self.exchanges.get(destination), self.exchanges.get(source)
+        if dest is not None and src is not None:
+            self._unbind(src, dest, routing_key, arguments)
 
     def _bind(
         self, source: Exchange, dest: Queue | Exchange, routing_key: str, arguments: FieldTable
@@ -414,6 +417,7 @@ class VirtualHost:
             )
         if not name:
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        self._validate_queue_arguments(name, arguments)
         queue_type = arguments.get("x-queue-type", "classic")
         if queue_type != "classic":
             raise AMQPError(
@@ -454,6 +458,24 @@ class VirtualHost:
         if queue.durable:
             self._on_change()
         return queue
+
+    def _validate_queue_arguments(self, name: str, arguments: FieldTable) -> None:
+        """Refuse ill-typed or out-of-range ``x-`` arguments with RabbitMQ's 406."""
+        for key, value in arguments.items():
+            check = _ARGUMENT_CHECKS.get(key)
+            problem = check(value) if check is not None else None
+            if (
+                problem is None
+                and key == "x-dead-letter-routing-key"
+                and "x-dead-letter-exchange" not in arguments
+            ):
+                problem = "x-dead-letter-routing-key set but x-dead-letter-exchange is not"
+            if problem is not None:
+                raise AMQPError(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{name}' in vhost '{self.name}': "
+                    f"{problem} (got {value!r})",
+                )
 
     def _backend_for(
         self, name: str, *, durable: bool, exclusive: bool, arguments: FieldTable
@@ -509,9 +531,16 @@ class VirtualHost:
     def unbind_queue(
         self, queue_name: str, exchange: str, routing_key: str, arguments: FieldTable, owner: object
     ) -> None:
-        queue = self.get_queue(queue_name, owner)
-        source = self._source_for_binding(exchange)
-        self._unbind(source, queue, routing_key, arguments)
+        """Idempotent, as in RabbitMQ: unbinding a missing queue, from a missing exchange, or a
+        binding that does not exist succeeds; exclusivity matters only for a real binding."""
+        if exchange == "":
+            self._source_for_binding(exchange)  # 403 on the default exchange
+        queue, source = self.queues.get(queue_name), self.exchanges.get(exchange)
+        if queue is None or source is None:
+            return
+        if (queue, routing_key, encode_table(arguments)) in source.bindings:
+            self._check_exclusive(queue, owner)
+            self._unbind(source, queue, routing_key, arguments)
 
     def purge_queue(self, name: str, owner: object) -> int:
         return self.get_queue(name, owner).purge()
@@ -600,6 +629,47 @@ class VirtualHost:
                     frontier.append(alternate)
         return list(queues.values())
 
+
+def _int_range(low: int, high: int | None = None) -> Callable[[FieldValue], str | None]:
+    def check(value: FieldValue) -> str | None:
+        if not isinstance(value, int) or isinstance(value, bool):
+            return "an integer is required"
+        if value < low or (high is not None and value > high):
+            return f"must be between {low} and {high}" if high is not None else f"must be >= {low}"
+        return None
+
+    return check
+
+
+def _one_of(*allowed: str) -> Callable[[FieldValue], str | None]:
+    def check(value: FieldValue) -> str | None:
+        return None if value in allowed else f"must be one of {', '.join(allowed)}"
+
+    return check
+
+
+def _string(value: FieldValue) -> str | None:
+    return None if isinstance(value, str) else "a string is required"
+
+
+def _boolean(value: FieldValue) -> str | None:
+    return None if isinstance(value, bool) else "a boolean is required"
+
+
+# Type and range checks of the queue arguments RabbitMQ validates at declare time.
+_ARGUMENT_CHECKS: Final[dict[str, Callable[[FieldValue], str | None]]] = {
+    "x-expires": _int_range(1),
+    "x-message-ttl": _int_range(0, 2**32 - 1),
+    "x-max-length": _int_range(0),
+    "x-max-length-bytes": _int_range(0),
+    "x-max-priority": _int_range(0, 255),
+    "x-delivery-limit": _int_range(0),
+    "x-overflow": _one_of("drop-head", "reject-publish", "reject-publish-dlx"),
+    "x-queue-mode": _one_of("default", "lazy"),
+    "x-dead-letter-exchange": _string,
+    "x-dead-letter-routing-key": _string,
+    "x-single-active-consumer": _boolean,
+}
 
 # Queue arguments RabbitMQ compares on redeclare; others are accepted and ignored.
 _EQUIVALENCE_ARGS: Final = frozenset(

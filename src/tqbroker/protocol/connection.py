@@ -336,11 +336,12 @@ class ServerConnection:
         self, channel: int, ch: _Channel | None, payload: memoryview
     ) -> Event | None:
         # After we sent channel.close only close and close-ok count (peek the ids first: the rest
-        # may be anything, even undecodable).
+        # may be anything, even undecodable) -- and channel.open, which is then a second open
+        # (RabbitMQ answers 504).
         if (
             ch is not None
             and ch.closing
-            and payload[:4] not in (_CHANNEL_CLOSE_ID, _CHANNEL_CLOSE_OK_ID)
+            and payload[:4] not in (_CHANNEL_CLOSE_ID, _CHANNEL_CLOSE_OK_ID, _CHANNEL_OPEN_ID)
         ):
             return None
         method = _decode(payload)
@@ -520,6 +521,7 @@ class ServerConnection:
 
 _CONNECTION_CLOSE_ID = bytes((0, 10, 0, 50))
 _CONNECTION_CLOSE_OK_ID = bytes((0, 10, 0, 51))
+_CHANNEL_OPEN_ID = bytes((0, 20, 0, 10))
 _CHANNEL_CLOSE_ID = bytes((0, 20, 0, 40))
 _CHANNEL_CLOSE_OK_ID = bytes((0, 20, 0, 41))
 

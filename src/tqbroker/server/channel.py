@@ -242,14 +242,14 @@ class Channel:
         if name:
             return name
         if not self._last_queue:
-            raise AMQPError(ReplyCode.NOT_ALLOWED, "no previously declared queue", hard=True)
+            raise AMQPError(ReplyCode.NOT_FOUND, "no previously declared queue")
         return self._last_queue
 
     # -- queues ------------------------------------------------------------------------------
 
     def _queue_declare(self, method: QueueDeclare) -> None:
-        if method.passive and method.queue == REPLY_TO:
-            self._reply(method.nowait, QueueDeclareOk(REPLY_TO, 0, 0))
+        if method.queue == REPLY_TO:  # the direct reply-to pseudo-queue, as RabbitMQ answers
+            self._reply(method.nowait, QueueDeclareOk(REPLY_TO, 0, 1))
             return
         queue = self.vhost.declare_queue(
             method.queue,
@@ -402,7 +402,9 @@ class Channel:
         if method.global_:
             self.global_prefetch = method.prefetch_count
         else:
+            # As RabbitMQ: a per-consumer limit also lifts the channel-wide one.
             self.prefetch_count = method.prefetch_count
+            self.global_prefetch = 0
         self._send(BasicQosOk())
         self._wake_queues()
 
@@ -416,6 +418,13 @@ class Channel:
             self._consume_replies(tag, method)
             return
         queue = self.vhost.get_queue(self._queue_name(method.queue), self.connection)
+        priority = method.arguments.get("x-priority")
+        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"invalid arg 'x-priority' for consumer on queue '{queue.name}': an integer is "
+                f"required (got {priority!r})",
+            )
         if queue.has_exclusive_consumer or (method.exclusive and queue.consumers):
             raise AMQPError(
                 ReplyCode.ACCESS_REFUSED,
