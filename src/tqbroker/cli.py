@@ -13,29 +13,29 @@ import argparse
 import logging
 import signal
 import sys
+from pathlib import Path
+from typing import Any
 
+import attrs
 import trio
 
 from . import __version__
-from .config import BrokerConfig
+from .config import BrokerConfig, ConfigError, load_config
 from .server.listener import serve
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tqbroker", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    parser.add_argument("--port", type=int, default=5672, help="AMQP port, 0 = ephemeral (5672)")
-    parser.add_argument(
-        "--data-dir", default="tqbroker-data", help="where data lives (./tqbroker-data)"
-    )
+    parser.add_argument("--config", type=Path, help="a TOML configuration file (optional)")
+    parser.add_argument("--host", help="address to listen on (127.0.0.1)")
+    parser.add_argument("--port", type=int, help="AMQP port, 0 = ephemeral (5672)")
+    parser.add_argument("--data-dir", help="where data lives (./tqbroker-data)")
     parser.add_argument(
         "--durable-backend",
-        default="log",
         help="storage of durable queues: log (default), rocksdb, or any installed backend",
     )
     parser.add_argument(
         "--fsync",
-        default="batch",
         choices=["batch", "never"],
         help="log backend: fsync before confirming (batch, default) or never",
     )
@@ -68,13 +68,25 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    config = BrokerConfig(
-        host=args.host,
-        port=args.port,
-        data_dir=args.data_dir,
-        durable_backend=args.durable_backend,
-        backend_options={"log": {"fsync": args.fsync}},
-    )
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in (
+            ("host", args.host),
+            ("port", args.port),
+            ("data_dir", args.data_dir),
+            ("durable_backend", args.durable_backend),
+        )
+        if value is not None
+    }
+    try:
+        config = load_config(args.config, **overrides) if args.config else BrokerConfig(**overrides)
+    except ConfigError as exc:
+        print(f"tqbroker: {exc}", file=sys.stderr)
+        return 2
+    if args.fsync is not None:
+        options = {name: dict(values) for name, values in config.backend_options.items()}
+        options.setdefault("log", {})["fsync"] = args.fsync
+        config = attrs.evolve(config, backend_options=options)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
         trio.run(run, config)

@@ -1,17 +1,22 @@
 """Broker configuration with embedded defaults: no file is needed to start.
 
 Responsibilities:
-- ``BrokerConfig``: listen address, data directory, protocol limits, timeouts and the initial
-  users and vhosts, each with the default a RabbitMQ user expects.
+- ``BrokerConfig``: listen address, data directory, protocol limits, timeouts, storage and the
+  initial users and vhosts, each with the default a RabbitMQ user expects;
+- ``load_config``: read a TOML file (keys as the attribute names, ``[[users]]`` tables,
+  ``[backend_options.log]`` sections) into a ``BrokerConfig``, with clear errors for unknown keys
+  and wrong types (cattrs does the structuring).
 """
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
+import cattrs
 
 
 @attrs.frozen
@@ -47,3 +52,32 @@ class BrokerConfig:
     durable_backend: str = "log"
     # Constructor options per backend name, e.g. {"log": {"fsync": "never"}}.
     backend_options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be used; the message says where and why."""
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+_converter.register_structure_hook(Path, lambda value, _type: Path(value))
+
+
+def load_config(path: Path, **overrides: Any) -> BrokerConfig:
+    """The configuration in the TOML file ``path``, with ``overrides`` (e.g. from command-line
+    flags) taking precedence."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    raw.update(overrides)
+    if "users" in raw:
+        raw["users"] = tuple(raw["users"])
+    try:
+        return _converter.structure(raw, BrokerConfig)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        details = (
+            "; ".join(cattrs.transform_error(exc))
+            if isinstance(exc, cattrs.BaseValidationError)
+            else str(exc)
+        )
+        raise ConfigError(f"invalid configuration in {path}: {details}") from None

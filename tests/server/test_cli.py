@@ -82,3 +82,48 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=10)
         proc.communicate()
+
+
+def test_config_file_sets_users_vhosts_and_storage(tmp_path: Path) -> None:
+    config = tmp_path / "tqbroker.toml"
+    config.write_text(
+        'data_dir = "from-config"\n'
+        'vhosts = ["/", "staging"]\n'
+        "[[users]]\n"
+        'name = "app"\n'
+        'password = "s3cret"\n'
+        'vhosts = ["staging"]\n'
+        "[backend_options.log]\n"
+        'fsync = "never"\n'
+    )
+    proc, port = start(tmp_path, "--config", str(config))
+    try:
+        assert (tmp_path / "from-config").is_dir()
+        credentials = pika.PlainCredentials("app", "s3cret")
+        params = pika.ConnectionParameters("127.0.0.1", port, "staging", credentials)
+        conn = pika.BlockingConnection(params)
+        ch = conn.channel()
+        ch.queue_declare("q", durable=True)
+        ch.basic_publish("", "q", b"configured", pika.BasicProperties(delivery_mode=2))
+        assert ch.basic_get("q", auto_ack=True)[2] == b"configured"
+        conn.close()
+        with pytest.raises(pika.exceptions.ProbableAccessDeniedError):
+            pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, "/", credentials))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+        proc.communicate()
+
+
+def test_bad_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('port = "abc"\ncolour = "blue"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "tqbroker", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "port" in result.stderr
+    assert "colour" in result.stderr
