@@ -111,7 +111,7 @@ def drain(port: int, log: Log) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend", ["log"])
+@pytest.mark.parametrize("backend", ["log", "rocksdb"])
 def test_kill_restart_loses_no_confirmed_message(tmp_path: Path, backend: str) -> None:
     rounds = 10
     log = Log()

@@ -12,6 +12,7 @@ wake-ups cost one delivery pass.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ from .flusher import Flusher
 
 if TYPE_CHECKING:
     from .exchange import BindingRef
+
+log = logging.getLogger("tqbroker.queue")
 
 # What a publish must wait for before it may be confirmed: a flusher ticket, or nothing.
 Durability = tuple[Flusher, int] | None
@@ -85,7 +88,13 @@ class Queue:
             consumer = self._pick_consumer()
             if consumer is None:
                 return
-            entry = store.pop()
+            try:
+                entry = store.pop()
+            except OSError as exc:  # storage trouble: deliver again on the next wake-up
+                log.error(
+                    "queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc
+                )
+                return
             if entry is None:
                 if store.ready_count and self.flusher is not None:
                     self.flusher.wake_after_flush(self)  # the store needs a flush first
@@ -122,7 +131,7 @@ class Queue:
         """Enqueue; return what a confirm must wait for (None: confirm at once)."""
         flusher = self.flusher
         persistent = flusher is not None and message.properties.delivery_mode == 2
-        self.store.push(message, persistent)
+        self.store.push(message, persistent)  # OSError: the caller refuses the publish
         if self.consumers:
             self._wakeup.set()
         if persistent:
@@ -131,12 +140,20 @@ class Queue:
         return None
 
     def get(self) -> tuple[int, Message, bool] | None:
-        entry = self.store.pop()
+        try:
+            entry = self.store.pop()
+        except OSError as exc:
+            log.error("queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc)
+            return None
         if entry is None and self.store.ready_count and self.flusher is not None:
             # Rare: the store must flush before it may hand out more. basic.get cannot wait
             # for the flusher, so flush here (blocking the event loop briefly) and retry.
-            self.flusher.flush_now()
-            entry = self.store.pop()
+            try:
+                self.flusher.flush_now()
+                entry = self.store.pop()
+            except OSError as exc:
+                log.error("queue %r in vhost %r: cannot flush: %s", self.name, self.vhost, exc)
+                return None
         if self.store.wants_flush and self.flusher is not None:
             self.flusher.poke()
         return entry

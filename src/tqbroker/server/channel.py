@@ -15,6 +15,7 @@ channel or the connection accordingly.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 from collections import deque
 from collections.abc import Iterable
@@ -82,6 +83,8 @@ from ..protocol.methods import (
 
 if TYPE_CHECKING:
     from .connection import AMQPConnection
+
+log = logging.getLogger("tqbroker.channel")
 
 # (queue, message id, consumer or None for basic.get)
 Unacked = tuple[Queue, int, Consumer | None]
@@ -315,7 +318,12 @@ class Channel:
                 if not queue.accepting:
                     refused = True
                     continue
-                durability = queue.publish(message)
+                try:
+                    durability = queue.publish(message)
+                except OSError as exc:  # the queue's storage cannot take it: nack
+                    log.error("queue %r refused a message: %s", queue.name, exc)
+                    refused = True
+                    continue
                 if durability is not None:
                     waits.append(durability)
             routed = bool(queues)

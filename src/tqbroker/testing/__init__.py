@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import tempfile
 import threading
@@ -33,12 +34,25 @@ class RunningBroker:
         return f"amqp://guest:guest@{self.host}:{self.port}/"
 
 
+DURABLE_BACKEND_ENV = "TQBROKER_TEST_DURABLE_BACKEND"
+
+
+def durable_backend_for_tests() -> str:
+    """The durable backend test brokers use: ``$TQBROKER_TEST_DURABLE_BACKEND`` or ``log``
+    (so one test suite runs against every backend: ``nox -s "backends(backend='rocksdb')"``)."""
+    return os.environ.get(DURABLE_BACKEND_ENV) or BrokerConfig().durable_backend
+
+
 def _isolated(config: BrokerConfig | None, data_dir: str) -> BrokerConfig:
     """Port 0 by default, and a private data directory unless ``config`` names one: a test
-    broker never reads or writes ``./tqbroker-data``."""
+    broker never reads or writes ``./tqbroker-data``. The durable backend follows
+    ``durable_backend_for_tests()`` unless ``config`` chose one."""
+    defaults = BrokerConfig()
     config = config or BrokerConfig(port=0)
-    if config.data_dir == BrokerConfig().data_dir:
+    if config.data_dir == defaults.data_dir:
         config = attrs.evolve(config, data_dir=Path(data_dir))
+    if config.durable_backend == defaults.durable_backend:
+        config = attrs.evolve(config, durable_backend=durable_backend_for_tests())
     return config
 
 
@@ -96,4 +110,4 @@ def _run_in_thread(config: BrokerConfig) -> Iterator[RunningBroker]:
         thread.join(timeout=30)
 
 
-__all__ = ["RunningBroker", "running_broker", "start_broker"]
+__all__ = ["RunningBroker", "durable_backend_for_tests", "running_broker", "start_broker"]

@@ -19,7 +19,8 @@ from . import RunningBroker, running_broker, start_broker
 @pytest.fixture
 async def tqbroker_broker(tmp_path: Path) -> AsyncIterator[RunningBroker]:
     async with trio.open_nursery() as nursery:
-        yield await start_broker(nursery, BrokerConfig(port=0, data_dir=tmp_path / "data"))
+        config = BrokerConfig(port=0, data_dir=tmp_path / "data")
+        yield await start_broker(nursery, config)
         nursery.cancel_scope.cancel()
 
 

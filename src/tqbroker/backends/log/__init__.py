@@ -110,22 +110,20 @@ class LogBackend:
 
     def begin_flush(self) -> Callable[[], None] | None:
         works: list[Callable[[], None]] = []
-        try:
-            for store in self._stores.values():
+        write_error: OSError | None = None
+        for store in self._stores.values():
+            try:
                 work = store.begin_flush()
-                if work is not None:
-                    works.append(work)
-        except OSError as exc:
+            except OSError as exc:  # this store could not write; the others still flush
+                write_error = write_error or exc
+                continue
+            if work is not None:
+                works.append(work)
+        if write_error is not None:
             self._healthy = False
-            log.error("log backend: write failed: %s", exc)
-            error = exc
-
-            def fail() -> None:
-                raise error
-
-            return fail
+            log.error("log backend: write failed: %s", write_error)
         trash, self._trash = self._trash, []
-        if not works and not trash:
+        if not works and not trash and write_error is None:
             return None
 
         def flush() -> None:
@@ -134,15 +132,21 @@ class LogBackend:
                     work()
             except OSError as exc:
                 self._healthy = False
+                self._trash.extend(trash)
                 log.error("log backend: flush failed: %s", exc)
                 raise
             for path in trash:
                 shutil.rmtree(path, ignore_errors=True)
+            if write_error is not None:
+                raise write_error
             self._healthy = True
 
         return flush
 
     def close(self) -> None:
         for store in self._stores.values():
-            store.close()
+            try:
+                store.close()
+            except OSError as exc:  # that queue recovers uncleanly next time; close the rest
+                log.error("log backend: closing %s failed: %s", store.directory, exc)
         self._stores.clear()

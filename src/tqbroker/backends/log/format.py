@@ -76,7 +76,7 @@ class Record:
         return bool(self.flags & FLAG_PERSISTENT)
 
 
-def decode_record(buf: bytes | memoryview, pos: int) -> Record | None:
+def decode_record(buf: bytes | bytearray | memoryview, pos: int) -> Record | None:
     """The record starting at ``pos``; ``None`` if ``buf`` ends before it does."""
     if len(buf) - pos < HEAD_SIZE:
         return None

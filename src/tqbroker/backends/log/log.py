@@ -12,6 +12,7 @@ Responsibilities:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -71,7 +72,7 @@ class Log:
             segment = Segment(self.directory, base, self.index_interval_bytes)
             next_base = bases[i + 1] if i + 1 < len(bases) else None
             if clean or (next_base is not None and next_base <= recovery_point):
-                segment.load()
+                segment.load(next_base)
             elif not segment.scan():
                 self._add(segment)
                 self._drop_after(i, bases)
@@ -104,8 +105,7 @@ class Log:
         self._bases.append(segment.base_offset)
 
     def _roll(self, base_offset: int) -> None:
-        if self.segments:
-            self.segments[-1].write_out()
+        # The old segment's buffered records are written out by the next ``write_out``.
         self._add(Segment(self.directory, base_offset, self.index_interval_bytes))
         self._segment_created_ms = _now_ms()
 
@@ -134,7 +134,10 @@ class Log:
             active = self.segments[-1]
         active.append(offset, timestamp_ms, record)
         if active.pending >= 256 * 1024:
-            active.write_out()
+            # On failure the record stays buffered: the next flush retries the write and
+            # reports the error (the broker nacks); raising here would fail the publish path.
+            with contextlib.suppress(OSError):
+                active.write_out()
         return offset
 
     def read(self, offset: int) -> Record | None:
@@ -162,8 +165,11 @@ class Log:
     # -- durability --------------------------------------------------------------------------
 
     def write_out(self) -> None:
-        """Push buffered bytes of the active segment to the page cache (may raise OSError)."""
-        self.segments[-1].write_out()
+        """Push buffered bytes to the page cache (may raise OSError): the active segment's and
+        those of segments rolled since the last call."""
+        for segment in self.segments:
+            if segment.pending:
+                segment.write_out()
 
     def sync_work(self) -> Callable[[], None] | None:
         """Write out what is buffered and return the fsync work for every segment written

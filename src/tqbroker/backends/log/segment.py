@@ -5,9 +5,11 @@ Responsibilities:
 - buffered appends (``append`` adds to a buffer, ``write_out`` writes it with one ``pwrite``);
 - the sparse offset index (one entry per ``index_interval_bytes`` of records) and the monotonic
   time index, kept in memory as arrays and appended to their files;
-- reads by offset: index lookup, then a forward scan;
+- reads by offset: index lookup, then a forward scan (records not yet written out are read from
+  the buffer); a damaged record (a flipped bit) is stepped over, so only that one is lost;
 - recovery: ``scan`` validates every record, truncates the torn tail at the first bad length or
-  CRC and rebuilds both indexes.
+  CRC and rebuilds both indexes; ``load`` trusts the files of a clean shutdown but checks every
+  index entry against the record header it points at.
 
 The segment never fsyncs by itself; ``sync`` (run by the flusher's worker thread) does. File
 descriptors stay open for the segment's life so that reads never race a close.
@@ -16,9 +18,12 @@ descriptors stay open for the segment's life so that reads never race a close.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
+import struct
 from array import array
 from bisect import bisect_right
+from collections.abc import Iterator
 from pathlib import Path
 
 from .format import (
@@ -34,6 +39,9 @@ from .format import (
 log = logging.getLogger("tqbroker.backends.log")
 
 READ_AHEAD = 64 * 1024
+RECORD_START = struct.Struct(">IIQQ")  # length, crc, offset, timestamp_ms
+# Past a damaged record, how many offsets ahead the search for the next intact one looks.
+RESYNC_RECORDS = 16
 
 
 def segment_name(base_offset: int, suffix: str) -> str:
@@ -133,28 +141,99 @@ class Segment:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _position_for(self, offset: int) -> int:
-        """File position of the last index entry at or before ``offset``."""
-        i = bisect_right(self._index_offsets, offset - self.base_offset) - 1
-        return self._index_positions[i] if i >= 0 else 0
+    def _entry(self, i: int) -> tuple[int, int]:
+        """File position and offset of index entry ``i`` (-1: the start of the segment)."""
+        if i < 0:
+            return 0, self.base_offset
+        return self._index_positions[i], self.base_offset + self._index_offsets[i]
 
     def read(self, offset: int) -> Record | None:
-        """The record with ``offset``, or None if the segment does not hold it."""
+        """The record with ``offset``, or None if the segment does not hold it. Raises
+        ``RecordError`` if that record is damaged; damaged records before it are stepped over."""
         if not self.base_offset <= offset < self.next_offset:
             return None
-        if self._buffer:
-            self.write_out()
-        pos = self._position_for(offset)
-        while pos < self.written:
-            record = self._read_at(pos)
-            if record.offset == offset:
-                return record
-            if record.offset > offset:
-                return None
-            pos += record.size
+        i = bisect_right(self._index_offsets, offset - self.base_offset) - 1
+        damage: RecordError | None = None
+        for item in self._walk(*self._entry(i)):
+            if isinstance(item, RecordError):
+                damage = item
+            elif item.offset < offset:
+                damage = None
+            elif item.offset == offset:
+                return item
+            else:
+                break
+        if damage is not None:
+            raise damage
         return None
 
+    def _walk(self, pos: int, expected: int) -> Iterator[Record | RecordError]:
+        """The records from byte ``pos`` (where offset ``expected`` starts) to the end, the
+        append buffer included. A damaged record yields a ``RecordError`` instead, and the walk
+        goes on at the next intact record (see ``_resync``)."""
+        while pos < self.size:
+            try:
+                record = self._read_at(pos)
+                if record.offset != expected:
+                    raise RecordError(f"offset {record.offset} where {expected} belongs")
+            except RecordError as exc:
+                yield RecordError(f"byte {pos}: {exc}")
+                resume = self._resync(pos, expected)
+                if resume is None:
+                    return
+                pos, expected = resume
+                continue
+            yield record
+            pos += record.size
+            expected += 1
+
+    def _resync(self, pos: int, expected: int) -> tuple[int, int] | None:
+        """After a damaged record at byte ``pos`` (where offset ``expected`` belongs): the
+        position and offset of the next intact record. That is where the damaged record's
+        length says, unless the length field is what was damaged: then the next records are
+        searched for by their offset field (a match counts only with a valid CRC) up to the
+        next index entry, a known record start; None if the file ends first."""
+        if pos >= self.written:
+            return None  # the append buffer is never damaged
+        j = bisect_right(self._index_positions, pos)
+        limit, limit_offset = (
+            self._entry(j) if j < len(self._index_positions) else (self.written, None)
+        )
+        end = min(limit, self.written)
+        head = os.pread(self._fd, 4, pos)
+        if len(head) == 4:
+            candidate = pos + 4 + int.from_bytes(head, "big")
+            if candidate < end and self._intact_at(candidate, expected + 1):
+                return candidate, expected + 1
+        last = expected + 1 + RESYNC_RECORDS
+        if limit_offset is not None:
+            last = min(last, limit_offset)
+        with mmap.mmap(self._fd, end, access=mmap.ACCESS_READ) as view:
+            for offset in range(expected + 1, last):
+                needle = offset.to_bytes(8, "big")
+                at = view.find(needle, pos + 1 + HEAD_SIZE, end)
+                while at >= 0:
+                    if self._intact_at(at - HEAD_SIZE, offset):
+                        return at - HEAD_SIZE, offset
+                    at = view.find(needle, at + 1, end)
+        if limit_offset is not None:
+            return limit, limit_offset
+        return None
+
+    def _intact_at(self, pos: int, offset: int) -> bool:
+        try:
+            return self._read_at(pos).offset == offset
+        except RecordError:
+            return False
+
     def _read_at(self, pos: int) -> Record:
+        if pos >= self.written:
+            # Not written out yet (perhaps because writing fails: a full disk): read it from
+            # the append buffer rather than write it out, which could raise OSError.
+            record = decode_record(self._buffer, pos - self.written)
+            if record is None:
+                raise RecordError(f"record at {self.log_path}:{pos} is cut short")
+            return record
         buf_start = self._read_pos
         if buf_start <= pos and pos + HEAD_SIZE <= buf_start + len(self._read_buf):
             (length, _crc) = RECORD_HEAD.unpack_from(self._read_buf, pos - buf_start)
@@ -175,26 +254,26 @@ class Segment:
         return record
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
-        """The first offset whose record has a timestamp >= ``timestamp_ms`` (None: none here)."""
+        """The first offset whose record has a timestamp >= ``timestamp_ms`` (None: none here).
+        Damaged records are stepped over."""
         if self.max_timestamp < timestamp_ms:
             return None
         i = bisect_right(self._time_stamps, timestamp_ms - 1) - 1
-        pos = self._position_for(self.base_offset + self._time_offsets[i]) if i >= 0 else 0
-        while pos < self.written:
-            record = self._read_at(pos)
-            if record.timestamp_ms >= timestamp_ms:
-                return record.offset
-            pos += record.size
+        j = bisect_right(self._index_offsets, self._time_offsets[i]) - 1 if i >= 0 else -1
+        for item in self._walk(*self._entry(j)):
+            if isinstance(item, Record) and item.timestamp_ms >= timestamp_ms:
+                return item.offset
         return None
 
     # -- recovery ----------------------------------------------------------------------------
 
-    def load(self) -> None:
+    def load(self, end_offset: int | None = None) -> None:
         """Trust the files (clean shutdown): size from the file, indexes from their files;
-        rebuild the indexes if they look wrong."""
+        rebuild the indexes if they look wrong. ``end_offset``: the segment is sealed and
+        holds the offsets below it (the next segment's base)."""
         self.size = self.written = os.fstat(self._fd).st_size
-        if not self._load_indexes() or not self._tail_consistent():
-            self.scan(truncate=False)
+        if not self._load_indexes() or not self._indexes_agree() or not self._tail_consistent():
+            self.scan(truncate=False, end_offset=end_offset)
 
     def _load_indexes(self) -> bool:
         raw = os.pread(self._index_fd, os.fstat(self._index_fd).st_size, 0)
@@ -216,6 +295,27 @@ class Segment:
         self._index_offsets, self._index_positions = offsets, positions
         self._time_stamps, self._time_offsets = stamps, time_offsets
         self._index_written, self._time_written = len(raw), len(times)
+        return True
+
+    def _indexes_agree(self) -> bool:
+        """Every offset-index entry points at the header of the record it names; every
+        time-index entry goes with an offset-index entry (they are written together, the first
+        record always getting both) and holds that record's timestamp."""
+        if not self._index_offsets or not self._time_stamps:
+            return not self._index_offsets and not self._time_stamps
+        base = self.base_offset
+        positions = dict(zip(self._index_offsets, self._index_positions, strict=True))
+        with mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ) as view:
+            for relative, position in positions.items():
+                if position + RECORD_START.size > self.size:
+                    return False
+                _length, _crc, offset, _stamp = RECORD_START.unpack_from(view, position)
+                if offset != base + relative:
+                    return False
+            for stamp, relative in zip(self._time_stamps, self._time_offsets, strict=True):
+                at = positions.get(relative)
+                if at is None or RECORD_START.unpack_from(view, at)[3] != stamp:
+                    return False
         return True
 
     def _tail_consistent(self) -> bool:
@@ -243,9 +343,11 @@ class Segment:
             self.max_timestamp = max(self.max_timestamp, self._time_stamps[-1])
         return pos == self.size
 
-    def scan(self, *, truncate: bool = True) -> bool:
-        """Validate every record from the start, rebuild both indexes and (``truncate``) cut
-        the file at the first invalid record. Returns False if anything was cut."""
+    def scan(self, *, truncate: bool = True, end_offset: int | None = None) -> bool:
+        """Validate every record from the start and rebuild both indexes. At the first invalid
+        record, ``truncate`` cuts the file there (a torn tail); otherwise (rebuilding the
+        indexes of a trusted file) the scan steps over it and goes on. Returns False if any
+        record was invalid. ``end_offset`` as for ``load``."""
         file_size = os.fstat(self._fd).st_size
         self.size = self.written = file_size
         self._reset_indexes()
@@ -254,20 +356,23 @@ class Segment:
         while pos < file_size:
             try:
                 record = self._read_at(pos)
+                if record.offset != expected:
+                    raise RecordError(f"offset {record.offset}, expected {expected}")
             except RecordError as exc:
                 log.warning("%s: invalid record at byte %d (%s)", self.log_path, pos, exc)
                 intact = False
-                break
-            if record.offset != expected:
+                resume = None if truncate else self._resync(pos, expected)
+                if resume is None:
+                    break
                 log.warning(
-                    "%s: record at byte %d has offset %d, expected %d",
+                    "%s: stepping over it: offset %d follows at byte %d",
                     self.log_path,
-                    pos,
-                    record.offset,
-                    expected,
+                    resume[1],
+                    resume[0],
                 )
-                intact = False
-                break
+                pos, expected = resume
+                self._since_index = self.index_interval_bytes  # index the record after it
+                continue
             if self._since_index >= self.index_interval_bytes or not self._index_offsets:
                 self._add_index_entry(expected - self.base_offset, pos, record.timestamp_ms)
             self._since_index += record.size
@@ -278,6 +383,9 @@ class Segment:
         if not intact and truncate:
             log.warning("%s: truncating the torn tail at byte %d", self.log_path, pos)
             os.ftruncate(self._fd, pos)
+        elif pos < file_size and end_offset is not None:
+            # A sealed segment ends with damaged records: keep them (reads report them).
+            pos, self.next_offset = file_size, max(expected, end_offset)
         self.size = self.written = pos
         self._read_pos, self._read_buf = -1, b""
         # Rewrite both index files from what the scan found.

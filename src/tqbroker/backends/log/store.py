@@ -251,9 +251,16 @@ class LogQueueStore:
         fsync = self._fsync
 
         def work() -> None:
-            if sync is not None and fsync:
-                sync()
-            self._write_state(state, fsync=fsync)
+            try:
+                if sync is not None and fsync:
+                    sync()
+                self._write_state(state, fsync=fsync)
+            except OSError:
+                # Nothing of this flush is durable: the next one must write the checkpoint
+                # (and delete the segments) again, so the backend keeps asking for a flush.
+                self._state_dirty = True
+                self._obsolete[:0] = obsolete
+                raise
             for segment in obsolete:
                 segment.delete()
             # Publish the reservation only once it is on disk.

@@ -1,0 +1,427 @@
+"""A full disk under a running broker: a real 8 MiB tmpfs as the data directory, mostly taken by a
+filler file, and persistent 32-64 KiB messages published with confirms until the broker refuses.
+
+What the broker does (``broker/flusher.py``, ``server/channel.py``): a failed write or fsync fails
+the flush, and every publish waiting on it is nacked; the backend is then unhealthy and the queues
+on it refuse publishes (nacked at once) until a flush succeeds again. So the client sees nacks, not
+a dropped connection; it never sees an ack for a message that is not on disk. The broker keeps
+serving (other queues, other connections, reads of the full queue) and, once space is freed and it
+is restarted (SIGTERM or SIGKILL), every acked message comes back.
+
+Needs root (``mount -t tmpfs``); skipped otherwise."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+
+from rawamqp import RawAMQP, SocketClosed
+from tqbroker.backends.log import LogBackend
+from tqbroker.model import Message
+from tqbroker.protocol.methods import (
+    BasicAck,
+    BasicNack,
+    BasicProperties,
+    ConfirmSelect,
+    ConfirmSelectOk,
+    QueueDeclare,
+    QueueDeclareOk,
+)
+from tqbroker.testing import durable_backend_for_tests
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.geteuid() != 0,
+    reason="mounts a tmpfs: needs root on Linux",
+)
+
+STARTUP = re.compile(r"listening on amqp://127\.0\.0\.1:(\d+)")
+QUEUE = "full-disk"
+HEADROOM = 1536 * 1024  # left free on the tmpfs once the filler is written
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+CONNECTION_ERRORS = (pika.exceptions.AMQPConnectionError, pika.exceptions.StreamLostError)
+
+
+class Broker:
+    """``python -m tqbroker`` on a data dir; its log goes to ``log_path`` (not on the tmpfs)."""
+
+    def __init__(self, data_dir: Path, log_path: Path) -> None:
+        with open(log_path, "a") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tqbroker",
+                    "--port",
+                    "0",
+                    "--data-dir",
+                    str(data_dir),
+                    "--durable-backend",
+                    durable_backend_for_tests(),
+                    "--log-level",
+                    "WARNING",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        match = STARTUP.search(line)
+        assert match, f"broker did not start: {line!r}\n{log_path.read_text()}"
+        self.port = int(match.group(1))
+        self.params = pika.ConnectionParameters(
+            "127.0.0.1", self.port, blocked_connection_timeout=10
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig: signal.Signals) -> int:
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=20)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        return code
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", str(mount)], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def brokers(tmpfs: Path, tmp_path: Path) -> Iterator[list[Broker]]:
+    """Started brokers, killed at the end (before the tmpfs is unmounted)."""
+    started: list[Broker] = []
+    yield started
+    for broker in started:
+        if broker.alive():
+            broker.proc.kill()
+            broker.proc.wait(timeout=10)
+        if broker.proc.stdout is not None:
+            broker.proc.stdout.close()
+
+
+def start(brokers: list[Broker], tmpfs: Path, tmp_path: Path) -> Broker:
+    broker = Broker(tmpfs / "data", tmp_path / "broker.log")
+    brokers.append(broker)
+    return broker
+
+
+def fill(tmpfs: Path) -> Path:
+    """Take all but ``HEADROOM`` of the tmpfs."""
+    stat = os.statvfs(tmpfs)
+    free = stat.f_bavail * stat.f_frsize
+    assert free > HEADROOM + 1024 * 1024, free
+    filler = tmpfs / "filler"
+    with open(filler, "wb") as f:
+        f.write(b"\xa5" * (free - HEADROOM))
+    return filler
+
+
+def message(i: int, rng: random.Random) -> bytes:
+    return f"{i:06d}|".encode() + rng.randbytes(rng.randint(32 * 1024, 64 * 1024))
+
+
+def number(body: bytes) -> int:
+    return int(body[:6])
+
+
+@dataclass
+class Published:
+    bodies: dict[int, bytes] = field(default_factory=dict)
+    acked: list[int] = field(default_factory=list)
+    nacked: list[int] = field(default_factory=list)
+    connection_error: BaseException | None = None
+
+
+def publish_until_refused(broker: Broker, rng: random.Random, refusals: int = 3) -> Published:
+    """Publish one confirmed message at a time until ``refusals`` nacks (or a connection error,
+    which the broker should never cause)."""
+    out = Published()
+    connection = pika.BlockingConnection(broker.params)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    try:
+        for i in range(1000):
+            body = out.bodies[i] = message(i, rng)
+            try:
+                channel.basic_publish("", QUEUE, body, PERSISTENT, mandatory=True)
+            except pika.exceptions.NackError:
+                out.nacked.append(i)
+                if len(out.nacked) >= refusals:
+                    break
+            else:
+                out.acked.append(i)
+    except CONNECTION_ERRORS as exc:
+        out.connection_error = exc
+    finally:
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            connection.close()
+    return out
+
+
+def drain(broker: Broker) -> list[bytes]:
+    connection = pika.BlockingConnection(broker.params)
+    channel = connection.channel()
+    bodies = []
+    while True:
+        method, _props, body = channel.basic_get(QUEUE, auto_ack=True)
+        if method is None:
+            break
+        bodies.append(body)
+    connection.close()
+    return bodies
+
+
+def declare(broker: Broker) -> None:
+    connection = pika.BlockingConnection(broker.params)
+    connection.channel().queue_declare(QUEUE, durable=True)
+    connection.close()
+
+
+def assert_still_serving(broker: Broker, expect_at_least: int) -> None:
+    """While the disk is full: the process is alive, a new connection works, a transient
+    queue does a round trip, and the full durable queue can still be read (a message taken
+    and given back)."""
+    assert broker.alive()
+    connection = pika.BlockingConnection(broker.params)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    scratch = channel.queue_declare("", exclusive=True).method.queue
+    channel.basic_publish("", scratch, b"in memory", pika.BasicProperties(delivery_mode=1))
+    method, _props, body = channel.basic_get(scratch, auto_ack=True)
+    assert method is not None
+    assert body == b"in memory"
+    # The durable queue still refuses: nacked, the channel stays open.
+    with pytest.raises(pika.exceptions.NackError):
+        channel.basic_publish("", QUEUE, b"refused", PERSISTENT)
+    count = channel.queue_declare(QUEUE, passive=True).method.message_count
+    assert count >= expect_at_least
+    method, _props, body = channel.basic_get(QUEUE)
+    assert method is not None
+    assert number(body) == 0
+    channel.basic_reject(method.delivery_tag, requeue=True)
+    # A consumer on it gets its messages too (given back unacked when the channel closes).
+    seen: list[int] = []
+    consumer = connection.channel()
+    consumer.basic_qos(prefetch_count=5)
+    consumer.basic_consume(QUEUE, lambda _ch, _m, _p, b: seen.append(number(b)))
+    deadline = time.monotonic() + 10
+    while len(seen) < 5 and time.monotonic() < deadline:
+        connection.process_data_events(time_limit=0.2)
+    assert seen == list(range(5))
+    connection.close()
+    assert broker.alive()
+
+
+def wait_until_accepted(broker: Broker, timeout: float = 8.0) -> float:
+    """Once space is freed the broker takes persistent publishes again, without a restart (its
+    flusher retries once a second). Returns how long it took; the probe queue is deleted."""
+    connection = pika.BlockingConnection(broker.params)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    scratch = channel.queue_declare("disk-back", durable=True).method.queue
+    began = time.monotonic()
+    while True:
+        try:
+            channel.basic_publish("", scratch, b"space again", PERSISTENT)
+            break
+        except pika.exceptions.NackError:
+            assert time.monotonic() - began < timeout, "still refusing with free space"
+            time.sleep(0.2)
+    took = time.monotonic() - began
+    channel.queue_delete(scratch)
+    connection.close()
+    return took
+
+
+def check_recovered(published: Published, bodies: list[bytes]) -> None:
+    numbers = [number(b) for b in bodies]
+    assert numbers == sorted(set(numbers)), "out of order or duplicated"
+    for n, body in zip(numbers, bodies, strict=True):
+        assert body == published.bodies[n], n
+    missing = set(published.acked) - set(numbers)
+    assert not missing, f"acked and lost: {sorted(missing)}"
+    # Anything else is a nacked one (a nack does not promise the message is gone).
+    assert set(numbers) - set(published.acked) <= set(published.nacked)
+
+
+@pytest.mark.parametrize("restart", ["sigterm", "sigkill", "sigterm-while-full"])
+def test_full_disk_nacks_and_loses_no_acked_message(
+    tmpfs: Path, tmp_path: Path, brokers: list[Broker], restart: str
+) -> None:
+    rng = random.Random(restart)
+    broker = start(brokers, tmpfs, tmp_path)
+    declare(broker)
+    filler = fill(tmpfs)
+
+    published = publish_until_refused(broker, rng)
+    # Refused with nacks on a channel that stays open, never with a dropped connection.
+    assert published.connection_error is None, published.connection_error
+    assert len(published.nacked) == 3
+    # Publishes are confirmed one at a time: acks up to the first failed write, then nacks.
+    assert published.acked == list(range(len(published.acked)))
+    assert published.nacked == list(range(len(published.acked), len(published.acked) + 3))
+    assert len(published.acked) >= 10  # it did fill the headroom
+    assert_still_serving(broker, len(published.acked))
+
+    if restart == "sigterm-while-full":
+        broker.stop(signal.SIGTERM)  # the final flush fails: an unclean stop
+        filler.unlink()
+    elif restart == "sigkill":
+        filler.unlink()
+        broker.stop(signal.SIGKILL)
+    else:
+        filler.unlink()
+        wait_until_accepted(broker)
+        assert broker.stop(signal.SIGTERM) == 0
+    broker = start(brokers, tmpfs, tmp_path)
+    check_recovered(published, drain(broker))
+
+    # And with space again, persistent publishes are confirmed.
+    connection = pika.BlockingConnection(broker.params)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.basic_publish("", QUEUE, b"000000|after", PERSISTENT)
+    connection.close()
+    assert [number(b) for b in drain(broker)] == [0]
+    broker.stop(signal.SIGTERM)
+
+
+# -- many publishes in flight ----------------------------------------------------------------------
+
+
+def burst(broker: Broker, rng: random.Random, count: int) -> tuple[Published, bool]:
+    """Publish ``count`` messages back to back on a confirm channel (raw AMQP: pika's
+    blocking channel waits for each confirm) and collect every ack / nack. Returns what was
+    published and whether the broker closed the socket."""
+    out = Published()
+    with RawAMQP("127.0.0.1", broker.port, timeout=10) as amqp:
+        amqp.handshake()
+        amqp.open_channel(1)
+        amqp.call(1, ConfirmSelect(False), ConfirmSelectOk)
+        amqp.call(1, QueueDeclare(queue=QUEUE, durable=True), QueueDeclareOk)
+        for i in range(count):
+            out.bodies[i] = message(i, rng)
+            amqp.publish(1, "", QUEUE, out.bodies[i], properties=BasicProperties(delivery_mode=2))
+        # Delivery tag t is message t - 1; the broker settles publishes in order.
+        settled = 0
+        try:
+            while settled < count:
+                method = amqp.next_frame(timeout=10).method
+                if isinstance(method, BasicAck | BasicNack):
+                    tag = method.delivery_tag
+                    target = out.acked if isinstance(method, BasicAck) else out.nacked
+                    target.extend(range(settled if method.multiple else tag - 1, tag))
+                    settled = max(settled, tag)
+        except SocketClosed as exc:
+            out.connection_error = exc
+            return out, True
+    return out, False
+
+
+@pytest.mark.parametrize("restart", ["sigterm", "sigkill"])
+def test_full_disk_with_many_publishes_in_flight(
+    tmpfs: Path, tmp_path: Path, brokers: list[Broker], restart: str
+) -> None:
+    rng = random.Random(f"burst-{restart}")
+    broker = start(brokers, tmpfs, tmp_path)
+    declare(broker)
+    filler = fill(tmpfs)
+
+    published, closed = burst(broker, rng, 80)  # about 3.8 MB into 1.5 MiB of space
+    assert not closed, published.connection_error
+    assert published.nacked, "the disk never filled up"
+    assert sorted(published.acked + published.nacked) == list(range(80))
+    assert published.acked == list(range(len(published.acked)))  # no ack after a nack
+    assert_still_serving(broker, len(published.acked))
+
+    filler.unlink()
+    if restart == "sigterm":
+        wait_until_accepted(broker)
+        assert broker.stop(signal.SIGTERM) == 0
+    else:
+        broker.stop(signal.SIGKILL)
+    broker = start(brokers, tmpfs, tmp_path)
+    check_recovered(published, drain(broker))
+    broker.stop(signal.SIGTERM)
+
+
+# -- in process: a checkpoint that cannot be written ---------------------------------------------
+
+
+def fill_completely(tmpfs: Path) -> Path:
+    filler = tmpfs / "filler"
+    chunk = b"\xa5" * 65536
+    with open(filler, "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(chunk)
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\xa5")
+    return filler
+
+
+def test_failed_checkpoint_write_is_retried_once_space_is_back(tmpfs: Path) -> None:
+    """The records reach the file, then the checkpoint (``state.cbor``) cannot be written: the
+    flush fails, and the backend must still want a flush so that the flusher's retry makes it
+    healthy again once there is space (otherwise it refuses publishes until a restart)."""
+    backend = LogBackend()
+    backend.open(tmpfs / "data")
+    store = backend.open_queue("/", "q")
+    properties = BasicProperties(delivery_mode=2).encode()
+    store.push(Message("", "q", properties, b"first"), persistent=True)
+    work = backend.begin_flush()
+    assert work is not None
+    work()
+    store.push(Message("", "q", properties, b"second"), persistent=True)
+    store.log.write_out()  # the record is in the file; only the checkpoint is left to write
+    filler = fill_completely(tmpfs)
+
+    work = backend.begin_flush()
+    assert work is not None
+    with pytest.raises(OSError, match="No space left"):
+        work()
+    assert not backend.healthy
+
+    filler.unlink()
+    assert backend.needs_flush, "nothing left to retry: the backend stays unhealthy"
+    work = backend.begin_flush()
+    assert work is not None
+    work()
+    assert backend.healthy
+    backend.close()
+    backend = LogBackend()
+    backend.open(tmpfs / "data")
+    store = backend.open_queue("/", "q")
+    entries = [store.pop(), store.pop()]
+    assert [e[1].body if e else None for e in entries] == [b"first", b"second"]
+    backend.close()
