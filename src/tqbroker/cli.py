@@ -20,6 +20,7 @@ import attrs
 import trio
 
 from . import __version__
+from .backends.log import parse_fsync_policy
 from .config import BrokerConfig, ConfigError, load_config
 from .server.listener import serve
 
@@ -36,8 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--fsync",
-        choices=["batch", "never"],
-        help="log backend: fsync before confirming (batch, default) or never",
+        help="log backend: batch (default: fsync before confirming), interval:<ms>, or never",
     )
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -84,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tqbroker: {exc}", file=sys.stderr)
         return 2
     if args.fsync is not None:
+        try:
+            parse_fsync_policy(args.fsync)
+        except ValueError as exc:
+            print(f"tqbroker: --fsync: {exc}", file=sys.stderr)
+            return 2
         options = {name: dict(values) for name, values in config.backend_options.items()}
         options.setdefault("log", {})["fsync"] = args.fsync
         config = attrs.evolve(config, backend_options=options)

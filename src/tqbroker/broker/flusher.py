@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tqbroker.flusher")
 
 RETRY_SECONDS = 1.0
+POLL_SECONDS = 0.2
 
 
 class FlushListener(Protocol):
@@ -78,7 +79,11 @@ class Flusher:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
-            await self._wakeup.wait()
+            # Also look now and then: a policy such as fsync "interval" has deferred work.
+            with trio.move_on_after(POLL_SECONDS):
+                await self._wakeup.wait()
+            if not self._wakeup.is_set() and not self.backend.needs_flush:
+                continue
             self._wakeup = trio.Event()
             covering = self.requested
             work = self.backend.begin_flush()

@@ -201,6 +201,31 @@ class Log:
             self._bases.pop(0)
         return removed
 
+    def segments_past_retention(
+        self,
+        *,
+        max_bytes: int | None = None,
+        max_age_ms: int | None = None,
+        now_ms: int | None = None,
+    ) -> list[Segment]:
+        """Detach the oldest segments that retention removes, Kafka's way, per whole segment:
+        while dropping the oldest still leaves at least ``max_bytes``, or while the oldest's
+        newest record is older than ``max_age_ms``. The active segment always stays. The
+        caller deletes them (``Segment.delete``)."""
+        now_ms = _now_ms() if now_ms is None else now_ms
+        total = sum(s.size for s in self.segments)
+        removed: list[Segment] = []
+        while len(self.segments) > 1:
+            oldest = self.segments[0]
+            too_big = max_bytes is not None and total - oldest.size >= max_bytes
+            too_old = max_age_ms is not None and oldest.max_timestamp < now_ms - max_age_ms
+            if not (too_big or too_old):
+                break
+            removed.append(self.segments.pop(0))
+            self._bases.pop(0)
+            total -= oldest.size
+        return removed
+
     def close(self, *, clean: bool) -> None:
         """Close every file; with ``clean`` (after a final sync) leave the clean marker."""
         if clean:

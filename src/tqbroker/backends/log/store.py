@@ -82,10 +82,10 @@ class RangeSet:
 
 
 class LogQueueStore:
-    def __init__(self, directory: Path, log: Log, *, fsync: bool = True) -> None:
+    def __init__(self, directory: Path, log: Log) -> None:
         self.directory = directory
         self.log = log
-        self._fsync = fsync
+        self._synced_upto = 0  # offsets below are fsync'd (the recovery point)
         self.head = 0
         self.settled = RangeSet()
         self.transient = RangeSet()  # offsets of transient messages (dropped at restart)
@@ -126,7 +126,8 @@ class LogQueueStore:
         self._recovered_end = end
         # Reserve a first delivery window now, durably, so delivery starts without a flush.
         self._reserve_target = max(self.cursor, self.delivered_reserved) + RESERVE_WINDOW
-        self._write_state(self._state(self._reserve_target), fsync=self._fsync)
+        self._synced_upto = recovery_point if not clean else end
+        self._write_state(self._state(self._reserve_target), fsync=True)
         self.delivered_reserved = self._reserve_target
         self._ready = (end - self.head) - sum(
             min(b, end) - max(a, self.head) for a, b in self.settled.as_list() if a < end
@@ -237,23 +238,29 @@ class LogQueueStore:
     def needs_flush(self) -> bool:
         return self._state_dirty or any(s.pending or s.dirty for s in self.log.segments)
 
-    def begin_flush(self) -> Callable[[], None] | None:
+    def begin_flush(self, *, fsync: bool = True) -> Callable[[], None] | None:
         """Write out buffered records (may raise OSError) and return the blocking work: fsync
-        the log, then write the checkpoint atomically, then delete fully settled segments."""
-        sync = self.log.sync_work()
+        the log (unless ``fsync`` is false: the records then stay marked for a later fsync),
+        then write the checkpoint atomically, then delete fully settled segments."""
+        if fsync:
+            sync = self.log.sync_work()
+        else:
+            self.log.write_out()
+            sync = None
         self._obsolete.extend(self.log.delete_segments_below(self.head))
         if sync is None and not self._state_dirty and not self._obsolete:
             return None
         self._state_dirty = False
         target = self._reserve_target
-        state = self._state(target)
+        synced_upto = self.log.next_offset if sync is not None else self._synced_upto
+        state = self._state(target, recovery_point=synced_upto)
         obsolete, self._obsolete = self._obsolete, []
-        fsync = self._fsync
 
         def work() -> None:
             try:
-                if sync is not None and fsync:
+                if sync is not None:
                     sync()
+                    self._synced_upto = max(self._synced_upto, synced_upto)
                 self._write_state(state, fsync=fsync)
             except OSError:
                 # Nothing of this flush is durable: the next one must write the checkpoint
@@ -268,7 +275,7 @@ class LogQueueStore:
 
         return work
 
-    def _state(self, delivered: int) -> dict[str, Any]:
+    def _state(self, delivered: int, *, recovery_point: int | None = None) -> dict[str, Any]:
         self._state_seq += 1
         self.transient.drop_below(self.head)
         return {
@@ -277,7 +284,8 @@ class LogQueueStore:
             "settled": self.settled.as_list(),
             "transient": self.transient.as_list(),
             "delivered": delivered,
-            "recovery_point": self.log.next_offset,
+            # Segments that end before this were fsync'd: not rescanned after a crash.
+            "recovery_point": self._synced_upto if recovery_point is None else recovery_point,
         }
 
     @property
@@ -311,6 +319,7 @@ class LogQueueStore:
             work()
         for segment in self.log.segments:
             segment.sync()
+        self._synced_upto = self.log.next_offset
         state = self._state(self.delivered_reserved)
         state["delivered_exact"] = max(self.cursor, self.redelivered_below)
         self._write_state(state, fsync=True)

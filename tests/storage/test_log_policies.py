@@ -1,0 +1,102 @@
+"""Log retention (per segment, by size and by age) and the fsync policies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tqbroker.backends.log import LogBackend, parse_fsync_policy
+from tqbroker.backends.log.log import Log
+from tqbroker.model import Message
+
+MESSAGE = Message("", "q", b"\x00\x00", b"x" * 1000)
+
+
+def filled_log(directory: Path, count: int, *, start_ms: int = 0, step_ms: int = 1) -> Log:
+    log = Log(directory, segment_bytes=8 * 1024, index_interval_bytes=512)
+    log.open()
+    for i in range(count):
+        log.append(MESSAGE, 1, timestamp_ms=start_ms + i * step_ms)
+    log.write_out()
+    return log
+
+
+def test_size_retention_deletes_whole_oldest_segments_and_keeps_the_active(
+    tmp_path: Path,
+) -> None:
+    log = filled_log(tmp_path, 100)
+    sizes = [s.size for s in log.segments]
+    assert len(sizes) > 5
+    removed = log.segments_past_retention(max_bytes=30 * 1024)
+    total_after = sum(s.size for s in log.segments)
+    assert removed  # something went
+    assert total_after >= 30 * 1024  # never below the limit
+    assert total_after - log.segments[0].size < 30 * 1024  # and no more than needed
+    for segment in removed:
+        segment.delete()
+        assert not segment.log_path.exists()
+    # The surviving records read back; the deleted ones are gone.
+    assert log.read(log.start_offset) is not None
+    assert log.read(log.start_offset - 1) is None
+    # Even a tiny limit keeps the active segment.
+    for segment in log.segments_past_retention(max_bytes=1):
+        segment.delete()
+    assert len(log.segments) == 1
+
+
+def test_age_retention_uses_each_segments_newest_timestamp(tmp_path: Path) -> None:
+    log = filled_log(tmp_path, 60, start_ms=1_000_000, step_ms=1000)
+    now_ms = 1_000_000 + 60 * 1000
+    removed = log.segments_past_retention(max_age_ms=30_000, now_ms=now_ms)
+    assert removed
+    assert all(s.max_timestamp < now_ms - 30_000 for s in removed)
+    assert log.segments[0].max_timestamp >= now_ms - 30_000
+    assert log.segments_past_retention(max_age_ms=30_000, now_ms=now_ms) == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "seconds"),
+    [("batch", 0.0), ("never", None), ("interval:250", 0.25)],
+)
+def test_fsync_policies_parse(policy: str, seconds: float | None) -> None:
+    assert parse_fsync_policy(policy) == seconds
+
+
+@pytest.mark.parametrize("policy", ["sometimes", "interval:", "interval:-5", "interval:abc"])
+def test_bad_fsync_policy_is_refused(policy: str) -> None:
+    with pytest.raises(ValueError, match="fsync policy"):
+        LogBackend(fsync=policy)
+
+
+@pytest.mark.parametrize("policy", ["batch", "interval:60000", "never"])
+def test_every_policy_keeps_confirmed_messages_across_a_clean_restart(
+    tmp_path: Path, policy: str
+) -> None:
+    backend = LogBackend(fsync=policy)
+    backend.open(tmp_path)
+    store = backend.open_queue("/", "q")
+    for _ in range(10):
+        store.push(MESSAGE, True)
+    work = backend.begin_flush()  # confirms may go out once this work (if any) is done
+    if work is not None:
+        work()
+    backend.close()
+    backend = LogBackend(fsync=policy)
+    backend.open(tmp_path)
+    assert backend.open_queue("/", "q").ready_count == 10
+    backend.close()
+
+
+def test_interval_policy_defers_fsync_and_keeps_asking_for_it(tmp_path: Path) -> None:
+    backend = LogBackend(fsync="interval:60000")
+    backend.open(tmp_path)
+    store = backend.open_queue("/", "q")
+    store.push(MESSAGE, True)
+    work = backend.begin_flush()  # the first flush of a run is within the interval: no fsync
+    if work is not None:
+        work()
+    # The records are written but not fsync'd: the backend still has deferred work.
+    assert backend.needs_flush
+    assert any(s.dirty for s in store.log.segments)
+    backend.close()
