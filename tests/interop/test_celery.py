@@ -189,7 +189,10 @@ def test_worker_runs_task_without_result_backend(worker: Worker, tmp_path: Path)
     target = tmp_path / "done.txt"
     worker.module.touch.delay(str(target), "written by the worker")
     deadline = time.monotonic() + 30
-    while not target.exists() and time.monotonic() < deadline:
+    # The file may exist a moment before the worker has written it: wait for the content.
+    while time.monotonic() < deadline:
+        if target.exists() and target.read_text() == "written by the worker":
+            break
         time.sleep(0.05)
     assert target.exists(), worker.output()
     assert target.read_text() == "written by the worker"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import cbor2
 
-from .log import Log
+from .log import Log, RecordCache
 from .store import LogQueueStore
 
 log = logging.getLogger("tqbroker.backends.log")
@@ -68,6 +68,7 @@ class LogBackend:
         fsync: str = "batch",
         segment_bytes: int = 64 * 1024 * 1024,
         index_interval_bytes: int = 4096,
+        cache_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.fsync = fsync
         self._fsync_every = parse_fsync_policy(fsync)
@@ -77,6 +78,8 @@ class LogBackend:
         self.root = Path()
         self._stores: dict[tuple[str, str], LogQueueStore] = {}
         self._trash: list[Path] = []
+        # Hot records of all queues, served from memory while they are in an active segment.
+        self.cache = RecordCache(cache_bytes)
         self._healthy = True
 
     def open(self, data_dir: Path) -> None:
@@ -101,6 +104,7 @@ class LogBackend:
                     directory,
                     segment_bytes=self.segment_bytes,
                     index_interval_bytes=self.index_interval_bytes,
+                    cache=self.cache,
                 ),
             )
             store.open()

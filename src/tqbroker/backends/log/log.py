@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +28,34 @@ from .segment import Segment
 log = logging.getLogger("tqbroker.backends.log")
 
 CLEAN_MARKER = "clean-shutdown"
+
+
+class RecordCache:
+    """The most recently appended records of every log of a backend, bounded by body bytes and
+    evicted oldest first, so that a consumer keeping up with publishers is served from memory
+    instead of a read, a CRC check and a decode. Only a log's active segment is served from it
+    (older records are read from disk, checked)."""
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._order: deque[tuple[dict[int, tuple[Message, int, int, int]], int, int]] = deque()
+        self._bytes = 0
+
+    def put(
+        self,
+        entries: dict[int, tuple[Message, int, int, int]],
+        offset: int,
+        value: tuple[Message, int, int, int],
+    ) -> None:
+        """Remember ``value`` (message, timestamp, flags, record size) in a log's ``entries``."""
+        size = len(value[0].body) + 64
+        entries[offset] = value
+        self._order.append((entries, offset, size))
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            old_entries, old_offset, old_size = self._order.popleft()
+            old_entries.pop(old_offset, None)
+            self._bytes -= old_size
 
 
 def fsync_dir(path: Path) -> None:
@@ -45,6 +74,7 @@ class Log:
         segment_bytes: int = 64 * 1024 * 1024,
         segment_ms: int = 7 * 24 * 3600 * 1000,
         index_interval_bytes: int = 4096,
+        cache: RecordCache | None = None,
     ) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
@@ -52,6 +82,8 @@ class Log:
         self.index_interval_bytes = index_interval_bytes
         self.segments: list[Segment] = []
         self._bases: list[int] = []
+        self.cache = cache if cache is not None else RecordCache(0)
+        self._cached: dict[int, tuple[Message, int, int, int]] = {}
         self._segment_created_ms = 0
         self.corrupt_records = 0
 
@@ -119,8 +151,11 @@ class Log:
     def next_offset(self) -> int:
         return self.segments[-1].next_offset
 
-    def append(self, message: Message, flags: int, timestamp_ms: int | None = None) -> int:
-        """Append a record (buffered); return its offset."""
+    def append(
+        self, message: Message, flags: int, timestamp_ms: int | None = None, *, hot: bool = True
+    ) -> int:
+        """Append a record (buffered); return its offset. ``hot`` records (about to be read)
+        go to the record cache too."""
         if timestamp_ms is None:
             timestamp_ms = _now_ms()
         active = self.segments[-1]
@@ -133,6 +168,8 @@ class Log:
             self._roll(offset)
             active = self.segments[-1]
         active.append(offset, timestamp_ms, record)
+        if hot and self.cache.max_bytes:
+            self.cache.put(self._cached, offset, (message, timestamp_ms, flags, len(record)))
         if active.pending >= 256 * 1024:
             # On failure the record stays buffered: the next flush retries the write and
             # reports the error (the broker nacks); raising here would fail the publish path.
@@ -147,6 +184,11 @@ class Log:
         if i < 0:
             return None
         segment = self.segments[i]
+        if i == len(self.segments) - 1:
+            cached = self._cached.get(offset)
+            if cached is not None:
+                message, timestamp_ms, flags, size = cached
+                return Record(offset, timestamp_ms, flags, message, size)
         try:
             return segment.read(offset)
         except RecordError as exc:

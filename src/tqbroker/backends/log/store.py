@@ -32,6 +32,7 @@ from .segment import Segment
 
 STATE_FILE = "state.cbor"
 RESERVE_WINDOW = 8192
+HOT_BACKLOG = 1024  # messages behind the delivery cursor that are still worth caching
 
 
 class RangeSet:
@@ -144,7 +145,10 @@ class LogQueueStore:
     # -- QueueStore --------------------------------------------------------------------------
 
     def push(self, message: Message, persistent: bool = False) -> int:
-        offset = self.log.append(message, FLAG_PERSISTENT if persistent else 0)
+        # Cache the message only while delivery keeps up with the log end: a message at the
+        # end of a long backlog will not be read soon, and caching it would only cost.
+        hot = self.log.next_offset - self.cursor < HOT_BACKLOG
+        offset = self.log.append(message, FLAG_PERSISTENT if persistent else 0, hot=hot)
         if not persistent:
             self.transient.add(offset, offset + 1)
         self._ready += 1
