@@ -40,6 +40,7 @@ class Consumer:
         "exclusive",
         "no_ack",
         "prefetch_count",
+        "priority",
         "queue",
         "tag",
         "unacked",
@@ -63,6 +64,9 @@ class Consumer:
         self.exclusive = exclusive
         self.prefetch_count = prefetch_count  # 0 = unlimited
         self.arguments = arguments
+        priority = arguments.get("x-priority", 0)
+        # RabbitMQ's consumer priority: higher first; the channel validated it is an int.
+        self.priority = priority if isinstance(priority, int) else 0
         self.unacked = 0
 
     def has_capacity(self) -> bool:

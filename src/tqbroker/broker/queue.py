@@ -61,7 +61,9 @@ class Queue:
         self.deleted = False
         self.on_unused: Callable[[Queue], None] | None = None  # set by the vhost (auto-delete)
         self._had_consumer = False
-        self._next_consumer = 0
+        self._next_consumer: dict[int, int] = {}  # round-robin position per consumer priority
+        single = arguments.get("x-single-active-consumer")
+        self.single_active_consumer = single is True
         self._wakeup = trio.Event()
         self._cancel_scope = trio.CancelScope()
 
@@ -109,15 +111,30 @@ class Queue:
             consumer.channel.deliver(consumer, message_id, message, redelivered)
 
     def _pick_consumer(self) -> Consumer | None:
+        """The consumer for the next message. With ``x-single-active-consumer`` only the
+        earliest registered consumer receives. Otherwise consumers are tried by priority
+        (``x-priority``, highest first; the list is kept in that order) and round-robin among
+        equals, skipping those without prefetch credit."""
         consumers = self.consumers
+        if self.single_active_consumer:
+            active = consumers[0]
+            return active if active.has_capacity() else None
         n = len(consumers)
-        start = self._next_consumer
-        for i in range(n):
-            index = (start + i) % n
-            consumer = consumers[index]
-            if consumer.has_capacity():
-                self._next_consumer = index + 1
-                return consumer
+        group_start = 0
+        while group_start < n:
+            priority = consumers[group_start].priority
+            group_end = group_start
+            while group_end < n and consumers[group_end].priority == priority:
+                group_end += 1
+            size = group_end - group_start
+            start = self._next_consumer.get(priority, 0)
+            for i in range(size):
+                index = group_start + (start + i) % size
+                consumer = consumers[index]
+                if consumer.has_capacity():
+                    self._next_consumer[priority] = (start + i + 1) % size
+                    return consumer
+            group_start = group_end
         return None
 
     # -- messages ----------------------------------------------------------------------------
@@ -184,7 +201,11 @@ class Queue:
         return any(c.exclusive for c in self.consumers)
 
     def add_consumer(self, consumer: Consumer) -> None:
-        self.consumers.append(consumer)
+        # Keep the list ordered by priority, highest first, registration order among equals.
+        index = len(self.consumers)
+        while index and self.consumers[index - 1].priority < consumer.priority:
+            index -= 1
+        self.consumers.insert(index, consumer)
         self._had_consumer = True
         self._wakeup.set()
 
@@ -193,7 +214,9 @@ class Queue:
             self.consumers.remove(consumer)
         except ValueError:
             return
-        if not self.consumers and self.auto_delete and self._had_consumer and self.on_unused:
+        if self.consumers:
+            self._wakeup.set()  # e.g. the next single active consumer takes over
+        elif self.auto_delete and self._had_consumer and self.on_unused:
             self.on_unused(self)
 
     def __repr__(self) -> str:

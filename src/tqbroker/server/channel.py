@@ -313,7 +313,7 @@ class Channel:
         if exchange is vhost.default_exchange and message.routing_key.startswith(REPLY_TO_PREFIX):
             routed = vhost.deliver_reply(message.routing_key, message)
         else:
-            queues = vhost.route(exchange, message.routing_key, message.properties.headers)
+            queues, message = self._route_with_cc(exchange, message)
             for queue in queues:
                 if not queue.accepting:
                     refused = True
@@ -342,6 +342,35 @@ class Channel:
             )
             self.connection.wake_writer()
         return waits, refused
+
+    def _route_with_cc(self, exchange: Exchange, message: Message) -> tuple[list[Queue], Message]:
+        """Route on the routing key and, RabbitMQ's sender-selected distribution, on every
+        key in the ``CC`` and ``BCC`` headers (arrays of strings); ``BCC`` is removed from the
+        message before it is enqueued."""
+        headers = message.properties.headers
+        vhost = self.vhost
+        if not headers or ("CC" not in headers and "BCC" not in headers):
+            return vhost.route(exchange, message.routing_key, headers), message
+        keys = [message.routing_key]
+        for name in ("CC", "BCC"):
+            extra = headers.get(name)
+            if isinstance(extra, list):
+                keys.extend(key for key in extra if isinstance(key, str))
+        if "BCC" in headers:
+            stripped = {k: v for k, v in headers.items() if k != "BCC"}
+            properties = attrs.evolve(message.properties, headers=stripped)
+            message = Message(
+                message.exchange,
+                message.routing_key,
+                properties.encode(),
+                message.body,
+                properties,
+            )
+        found: dict[int, Queue] = {}
+        for key in keys:
+            for queue in vhost.route(exchange, key, headers):
+                found[id(queue)] = queue
+        return list(found.values()), message
 
     def flush_confirms(self) -> None:
         """Confirm, with as few ``basic.ack(multiple=True)`` as possible, every publish that is
