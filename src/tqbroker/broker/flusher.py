@@ -13,6 +13,7 @@ Responsibilities:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -43,10 +44,10 @@ class Flusher:
         self.backend = backend
         self.requested = 0
         self.completed = 0
-        self.flushes = 0
         self._wakeup = trio.Event()
         self._listeners: set[FlushListener] = set()
         self._waiting_queues: set[Queue] = set()
+        self._callbacks: list[Callable[[], None]] = []
 
     def request(self) -> int:
         """A ticket for everything written so far."""
@@ -64,12 +65,10 @@ class Flusher:
         """Run a flush soon (the backend asked for one)."""
         self._wakeup.set()
 
-    def flush_now(self) -> None:
-        """Flush synchronously on the calling (Trio) thread. Blocks the event loop: only for
-        rare paths that cannot wait. Raises OSError if the flush fails."""
-        work = self.backend.begin_flush()
-        if work is not None:
-            work()
+    def call_after_flush(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the next flush has finished (successfully or not)."""
+        self._callbacks.append(callback)
+        self._wakeup.set()
 
     def wake_after_flush(self, queue: Queue) -> None:
         """A queue cannot deliver before the next flush: run one and wake it afterwards."""
@@ -91,15 +90,18 @@ class Flusher:
                 try:
                     await trio.to_thread.run_sync(work)
                 except OSError as exc:
+                    # Every outstanding ticket fails, not only those this flush covered: records
+                    # written since may share the failed pages and must never be acked.
+                    failed = self.requested
                     log.error("%s backend: flush failed: %s", self.backend.name, exc)
                     for listener in list(self._listeners):
-                        listener.flush_failed(self, covering)
-                    self.completed = covering
+                        listener.flush_failed(self, failed)
+                    self.completed = failed
+                    self._run_callbacks()
                     await trio.sleep(RETRY_SECONDS)
                     if self.backend.needs_flush:
                         self._wakeup.set()
                     continue
-                self.flushes += 1
             self.completed = covering
             for listener in list(self._listeners):
                 listener.flushed(self)
@@ -107,7 +109,9 @@ class Flusher:
                 queues, self._waiting_queues = self._waiting_queues, set()
                 for queue in queues:
                     queue.wake()
+            self._run_callbacks()
 
-    def close(self) -> None:
-        """Final flush and clean shutdown of the backend (blocking; called at broker exit)."""
-        self.backend.close()
+    def _run_callbacks(self) -> None:
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()

@@ -12,9 +12,10 @@ wake-ups cost one delivery pass.
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -28,6 +29,13 @@ if TYPE_CHECKING:
     from .exchange import BindingRef
 
 log = logging.getLogger("tqbroker.queue")
+
+
+class NeedsFlush(enum.Enum):
+    NEEDS_FLUSH = enum.auto()
+
+
+NEEDS_FLUSH: Final = NeedsFlush.NEEDS_FLUSH
 
 # What a publish must wait for before it may be confirmed: a flusher ticket, or nothing.
 Durability = tuple[Flusher, int] | None
@@ -147,7 +155,7 @@ class Queue:
     def publish(self, message: Message) -> Durability:
         """Enqueue; return what a confirm must wait for (None: confirm at once)."""
         flusher = self.flusher
-        persistent = flusher is not None and message.properties.delivery_mode == 2
+        persistent = self.durable and flusher is not None and message.properties.delivery_mode == 2
         self.store.push(message, persistent)  # OSError: the caller refuses the publish
         if self.consumers:
             self._wakeup.set()
@@ -156,23 +164,19 @@ class Queue:
             return flusher, flusher.request()
         return None
 
-    def get(self) -> tuple[int, Message, bool] | None:
+    def get(self) -> tuple[int, Message, bool] | NeedsFlush | None:
+        """The next ready message for ``basic.get``; None when the queue is empty;
+        ``NEEDS_FLUSH`` when messages are ready but the store must flush before it may hand
+        one out (rare: retry after ``flusher.call_after_flush``)."""
         try:
             entry = self.store.pop()
         except OSError as exc:
             log.error("queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc)
             return None
-        if entry is None and self.store.ready_count and self.flusher is not None:
-            # Rare: the store must flush before it may hand out more. basic.get cannot wait
-            # for the flusher, so flush here (blocking the event loop briefly) and retry.
-            try:
-                self.flusher.flush_now()
-                entry = self.store.pop()
-            except OSError as exc:
-                log.error("queue %r in vhost %r: cannot flush: %s", self.name, self.vhost, exc)
-                return None
-        if self.store.wants_flush and self.flusher is not None:
+        if self.flusher is not None and (self.store.wants_flush or entry is None):
             self.flusher.poke()
+            if entry is None and self.store.ready_count:
+                return NEEDS_FLUSH
         return entry
 
     def ack(self, message_id: int, consumer: Consumer | None) -> None:

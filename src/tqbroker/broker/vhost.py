@@ -513,7 +513,7 @@ class VirtualHost:
             exclusive_owner=exclusive_owner,
             auto_delete=auto_delete,
             arguments=arguments,
-            flusher=self.flushers.get(backend_name) if durable and backend.durable else None,
+            flusher=self.flushers.get(backend_name),
         )
         queue.backend_name = backend_name
         queue.on_unused = self._remove_queue

@@ -26,7 +26,7 @@ import attrs
 from ..broker.consumer import Consumer
 from ..broker.exchange import Exchange
 from ..broker.flusher import Flusher
-from ..broker.queue import Queue
+from ..broker.queue import NEEDS_FLUSH, Queue
 from ..broker.vhost import REPLY_TO, REPLY_TO_PREFIX, VirtualHost
 from ..model import Message
 from ..protocol import frames
@@ -116,6 +116,7 @@ class Channel:
         # Direct reply-to: the consumer tag on amq.rabbitmq.reply-to and our reply address.
         self.reply_tag: str | None = None
         self.reply_address: str | None = None
+        self.closed = False
 
     # -- dispatch ----------------------------------------------------------------------------
 
@@ -508,14 +509,24 @@ class Channel:
 
     def _get(self, method: BasicGet) -> None:
         queue = self.vhost.get_queue(self._queue_name(method.queue), self.connection)
+        self._answer_get(queue, method.no_ack)
+
+    def _answer_get(self, queue: Queue, no_ack: bool) -> None:
+        if self.closed or queue.deleted:
+            return
         entry = queue.get()
+        if entry is NEEDS_FLUSH:
+            # The store must flush before it hands out more: answer after the flush.
+            assert queue.flusher is not None
+            queue.flusher.call_after_flush(lambda: self._answer_get(queue, no_ack))
+            return
         if entry is None:
             self._send(BasicGetEmpty())
             return
         message_id, message, redelivered = entry
         tag = self._next_tag
         self._next_tag += 1
-        if method.no_ack:
+        if no_ack:
             queue.ack(message_id, None)
         else:
             self.unacked[tag] = (queue, message_id, None)
@@ -626,6 +637,7 @@ class Channel:
 
     def close(self) -> None:
         """The channel is gone: cancel its consumers and requeue what it left unacked."""
+        self.closed = True
         for consumer in self.consumers.values():
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()

@@ -16,8 +16,10 @@ Responsibilities:
   confirmed, a power loss or kernel crash may lose anything not yet written back by the OS.
   Whatever the policy, recovery after a power loss is consistent: segments not known to be
   fsync'd are rescanned and cut at the first bad record;
-- failure: a write or fsync error marks the backend unhealthy (the broker nacks publishes) until a
-  flush succeeds again; the byte grammar of every file is in ``docs/storage-format.md``.
+- failure: a write error (e.g. a full disk) marks the backend unhealthy (the broker nacks
+  publishes) until a flush succeeds again; a failed fdatasync is final until a restart (the
+  kernel may have dropped the pages, so a retried fsync proves nothing). The byte grammar of
+  every file is in ``docs/storage-format.md``.
 """
 
 from __future__ import annotations
@@ -132,6 +134,16 @@ class LogBackend:
         return self._healthy
 
     def begin_flush(self) -> Callable[[], None] | None:
+        if any(store.log.sync_failed for store in self._stores.values()):
+            self._healthy = False
+
+            def refuse() -> None:
+                raise OSError(
+                    "an fdatasync of the log failed earlier; durable writes are refused until "
+                    "the broker restarts (recovery then rescans the logs)"
+                )
+
+            return refuse
         works: list[Callable[[], None]] = []
         write_error: OSError | None = None
         now = time.monotonic()

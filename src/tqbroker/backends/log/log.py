@@ -86,6 +86,7 @@ class Log:
         self._cached: dict[int, tuple[Message, int, int, int]] = {}
         self._segment_created_ms = 0
         self.corrupt_records = 0
+        self.sync_failed = False  # an fdatasync failed: nothing written since can be trusted
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -228,8 +229,9 @@ class Log:
                 for segment in dirty:
                     segment.sync()
             except OSError:
-                for segment in dirty:
-                    segment.dirty = True
+                # After a failed fdatasync the kernel may have dropped the dirty pages: a retry
+                # could "succeed" over lost data. The log stops taking durable writes.
+                self.sync_failed = True
                 raise
 
         return sync
