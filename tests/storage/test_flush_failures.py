@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import time
 from pathlib import Path
 
 import pika
@@ -62,3 +63,32 @@ def test_basic_get_waits_for_the_flush_that_extends_the_delivery_window(
                 break
             bodies.append(body)
         assert bodies == [b"%d" % i for i in range(50)]
+
+
+def test_tx_commit_ok_waits_for_the_fsync_and_fails_the_channel_if_it_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_sync = segment_module.Segment.sync
+
+    def slow_sync(self: segment_module.Segment) -> None:
+        time.sleep(0.5)
+        real_sync(self)
+
+    monkeypatch.setattr(segment_module.Segment, "sync", slow_sync)
+    with running_broker(BrokerConfig(port=0, data_dir=tmp_path, durable_backend="log")) as b:
+        ch = pika.BlockingConnection(pika.URLParameters(b.url)).channel()
+        ch.queue_declare("tx", durable=True)
+        ch.tx_select()
+        ch.basic_publish("", "tx", b"committed", PERSISTENT)
+        started = time.monotonic()
+        ch.tx_commit()
+        assert time.monotonic() - started >= 0.4  # commit-ok came after the fsync
+
+        def failing_sync(self: segment_module.Segment) -> None:
+            raise OSError(errno.EIO, "injected I/O error")
+
+        monkeypatch.setattr(segment_module.Segment, "sync", failing_sync)
+        ch.basic_publish("", "tx", b"lost", PERSISTENT)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as failed:
+            ch.tx_commit()
+        assert failed.value.reply_code == 541

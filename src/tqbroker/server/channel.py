@@ -109,6 +109,8 @@ class Channel:
         self.confirmed = 0  # every publish up to this one has been acked or nacked
         # Publishes that wait for a flush (or failed): [seq, [(flusher, ticket)], failed]
         self._pending_confirms: deque[tuple[int, list[tuple[Flusher, int]], list[bool]]] = deque()
+        # tx.commit-ok waiting for durability: one list of (flusher, ticket) per commit
+        self._pending_commits: deque[list[tuple[Flusher, int]]] = deque()
         self.tx: list[tuple[Exchange, Message, bool]] | None = None  # publishes awaiting commit
         self.tx_acks: list[tuple[int, Unacked, bool]] = []  # (tag, entry, requeue-or-not)
         self._last_queue = ""
@@ -217,7 +219,6 @@ class Channel:
                 self._send(TxSelectOk())
             case TxCommit():
                 self._tx_commit()
-                self._send(TxCommitOk())
             case TxRollback():
                 self._tx_rollback()
                 self._send(TxRollbackOk())
@@ -399,7 +400,8 @@ class Channel:
     def flushed(self, flusher: Flusher) -> None:
         if self._pending_confirms:
             self.flush_confirms()
-        else:
+        self._flush_commits()
+        if not self._pending_confirms and not self._pending_commits:
             flusher.unlisten(self)
 
     def flush_failed(self, flusher: Flusher, upto: int) -> None:
@@ -407,20 +409,58 @@ class Channel:
             if any(f is flusher and flusher.completed < t <= upto for f, t in waits):
                 failed[0] = True
         self.flush_confirms()
+        if any(
+            f is flusher and flusher.completed < t <= upto
+            for waits in self._pending_commits
+            for f, t in waits
+        ):
+            self._fail_commit()
 
     def _tx_commit(self) -> None:
+        """Route the transaction's publishes and settle its acks; ``tx.commit-ok`` goes out
+        once every persistent message of it is durable (``_flush_commits``)."""
         if self.tx is None:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
         publishes, self.tx = self.tx, []
+        waits: list[tuple[Flusher, int]] = []
+        refused = False
         for exchange, message, mandatory in publishes:
             if self.vhost.exchanges.get(exchange.name) is exchange:
-                self._route(exchange, message, mandatory)
+                publish_waits, publish_refused = self._route(exchange, message, mandatory)
+                waits.extend(publish_waits)
+                refused = refused or publish_refused
         acks, self.tx_acks = self.tx_acks, []
         for _tag, (queue, message_id, consumer), requeue in acks:
             if requeue:
                 queue.requeue(message_id, consumer)
             else:
                 queue.ack(message_id, consumer)
+        if refused:
+            raise self._commit_error()
+        self._pending_commits.append(waits)
+        for flusher, _ticket in waits:
+            flusher.listen(self)
+        self._flush_commits()
+
+    def _flush_commits(self) -> None:
+        pending = self._pending_commits
+        while pending and all(flusher.completed >= ticket for flusher, ticket in pending[0]):
+            pending.popleft()
+            self._send(TxCommitOk())
+
+    @staticmethod
+    def _commit_error() -> AMQPError:
+        return AMQPError(
+            ReplyCode.INTERNAL_ERROR,
+            "the transaction's messages could not be stored durably",
+            class_id=90,
+            method_id=20,
+            hard=False,
+        )
+
+    def _fail_commit(self) -> None:
+        self._pending_commits.clear()
+        self.connection.fail_channel(self._commit_error().on_method(self.number, 90, 20))
 
     def _tx_rollback(self) -> None:
         if self.tx is None:
@@ -651,6 +691,7 @@ class Channel:
             for flusher, _ticket in waits:
                 flusher.unlisten(self)
         self._pending_confirms.clear()
+        self._pending_commits.clear()
         self.reply_tag = None
         if self.reply_address is not None:
             self.vhost.reply_consumers.pop(self.reply_address, None)

@@ -303,6 +303,10 @@ class AMQPConnection:
         log.debug("closing channel %s on %s: %s", err.channel, self.peer, err.reply_text)
         self.write(self.protocol.close_channel(err))
 
+    def fail_channel(self, err: AMQPError) -> None:
+        """Close a channel with a (soft) error from outside the read loop (e.g. a flusher)."""
+        self._fail(err)
+
     def confirms_pending(self, channel: Channel) -> None:
         self._confirming[channel.number] = channel
 
