@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from tqbroker.backends.log import LogBackend, parse_fsync_policy
 from tqbroker.backends.log.log import Log
+from tqbroker.backends.log.segment import Segment
 from tqbroker.model import Message
 
 MESSAGE = Message("", "q", b"\x00\x00", b"x" * 1000)
@@ -99,4 +102,56 @@ def test_interval_policy_defers_fsync_and_keeps_asking_for_it(tmp_path: Path) ->
     # The records are written but not fsync'd: the backend still has deferred work.
     assert backend.needs_flush
     assert any(s.dirty for s in store.log.segments)
+    backend.close()
+
+
+def test_deleting_a_queue_while_its_flush_is_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flush in flight neither fails nor touches the files of the queue redeclared under
+    the same name; the new queue keeps exactly its own messages across a restart."""
+    real_sync = Segment.sync
+    started = threading.Event()
+
+    def slow_sync(self: Segment) -> None:
+        started.set()
+        time.sleep(0.3)
+        real_sync(self)
+
+    backend = LogBackend()
+    backend.open(tmp_path)
+    old = backend.open_queue("/", "b")
+    for _ in range(5):
+        old.push(MESSAGE, True)
+    work = backend.begin_flush()
+    assert work is not None
+    monkeypatch.setattr(Segment, "sync", slow_sync)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(5)
+    backend.delete_queue("/", "b")  # while the old queue's fsync is in flight
+    new = backend.open_queue("/", "b")
+    new.push(Message("", "b", b"\x00\x00", b"new"), True)
+    thread.join()
+    assert errors == []
+    monkeypatch.setattr(Segment, "sync", real_sync)
+    second = backend.begin_flush()
+    assert second is not None
+    second()
+    backend.close()
+    backend = LogBackend()
+    backend.open(tmp_path)
+    reopened = backend.open_queue("/", "b")
+    assert reopened.ready_count == 1
+    popped = reopened.pop()
+    assert popped is not None
+    assert popped[1].body == b"new"
     backend.close()

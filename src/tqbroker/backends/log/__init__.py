@@ -34,7 +34,7 @@ from pathlib import Path
 
 import cbor2
 
-from .log import Log, RecordCache
+from .log import Log, RecordCache, fsync_dir
 from .store import LogQueueStore
 
 log = logging.getLogger("tqbroker.backends.log")
@@ -80,6 +80,7 @@ class LogBackend:
         self.root = Path()
         self._stores: dict[tuple[str, str], LogQueueStore] = {}
         self._trash: list[Path] = []
+        self._abandoned: list[LogQueueStore] = []  # deleted; files closed by the next flush
         # Hot records of all queues, served from memory while they are in an active segment.
         self.cache = RecordCache(cache_bytes)
         self._healthy = True
@@ -114,20 +115,29 @@ class LogBackend:
         return store
 
     def delete_queue(self, vhost: str, queue: str) -> None:
+        """Move the queue's directory to the trash at once (durably: a queue redeclared later
+        never sees the old messages) and remove it at the next flush. A flush in flight for
+        the old queue writes nothing more (its store is abandoned under its state lock)."""
         store = self._stores.pop((vhost, queue), None)
         directory = self.root / _queue_dir_name(vhost, queue)
+        if store is None and not directory.exists():
+            return
+        trash = self.root / ".trash"
+        trash.mkdir(exist_ok=True)
+        target = trash / uuid.uuid4().hex
         if store is not None:
-            store.abandon()
-        if directory.exists():
-            trash = self.root / ".trash"
-            trash.mkdir(exist_ok=True)
-            target = trash / uuid.uuid4().hex
+            store.abandon(target)
+            self._abandoned.append(store)
+        else:
             directory.rename(target)
-            self._trash.append(target)
+        fsync_dir(self.root)
+        self._trash.append(target)
 
     @property
     def needs_flush(self) -> bool:
-        return bool(self._trash) or any(s.needs_flush for s in self._stores.values())
+        return bool(self._trash or self._abandoned) or any(
+            s.needs_flush for s in self._stores.values()
+        )
 
     @property
     def healthy(self) -> bool:
@@ -163,7 +173,8 @@ class LogBackend:
             self._healthy = False
             log.error("log backend: write failed: %s", write_error)
         trash, self._trash = self._trash, []
-        if not works and not trash and write_error is None:
+        abandoned, self._abandoned = self._abandoned, []
+        if not works and not trash and not abandoned and write_error is None:
             return None
 
         def flush() -> None:
@@ -173,8 +184,11 @@ class LogBackend:
             except OSError as exc:
                 self._healthy = False
                 self._trash.extend(trash)
+                self._abandoned.extend(abandoned)
                 log.error("log backend: flush failed: %s", exc)
                 raise
+            for store in abandoned:  # no flush of theirs is in flight any more
+                store.close_abandoned()
             for path in trash:
                 shutil.rmtree(path, ignore_errors=True)
             if write_error is not None:
@@ -184,6 +198,9 @@ class LogBackend:
         return flush
 
     def close(self) -> None:
+        for abandoned in self._abandoned:
+            abandoned.close_abandoned()
+        self._abandoned.clear()
         for store in self._stores.values():
             try:
                 store.close()

@@ -103,6 +103,7 @@ class LogQueueStore:
         self._state_seq = 0  # snapshots taken
         self._state_written = 0  # the newest snapshot on disk
         self._state_lock = threading.Lock()
+        self.abandoned = False  # the queue was deleted: write nothing more
 
     # -- recovery ----------------------------------------------------------------------------
 
@@ -272,8 +273,10 @@ class LogQueueStore:
                 self._state_dirty = True
                 self._obsolete[:0] = obsolete
                 raise
-            for segment in obsolete:
-                segment.delete()
+            with self._state_lock:
+                if not self.abandoned:  # the queue was deleted meanwhile: its files are gone
+                    for segment in obsolete:
+                        segment.delete()
             # Publish the reservation only once it is on disk.
             self.delivered_reserved = max(self.delivered_reserved, target)
 
@@ -303,7 +306,7 @@ class LogQueueStore:
         path = self.directory / STATE_FILE
         tmp = path.with_suffix(".tmp")
         with self._state_lock:
-            if state["seq"] <= self._state_written:
+            if state["seq"] <= self._state_written or self.abandoned:
                 return
             with open(tmp, "wb") as f:
                 f.write(cbor2.dumps(state))
@@ -329,6 +332,13 @@ class LogQueueStore:
         self._write_state(state, fsync=True)
         self.log.close(clean=True)
 
-    def abandon(self) -> None:
-        """Close the files without a final flush (the queue is being deleted)."""
+    def abandon(self, move_to: Path) -> None:
+        """The queue is being deleted: from now on a flush in flight writes nothing more here,
+        and the directory moves to ``move_to`` (atomically with respect to those writes). The
+        files stay open until ``close_abandoned`` (after any flush in flight has finished)."""
+        with self._state_lock:
+            self.abandoned = True
+            self.directory.rename(move_to)
+
+    def close_abandoned(self) -> None:
         self.log.close(clean=False)
