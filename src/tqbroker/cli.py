@@ -21,6 +21,7 @@ import trio
 
 from . import __version__
 from .backends.log import parse_fsync_policy
+from .broker.broker import StartupError
 from .config import BrokerConfig, ConfigError, load_config
 from .server.listener import serve
 
@@ -95,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
         trio.run(run, config)
-    except (OSError, BaseExceptionGroup) as exc:
-        error = _os_error(exc)
+    except (OSError, StartupError, BaseExceptionGroup) as exc:
+        error = _startup_error(exc)
         if error is None:
             raise
         print(f"tqbroker: cannot start: {error}", file=sys.stderr)
@@ -104,13 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _os_error(exc: BaseException) -> OSError | None:
-    """The OSError (address in use, permission denied...) inside a possibly grouped error."""
-    if isinstance(exc, OSError):
+def _startup_error(exc: BaseException) -> OSError | StartupError | None:
+    """The OSError (address in use, permission denied...) or configuration problem inside a
+    possibly grouped error."""
+    if isinstance(exc, OSError | StartupError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            found = _os_error(inner)
+            found = _startup_error(inner)
             if found is not None:
                 return found
     return None

@@ -127,3 +127,45 @@ def test_bad_config_file_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "port" in result.stderr
     assert "colour" in result.stderr
+
+
+def test_refuses_to_start_when_a_stored_queue_backend_is_missing(tmp_path: Path) -> None:
+    """A durable queue on a backend that does not load must not be recreated empty elsewhere."""
+    proc, port = start(tmp_path)
+    try:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        conn.channel().queue_declare(
+            "on-memory", durable=True, arguments={"x-queue-backend": "memory"}
+        )
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+        proc.communicate()
+    # Pretend the backend is gone: rewrite the stored definition to name one that is not there.
+    definitions = tmp_path / "tqbroker-data" / "definitions.cbor"
+    definitions.write_bytes(definitions.read_bytes().replace(b"memory", b"vanish"))
+    result = subprocess.run(
+        [sys.executable, "-m", "tqbroker", "--port", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert "'vanish' backend, which is not loaded" in result.stderr
+
+
+def test_a_backend_option_for_a_backend_that_cannot_load_is_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[backend_options.log]\nfsync = "sometimes"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "tqbroker", "--port", "0", "--config", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert "'log' storage backend could not be loaded" in result.stderr
+    assert "fsync policy" in result.stderr  # the loader's log line says why

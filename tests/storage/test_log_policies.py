@@ -11,6 +11,7 @@ import pytest
 from tqbroker.backends.log import LogBackend, parse_fsync_policy
 from tqbroker.backends.log.log import Log
 from tqbroker.backends.log.segment import Segment
+from tqbroker.backends.log.store import LogQueueStore
 from tqbroker.model import Message
 
 MESSAGE = Message("", "q", b"\x00\x00", b"x" * 1000)
@@ -154,4 +155,62 @@ def test_deleting_a_queue_while_its_flush_is_in_flight(
     popped = reopened.pop()
     assert popped is not None
     assert popped[1].body == b"new"
+    backend.close()
+
+
+def _drain(store: LogQueueStore, backend: LogBackend) -> list[tuple[int, bytes, bool]]:
+    out = []
+    while True:
+        entry = store.pop()
+        if entry is None:
+            work = backend.begin_flush()
+            if work is not None:
+                work()
+            entry = store.pop()
+            if entry is None:
+                return out
+        out.append((entry[0], entry[1].body, entry[2]))
+
+
+def test_checkpoint_ahead_of_a_lost_log_tail_never_reuses_offsets(tmp_path: Path) -> None:
+    """A power loss may keep the checkpoint but lose the unsynced end of the log: the queue
+    must continue after every offset the checkpoint knows, not hand them out again."""
+    backend = LogBackend(fsync="never")
+    backend.open(tmp_path)
+    store = backend.open_queue("/", "q")
+    for _ in range(10):
+        store.push(MESSAGE, True)
+    for offset, _body, _redelivered in _drain(store, backend):
+        store.ack(offset)
+    work = backend.begin_flush()
+    assert work is not None
+    work()
+    assert store.head == 10
+    segment_path = store.log.segments[-1].log_path
+    store.log.close(clean=False)  # crash...
+    segment_path.write_bytes(b"")  # ...and the OS never wrote the records back
+    backend = LogBackend(fsync="never")
+    backend.open(tmp_path)
+    store = backend.open_queue("/", "q")
+    assert store.ready_count == 0
+    offset = store.push(Message("", "q", b"\x00\x00", b"after"), True)
+    assert offset >= 10
+    assert [(o, b) for o, b, _r in _drain(store, backend)] == [(offset, b"after")]
+    backend.close()
+
+
+def test_unreadable_checkpoint_recovers_from_the_log_flagging_everything(
+    tmp_path: Path,
+) -> None:
+    backend = LogBackend()
+    backend.open(tmp_path)
+    store = backend.open_queue("/", "q")
+    for _ in range(3):
+        store.push(MESSAGE, True)
+    backend.close()
+    (store.directory / "state.cbor").write_bytes(b"\xff\x00garbage")
+    backend = LogBackend()
+    backend.open(tmp_path)
+    store = backend.open_queue("/", "q")
+    assert [(o, r) for o, _b, r in _drain(store, backend)] == [(0, True), (1, True), (2, True)]
     backend.close()

@@ -32,16 +32,20 @@ log = logging.getLogger("tqbroker.broker")
 DEFINITIONS_FILE = "definitions.cbor"
 
 
+class StartupError(RuntimeError):
+    """The broker cannot start as configured; the message says why."""
+
+
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.exchange_types = load_exchange_types()
         self.backends = load_backends(config.backend_options)
-        for required in ("memory", config.durable_backend):
+        for required in ("memory", config.durable_backend, *config.backend_options):
             if required not in self.backends:
-                raise RuntimeError(
-                    f"the {required!r} backend is not installed (installed: "
-                    f"{', '.join(sorted(self.backends))})"
+                raise StartupError(
+                    f"the {required!r} storage backend could not be loaded (loaded: "
+                    f"{', '.join(sorted(self.backends))}; the log says why)"
                 )
         self.flushers = {
             name: Flusher(backend) for name, backend in self.backends.items() if backend.durable
@@ -99,6 +103,15 @@ class Broker:
 
     def _restore(self) -> None:
         stored = self._load_definitions()
+        for vhost, definitions in stored.get("definitions", {}).items():
+            for queue in definitions.get("queues", []):
+                if queue["backend"] not in self.backends:
+                    # Recreating it elsewhere would orphan its messages for good.
+                    raise StartupError(
+                        f"durable queue {queue['name']!r} in vhost {vhost!r} is stored on the "
+                        f"{queue['backend']!r} backend, which is not loaded; install or fix it "
+                        "(refusing to start rather than lose its messages)"
+                    )
         names = list(self.config.vhosts) + [
             v for v in stored.get("vhosts", []) if v not in self.config.vhosts
         ]

@@ -374,10 +374,9 @@ class VirtualHost:
                 arguments=x["arguments"],
             )
         for q in definitions.get("queues", []):
-            backend = q["backend"] if q["backend"] in self.backends else self.durable_backend
             self.create_queue(
                 q["name"],
-                backend,
+                q["backend"],
                 durable=True,
                 exclusive_owner=None,
                 auto_delete=q["auto_delete"],

@@ -137,6 +137,13 @@ class Log:
         self.segments.append(segment)
         self._bases.append(segment.base_offset)
 
+    def roll_to(self, offset: int) -> None:
+        """Continue the log at ``offset`` (beyond its end) in a new segment: the offsets in
+        between are never used."""
+        if offset > self.next_offset:
+            self.write_out()
+            self._roll(offset)
+
     def _roll(self, base_offset: int) -> None:
         # The old segment's buffered records are written out by the next ``write_out``.
         self._add(Segment(self.directory, base_offset, self.index_interval_bytes))

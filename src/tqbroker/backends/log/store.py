@@ -16,6 +16,7 @@ Responsibilities:
 from __future__ import annotations
 
 import heapq
+import logging
 import os
 import threading
 from bisect import bisect_left, bisect_right
@@ -29,6 +30,8 @@ from ...model import Message
 from .format import FLAG_PERSISTENT
 from .log import Log, fsync_dir
 from .segment import Segment
+
+log = logging.getLogger("tqbroker.backends.log")
 
 STATE_FILE = "state.cbor"
 RESERVE_WINDOW = 8192
@@ -108,21 +111,39 @@ class LogQueueStore:
     # -- recovery ----------------------------------------------------------------------------
 
     def open(self) -> None:
-        state = self._read_state()
+        state, state_lost = self._read_state()
         recovery_point = int(state.get("recovery_point", 0))
-        clean = self.log.open(recovery_point=recovery_point)
+        clean = self.log.open(recovery_point=recovery_point) and not state_lost
         start, end = self.log.start_offset, self.log.next_offset
+        settled = [(int(a), int(b)) for a, b in state.get("settled", [])]
+        transient = [(int(a), int(b)) for a, b in state.get("transient", [])]
+        # The checkpoint may know offsets the log lost (a power loss took an unsynced tail but
+        # kept the checkpoint): never hand those offsets out again, continue after them.
+        known_end = max([int(state.get("head", 0))] + [b for _a, b in settled + transient])
+        if known_end > end:
+            log.warning(
+                "%s: the log ends at %d but its checkpoint knows offsets up to %d; continuing "
+                "at %d",
+                self.directory,
+                end,
+                known_end,
+                known_end,
+            )
+            self.log.roll_to(known_end)
+            end = known_end
         self.head = max(int(state.get("head", 0)), start)
-        self.settled = RangeSet([(int(a), int(b)) for a, b in state.get("settled", [])])
+        self.settled = RangeSet(settled)
         # Transient messages of the previous run are gone: settle them now so counts are exact
         # (those written after the last checkpoint of a crashed run are skipped when reached).
-        for a, b in state.get("transient", []):
-            self.settled.add(int(a), min(int(b), end))
+        for a, b in transient:
+            self.settled.add(a, min(b, end))
         self.settled.drop_below(self.head)
         self.head = self.settled.pop_prefix(self.head)
         delivered = int(state.get("delivered", 0))
         if clean:
             delivered = int(state.get("delivered_exact", delivered))
+        if state_lost:
+            delivered = end  # nothing is known: flag every surviving message redelivered
         self.redelivered_below = self.delivered_reserved = self._reserve_target = delivered
         self.cursor = self.head
         self._recovered_end = end
@@ -135,13 +156,21 @@ class LogQueueStore:
             min(b, end) - max(a, self.head) for a, b in self.settled.as_list() if a < end
         )
 
-    def _read_state(self) -> dict[str, Any]:
+    def _read_state(self) -> tuple[dict[str, Any], bool]:
+        """The checkpoint, and whether one existed but could not be read (then the queue
+        restarts from what the log holds, every message flagged redelivered)."""
         path = self.directory / STATE_FILE
         try:
             state = cbor2.loads(path.read_bytes())
         except FileNotFoundError:
-            return {}
-        return state if isinstance(state, dict) else {}
+            return {}, False
+        except (cbor2.CBORDecodeError, OSError, ValueError) as exc:
+            log.warning("%s: unreadable checkpoint (%s); recovering from the log", path, exc)
+            return {}, True
+        if not isinstance(state, dict):
+            log.warning("%s: unreadable checkpoint; recovering from the log", path)
+            return {}, True
+        return state, False
 
     # -- QueueStore --------------------------------------------------------------------------
 
