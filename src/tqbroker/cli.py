@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         options.setdefault("log", {})["fsync"] = args.fsync
         config = attrs.evolve(config, backend_options=options)
     config.data_dir.mkdir(parents=True, exist_ok=True)
+    _raise_open_file_limit()
     try:
         trio.run(run, config)
     except (OSError, StartupError, BaseExceptionGroup) as exc:
@@ -103,6 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tqbroker: cannot start: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _raise_open_file_limit() -> None:
+    """Every durable queue keeps a few files open: use all the descriptors we may have."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        logging.getLogger("tqbroker").warning("cannot raise the open file limit: %s", exc)
 
 
 def _startup_error(exc: BaseException) -> OSError | StartupError | None:

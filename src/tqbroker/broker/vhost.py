@@ -504,10 +504,17 @@ class VirtualHost:
     ) -> Queue:
         """Create (or recover) a queue without the AMQP checks; starts its actor."""
         backend = self.backends[backend_name]
+        try:
+            store = backend.open_queue(self.name, name)
+        except OSError as exc:  # e.g. out of file descriptors or disk space
+            raise AMQPError(
+                ReplyCode.RESOURCE_ERROR,
+                f"cannot open the storage of queue '{name}' in vhost '{self.name}': {exc}",
+            ) from None
         queue = Queue(
             self.name,
             name,
-            backend.open_queue(self.name, name),
+            store,
             durable=durable,
             exclusive_owner=exclusive_owner,
             auto_delete=auto_delete,

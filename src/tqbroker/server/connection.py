@@ -129,6 +129,7 @@ class AMQPConnection:
         self.vhost: VirtualHost | None = None
         self._writer_wakeup = trio.Event()
         self._writer_done = trio.Event()
+        self._drained = trio.Event()  # set whenever the writer has sent everything queued
         self._finishing = False
         self._backed_up = False
         self._confirming: dict[int, Channel] = {}
@@ -197,6 +198,7 @@ class AMQPConnection:
                     data, self.out = self.out, bytearray()
                     await self.stream.send_all(data)
                     self._sent_at = trio.current_time()
+                self._drained.set()
                 if self._backed_up:
                     self._backed_up = False
                     for channel in self.channels.values():
@@ -230,6 +232,11 @@ class AMQPConnection:
         protocol = self.protocol
         while True:
             with trio.move_on_at(self._receive_deadline()) as timeout:
+                if len(self.out) >= WRITE_HIGH_WATER:
+                    # The client does not read what we send (returns, get-oks, acks): stop
+                    # reading from it until it does, so TCP pushes back on the publisher.
+                    self._drained = trio.Event()
+                    await self._drained.wait()
                 data = await self.stream.receive_some(RECEIVE_SIZE)
             if timeout.cancelled_caught:
                 self._timed_out()
