@@ -14,7 +14,6 @@ Responsibilities:
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,6 +22,7 @@ import trio
 
 from ..auth import UserStore
 from ..config import BrokerConfig
+from ..fsutil import atomic_write
 from ..plugins.loader import load_backends, load_exchange_types
 from .flusher import Flusher
 from .vhost import VirtualHost
@@ -142,15 +142,4 @@ class Broker:
                 "definitions": {name: v.definitions() for name, v in self.vhosts.items()},
             }
         )
-        path = self.config.data_dir / DEFINITIONS_FILE
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(self.config.data_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomic_write(self.config.data_dir / DEFINITIONS_FILE, data)

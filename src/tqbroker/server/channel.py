@@ -435,6 +435,8 @@ class Channel:
                 queue.requeue(message_id, consumer)
             else:
                 queue.ack(message_id, consumer)
+        if acks and self.global_prefetch:
+            self._wake_queues()
         if refused:
             raise self._commit_error()
         self._pending_commits.append(waits)
@@ -540,6 +542,7 @@ class Channel:
             self._next_tag += 1
 
     def _cancel(self, tag: str) -> None:
+        self._tag_cache.pop(tag, None)
         if tag == self.reply_tag:
             self.reply_tag = None
             return
@@ -621,6 +624,7 @@ class Channel:
         taken = list(self.unacked.items())
         self.unacked.clear()
         self._settle_now(taken)
+        self._wake_queues()
 
     @staticmethod
     def _settle_now(taken: list[tuple[int, Unacked]]) -> None:

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import cbor2
 
-from .log import Log, RecordCache, fsync_dir
+from ...fsutil import fsync_dir
+from .log import Log, RecordCache
 from .store import LogQueueStore
 
 log = logging.getLogger("tqbroker.backends.log")

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from ...fsutil import fsync_dir
 from ...model import Message
 from .format import Record, RecordError, encode_record
 from .segment import Segment
@@ -56,14 +56,6 @@ class RecordCache:
             old_entries, old_offset, old_size = self._order.popleft()
             old_entries.pop(old_offset, None)
             self._bytes -= old_size
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Log:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import os
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
@@ -26,9 +25,10 @@ from typing import Any
 
 import cbor2
 
+from ...fsutil import atomic_write
 from ...model import Message
 from .format import FLAG_PERSISTENT
-from .log import Log, fsync_dir
+from .log import Log
 from .segment import Segment
 
 log = logging.getLogger("tqbroker.backends.log")
@@ -295,7 +295,8 @@ class LogQueueStore:
                 if sync is not None:
                     sync()
                     self._synced_upto = max(self._synced_upto, synced_upto)
-                self._write_state(state, fsync=fsync)
+                # A wider delivery window is only valid once it is on disk, whatever the policy.
+                self._write_state(state, fsync=fsync or target > self.delivered_reserved)
             except OSError:
                 # Nothing of this flush is durable: the next one must write the checkpoint
                 # (and delete the segments) again, so the backend keeps asking for a flush.
@@ -329,22 +330,13 @@ class LogQueueStore:
         return self._reserve_target > self.delivered_reserved
 
     def _write_state(self, state: dict[str, Any], *, fsync: bool) -> None:
-        """Replace the checkpoint atomically. Two flushes may run at once (the flusher's and a
-        synchronous one): the lock and the snapshot number keep an older snapshot from
-        replacing a newer one."""
-        path = self.directory / STATE_FILE
-        tmp = path.with_suffix(".tmp")
+        """Replace the checkpoint atomically. The open-time write (Trio thread) and a flush
+        (worker thread) may meet, and a deleted queue must not be written: the lock, the
+        snapshot number and the ``abandoned`` flag see to it."""
         with self._state_lock:
             if state["seq"] <= self._state_written or self.abandoned:
                 return
-            with open(tmp, "wb") as f:
-                f.write(cbor2.dumps(state))
-                if fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, path)
-            if fsync:
-                fsync_dir(self.directory)
+            atomic_write(self.directory / STATE_FILE, cbor2.dumps(state), fsync=fsync)
             self._state_written = state["seq"]
 
     def close(self) -> None:
