@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import tracemalloc
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -33,6 +34,10 @@ from tqbroker_rocksdb.codec import (
     queue_end,
     queue_prefix,
     registry_key,
+    reservation_key,
+    transient_end,
+    transient_key,
+    transient_prefix,
 )
 
 from tqbroker.backends.base import Backend
@@ -120,6 +125,23 @@ def raw_keys(data_dir: Path) -> list[bytes]:
         return [key for key in keys if isinstance(key, bytes)]
     finally:
         db.close()
+
+
+def transient_keys(keys: list[bytes]) -> list[bytes]:
+    return [key for key in keys if key.startswith(b"t")]
+
+
+def live_keys(backend: RocksDBBackend, begin: bytes, end: bytes) -> list[bytes]:
+    """The keys in ``[begin, end)`` of an open backend's database."""
+    db = backend._db
+    assert db is not None
+    out: list[bytes] = []
+    for key in db.keys(from_key=begin):
+        assert isinstance(key, bytes)
+        if key >= end:
+            break
+        out.append(key)
+    return out
 
 
 def run_child(script: str, data_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -293,8 +315,7 @@ def test_flushed_bodies_are_read_back_from_rocksdb(tmp_path: Path) -> None:
     popped = pop(backend, store)  # takes in the completed flush
     assert popped is not None
     assert same(popped[1], message(0))
-    assert len(store._pending) == 0  # persistent bodies: in RocksDB only
-    assert len(store._transient) == 1  # the transient one lives in memory only
+    assert len(store._pending) == 0  # bodies, persistent or not: in RocksDB only
     backend.close()
     backend = opened(tmp_path)
     store = backend.open_queue("/", "q")
@@ -302,6 +323,199 @@ def test_flushed_bodies_are_read_back_from_rocksdb(tmp_path: Path) -> None:
     assert store._fresh.itemsize == 8
     assert len(store._fresh) + len(store._flagged) == 1000
     assert [p[0] for p in drain(backend, store)] == list(range(1, 1001))
+    backend.close()
+
+
+# --- transient messages ---------------------------------------------------------------------------
+
+
+def test_transient_bodies_leave_memory_once_flushed(tmp_path: Path) -> None:
+    """Transient messages (pika's default) are written to RocksDB like persistent ones: once a
+    flush has completed, a durable queue nobody consumes holds no ``Message`` for them, only a run
+    of ids; its memory does not grow with its backlog."""
+    backend = opened(tmp_path)
+    store = backend.open_queue("/", "q")
+    flush(backend)
+    count = 20_000
+    properties = BasicProperties(delivery_mode=1).encode()
+    gc.collect()
+    messages_before = sum(isinstance(o, Message) for o in gc.get_objects())
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for n in range(count):
+            store.push(Message("amq.direct", "rk", properties, bytes(1024)), persistent=False)
+            if n % 2000 == 1999:
+                flush(backend)  # as the broker's flusher does, a few times a second
+        flush(backend)
+        assert not backend.needs_flush  # which takes in the completed flush, as the broker polls
+        gc.collect()
+        growth = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert store._pending == {}
+    assert len(store._runs) == 2  # one run of consecutive transient ids: [1, 20001)
+    assert not backend._ops
+    assert not backend._sealed
+    assert not backend._done
+    assert sum(isinstance(o, Message) for o in gc.get_objects()) <= messages_before
+    # 20 MiB of bodies; what is left is a few dicts' spare capacity (about 0.3 MiB), and it does
+    # not grow with the count (kept in memory, the bodies took 23 MiB).
+    assert growth < 2 << 20, growth
+    assert store.ready_count == count
+    keys = live_keys(backend, transient_prefix(store.qid), transient_end(store.qid))
+    assert len(keys) == count
+    got = [pop(backend, store) for _ in range(3)]
+    assert [(p[0], bytes(p[1].body), p[2]) for p in got if p] == [
+        (i, bytes(1024), False) for i in (1, 2, 3)
+    ]
+    backend.close()
+
+
+class _SyncCountingDb:
+    """Wraps the backend's Rdict to count fsyncs (``flush_wal(True)``)."""
+
+    def __init__(self, db: Rdict) -> None:
+        self.db = db
+        self.syncs = 0
+
+    def flush_wal(self, sync: bool) -> None:
+        self.syncs += sync
+        self.db.flush_wal(sync)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.db, name)
+
+
+def test_transient_writes_cost_no_fsync_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = opened(tmp_path)
+    store = backend.open_queue("/", "q")
+    flush(backend)  # the registry entry and the first reservation
+    assert backend._db is not None
+    db = _SyncCountingDb(backend._db)
+    monkeypatch.setattr(backend, "_db", db)
+    for n in range(100):
+        store.push(message(n), persistent=False)
+    assert backend.needs_flush  # they must leave memory...
+    assert flush(backend)
+    assert db.syncs == 0  # ...but nobody waits for their durability
+    assert store.purge() == 100  # a range delete of transient keys only
+    assert flush(backend)
+    assert db.syncs == 0
+    persistent = store.push(message(100), persistent=True)
+    store.push(message(101), persistent=False)
+    assert flush(backend)
+    assert db.syncs == 1  # a persistent message is durable once its flush has completed
+    prefix = transient_prefix(store.qid)
+    assert live_keys(backend, prefix, transient_end(store.qid)) == [
+        transient_key(prefix, persistent + 1)
+    ]
+    backend.close()
+
+
+@pytest.mark.parametrize("clean", [True, False], ids=["clean", "crash"])
+def test_transient_records_are_dropped_at_restart(tmp_path: Path, clean: bool) -> None:
+    """Written transient messages, ready, unacked or requeued, are on disk until the next
+    ``open``, which drops them all, after a clean close or a crash alike; the persistent ones
+    around them come back in order, flagged as the contract says."""
+    backend = opened(tmp_path, reservation_min=16, reservation_max=16)
+    store = backend.open_queue("/", "q")
+    pushed = {store.push(message(n), persistent=n % 4 == 0): message(n) for n in range(400)}
+    persistent = [i for i in pushed if (i - 1) % 4 == 0]
+    flush(backend)
+    popped = [p for p in (pop(backend, store) for _ in range(10)) if p]
+    assert [p[0] for p in popped] == list(range(1, 11))
+    store.requeue(2)  # transient, ready again
+    store.requeue(5)  # persistent
+    store.ack(3)  # transient
+    store.ack(9)  # persistent
+    flush(backend)
+    if clean:
+        backend.close()
+    else:
+        del backend, store
+        gc.collect()
+    # The transient records reached the disk (all but the acked one)...
+    assert len(transient_keys(raw_keys(tmp_path))) == 299
+    backend = opened(tmp_path, reservation_min=16, reservation_max=16)
+    assert backend.recovered_cleanly is clean
+    store = backend.open_queue("/", "q")
+    got = drain(backend, store)
+    # ...and are gone: only the persistent messages but the acked one are back.
+    assert [i for i, _, _ in got] == [i for i in persistent if i != 9]
+    assert all(same(m, pushed[i]) for i, m, _ in got)
+    flagged = {i for i, _, flag in got if flag}
+    if clean:
+        assert flagged == {1, 5}
+    else:
+        assert {1, 5} <= flagged
+        assert all(i <= 16 + 16 for i in flagged)  # within the reservation window
+    new = store.push(message(400), persistent=False)
+    assert new > max(pushed)
+    backend.close()
+    # Only the one pushed in this run is left (written at close, dropped by the next open).
+    assert transient_keys(raw_keys(tmp_path)) == [transient_key(transient_prefix(1), new)]
+
+
+def test_transient_records_follow_acks_purges_and_deletes(tmp_path: Path) -> None:
+    """Mixed persistence: each message is read from, and deleted under, the right key; purges
+    and deleted queues range-delete both kinds; the runs that mark transient ids stay small."""
+    backend = opened(tmp_path, reservation_min=8, reservation_max=64)
+    store = backend.open_queue("/", "q")
+    other = backend.open_queue("/", "other")
+    pushed: dict[int, tuple[Message, bool]] = {}
+    for n in range(6000):
+        persistent = n % 3 == 0
+        pushed[store.push(message(n), persistent=persistent)] = (message(n), persistent)
+        other.push(message(n), persistent=False)
+        if n % 1000 == 999:
+            flush(backend)
+    assert len(store._runs) == 2 * 2000  # runs of two transient ids
+    unacked: set[int] = set()
+    for expected in range(1, 4001):
+        popped = pop(backend, store)
+        assert popped is not None
+        message_id, msg, redelivered = popped
+        assert (message_id, redelivered) == (expected, False)
+        assert same(msg, pushed[message_id][0])
+        if message_id % 2 == 0:
+            store.ack(message_id)
+        else:
+            unacked.add(message_id)
+    assert len(store._runs) < 4000  # the runs behind the cursor were dropped
+    for message_id in [i for i in unacked if i % 5 == 0]:
+        store.requeue(message_id)
+        unacked.remove(message_id)
+    assert store.ready_count == 2000 + 400
+    again = pop(backend, store)  # a requeued one first
+    assert again is not None
+    assert (again[0], again[2]) == (5, True)
+    assert same(again[1], pushed[5][0])
+    unacked.add(5)
+    ready = store.ready_count
+    assert store.purge() == ready
+    flush(backend)
+    assert (store.ready_count, store.unacked_count) == (0, len(unacked))
+    on_disk_transient = {
+        int.from_bytes(key[-8:], "big")
+        for key in live_keys(backend, transient_prefix(store.qid), transient_end(store.qid))
+    }
+    on_disk_persistent = {
+        int.from_bytes(key[-8:], "big")
+        for key in live_keys(backend, message_key(queue_prefix(store.qid), 0), queue_end(store.qid))
+    }
+    assert on_disk_transient == {i for i in unacked if not pushed[i][1]}
+    assert on_disk_persistent == {i for i in unacked if pushed[i][1]}
+    for message_id in sorted(unacked):
+        store.ack(message_id)
+    backend.delete_queue("/", "other")
+    flush(backend)
+    assert live_keys(backend, b"t", b"u") == []
+    assert live_keys(backend, queue_prefix(store.qid), queue_end(other.qid)) == [
+        reservation_key(queue_prefix(store.qid))
+    ]
     backend.close()
 
 
@@ -497,6 +711,8 @@ popped = [pop(backend, store)[0] for _ in range(5)]
 store.ack(popped[0])
 store.requeue(popped[1])
 flush(backend)  # the ack is durable now
+transient += [store.push(msg(n), persistent=False) for n in range(200, 205)]
+flush(backend)  # written to RocksDB too
 store.ack(popped[2])  # not flushed: may come back
 unflushed = [store.push(msg(n), persistent=True) for n in range(105, 110)]
 state = {
@@ -514,6 +730,7 @@ def test_sigkill_after_a_flush_loses_nothing_flushed(tmp_path: Path) -> None:
     assert child.returncode == -signal.SIGKILL, child.stderr
     state = json.loads((tmp_path / "state.json").read_text())
     popped = state["popped"]
+    assert len(transient_keys(raw_keys(data_dir))) == 10  # the transient ones reached the disk
     backend = opened(data_dir)
     assert backend.recovered_cleanly is False
     store = backend.open_queue("/", "q")
@@ -534,6 +751,7 @@ def test_sigkill_after_a_flush_loses_nothing_flushed(tmp_path: Path) -> None:
         state["unflushed"]
     )
     backend.close()
+    assert transient_keys(raw_keys(data_dir)) == []
 
 
 # --- a failing disk ------------------------------------------------------------------------------

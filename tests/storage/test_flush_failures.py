@@ -15,15 +15,17 @@ from tqbroker.config import BrokerConfig
 from tqbroker.testing import running_broker
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
+# These tests patch the log backend's internals: their queues are on it whatever the default.
+ON_LOG = {"x-queue-backend": "log"}
 
 
 def test_failed_fdatasync_nacks_and_no_later_publish_is_acked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with running_broker(BrokerConfig(port=0, data_dir=tmp_path, durable_backend="log")) as b:
+    with running_broker(BrokerConfig(port=0, data_dir=tmp_path)) as b:
         ch = pika.BlockingConnection(pika.URLParameters(b.url)).channel()
         ch.confirm_delivery()
-        ch.queue_declare("d", durable=True)
+        ch.queue_declare("d", durable=True, arguments=ON_LOG)
         ch.basic_publish("", "d", b"before", PERSISTENT)  # acked: the disk works
 
         real_sync = segment_module.Segment.sync
@@ -51,9 +53,9 @@ def test_basic_get_waits_for_the_flush_that_extends_the_delivery_window(
     """The log backend only delivers within a durably reserved window; basic.get past it is
     answered after the flush that extends it, never with a wrong get-empty."""
     monkeypatch.setattr(store_module, "RESERVE_WINDOW", 4)
-    with running_broker(BrokerConfig(port=0, data_dir=tmp_path, durable_backend="log")) as b:
+    with running_broker(BrokerConfig(port=0, data_dir=tmp_path)) as b:
         ch = pika.BlockingConnection(pika.URLParameters(b.url)).channel()
-        ch.queue_declare("w", durable=True)
+        ch.queue_declare("w", durable=True, arguments=ON_LOG)
         for i in range(50):
             ch.basic_publish("", "w", b"%d" % i, PERSISTENT)
         bodies = []
@@ -75,9 +77,9 @@ def test_tx_commit_ok_waits_for_the_fsync_and_fails_the_channel_if_it_fails(
         real_sync(self)
 
     monkeypatch.setattr(segment_module.Segment, "sync", slow_sync)
-    with running_broker(BrokerConfig(port=0, data_dir=tmp_path, durable_backend="log")) as b:
+    with running_broker(BrokerConfig(port=0, data_dir=tmp_path)) as b:
         ch = pika.BlockingConnection(pika.URLParameters(b.url)).channel()
-        ch.queue_declare("tx", durable=True)
+        ch.queue_declare("tx", durable=True, arguments=ON_LOG)
         ch.tx_select()
         ch.basic_publish("", "tx", b"committed", PERSISTENT)
         started = time.monotonic()

@@ -9,7 +9,7 @@ put, encoded later), ``bytes`` (a put) or ``None`` (a delete), plus a list of ra
 and a later delete of the same message in one batch cancel out, so a message acked (or purged)
 before the flush that would have written it never reaches the disk. ``begin_flush`` *seals* the
 current batch (appends it to a list of sealed batches) and returns a callable that, in the
-flusher's worker thread, writes every batch sealed so far that is not yet durable, in seal order,
+flusher's worker thread, writes every batch sealed so far that is not yet written, in seal order,
 as one RocksDB ``WriteBatch``, then fsyncs the write-ahead log. Not as one ``sync=True`` write:
 rocksdict holds the GIL for the whole of a ``write`` call, fsync included, which would stall the
 Trio thread for every fsync; so the batch is written unsynced (the GIL is held for a copy into the
@@ -22,11 +22,22 @@ operation is a blind put or delete, so writing a batch again after a write that 
 the disk is harmless. After a write error RocksDB refuses further writes until it is reopened; the
 next flush reopens it first.
 
+Transient messages are written like the others, in the same batches, so that their bodies leave
+memory too, but under keys of their own (``t``, see ``codec.py``): ``open`` range-deletes them all
+(in its synced first write, before any id of the new run is handed out), so they are gone after
+any restart, clean or not. They never cost an fsync of their own: a write holding nothing but
+transient puts and deletes skips ``flush_wal`` (the next synced write covers it anyway, the log
+being sequential). A failed write of them makes the backend unhealthy like any other.
+
 Reads. A queue keeps only a compact index in memory: ids of the ready messages pushed in this run
-are the range ``[dense cursor, next id)``; ids recovered at open are two sorted ``array('Q')`` (8
-bytes each); requeued ids are a heap; unacked ids a set. Bodies live in RocksDB and are read on
-``pop``; only transient messages (never written) and persistent messages whose write has not
-completed yet stay in memory, as ``Message`` objects.
+are the range ``[dense cursor, next id)``, and which of them are transient a list of runs (16 bytes
+per run of consecutive transient ids: nothing per message when publishers stick to one delivery
+mode); ids recovered at open are two sorted ``array('Q')`` (8 bytes each); requeued ids are a heap;
+unacked ids a set (plus a set of the transient ones among the delivered). Bodies live in RocksDB
+and are read on ``pop``, whatever their persistence; only messages whose write has not completed
+yet stay in memory, as ``Message`` objects. The broker polls ``needs_flush`` (a few times a
+second), which takes in completed flushes, so that a queue nobody consumes holds at most the
+bodies of the last fraction of a second in memory.
 
 Ids. ``open`` raises the database's run counter (the *epoch*) with a synced write, and the
 messages pushed in run ``e`` get ids from ``e << 40`` up: recovered messages keep their ids, new
@@ -53,10 +64,10 @@ back unflagged. Transient messages never survive a restart, so popping them need
 
 Threads. The worker thread touches only the sealed list, the durable sequence number, the health
 flag and the database handle; the Trio thread learns that a flush completed in ``_reap`` (called
-from ``pop`` and ``begin_flush``), which applies its reservations and drops the written messages
-from memory. ``_lock`` guards that shared state and is only held for a few list operations;
-``_write_lock`` serialises writers; ``_db_lock`` guards replacing the handle (reopening after a
-write error, closing) against the Trio thread's reads.
+from ``pop``, ``begin_flush`` and ``needs_flush``), which applies its reservations and drops the
+written messages from memory. ``_lock`` guards that shared state and is only held for a few list
+operations; ``_write_lock`` serialises writers; ``_db_lock`` guards replacing the handle
+(reopening after a write error, closing) against the Trio thread's reads.
 """
 
 from __future__ import annotations
@@ -65,6 +76,7 @@ import heapq
 import logging
 import threading
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
 
@@ -90,8 +102,11 @@ from .codec import (
     META_FORMAT,
     META_NEXT_QUEUE_ID,
     REGISTRY,
+    TRANSIENT,
+    TRANSIENT_END,
     decode_record,
     encode_record,
+    is_transient_key,
     message_id_of,
     message_key,
     messages_start,
@@ -103,6 +118,9 @@ from .codec import (
     queue_prefix,
     registry_key,
     reservation_key,
+    transient_end,
+    transient_key,
+    transient_prefix,
     unpack_u32,
     unpack_u64,
 )
@@ -145,11 +163,17 @@ class _Batch:
         self.ranges = ranges
         self.reservations = reservations
 
-    def apply(self, batch: WriteBatch) -> None:
+    def apply(self, batch: WriteBatch) -> bool:
+        """Add the writes to ``batch``; return whether any of them asks for an fsync, i.e.
+        touches anything but transient messages (which are written only to keep their bodies
+        out of memory, and never synced for their own sake)."""
         # Point operations first, then range deletes: a range (a purge or a deleted queue) only
         # covers ids that existed when it was recorded, and a point key is never written again
         # after a range covering it, so this order is the order the operations happened in.
+        sync = bool(self.reservations)
         for key, value in self.ops.items():
+            if not sync and not is_transient_key(key):
+                sync = True
             if value is None:
                 batch.delete(key)
             elif isinstance(value, Message):
@@ -157,7 +181,10 @@ class _Batch:
             else:
                 batch.put(key, value)
         for begin, end in self.ranges:
+            if not sync and not is_transient_key(begin):
+                sync = True
             batch.delete_range(begin, end)
+        return sync
 
 
 class RocksDBQueueStore:
@@ -176,6 +203,7 @@ class RocksDBQueueStore:
         self._backend = backend
         self.qid = qid
         self._prefix = queue_prefix(qid)
+        self._transient_prefix = transient_prefix(qid)
         self._next_id = next_id
         # Ready ids, oldest first: requeued and recovered-flagged (redelivered), then recovered
         # fresh, then the ones pushed in this run, [dense_cursor, next_id).
@@ -186,9 +214,15 @@ class RocksDBQueueStore:
         self._fresh_pos = 0
         self._dense_cursor = next_id
         self._unacked: set[int] = set()
-        # Bodies held in memory: transient messages (never written), and persistent ones whose
-        # write has not completed yet.
-        self._transient: dict[int, Message] = {}
+        # Which ids are transient (their records live under ``t`` keys): those pushed in this run
+        # and not yet popped as runs ``[start, end)``, flattened, from ``_runs_pos`` on (fresh ids
+        # are popped in order, so runs behind the cursor are dropped); those popped since, until
+        # acked (unacked or requeued), in a set. Recovered messages are all persistent.
+        self._runs = array("Q")
+        self._runs_pos = 0
+        self._transient_out: set[int] = set()
+        # Bodies held in memory: messages whose write has not completed yet, whatever their
+        # persistence (a store of a deleted queue keeps all its messages here).
         self._pending: dict[int, Message] = {}
         self._reserved = reserved  # durable delivery reservation: pop checks this
         self._reserve_target = reserved  # highest reservation recorded in a batch
@@ -206,11 +240,14 @@ class RocksDBQueueStore:
         self._next_id += 1
         backend = self._backend
         backend._pushed.add(self)
-        if persistent and not self._deleted:
-            self._pending[message_id] = message
+        self._pending[message_id] = message
+        if self._deleted:
+            self._add_transient(message_id)  # never written: like a transient message
+        elif persistent:
             backend._ops[message_key(self._prefix, message_id)] = message
         else:
-            self._transient[message_id] = message
+            self._add_transient(message_id)
+            backend._ops[transient_key(self._transient_prefix, message_id)] = message
         return message_id
 
     def pop(self) -> tuple[int, Message, bool] | None:
@@ -220,36 +257,40 @@ class RocksDBQueueStore:
         while True:
             message_id = self._flagged_head()
             if message_id is not None:
-                message = self._load(message_id)
+                transient = message_id in self._transient_out
+                message = self._load(message_id, transient)
                 if self._requeued and self._requeued[0] == message_id:
                     heapq.heappop(self._requeued)
                 else:
                     self._take_flagged()
                 if message is None:
+                    self._transient_out.discard(message_id)
                     continue
                 self._unacked.add(message_id)
                 return message_id, message, True
             message_id = self._fresh_head()
             if message_id is None:
                 return None
-            message = self._transient.get(message_id)
-            if message is None:
-                if message_id >= self._reserved:
-                    backend._wanting.add(self)
-                    return None
-                message = self._load(message_id)
-                if message is not None:
-                    self._popped += 1
+            # Transient messages never survive a restart: popping them needs no reservation.
+            transient = self._is_fresh_transient(message_id)
+            if not transient and message_id >= self._reserved:
+                backend._wanting.add(self)
+                return None
+            message = self._load(message_id, transient)
             self._take_fresh()
             if message is None:
                 continue
+            if transient:
+                self._transient_out.add(message_id)
+            else:
+                self._popped += 1
             self._unacked.add(message_id)
             return message_id, message, False
 
     def ack(self, message_id: int) -> None:
         if message_id in self._unacked:
             self._unacked.remove(message_id)
-            self._forget(message_id)
+            self._forget(message_id, self._settle_transient(message_id))
 
     def requeue(self, message_id: int) -> None:
         if message_id in self._unacked:
@@ -261,31 +302,45 @@ class RocksDBQueueStore:
         if not count:
             return 0
         for message_id in self._requeued:
-            self._forget(message_id)
+            self._forget(message_id, self._settle_transient(message_id))
         self._requeued.clear()
         for message_id in self._flagged[self._flagged_pos :]:
-            self._forget(message_id)
+            self._forget(message_id, False)
         self._flagged, self._flagged_pos = array("Q"), 0
         head = self._fresh_head()
         if head is not None:
-            # Every id from the fresh head on is ready (fresh ids are popped in order): drop the
-            # in-memory ones, cancel unwritten puts, and range-delete whatever was written.
+            # Every id from the fresh head on is ready (fresh ids are popped in order): cancel
+            # the unwritten puts, and range-delete whatever was written (of either kind).
             fresh_count = len(self._fresh) - self._fresh_pos + self._next_id - self._dense_cursor
-            transient = [i for i in self._transient if i >= head]
-            for message_id in transient:
-                del self._transient[message_id]
+            runs = self._runs
+            transient_count = sum(
+                runs[i + 1] - max(runs[i], head) for i in range(self._runs_pos, len(runs), 2)
+            )
+            cancelled = [0, 0]  # puts never sealed, so never written: persistent, transient
             ops = self._backend._ops
             for message_id in [i for i in self._pending if i >= head]:
                 del self._pending[message_id]
-                key = message_key(self._prefix, message_id)
+                transient = self._is_fresh_transient(message_id)
+                key = self._key(message_id, transient)
                 if isinstance(ops.get(key), Message):
                     del ops[key]
-            if fresh_count > len(transient) and not self._deleted:
-                self._backend._ranges.append(
-                    (message_key(self._prefix, head), message_key(self._prefix, self._next_id))
-                )
+                    cancelled[transient] += 1
+            if not self._deleted:
+                ranges = self._backend._ranges
+                if fresh_count - transient_count > cancelled[False]:
+                    ranges.append(
+                        (message_key(self._prefix, head), message_key(self._prefix, self._next_id))
+                    )
+                if transient_count > cancelled[True]:
+                    ranges.append(
+                        (
+                            transient_key(self._transient_prefix, head),
+                            transient_key(self._transient_prefix, self._next_id),
+                        )
+                    )
             self._fresh, self._fresh_pos = array("Q"), 0
             self._dense_cursor = self._next_id
+            self._runs, self._runs_pos = array("Q"), 0
         return count
 
     @property
@@ -337,35 +392,69 @@ class RocksDBQueueStore:
             self._fresh_pos += 1
             if self._fresh_pos == len(self._fresh):
                 self._fresh, self._fresh_pos = array("Q"), 0
+            return
+        self._dense_cursor += 1
+        # Forget the runs now wholly behind the cursor.
+        runs, pos = self._runs, self._runs_pos
+        if pos < len(runs) and runs[pos + 1] <= self._dense_cursor:
+            pos += 2
+            if pos == len(runs):
+                self._runs, pos = array("Q"), 0
+            elif pos >= 1024 and 2 * pos >= len(runs):
+                del runs[:pos]  # amortised: each run is moved at most once on average
+                pos = 0
+            self._runs_pos = pos
+
+    def _add_transient(self, message_id: int) -> None:
+        """Record a transient message pushed in this run (ids are pushed in increasing order)."""
+        runs = self._runs
+        if len(runs) > self._runs_pos and runs[-1] == message_id:
+            runs[-1] = message_id + 1
         else:
-            self._dense_cursor += 1
+            runs.append(message_id)
+            runs.append(message_id + 1)
+
+    def _is_fresh_transient(self, message_id: int) -> bool:
+        """Whether a ready fresh (never popped) message is transient."""
+        # Runs are disjoint and increasing: an id is in one iff an odd number of bounds are at
+        # or below it (``_runs_pos`` is even).
+        return bisect_right(self._runs, message_id, self._runs_pos) % 2 == 1
+
+    def _settle_transient(self, message_id: int) -> bool:
+        """Whether a delivered message (leaving the unacked set or the requeued heap for good)
+        is transient; it is forgotten."""
+        if message_id in self._transient_out:
+            self._transient_out.remove(message_id)
+            return True
+        return False
+
+    def _key(self, message_id: int, transient: bool) -> bytes:
+        if transient:
+            return transient_key(self._transient_prefix, message_id)
+        return message_key(self._prefix, message_id)
 
     def _cursor(self) -> int:
         """The oldest fresh (never popped) id; every fresh id below it has been popped."""
         head = self._fresh_head()
         return self._next_id if head is None else head
 
-    def _load(self, message_id: int) -> Message | None:
-        message = self._transient.get(message_id)
-        if message is None:
-            message = self._pending.get(message_id)
+    def _load(self, message_id: int, transient: bool) -> Message | None:
+        message = self._pending.get(message_id)
         if message is not None:
             return message
-        record = self._backend._read(message_key(self._prefix, message_id))
+        record = self._backend._read(self._key(message_id, transient))
         if record is None:
             log.error("queue %d: message %d has no record; skipping it", self.qid, message_id)
             return None
         return decode_record(record)
 
-    def _forget(self, message_id: int) -> None:
+    def _forget(self, message_id: int, transient: bool) -> None:
         """Drop a message for good (acked or purged)."""
-        if self._transient.pop(message_id, None) is not None:
-            return
         self._pending.pop(message_id, None)
         if self._deleted:
             return
         ops = self._backend._ops
-        key = message_key(self._prefix, message_id)
+        key = self._key(message_id, transient)
         if isinstance(ops.get(key), Message):
             del ops[key]  # its put was never sealed: it never reaches the disk
         else:
@@ -477,22 +566,30 @@ class RocksDBBackend:
         if store is not None:
             self._by_qid.pop(store.qid, None)
             store._deleted = True
-            for message_id in store._pending:
-                key = message_key(store._prefix, message_id)
-                if isinstance(self._ops.get(key), Message):
-                    del self._ops[key]
+            for message_id in store._pending:  # unwritten puts: cancel them
+                for key in (
+                    message_key(store._prefix, message_id),
+                    transient_key(store._transient_prefix, message_id),
+                ):
+                    if isinstance(self._ops.get(key), Message):
+                        del self._ops[key]
             self._ops.pop(reservation_key(store._prefix), None)
             self._reservations = [r for r in self._reservations if r[0] is not store]
             store._pending.clear()
-            store._transient.clear()
+            store._runs, store._runs_pos = array("Q"), 0
+            store._transient_out.clear()
             for tracked in (self._pushed, self._active, self._wanting, self._consuming):
                 tracked.discard(store)
         if qid is not None:
             self._ops[registry_key(vhost, queue)] = None
             self._ranges.append((queue_prefix(qid), queue_end(qid)))
+            self._ranges.append((transient_prefix(qid), transient_end(qid)))
 
     @property
     def needs_flush(self) -> bool:
+        # The broker polls this: take in a completed flush now, so that the bodies it wrote
+        # leave memory even when nothing else happens (no consumer, no further publish).
+        self._reap()
         return bool(self._ops or self._ranges or self._wanting) or (
             not self._healthy and bool(self._sealed)
         )
@@ -554,10 +651,11 @@ class RocksDBBackend:
                 if db is None:
                     raise OSError("the rocksdb backend is closed")
                 write_batch = WriteBatch(raw_mode=True)
+                sync = False
                 for batch in batches:
-                    batch.apply(write_batch)
+                    sync = batch.apply(write_batch) or sync
                 db.write(write_batch, self._write_options)  # holds the GIL: no fsync here
-                if self._sync:
+                if sync and self._sync:
                     db.flush_wal(True)  # the fsync, without the GIL
             except Exception as exc:
                 with self._lock:
@@ -717,6 +815,8 @@ class RocksDBBackend:
         else:
             self.recovered_cleanly = db.get(META_CLEAN) is not None
             start.delete(META_CLEAN)
+            # Transient messages never survive a restart, clean or not.
+            start.delete_range(TRANSIENT, TRANSIENT_END)
             stored_epoch = db.get(META_EPOCH)
             epoch = unpack_u64(stored_epoch) + 1 if stored_epoch is not None else 1
             if epoch > MAX_EPOCH:

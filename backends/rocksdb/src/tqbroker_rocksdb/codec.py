@@ -12,10 +12,14 @@ is numeric order and iteration is in id order):
 - ``r`` u16 len(vhost) vhost queue -> u32 queue id (the registry; names are UTF-8)
 - ``q`` u32 qid ``d``              -> u64: delivery reservation: no id at or above it has been
   delivered; those below it may have been (they come back flagged redelivered)
-- ``q`` u32 qid ``m`` u64 id       -> a message record (persistent messages only)
+- ``q`` u32 qid ``m`` u64 id       -> the record of a persistent message
+- ``t`` u32 qid u64 id             -> the record of a transient message: written like the others
+  (so that a queue's bodies stay on disk whatever their persistence) but never synced for their
+  own sake, and dropped by ``open`` with one range delete of every ``t`` key
 
-All of a queue's keys share the prefix ``q`` u32 qid, so deleting a queue is one range delete, and
-its messages are the contiguous range ``[q qid m, q qid n)``.
+All of a queue's persistent keys share the prefix ``q`` u32 qid and its transient ones the prefix
+``t`` u32 qid, so deleting a queue is two range deletes; its persistent messages are the
+contiguous range ``[q qid m, q qid n)``, its transient ones ``[t qid, t qid+1)``.
 
 Record: a 9-byte header ``>BHHI`` (format version 1, length of the exchange name, of the routing
 key, of the raw properties), then the exchange and routing key (UTF-8), the properties exactly as
@@ -42,6 +46,8 @@ MAX_EPOCH = 2 ** (64 - EPOCH_SHIFT) - 1
 
 REGISTRY = b"r"
 QUEUE = b"q"
+TRANSIENT = b"t"
+TRANSIENT_END = b"u"  # the exclusive end of every transient key
 _MESSAGES = b"m"
 _RESERVATION = b"d"
 
@@ -102,13 +108,32 @@ def message_key(prefix: bytes, message_id: int) -> bytes:
 
 
 def message_id_of(key: bytes) -> int:
-    """The message id of a message key (its last 8 bytes)."""
+    """The message id of a message key, persistent or transient (its last 8 bytes)."""
     return unpack_u64(key[-_U64.size :])
 
 
 def queue_id_of(key: bytes) -> int:
-    """The queue id of any key under ``queue_prefix``."""
+    """The queue id of any key under ``queue_prefix`` or ``transient_prefix``."""
     return unpack_u32(key[len(QUEUE) : len(QUEUE) + _U32.size])
+
+
+def transient_prefix(qid: int) -> bytes:
+    """The prefix of every transient message key of queue ``qid``."""
+    return TRANSIENT + _U32.pack(qid)
+
+
+def transient_end(qid: int) -> bytes:
+    """The exclusive end of queue ``qid``'s transient message keys."""
+    return TRANSIENT + _U32.pack(qid + 1)
+
+
+def transient_key(transient: bytes, message_id: int) -> bytes:
+    """The key of a transient message, under ``transient_prefix``."""
+    return transient + _U64.pack(message_id)
+
+
+def is_transient_key(key: bytes) -> bool:
+    return key[:1] == TRANSIENT
 
 
 def reservation_key(prefix: bytes) -> bytes:
