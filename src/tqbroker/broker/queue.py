@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from .exchange import BindingRef
 
 log = logging.getLogger("tqbroker.queue")
+
+
+class QueueFull(Exception):
+    """``x-max-length`` reached with ``x-overflow`` reject-publish: the publish is refused."""
 
 
 class NeedsFlush(enum.Enum):
@@ -72,18 +77,42 @@ class Queue:
         self._next_consumer: dict[int, int] = {}  # round-robin position per consumer priority
         single = arguments.get("x-single-active-consumer")
         self.single_active_consumer = single is True
+        # x-expires: delete the queue after this many seconds unused (no consumer, no
+        # basic.get, no redeclare); x-max-length with x-overflow (drop-head or reject-publish).
+        expires = arguments.get("x-expires")
+        self.expires = expires / 1000 if isinstance(expires, int) else None
+        max_length = arguments.get("x-max-length")
+        self.max_length = max_length if isinstance(max_length, int) else None
+        self.overflow = arguments.get("x-overflow", "drop-head")
+        self._last_used = trio.current_time()
         self._wakeup = trio.Event()
         self._cancel_scope = trio.CancelScope()
 
     # -- the actor ---------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Deliver until the queue is deleted."""
+        """Deliver until the queue is deleted; expire it when ``x-expires`` says so. Time is
+        Trio's clock, so tests drive it with ``trio.testing.MockClock``."""
         with self._cancel_scope:
             while True:
-                await self._wakeup.wait()
+                deadline = math.inf
+                if self.expires is not None and not self.consumers:
+                    deadline = self._last_used + self.expires
+                with trio.move_on_at(deadline):
+                    await self._wakeup.wait()
+                if not self._wakeup.is_set():
+                    if self.on_unused is not None:
+                        log.info("queue %r in vhost %r expired", self.name, self.vhost)
+                        self.on_unused(self)
+                    return
                 self._wakeup = trio.Event()
                 self._dispatch()
+
+    def touch(self) -> None:
+        """The queue was used (basic.get, redeclare, a consumer came or went): restart the
+        ``x-expires`` countdown."""
+        self._last_used = trio.current_time()
+        self._wakeup.set()
 
     def wake(self) -> None:
         self._wakeup.set()
@@ -153,10 +182,16 @@ class Queue:
         return self.flusher is None or self.flusher.backend.healthy
 
     def publish(self, message: Message) -> Durability:
-        """Enqueue; return what a confirm must wait for (None: confirm at once)."""
+        """Enqueue; return what a confirm must wait for (None: confirm at once). Raises
+        ``QueueFull`` when ``x-max-length`` is reached and the overflow is reject-publish."""
+        full = self.max_length is not None and self.store.ready_count >= self.max_length
+        if full and self.overflow != "drop-head":
+            raise QueueFull(f"queue '{self.name}' is full (x-max-length {self.max_length})")
         flusher = self.flusher
         persistent = self.durable and flusher is not None and message.properties.delivery_mode == 2
         self.store.push(message, persistent)  # OSError: the caller refuses the publish
+        if self.max_length is not None:
+            self._drop_head()
         if self.consumers:
             self._wakeup.set()
         if persistent:
@@ -164,10 +199,21 @@ class Queue:
             return flusher, flusher.request()
         return None
 
+    def _drop_head(self) -> None:
+        """x-overflow drop-head: discard the oldest ready messages beyond ``x-max-length``."""
+        store = self.store
+        assert self.max_length is not None
+        while store.ready_count > self.max_length:
+            entry = store.pop()
+            if entry is None:  # the store must flush first; the next publish drops more
+                break
+            store.ack(entry[0])
+
     def get(self) -> tuple[int, Message, bool] | NeedsFlush | None:
         """The next ready message for ``basic.get``; None when the queue is empty;
         ``NEEDS_FLUSH`` when messages are ready but the store must flush before it may hand
         one out (rare: retry after ``flusher.call_after_flush``)."""
+        self.touch()
         try:
             entry = self.store.pop()
         except OSError as exc:
@@ -210,6 +256,7 @@ class Queue:
         while index and self.consumers[index - 1].priority < consumer.priority:
             index -= 1
         self.consumers.insert(index, consumer)
+        self.touch()
         self._had_consumer = True
         self._wakeup.set()
 
@@ -218,6 +265,7 @@ class Queue:
             self.consumers.remove(consumer)
         except ValueError:
             return
+        self.touch()
         if self.consumers:
             self._wakeup.set()  # e.g. the next single active consumer takes over
         elif self.auto_delete and self._had_consumer and self.on_unused:

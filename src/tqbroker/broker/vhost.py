@@ -426,6 +426,7 @@ class VirtualHost:
             )
         existing = self.queues.get(name)
         if existing is not None:
+            existing.touch()
             # RabbitMQ answers an exclusive mismatch with 405, before any other check.
             if existing.exclusive_owner is not (owner if exclusive else None):
                 self._lock_error(existing)

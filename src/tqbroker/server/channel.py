@@ -26,7 +26,7 @@ import attrs
 from ..broker.consumer import Consumer
 from ..broker.exchange import Exchange
 from ..broker.flusher import Flusher
-from ..broker.queue import NEEDS_FLUSH, Queue
+from ..broker.queue import NEEDS_FLUSH, Queue, QueueFull
 from ..broker.vhost import REPLY_TO, REPLY_TO_PREFIX, VirtualHost
 from ..model import Message
 from ..protocol import frames
@@ -322,6 +322,9 @@ class Channel:
                     continue
                 try:
                     durability = queue.publish(message)
+                except QueueFull:  # x-overflow reject-publish: nack to confirming publishers
+                    refused = True
+                    continue
                 except OSError as exc:  # the queue's storage cannot take it: nack
                     log.error("queue %r refused a message: %s", queue.name, exc)
                     refused = True
