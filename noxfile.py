@@ -15,7 +15,7 @@ RUFF = "ruff==0.17.6"  # the same pin as the test extra: generated code is forma
 def tests(session: nox.Session) -> None:
     """The test suite (slow tests excluded unless asked for with ``-- -m slow``); durable queues
     on the default ``log`` backend."""
-    session.install("-e", ".[test,rocksdb]")
+    session.install("-e", ".[test]")
     args = session.posargs or ["-m", "not slow"]
     session.run("pytest", "-p", "no:cacheprovider", *args)
 
@@ -24,7 +24,7 @@ def tests(session: nox.Session) -> None:
 @nox.parametrize("backend", ["rocksdb"])
 def backends(session: nox.Session, backend: str) -> None:
     """The client-facing and storage suites again with durable queues on another backend."""
-    session.install("-e", ".[test,rocksdb]")
+    session.install("-e", ".[test]")
     args = session.posargs or ["-m", "not slow", "tests/interop", "tests/storage"]
     env = {"TQBROKER_TEST_DURABLE_BACKEND": backend}
     session.run("pytest", "-p", "no:cacheprovider", *args, env=env)
@@ -41,7 +41,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over the package, tools and examples."""
-    session.install("-e", ".[test,rocksdb]", "mypy>=1.10")
+    session.install("-e", ".[test]", "mypy>=1.10")
     session.run("mypy")
 
 

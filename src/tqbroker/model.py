@@ -14,7 +14,7 @@ from .protocol.methods import BasicProperties
 class Message:
     """One published message. Immutable once routed; shared by every queue it was routed to."""
 
-    __slots__ = ("_properties", "body", "exchange", "properties_raw", "routing_key")
+    __slots__ = ("_names", "_properties", "body", "exchange", "properties_raw", "routing_key")
 
     def __init__(
         self,
@@ -29,6 +29,7 @@ class Message:
         self.properties_raw = properties_raw
         self.body = body
         self._properties = properties
+        self._names: bytes | None = None
 
     @property
     def properties(self) -> BasicProperties:
@@ -36,6 +37,17 @@ class Message:
         if self._properties is None:
             self._properties = BasicProperties.decode(memoryview(self.properties_raw))
         return self._properties
+
+    @property
+    def encoded_names(self) -> bytes:
+        """Exchange and routing key as two shortstrs, as ``basic.deliver`` carries them; encoded
+        once per message however many queues and consumers it reaches."""
+        if self._names is None:
+            exchange, routing_key = self.exchange.encode(), self.routing_key.encode()
+            self._names = (
+                bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key
+            )
+        return self._names
 
     def __repr__(self) -> str:
         return (

@@ -21,9 +21,6 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("tqbroker_rocksdb")
-
 from rocksdict import Options, Rdict
 from tqbroker_rocksdb import RocksDBBackend, RocksDBQueueStore
 from tqbroker_rocksdb.codec import (

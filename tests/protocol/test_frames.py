@@ -132,8 +132,7 @@ def test_write_deliver_matches_the_generic_encoding(
         shortstr(consumer_tag),
         delivery_tag,
         redelivered,
-        shortstr(exchange),
-        shortstr(routing_key),
+        shortstr(exchange) + shortstr(routing_key),
         properties,
         body,
         frame_max,
@@ -224,7 +223,7 @@ def test_write_deliver_appends_several_deliveries() -> None:
     out = bytearray()
     props = BasicProperties(content_type="text/plain", delivery_mode=2).encode()
     for tag in (1, 2):
-        write_deliver(out, 5, shortstr("c"), tag, False, shortstr("e"), shortstr("r"), props,
+        write_deliver(out, 5, shortstr("c"), tag, False, shortstr("e") + shortstr("r"), props,
                       b"x" * 10, 4096)  # fmt: skip
     kinds = [(kind, channel) for kind, channel, _ in split_frames(bytes(out))]
     assert kinds == [(1, 5), (2, 5), (3, 5)] * 2
@@ -264,8 +263,7 @@ def test_pamqp_reads_write_deliver(
         shortstr(consumer_tag),
         delivery_tag,
         redelivered,
-        shortstr(exchange),
-        shortstr(routing_key),
+        shortstr(exchange) + shortstr(routing_key),
         props.encode(),
         body,
         frame_max,

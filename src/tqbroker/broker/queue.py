@@ -221,7 +221,9 @@ class Queue:
             return None
         if self.flusher is not None and (self.store.wants_flush or entry is None):
             self.flusher.poke()
-            if entry is None and self.store.ready_count:
+            # Wait for the flush only while it can succeed; a backend that cannot write (after
+            # a failed fsync it stays so until restart) answers get-empty rather than hanging.
+            if entry is None and self.store.ready_count and self.flusher.backend.healthy:
                 return NEEDS_FLUSH
         return entry
 
@@ -265,10 +267,8 @@ class Queue:
             self.consumers.remove(consumer)
         except ValueError:
             return
-        self.touch()
-        if self.consumers:
-            self._wakeup.set()  # e.g. the next single active consumer takes over
-        elif self.auto_delete and self._had_consumer and self.on_unused:
+        self.touch()  # also wakes the actor: e.g. the next single active consumer takes over
+        if not self.consumers and self.auto_delete and self._had_consumer and self.on_unused:
             self.on_unused(self)
 
     def __repr__(self) -> str:

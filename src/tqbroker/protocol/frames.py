@@ -74,20 +74,19 @@ def write_deliver(
     consumer_tag: bytes,
     delivery_tag: int,
     redelivered: bool,
-    exchange: bytes,
-    routing_key: bytes,
+    names: bytes,
     properties: bytes,
     body: bytes,
     frame_max: int,
 ) -> None:
-    """Append a complete ``basic.deliver``. ``consumer_tag``, ``exchange`` and ``routing_key``
-    are already shortstr-encoded (length byte included) so a hot loop encodes them once."""
-    size = 4 + len(consumer_tag) + 9 + len(exchange) + len(routing_key)
+    """Append a complete ``basic.deliver``. ``consumer_tag`` is a shortstr and ``names`` the
+    exchange and routing key as two shortstrs (length bytes included), encoded by the caller once
+    (``Message.encoded_names``) rather than per delivery."""
+    size = 4 + len(consumer_tag) + 9 + len(names)
     out += _METHOD_HEAD.pack(FRAME_METHOD, channel, size, _BASIC, 60)
     out += consumer_tag
     out += _DELIVER_TAIL.pack(delivery_tag, redelivered)
-    out += exchange
-    out += routing_key
+    out += names
     out += FRAME_END_BYTE
     write_content(out, channel, properties, body, frame_max)
 
