@@ -25,7 +25,7 @@ def tests(session: nox.Session) -> None:
 def backends(session: nox.Session, backend: str) -> None:
     """The client-facing and storage suites again with durable queues on another backend."""
     session.install("-e", ".[test]")
-    args = session.posargs or ["-m", "not slow", "tests/interop", "tests/storage"]
+    args = session.posargs or ["-m", "not slow", "tests/interop", "tests/storage", "tests/plugins"]
     env = {"TQBROKER_TEST_DURABLE_BACKEND": backend}
     session.run("pytest", "-p", "no:cacheprovider", *args, env=env)
 
@@ -57,3 +57,11 @@ def bench(session: nox.Session) -> None:
     """Benchmarks (print numbers; assert nothing): ``nox -s bench -- --queued 1000000``."""
     session.install("-e", ".")
     session.run("python", "benchmarks/storage.py", *session.posargs)
+
+
+@nox.session(name="bench-delayed")
+def bench_delayed(session: nox.Session) -> None:
+    """Delayed delivery with 100,000 pending (prints lateness; asserts nothing):
+    ``nox -s bench-delayed -- --durable-backend rocksdb``."""
+    session.install("-e", ".[delayed-message,rocksdb]", "pika>=1.3")
+    session.run("python", "benchmarks/delayed.py", *session.posargs)

@@ -52,6 +52,10 @@ class BrokerConfig:
     durable_backend: str = "log"
     # Constructor options per backend name, e.g. {"log": {"fsync": "never"}}.
     backend_options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    # Milliseconds a delivery may stay unacknowledged before its channel is closed with 406
+    # (RabbitMQ's consumer_timeout, 30 minutes by default); a queue's x-consumer-timeout
+    # overrides; None disables.
+    consumer_timeout_ms: int | None = 30 * 60 * 1000
 
 
 class ConfigError(Exception):

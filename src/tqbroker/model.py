@@ -3,7 +3,9 @@
 Responsibilities:
 - ``Message``: exchange, routing key, the content-header properties exactly as the publisher sent
   them (forwarded to consumers without re-encoding) and the body; the decoded
-  ``BasicProperties`` on demand.
+  ``BasicProperties`` on demand;
+- ``timestamp_ms``: when the broker accepted the message (``tqbroker.clock.now_ms``, wall-clock
+  milliseconds); TTLs count from it and durable backends store it with the message.
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ from .protocol.methods import BasicProperties
 class Message:
     """One published message. Immutable once routed; shared by every queue it was routed to."""
 
-    __slots__ = ("_names", "_properties", "body", "exchange", "properties_raw", "routing_key")
+    __slots__ = (
+        "_names",
+        "_properties",
+        "body",
+        "exchange",
+        "properties_raw",
+        "routing_key",
+        "timestamp_ms",
+    )
 
     def __init__(
         self,
@@ -23,12 +33,14 @@ class Message:
         properties_raw: bytes,
         body: bytes,
         properties: BasicProperties | None = None,
+        timestamp_ms: int = 0,
     ) -> None:
         self.exchange = exchange
         self.routing_key = routing_key
         self.properties_raw = properties_raw
         self.body = body
         self._properties = properties
+        self.timestamp_ms = timestamp_ms
         self._names: bytes | None = None
 
     @property

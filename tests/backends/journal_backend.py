@@ -6,10 +6,10 @@ compacted, and recovery replays all of it. It exists so that the durable half of
 restart rule) runs against something before the real durable backends plug in, and so that
 broken variants can show the suite catches their bugs.
 
-Records: ``push`` (persistent messages only, with their bytes), ``id`` (a transient push: only
-its id matters, so ids are never reused), ``deliver`` (a persistent message's first delivery,
-written before ``pop`` returns it), ``ack`` (an ack or a purge of a persistent message) and
-``delete`` (a queue). Writes go to the page cache at once; ``begin_flush`` returns an ``fsync``.
+Records: ``push`` (persistent messages only, with their bytes and timestamp), ``id`` (a transient
+push: only its id matters, so ids are never reused), ``deliver`` (a persistent message's first
+delivery, written before ``pop`` returns it), ``ack`` (an ack or a purge of a persistent message)
+and ``delete`` (a queue). Writes go to the page cache at once; ``begin_flush`` returns an ``fsync``.
 """
 
 from __future__ import annotations
@@ -57,10 +57,18 @@ class JournalQueueStore:
                 message.routing_key,
                 bytes(message.properties_raw).hex(),
                 bytes(message.body).hex(),
+                message.timestamp_ms,
             )
         else:
             self.backend.write("id", self.key, message_id, dirty=False)
         return message_id
+
+    def peek(self) -> tuple[int, Message, bool] | None:
+        if not self.ready:
+            return None
+        message_id = self.ready[0]
+        entry = self.entries[message_id]
+        return message_id, entry.message, entry.delivered
 
     def pop(self) -> tuple[int, Message, bool] | None:
         if not self.ready:
@@ -97,6 +105,10 @@ class JournalQueueStore:
     @property
     def ready_count(self) -> int:
         return len(self.ready)
+
+    @property
+    def ready_bytes(self) -> int:
+        return sum(len(self.entries[message_id].message.body) for message_id in self.ready)
 
     @property
     def unacked_count(self) -> int:
@@ -149,8 +161,14 @@ class JournalBackend:
             return
         message_id = args[0]
         if kind == "push":
-            exchange, routing_key, properties, body = args[1:]
-            message = Message(exchange, routing_key, bytes.fromhex(properties), bytes.fromhex(body))
+            exchange, routing_key, properties, body, timestamp_ms = args[1:]
+            message = Message(
+                exchange,
+                routing_key,
+                bytes.fromhex(properties),
+                bytes.fromhex(body),
+                timestamp_ms=timestamp_ms,
+            )
             store.entries[message_id] = _Entry(message, True)
         elif kind == "deliver" and message_id in store.entries:
             store.entries[message_id].delivered = True

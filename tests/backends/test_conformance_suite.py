@@ -51,6 +51,35 @@ class _PurgeCountsUnackedStore(MemoryQueueStore):
         return super().purge() + self.unacked_count
 
 
+class _PeekPopsStore(MemoryQueueStore):
+    def peek(self) -> tuple[int, Message, bool] | None:
+        return self.pop()
+
+
+class _PeekIgnoresRequeuedStore(MemoryQueueStore):
+    def peek(self) -> tuple[int, Message, bool] | None:
+        if self._ready:
+            message_id, message = self._ready[0]
+            return message_id, message, False
+        return super().peek()
+
+
+class _RequeueForgetsBytesStore(MemoryQueueStore):
+    def requeue(self, message_id: int) -> None:
+        before = self._ready_bytes
+        super().requeue(message_id)
+        self._ready_bytes = before
+
+
+class _DropsTimestampStore(MemoryQueueStore):
+    def pop(self) -> tuple[int, Message, bool] | None:
+        popped = super().pop()
+        if popped is None:
+            return None
+        message_id, m, redelivered = popped
+        return message_id, Message(m.exchange, m.routing_key, m.properties_raw, m.body), redelivered
+
+
 class _MemoryWith(MemoryBackend):
     store_class: type[MemoryQueueStore] = MemoryQueueStore
 
@@ -79,7 +108,14 @@ class _ReusesIds(JournalBackend):
 class _KeepsTransient(JournalBackend):
     def write(self, kind: str, key: tuple[str, str], *args: Any, dirty: bool = True) -> None:
         if kind == "id":
-            kind, args = "push", (*args, "ex", "rk", "0000", "")
+            kind, args = "push", (*args, "ex", "rk", "0000", "", 1)
+        super().write(kind, key, *args, dirty=dirty)
+
+
+class _ForgetsTimestamps(JournalBackend):
+    def write(self, kind: str, key: tuple[str, str], *args: Any, dirty: bool = True) -> None:
+        if kind == "push":
+            args = (*args[:-1], 0)
         super().write(kind, key, *args, dirty=dirty)
 
 
@@ -102,6 +138,15 @@ MUTANTS: list[tuple[str, BackendFactory, list[str]]] = [
     ("lifo", _memory_with(_LifoStore), ["pop_order", "requeue_order", "stateful"]),
     ("unflagged", _memory_with(_UnflaggedRequeueStore), ["requeue_order", "stateful"]),
     ("purge_count", _memory_with(_PurgeCountsUnackedStore), ["purge", "stateful"]),
+    ("peek_pops", _memory_with(_PeekPopsStore), ["peek", "stateful"]),
+    ("peek_ignores_requeued", _memory_with(_PeekIgnoresRequeuedStore), ["peek", "stateful"]),
+    ("requeue_forgets_bytes", _memory_with(_RequeueForgetsBytesStore), ["ready_bytes", "stateful"]),
+    ("drops_timestamp", _memory_with(_DropsTimestampStore), ["timestamps_round_trip", "stateful"]),
+    (
+        "forgets_timestamps",
+        lambda data_dir: _ForgetsTimestamps(),
+        ["timestamps_round_trip", "ready_bytes_after_restart", "stateful"],
+    ),
     (
         "no_deliver_record",
         lambda data_dir: _NoDeliverRecord(),

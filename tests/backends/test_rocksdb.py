@@ -24,6 +24,7 @@ import pytest
 from rocksdict import Options, Rdict
 from tqbroker_rocksdb import RocksDBBackend, RocksDBQueueStore
 from tqbroker_rocksdb.codec import (
+    body_size,
     decode_record,
     encode_record,
     message_key,
@@ -171,18 +172,35 @@ def test_registered_under_the_backends_entry_point() -> None:
     "msg",
     [
         Message("", "", b"", b""),
-        Message("é" * 127, "r" * 255, b"\x00\x00", bytes(range(256)) * 4),
-        Message("обмен", "ключ.🐇.#", BasicProperties(headers={"k": [1, None]}).encode(), b"x"),
-        Message("ex", "rk", b"\x80\x00" + b"p" * 70000, os.urandom(1 << 20)),
+        Message("é" * 127, "r" * 255, b"\x00\x00", bytes(range(256)) * 4, timestamp_ms=1),
+        Message(
+            "обмен",
+            "ключ.🐇.#",
+            BasicProperties(headers={"k": [1, None]}).encode(),
+            b"x",
+            timestamp_ms=1_700_000_000_123,
+        ),
+        Message(
+            "ex", "rk", b"\x80\x00" + b"p" * 70000, os.urandom(1 << 20), timestamp_ms=2**64 - 1
+        ),
     ],
     ids=["empty", "long-names", "unicode", "big"],
 )
 def test_record_round_trip(msg: Message) -> None:
     record = encode_record(msg)
-    assert len(record) == 9 + len(msg.exchange.encode()) + len(msg.routing_key.encode()) + len(
+    assert len(record) == 17 + len(msg.exchange.encode()) + len(msg.routing_key.encode()) + len(
         msg.properties_raw
     ) + len(msg.body)
-    assert same(decode_record(record), msg)
+    decoded = decode_record(record)
+    assert same(decoded, msg)
+    assert decoded.timestamp_ms == msg.timestamp_ms
+    assert body_size(record) == len(msg.body)
+
+
+def test_old_record_version_is_refused() -> None:
+    record = b"\x01" + encode_record(Message("ex", "rk", b"", b"body"))[1:]
+    with pytest.raises(ValueError, match="version 1"):
+        decode_record(record)
 
 
 def test_key_layout_orders_ids_numerically() -> None:
@@ -583,6 +601,36 @@ def test_refuses_a_database_that_is_not_its_own(tmp_path: Path) -> None:
     db.close()
     with pytest.raises(RuntimeError, match="not tqbroker's"):
         RocksDBBackend().open(tmp_path)
+
+
+def test_refuses_a_database_of_the_format_without_timestamps(tmp_path: Path) -> None:
+    RocksDBBackend().open(tmp_path)  # creates it: then pretend an older version did
+    db = Rdict(str(tmp_path / "rocksdb"), Options(raw_mode=True))
+    db[b"\x00format"] = b"1"
+    db.close()
+    with pytest.raises(RuntimeError, match="unsupported format"):
+        RocksDBBackend().open(tmp_path)
+
+
+def test_a_vanished_record_is_skipped_and_ready_bytes_heals(tmp_path: Path) -> None:
+    """A record missing from the database (only damage can do that) is skipped by ``peek`` and
+    ``pop``; its size is unknown, but ``ready_bytes`` is 0 again once nothing is ready."""
+    backend = opened(tmp_path)
+    store = backend.open_queue("/", "q")
+    ids = [store.push(message(n, b"x" * 10), persistent=True) for n in range(3)]
+    first = pop(backend, store)
+    assert first is not None
+    store.requeue(first[0])
+    flush(backend)
+    assert not backend.needs_flush  # takes in the flush: bodies are read from RocksDB now
+    assert backend._db is not None
+    backend._db.delete(message_key(queue_prefix(store.qid), ids[0]))
+    peeked = store.peek()
+    assert peeked is not None
+    assert peeked[0] == ids[1]
+    assert [p[0] for p in drain(backend, store)] == ids[1:]
+    assert (store.ready_count, store.ready_bytes) == (0, 0)
+    backend.close()
 
 
 def test_crash_in_process_keeps_flushed_and_flags_a_bounded_window(tmp_path: Path) -> None:

@@ -15,9 +15,10 @@ from tqbroker.testing import RunningBroker
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def test_serve_returns_bound_addresses() -> None:
+async def test_serve_returns_bound_addresses(tmp_path: Path) -> None:
+    config = tqbroker.BrokerConfig(port=0, data_dir=tmp_path)
     async with trio.open_nursery() as nursery:
-        addresses = await nursery.start(tqbroker.serve, tqbroker.BrokerConfig(port=0))
+        addresses = await nursery.start(tqbroker.serve, config)
         host, port = addresses[0]
         assert host == "127.0.0.1"
         assert port > 0
@@ -42,12 +43,14 @@ async def test_pytest_trio_fixture(tqbroker_broker: RunningBroker) -> None:
     assert await trio.to_thread.run_sync(publish_and_get) == b"from a thread"
 
 
-async def test_graceful_shutdown_event() -> None:
+async def test_graceful_shutdown_event(tmp_path: Path) -> None:
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(
             lambda task_status: tqbroker.serve(
-                tqbroker.BrokerConfig(port=0), shutdown=shutdown, task_status=task_status
+                tqbroker.BrokerConfig(port=0, data_dir=tmp_path),
+                shutdown=shutdown,
+                task_status=task_status,
             )
         )
         host, port = addresses[0]
@@ -73,9 +76,10 @@ async def test_graceful_shutdown_event() -> None:
     # serve returned by itself: the nursery exited without being cancelled
 
 
-def test_embedded_example_runs() -> None:
+def test_embedded_example_runs(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "embedded.py")],
+        cwd=tmp_path,  # the example keeps its data in ./tqbroker-data
         capture_output=True,
         text=True,
         timeout=60,

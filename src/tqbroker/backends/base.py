@@ -13,6 +13,9 @@ page cache is fine; an ``fsync`` is not). The one exception is the callable retu
 ``Backend.begin_flush``, which the flusher runs in a worker thread while the Trio thread goes on
 calling the other methods.
 
+Messages: a store gives back what was pushed: exchange, routing key, the raw properties, the body
+and ``timestamp_ms`` (a durable backend persists the timestamp too; message TTLs count from it).
+
 Ordering: ``push`` assigns increasing message ids; ``pop`` returns ready messages in id order,
 requeued messages first, so a message requeued with ``requeue`` goes back to its original place
 ahead of newer ones. A durable backend keeps a message's id across restarts, and never reuses an
@@ -60,6 +63,11 @@ class QueueStore(Protocol):
         may hand out more: it then reports ``Backend.needs_flush``)."""
         ...
 
+    def peek(self) -> tuple[int, Message, bool] | None:
+        """What ``pop`` would return next, without taking it (the queue expires messages at
+        its head by looking). ``None`` when ``pop`` would return ``None``."""
+        ...
+
     def ack(self, message_id: int) -> None:
         """Forget an unacked message for good. Unknown ids are ignored."""
         ...
@@ -76,6 +84,11 @@ class QueueStore(Protocol):
     @property
     def ready_count(self) -> int:
         """Messages waiting for delivery."""
+        ...
+
+    @property
+    def ready_bytes(self) -> int:
+        """The body bytes of the messages waiting for delivery (``x-max-length-bytes``)."""
         ...
 
     @property

@@ -25,22 +25,36 @@ class MemoryQueueStore:
         self._requeued: list[int] = []  # heap of ids
         self._messages: dict[int, Message] = {}  # unacked and requeued messages by id
         self._unacked: set[int] = set()
+        self._ready_bytes = 0
 
     def push(self, message: Message, persistent: bool = False) -> int:
         message_id = self._next_id
         self._next_id += 1
         self._ready.append((message_id, message))
+        self._ready_bytes += len(message.body)
         return message_id
+
+    def peek(self) -> tuple[int, Message, bool] | None:
+        if self._requeued:
+            message_id = self._requeued[0]
+            return message_id, self._messages[message_id], True
+        if self._ready:
+            message_id, message = self._ready[0]
+            return message_id, message, False
+        return None
 
     def pop(self) -> tuple[int, Message, bool] | None:
         if self._requeued:
             message_id = heapq.heappop(self._requeued)
             self._unacked.add(message_id)
-            return message_id, self._messages[message_id], True
+            message = self._messages[message_id]
+            self._ready_bytes -= len(message.body)
+            return message_id, message, True
         if self._ready:
             message_id, message = self._ready.popleft()
             self._messages[message_id] = message
             self._unacked.add(message_id)
+            self._ready_bytes -= len(message.body)
             return message_id, message, False
         return None
 
@@ -53,6 +67,7 @@ class MemoryQueueStore:
         if message_id in self._unacked:
             self._unacked.discard(message_id)
             heapq.heappush(self._requeued, message_id)
+            self._ready_bytes += len(self._messages[message_id].body)
 
     def purge(self) -> int:
         count = len(self._ready) + len(self._requeued)
@@ -60,11 +75,16 @@ class MemoryQueueStore:
         for message_id in self._requeued:
             del self._messages[message_id]
         self._requeued.clear()
+        self._ready_bytes = 0
         return count
 
     @property
     def ready_count(self) -> int:
         return len(self._ready) + len(self._requeued)
+
+    @property
+    def ready_bytes(self) -> int:
+        return self._ready_bytes
 
     @property
     def unacked_count(self) -> int:

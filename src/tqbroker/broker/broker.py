@@ -112,6 +112,15 @@ class Broker:
                         f"{queue['backend']!r} backend, which is not loaded; install or fix it "
                         "(refusing to start rather than lose its messages)"
                     )
+            for exchange in definitions.get("exchanges", []):
+                # An exchange type that holds messages keeps them in a store of its own.
+                backend = exchange.get("store_backend")
+                if backend is not None and backend not in self.backends:
+                    raise StartupError(
+                        f"durable exchange {exchange['name']!r} in vhost {vhost!r} holds its "
+                        f"messages on the {backend!r} backend, which is not loaded; install or "
+                        "fix it (refusing to start rather than lose its messages)"
+                    )
         names = list(self.config.vhosts) + [
             v for v in stored.get("vhosts", []) if v not in self.config.vhosts
         ]

@@ -1,10 +1,18 @@
 """A classic queue and its actor.
 
 Responsibilities:
-- accept messages (``publish``: a plain call that wakes the actor, no message passing per message);
-- the actor task: deliver ready messages round-robin to consumers that have prefetch credit;
-- basic.get, ack and requeue through the queue's ``QueueStore``;
+- accept messages (``publish``: a plain call that wakes the actor, no message passing per message),
+  enforcing ``x-max-length`` / ``x-max-length-bytes`` with ``x-overflow``;
+- the actor task: deliver ready messages to consumers with prefetch credit (consumer priorities,
+  round-robin among equals, single active consumer); expire messages at the head
+  (``x-message-ttl``, per-message ``expiration``) and the queue itself (``x-expires``);
+- basic.get, ack, reject and requeue through the queue's ``QueueStore``; the returns of each
+  message against ``x-delivery-limit`` (``x-delivery-count`` on redeliveries);
+- dead-lettering (reasons ``rejected``, ``expired``, ``maxlen``, ``delivery_limit``) through the
+  ``dead_letter`` callback the vhost sets;
 - consumer bookkeeping (exclusive consumers, auto-delete once the last consumer leaves).
+
+Timers read Trio's clock (``tqbroker.clock``), so tests drive them with ``MockClock``.
 
 The actor is woken, not messaged: any number of publishes, acks or new consumers between two
 wake-ups cost one delivery pass.
@@ -18,12 +26,15 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
+import attrs
 import trio
 
+from .. import clock
 from ..backends.base import QueueStore
 from ..model import Message
 from ..protocol.codec import FieldTable
 from .consumer import Consumer
+from .deadletter import Reason, message_ttl
 from .flusher import Flusher
 
 if TYPE_CHECKING:
@@ -33,7 +44,8 @@ log = logging.getLogger("tqbroker.queue")
 
 
 class QueueFull(Exception):
-    """``x-max-length`` reached with ``x-overflow`` reject-publish: the publish is refused."""
+    """``x-max-length(-bytes)`` reached with ``x-overflow`` reject-publish(-dlx): the publish is
+    refused (nacked)."""
 
 
 class NeedsFlush(enum.Enum):
@@ -44,6 +56,14 @@ NEEDS_FLUSH: Final = NeedsFlush.NEEDS_FLUSH
 
 # What a publish must wait for before it may be confirmed: a flusher ticket, or nothing.
 Durability = tuple[Flusher, int] | None
+
+# What a queue calls to dead-letter a message (set by the vhost).
+DeadLetter = Callable[["Queue", Message, Reason], None]
+
+
+def _int_argument(arguments: FieldTable, name: str) -> int | None:
+    value = arguments.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class Queue:
@@ -75,15 +95,35 @@ class Queue:
         self.on_unused: Callable[[Queue], None] | None = None  # set by the vhost (auto-delete)
         self._had_consumer = False
         self._next_consumer: dict[int, int] = {}  # round-robin position per consumer priority
-        single = arguments.get("x-single-active-consumer")
-        self.single_active_consumer = single is True
+        self.single_active_consumer = arguments.get("x-single-active-consumer") is True
         # x-expires: delete the queue after this many seconds unused (no consumer, no
-        # basic.get, no redeclare); x-max-length with x-overflow (drop-head or reject-publish).
-        expires = arguments.get("x-expires")
-        self.expires = expires / 1000 if isinstance(expires, int) else None
-        max_length = arguments.get("x-max-length")
-        self.max_length = max_length if isinstance(max_length, int) else None
+        # basic.get, no redeclare).
+        expires = _int_argument(arguments, "x-expires")
+        self.expires = expires / 1000 if expires is not None else None
+        # Length limits over ready messages, and what happens beyond them.
+        self.max_length = _int_argument(arguments, "x-max-length")
+        self.max_length_bytes = _int_argument(arguments, "x-max-length-bytes")
         self.overflow = arguments.get("x-overflow", "drop-head")
+        self.message_ttl = _int_argument(arguments, "x-message-ttl")  # ms
+        dlx = arguments.get("x-dead-letter-exchange")
+        self.dead_letter_exchange = dlx if isinstance(dlx, str) else None
+        dlrk = arguments.get("x-dead-letter-routing-key")
+        self.dead_letter_routing_key = dlrk if isinstance(dlrk, str) else None
+        self.delivery_limit = _int_argument(arguments, "x-delivery-limit")
+        self.consumer_timeout_ms = _int_argument(arguments, "x-consumer-timeout")
+        self.dead_letter: DeadLetter | None = None  # set by the vhost
+        # Messages dropped at the delivery limit for want of a dead-letter exchange.
+        self.dropped_at_delivery_limit = 0
+        # Unacked messages by id, kept only when a reject or a return may need the message
+        # (dead-lettering, delivery limit); bounded by the consumers' prefetch.
+        self._keep_unacked = self.dead_letter_exchange is not None or (
+            self.delivery_limit is not None
+        )
+        self._unacked_messages: dict[int, Message] = {}
+        self._returns: dict[int, int] = {}  # message id -> returns so far (x-delivery-limit)
+        # Whether a ready message may carry a TTL: then the actor watches the head. Recovered
+        # messages may carry per-message TTLs, so a queue that opens non-empty watches too.
+        self._may_expire = self.message_ttl is not None or store.ready_count > 0
         self._last_used = trio.current_time()
         self._wakeup = trio.Event()
         self._cancel_scope = trio.CancelScope()
@@ -95,18 +135,20 @@ class Queue:
         Trio's clock, so tests drive it with ``trio.testing.MockClock``."""
         with self._cancel_scope:
             while True:
-                deadline = math.inf
+                unused_deadline = math.inf
                 if self.expires is not None and not self.consumers:
-                    deadline = self._last_used + self.expires
-                with trio.move_on_at(deadline):
+                    unused_deadline = self._last_used + self.expires
+                head_deadline = self._expire_head() if self._may_expire else math.inf
+                with trio.move_on_at(min(unused_deadline, head_deadline)):
                     await self._wakeup.wait()
-                if not self._wakeup.is_set():
+                if self._wakeup.is_set():
+                    self._wakeup = trio.Event()
+                    self._dispatch()
+                elif trio.current_time() >= unused_deadline:
                     if self.on_unused is not None:
                         log.info("queue %r in vhost %r expired", self.name, self.vhost)
                         self.on_unused(self)
                     return
-                self._wakeup = trio.Event()
-                self._dispatch()
 
     def touch(self) -> None:
         """The queue was used (basic.get, redeclare, a consumer came or went): restart the
@@ -128,7 +170,7 @@ class Queue:
             if consumer is None:
                 return
             try:
-                entry = store.pop()
+                entry = self._take()
             except OSError as exc:  # storage trouble: deliver again on the next wake-up
                 log.error(
                     "queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc
@@ -139,13 +181,85 @@ class Queue:
                     self.flusher.wake_after_flush(self)  # the store needs a flush first
                 return
             message_id, message, redelivered = entry
-            if store.wants_flush and self.flusher is not None:
-                self.flusher.poke()
             if consumer.no_ack:
-                store.ack(message_id)
+                self._settle(message_id)
             else:
                 consumer.unacked += 1
             consumer.channel.deliver(consumer, message_id, message, redelivered)
+
+    def _take(self) -> tuple[int, Message, bool] | None:
+        """Pop the next live message for delivery: expired ones met on the way are
+        dead-lettered; a message returned before carries ``x-delivery-count``."""
+        store = self.store
+        while True:
+            entry = store.pop()
+            if store.wants_flush and self.flusher is not None:
+                self.flusher.poke()
+            if entry is None:
+                return None
+            message_id, message, redelivered = entry
+            if self._may_expire and self._expired(message, clock.now_ms()):
+                self._discard(message_id, message, "expired")
+                continue
+            if self._keep_unacked:
+                self._unacked_messages[message_id] = message
+                returns = self._returns.get(message_id)
+                if returns:
+                    message = _with_header(message, "x-delivery-count", returns)
+            return message_id, message, redelivered
+
+    # -- expiry and dead-lettering -----------------------------------------------------------
+
+    def _expires_at(self, message: Message) -> int | None:
+        """Epoch ms after which the message is expired: the lower of the queue's and the
+        message's TTL, counted from its arrival."""
+        ttl = message_ttl(message)
+        if self.message_ttl is not None:
+            ttl = self.message_ttl if ttl is None else min(ttl, self.message_ttl)
+        return None if ttl is None else message.timestamp_ms + ttl
+
+    def _expired(self, message: Message, now_ms: int) -> bool:
+        expires_at = self._expires_at(message)
+        return expires_at is not None and now_ms > expires_at
+
+    def _expire_head(self) -> float:
+        """Dead-letter expired messages at the head, as RabbitMQ's classic queues do; return
+        the Trio time at which the head expires next (inf: no TTL at the head)."""
+        store = self.store
+        now = clock.now_ms()
+        while True:
+            try:
+                entry = store.peek()
+            except OSError as exc:
+                log.error(
+                    "queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc
+                )
+                return math.inf
+            if entry is None:
+                if store.ready_count and self.flusher is not None:
+                    self.flusher.wake_after_flush(self)  # the store needs a flush first
+                return math.inf
+            expires_at = self._expires_at(entry[1])
+            if expires_at is None:
+                return math.inf
+            if now <= expires_at:
+                return clock.to_trio(expires_at + 1)
+            popped = store.pop()
+            if popped is None:  # peek said it would not; be safe
+                return math.inf
+            self._discard(popped[0], popped[1], "expired")
+
+    def _discard(self, message_id: int, message: Message, reason: Reason) -> None:
+        """Remove a message from the queue for good and dead-letter it."""
+        self._settle(message_id)
+        if self.dead_letter is not None and self.dead_letter_exchange is not None:
+            self.dead_letter(self, message, reason)
+
+    def _settle(self, message_id: int) -> None:
+        self.store.ack(message_id)
+        if self._keep_unacked:
+            self._unacked_messages.pop(message_id, None)
+            self._returns.pop(message_id, None)
 
     def _pick_consumer(self) -> Consumer | None:
         """The consumer for the next message. With ``x-single-active-consumer`` only the
@@ -183,31 +297,59 @@ class Queue:
 
     def publish(self, message: Message) -> Durability:
         """Enqueue; return what a confirm must wait for (None: confirm at once). Raises
-        ``QueueFull`` when ``x-max-length`` is reached and the overflow is reject-publish."""
-        full = self.max_length is not None and self.store.ready_count >= self.max_length
-        if full and self.overflow != "drop-head":
-            raise QueueFull(f"queue '{self.name}' is full (x-max-length {self.max_length})")
+        ``QueueFull`` when a length limit is reached and the overflow is reject-publish(-dlx)
+        (with -dlx the message is dead-lettered too)."""
+        limited = self.max_length is not None or self.max_length_bytes is not None
+        if limited and self.overflow != "drop-head" and self._over_limit(1, len(message.body)):
+            if self.overflow == "reject-publish-dlx":
+                self._discard_new(message, "maxlen")
+            raise QueueFull(f"queue '{self.name}' in vhost '{self.vhost}' is full")
+        ttl = message_ttl(message)
+        if ttl is not None:
+            self._may_expire = True
+        # TTL 0: delivered now if a consumer can take it at once, else expired.
+        deliver_now = self.message_ttl == 0 or ttl == 0
+        if deliver_now and (
+            self.store.ready_count or not any(c.has_capacity() for c in self.consumers)
+        ):
+            self._discard_new(message, "expired")
+            return None
         flusher = self.flusher
         persistent = self.durable and flusher is not None and message.properties.delivery_mode == 2
         self.store.push(message, persistent)  # OSError: the caller refuses the publish
-        if self.max_length is not None:
+        if limited:
             self._drop_head()
-        if self.consumers:
+        if deliver_now:
+            self._dispatch()
+        elif self.consumers or self._may_expire:
             self._wakeup.set()
         if persistent:
             assert flusher is not None
             return flusher, flusher.request()
         return None
 
-    def _drop_head(self) -> None:
-        """x-overflow drop-head: discard the oldest ready messages beyond ``x-max-length``."""
+    def _over_limit(self, extra_messages: int = 0, extra_bytes: int = 0) -> bool:
         store = self.store
-        assert self.max_length is not None
-        while store.ready_count > self.max_length:
+        return (
+            self.max_length is not None and store.ready_count + extra_messages > self.max_length
+        ) or (
+            self.max_length_bytes is not None
+            and store.ready_bytes + extra_bytes > self.max_length_bytes
+        )
+
+    def _discard_new(self, message: Message, reason: Reason) -> None:
+        """Dead-letter a message that never entered the queue."""
+        if self.dead_letter is not None and self.dead_letter_exchange is not None:
+            self.dead_letter(self, message, reason)
+
+    def _drop_head(self) -> None:
+        """x-overflow drop-head: dead-letter the oldest ready messages while over a limit."""
+        store = self.store
+        while self._over_limit():
             entry = store.pop()
             if entry is None:  # the store must flush first; the next publish drops more
                 break
-            store.ack(entry[0])
+            self._discard(entry[0], entry[1], "maxlen")
 
     def get(self) -> tuple[int, Message, bool] | NeedsFlush | None:
         """The next ready message for ``basic.get``; None when the queue is empty;
@@ -215,7 +357,7 @@ class Queue:
         one out (rare: retry after ``flusher.call_after_flush``)."""
         self.touch()
         try:
-            entry = self.store.pop()
+            entry = self._take()
         except OSError as exc:
             log.error("queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc)
             return None
@@ -228,18 +370,52 @@ class Queue:
         return entry
 
     def ack(self, message_id: int, consumer: Consumer | None) -> None:
-        self.store.ack(message_id)
+        self._settle(message_id)
         if consumer is not None:
             consumer.unacked -= 1
             self._wakeup.set()
 
+    def reject(self, message_id: int, consumer: Consumer | None) -> None:
+        """basic.reject / basic.nack without requeue: remove and dead-letter (``rejected``)."""
+        message = self._unacked_messages.get(message_id)
+        self.ack(message_id, consumer)
+        if message is not None:
+            self._discard_new(message, "rejected")
+
     def requeue(self, message_id: int, consumer: Consumer | None) -> None:
+        """Return an unacked message to the queue. Every return counts against
+        ``x-delivery-limit``; past it the message is dead-lettered (``delivery_limit``) or,
+        without a dead-letter exchange, dropped and counted in the log."""
         if consumer is not None:
             consumer.unacked -= 1
-        self.store.requeue(message_id)
         self._wakeup.set()
+        if self.delivery_limit is not None:
+            returns = self._returns.get(message_id, 0) + 1
+            message = self._unacked_messages.pop(message_id, None)
+            if returns > self.delivery_limit and message is not None:
+                self._settle(message_id)
+                if self.dead_letter_exchange is None:
+                    self.dropped_at_delivery_limit += 1
+                    log.warning(
+                        "queue %r in vhost %r dropped a message returned %d times "
+                        "(x-delivery-limit %d, no x-dead-letter-exchange; %d dropped so far)",
+                        self.name,
+                        self.vhost,
+                        returns,
+                        self.delivery_limit,
+                        self.dropped_at_delivery_limit,
+                    )
+                self._discard_new(message, "delivery_limit")
+                return
+            self._returns[message_id] = returns
+        elif self._keep_unacked:
+            self._unacked_messages.pop(message_id, None)
+        self.store.requeue(message_id)
 
     def purge(self) -> int:
+        """Drop the ready messages (not dead-lettered, as in RabbitMQ)."""
+        if self._returns:  # forget the returns of purged messages; unacked ones keep theirs
+            self._returns = {i: n for i, n in self._returns.items() if i in self._unacked_messages}
         return self.store.purge()
 
     @property
@@ -273,3 +449,19 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"Queue({self.vhost!r}, {self.name!r})"
+
+
+def _with_header(message: Message, name: str, value: int) -> Message:
+    """A copy of ``message`` with one header set (the stored message stays as published)."""
+    properties = message.properties
+    headers = dict(properties.headers or {})
+    headers[name] = value
+    properties = attrs.evolve(properties, headers=headers)
+    return Message(
+        message.exchange,
+        message.routing_key,
+        properties.encode(),
+        message.body,
+        properties,
+        timestamp_ms=message.timestamp_ms,
+    )

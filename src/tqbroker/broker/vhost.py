@@ -6,7 +6,10 @@ Responsibilities:
   redeclare 406, unknown exchange type 503);
 - routing a message through exchange-to-exchange bindings and alternate exchanges (a plain
   function call, no task);
-- exclusive and auto-delete lifetimes.
+- exclusive and auto-delete lifetimes;
+- dead-lettering: routing a queue's expired, rejected, dropped or over-limit messages to its
+  dead-letter exchange (``x-death`` and cycles in ``deadletter``);
+- the stores behind a queue: one per priority level for ``x-max-priority`` queues.
 
 Everything here is synchronous and runs on the broker's Trio thread; queue actors are started
 through the ``spawn`` callback the broker passes in.
@@ -18,17 +21,21 @@ import base64
 import logging
 import os
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any, Final, NoReturn, Protocol
+from typing import Any, Final, NoReturn, Protocol, cast
 
-from ..backends.base import Backend
+from .. import clock
+from ..backends.base import Backend, QueueStore
 from ..model import Message
 from ..plugins.builtin.direct import DirectRouter
-from ..plugins.spec import ExchangeType
+from ..plugins.spec import Destination, ExchangeType, HoldingRouter
 from ..protocol.codec import FieldTable, FieldValue, encode_table
 from ..protocol.errors import AMQPError, ReplyCode
+from .deadletter import Reason, dead_lettered, is_cycle, routing_keys
 from .exchange import DefaultExchange, Exchange
 from .flusher import Flusher
-from .queue import Queue
+from .holding import BrokerExchangeContext, HoldingExchange
+from .priority import PriorityStore, level_store_names
+from .queue import Queue, QueueFull
 
 log = logging.getLogger("tqbroker.vhost")
 
@@ -132,21 +139,48 @@ class VirtualHost:
         auto_delete: bool,
         internal: bool,
         arguments: FieldTable,
+        store_backend: str | None = None,
+        restoring: bool = False,
     ) -> Exchange:
         exchange_type = self.exchange_types[type_name]
         try:
             exchange_type.validate(arguments)
         except ValueError as exc:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED, str(exc)) from None
-        return Exchange(
+        router = exchange_type.create_router(arguments)
+        if not isinstance(router, HoldingRouter):
+            return Exchange(
+                name,
+                type_name,
+                router,
+                durable=durable,
+                auto_delete=auto_delete,
+                internal=internal,
+                arguments=arguments,
+            )
+        # An exchange type that holds messages: its router gets a context (plugins.spec).
+        exchange = HoldingExchange(
             name,
             type_name,
-            exchange_type.create_router(arguments),
+            router,
             durable=durable,
             auto_delete=auto_delete,
             internal=internal,
             arguments=arguments,
         )
+        exchange.context = BrokerExchangeContext(
+            self, exchange, spawn=self._spawn, store_backend=store_backend, restoring=restoring
+        )
+        try:
+            router.open(exchange.context)
+        except ValueError as exc:
+            raise AMQPError(ReplyCode.PRECONDITION_FAILED, str(exc)) from None
+        except OSError as exc:
+            raise AMQPError(
+                ReplyCode.RESOURCE_ERROR,
+                f"cannot open the storage of exchange '{name}' in vhost '{self.name}': {exc}",
+            ) from None
+        return exchange
 
     def declare_exchange(
         self,
@@ -254,6 +288,8 @@ class VirtualHost:
             source.unbind(exchange, key, args_id)
             self._maybe_auto_delete(source)
         exchange.bound_by.clear()
+        if isinstance(exchange, HoldingExchange):
+            exchange.holding_router.delete()  # its held messages go with it
         if exchange.durable:
             self._on_change()
 
@@ -323,6 +359,12 @@ class VirtualHost:
                 "auto_delete": x.auto_delete,
                 "internal": x.internal,
                 "arguments": x.arguments,
+                # Where a holding exchange's store is (it reopens there after a restart).
+                **(
+                    {"store_backend": x.context.backend_name}
+                    if isinstance(x, HoldingExchange) and x.context is not None
+                    else {}
+                ),
             }
             for x in self.exchanges.values()
             if x.durable and x.name and not x.name.startswith("amq.")
@@ -365,14 +407,19 @@ class VirtualHost:
                     x["type"],
                 )
                 continue
-            self.exchanges[x["name"]] = self._new_exchange(
-                x["name"],
-                x["type"],
-                durable=True,
-                auto_delete=x["auto_delete"],
-                internal=x["internal"],
-                arguments=x["arguments"],
-            )
+            try:
+                self.exchanges[x["name"]] = self._new_exchange(
+                    x["name"],
+                    x["type"],
+                    durable=True,
+                    auto_delete=x["auto_delete"],
+                    internal=x["internal"],
+                    arguments=x["arguments"],
+                    store_backend=x.get("store_backend"),
+                    restoring=True,
+                )
+            except AMQPError as exc:  # e.g. what an exchange type needs is no longer installed
+                log.error("vhost %s: cannot restore exchange %r: %s", self.name, x["name"], exc)
         for q in definitions.get("queues", []):
             self.create_queue(
                 q["name"],
@@ -446,7 +493,8 @@ class VirtualHost:
         )
         backend = self.backends[backend_name]
         if backend.durable and not durable:
-            backend.delete_queue(self.name, name)  # a transient queue starts empty
+            for store_name in _store_names(name, arguments):  # a transient queue starts empty
+                backend.delete_queue(self.name, store_name)
         queue = self.create_queue(
             name,
             backend_name,
@@ -506,7 +554,7 @@ class VirtualHost:
         """Create (or recover) a queue without the AMQP checks; starts its actor."""
         backend = self.backends[backend_name]
         try:
-            store = backend.open_queue(self.name, name)
+            store = self._open_store(backend, name, arguments)
         except OSError as exc:  # e.g. out of file descriptors or disk space
             raise AMQPError(
                 ReplyCode.RESOURCE_ERROR,
@@ -524,9 +572,17 @@ class VirtualHost:
         )
         queue.backend_name = backend_name
         queue.on_unused = self._remove_queue
+        queue.dead_letter = self._dead_letter
         self.queues[name] = queue
         self._spawn(queue.run)
         return queue
+
+    def _open_store(self, backend: Backend, name: str, arguments: FieldTable) -> QueueStore:
+        """The queue's store: one backend store, or one per level for a priority queue."""
+        names = _store_names(name, arguments)
+        if len(names) == 1:
+            return backend.open_queue(self.name, name)
+        return PriorityStore([backend.open_queue(self.name, n) for n in names])
 
     def bind_queue(
         self, queue_name: str, exchange: str, routing_key: str, arguments: FieldTable, owner: object
@@ -583,7 +639,8 @@ class VirtualHost:
             queue.consumers.remove(consumer)
             consumer.channel.consumer_cancelled(consumer)
         queue.stop()
-        self.backends[queue.backend_name].delete_queue(self.name, queue.name)
+        for store_name in _store_names(queue.name, queue.arguments):
+            self.backends[queue.backend_name].delete_queue(self.name, store_name)
         if queue.durable:
             self._on_change()
 
@@ -591,6 +648,44 @@ class VirtualHost:
         """Delete the exclusive queues ``owner`` declared."""
         for queue in [q for q in self.queues.values() if q.exclusive_owner is owner]:
             self._remove_queue(queue)
+
+    def _dead_letter(self, queue: Queue, message: Message, reason: Reason) -> None:
+        """Route a message a queue dead-letters to its dead-letter exchange, as RabbitMQ does:
+        with the queue's dead-letter routing key, else the message's own keys (and ``CC``);
+        not to queues that would close a cycle without a rejection; at most once (no confirm
+        waits on it, and a target that refuses it drops it)."""
+        assert queue.dead_letter_exchange is not None
+        exchange = self.exchanges.get(queue.dead_letter_exchange)
+        if exchange is None:  # RabbitMQ drops it too
+            log.debug(
+                "queue %r: dead-letter exchange %r missing", queue.name, queue.dead_letter_exchange
+            )
+            return
+        copy = dead_lettered(
+            message,
+            queue=queue.name,
+            reason=reason,
+            exchange=exchange.name,
+            routing_key=queue.dead_letter_routing_key,
+            now_ms=clock.now_ms(),
+        )
+        targets: dict[int, Destination] = {}
+        headers = copy.properties.headers
+        for key in routing_keys(copy):
+            for target in self.route(exchange, key, headers):
+                targets[id(target)] = target
+        for target in targets.values():
+            if is_cycle(copy, target.name):
+                log.debug("dead-letter cycle through queue %r: message dropped", target.name)
+                continue
+            if not target.accepting:
+                continue
+            try:
+                target.publish(copy)
+            except QueueFull:
+                pass
+            except OSError as exc:
+                log.error("queue %r refused a dead-lettered message: %s", target.name, exc)
 
     # -- routing -----------------------------------------------------------------------------
 
@@ -610,13 +705,14 @@ class VirtualHost:
 
     def route(
         self, exchange: Exchange, routing_key: str, headers: FieldTable | None
-    ) -> list[Queue]:
+    ) -> list[Destination]:
         """The queues a message reaches, each once, following exchange-to-exchange bindings and
-        alternate exchanges."""
+        alternate exchanges; and the ``Destination`` objects of exchange types that hold
+        messages (``plugins.spec``), which take the message to route it later."""
         if exchange is self.default_exchange:
             queue = self.queues.get(routing_key)
             return [queue] if queue is not None else []
-        queues: dict[int, Queue] = {}
+        queues: dict[int, Destination] = {}
         seen: set[Hashable] = {exchange}
         frontier = [exchange]
         while frontier:
@@ -626,9 +722,12 @@ class VirtualHost:
                 routed = True
                 if isinstance(dest, Queue):
                     queues[id(dest)] = dest
-                elif dest not in seen:
-                    seen.add(dest)
-                    frontier.append(dest)  # type: ignore[arg-type]
+                elif isinstance(dest, Exchange):
+                    if dest not in seen:
+                        seen.add(dest)
+                        frontier.append(dest)
+                else:  # an exchange type's own destination
+                    queues[id(dest)] = cast(Destination, dest)
             if not routed and current.alternate is not None:
                 alternate = self.exchanges.get(current.alternate)
                 if alternate is not None and alternate not in seen:
@@ -671,6 +770,7 @@ _ARGUMENT_CHECKS: Final[dict[str, Callable[[FieldValue], str | None]]] = {
     "x-max-length-bytes": _int_range(0),
     "x-max-priority": _int_range(0, 255),
     "x-delivery-limit": _int_range(0),
+    "x-consumer-timeout": _int_range(0),
     "x-overflow": _one_of("drop-head", "reject-publish", "reject-publish-dlx"),
     "x-queue-mode": _one_of("default", "lazy"),
     "x-dead-letter-exchange": _string,
@@ -696,6 +796,15 @@ _EQUIVALENCE_ARGS: Final = frozenset(
         "x-queue-backend",
     }
 )
+
+
+def _store_names(queue: str, arguments: FieldTable) -> list[str]:
+    """The backend stores of a queue: its name, plus one per level above 0 for a priority
+    queue."""
+    max_priority = arguments.get("x-max-priority")
+    if isinstance(max_priority, int) and not isinstance(max_priority, bool) and max_priority > 0:
+        return level_store_names(queue, max_priority)
+    return [queue]
 
 
 def _equivalence_args(arguments: FieldTable) -> FieldTable:

@@ -13,14 +13,40 @@ An ``ExchangeType`` validates declare arguments and creates one ``Router`` per e
 keeps the set of bindings itself (so ``bind``/``unbind`` are called once per distinct binding) and
 asks the router where a message goes. Routers run on the broker's thread for every publish: keep
 ``route`` fast and never block.
+
+Exchange types that hold messages (delayed delivery, ``x-delayed-message``) use two optional
+extensions; routers that do not need them (the built-in ones) are untouched and cost nothing:
+
+- ``route`` may return, besides the queues and exchanges the broker bound, a ``Destination`` of
+  the plugin's own: an object with ``publish(message) -> Durability`` and ``accepting``, the
+  protocol queues implement. The broker hands it the message as it would a queue, and a publisher
+  confirm waits for the ``Durability`` it returns (a flusher ticket). Reaching only such
+  destinations does not count as routed for ``mandatory``: the publisher gets ``basic.return``
+  312 NO_ROUTE, as RabbitMQ's delayed-message exchange does; alternate exchanges are not used.
+- A router with an ``open(context)`` method (``HoldingRouter``) receives an ``ExchangeContext``
+  when its exchange comes into being (declared, or restored at startup), and ``delete()`` when the
+  exchange is deleted. The context names the exchange, opens the exchange's own ``QueueStore`` on
+  the broker's storage (the durable backend for a durable exchange, memory otherwise) and gives
+  its flusher, spawns tasks in the broker's nursery, and routes a message through the exchange's
+  bindings now (``publish``), which is how held messages leave.
+
+``docs/plugins.md`` walks through writing such a type; ``plugins/delayed_message`` is one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from ..protocol.codec import FieldTable
+
+if TYPE_CHECKING:
+    from ..backends.base import QueueStore
+    from ..broker.flusher import Flusher
+    from ..model import Message
+
+# What a publish must wait for before it may be confirmed: a flusher ticket, or nothing.
+Durability: TypeAlias = "tuple[Flusher, int] | None"
 
 
 class Router(Protocol):
@@ -35,7 +61,8 @@ class Router(Protocol):
         ...
 
     def route(self, routing_key: str, headers: FieldTable | None) -> Iterable[Hashable]:
-        """The destinations of a message (duplicates allowed; the broker de-duplicates)."""
+        """The destinations of a message (duplicates allowed; the broker de-duplicates): bound
+        destinations, or ``Destination`` objects of the plugin's own."""
         ...
 
 
@@ -49,4 +76,96 @@ class ExchangeType(Protocol):
 
     def create_router(self, arguments: FieldTable) -> Router:
         """A router for a newly declared exchange."""
+        ...
+
+
+class Destination(Protocol):
+    """Where a message can be put: a queue, or an object a router returns to take messages
+    itself. Called on the broker's thread; never block."""
+
+    name: str  # for diagnostics (a queue's name; a holding exchange's name)
+
+    @property
+    def accepting(self) -> bool:
+        """False while the destination cannot store messages (its backend failed a write):
+        publishes to it are refused (nacked) without calling ``publish``."""
+        ...
+
+    def publish(self, message: Message) -> Durability:
+        """Take the message; return what its publisher confirm must wait for (``None``: confirm
+        at once). Raise ``OSError`` when storage refuses it (the publish is nacked)."""
+        ...
+
+
+class ExchangeContext(Protocol):
+    """What the broker gives a ``HoldingRouter``: its exchange, its storage, its nursery, and
+    routing through the exchange's bindings."""
+
+    @property
+    def vhost(self) -> str: ...
+
+    @property
+    def exchange(self) -> str:
+        """The exchange's name."""
+        ...
+
+    @property
+    def durable(self) -> bool:
+        """Whether the exchange is durable (survives a restart with its held messages)."""
+        ...
+
+    @property
+    def exchange_types(self) -> Mapping[str, ExchangeType]:
+        """Every exchange type the broker loaded, by name (to route like another type)."""
+        ...
+
+    def open_store(self) -> QueueStore:
+        """The exchange's own message store, opened under a name no queue can have: on the
+        broker's durable backend for a durable exchange, in memory otherwise. Empty when the
+        exchange is newly declared; holding what a previous run left when it is restored at
+        startup (messages pushed with ``persistent=True``, all ready). Raises ``OSError``."""
+        ...
+
+    @property
+    def flusher(self) -> Flusher | None:
+        """The group-commit flusher of the store's backend (``None``: the store is in memory).
+        After pushing a persistent message, ``(flusher, flusher.request())`` is the
+        ``Durability`` to return; ``flusher.backend.healthy`` says whether it can write;
+        ``flusher.poke()`` when the store ``wants_flush``; ``flusher.listen`` to hear of
+        flushes."""
+        ...
+
+    def delete_store(self) -> None:
+        """Remove the store and its messages for good."""
+        ...
+
+    def spawn(self, fn: Callable[[], Awaitable[object]]) -> None:
+        """Start a task in the broker's nursery. It is cancelled when the broker stops; an
+        exception it raises stops the broker, so catch what you can handle."""
+        ...
+
+    def publish(self, message: Message) -> list[tuple[Flusher, int]]:
+        """Route a message through the exchange's bindings as they are now (exchange-to-exchange
+        bindings, alternate exchange and ``CC`` headers included) and enqueue it where it goes,
+        as a publish to the exchange would, without ``mandatory`` or a confirm. Destinations that
+        refuse it (full, storage failing) drop it (logged). Returns the flusher tickets after
+        which it is durable in the queues it reached; nothing if the exchange was deleted."""
+        ...
+
+
+@runtime_checkable
+class HoldingRouter(Router, Protocol):
+    """A router with a lifecycle, for exchange types that hold messages (optional methods)."""
+
+    def open(self, context: ExchangeContext) -> None:
+        """The exchange comes into being: declared, or restored at startup (then before its
+        bindings are restored and before the broker accepts connections). Called once, before
+        any ``bind`` or ``route``. Raise ``ValueError`` to refuse the declare (406); do that
+        before opening the store."""
+        ...
+
+    def delete(self) -> None:
+        """The exchange was deleted: stop its tasks and drop what it holds
+        (``context.delete_store()``). Not called at broker shutdown (tasks are cancelled, stores
+        closed with their backend)."""
         ...

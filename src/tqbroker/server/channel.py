@@ -6,7 +6,9 @@ Responsibilities:
 - publishing: exchange checks, routing, ``mandatory`` returns, publisher confirms (coalesced into
   one ``multiple`` ack per read batch), transactions;
 - consuming: consumers and their prefetch, ``basic.get``, delivery tags, ack / nack / reject /
-  recover, and requeueing everything unacked when the channel goes away.
+  recover, and requeueing everything unacked when the channel goes away;
+- the delivery-acknowledgement timeout: when the oldest unacked delivery is due (``ack_deadline``;
+  the connection closes the channel with 406 when it passes).
 
 Every handler is synchronous and raises ``AMQPError`` to refuse; the connection closes the
 channel or the connection accordingly.
@@ -22,8 +24,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import attrs
+import trio
 
+from .. import clock
 from ..broker.consumer import Consumer
+from ..broker.deadletter import check_expiration
 from ..broker.exchange import Exchange
 from ..broker.flusher import Flusher
 from ..broker.queue import NEEDS_FLUSH, Queue, QueueFull
@@ -82,12 +87,13 @@ from ..protocol.methods import (
 )
 
 if TYPE_CHECKING:
+    from ..plugins.spec import Destination
     from .connection import AMQPConnection
 
 log = logging.getLogger("tqbroker.channel")
 
-# (queue, message id, consumer or None for basic.get)
-Unacked = tuple[Queue, int, Consumer | None]
+# (queue, message id, consumer or None for basic.get, Trio time of the delivery)
+Unacked = tuple[Queue, int, Consumer | None, float]
 
 
 def _server_name(prefix: str) -> str:
@@ -112,7 +118,8 @@ class Channel:
         # tx.commit-ok waiting for durability: one list of (flusher, ticket) per commit
         self._pending_commits: deque[list[tuple[Flusher, int]]] = deque()
         self.tx: list[tuple[Exchange, Message, bool]] | None = None  # publishes awaiting commit
-        self.tx_acks: list[tuple[int, Unacked, bool]] = []  # (tag, entry, requeue-or-not)
+        # (tag, entry, settlement as in _settle: None ack, True requeue, False reject)
+        self.tx_acks: list[tuple[int, Unacked, bool | None]] = []
         self._last_queue = ""
         self._tag_cache: dict[str, bytes] = {}
         # Direct reply-to: the consumer tag on amq.rabbitmq.reply-to and our reply address.
@@ -291,7 +298,21 @@ class Channel:
                 raise AMQPError(ReplyCode.PRECONDITION_FAILED, "fast reply consumer does not exist")
             properties = attrs.evolve(properties, reply_to=self.reply_address)
             properties_raw = properties.encode()
-        message = Message(method.exchange, method.routing_key, properties_raw, body, properties)
+        if properties.expiration is not None:
+            problem = check_expiration(properties.expiration)
+            if problem is not None:
+                raise AMQPError(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"invalid expiration '{properties.expiration}': {problem}",
+                )
+        message = Message(
+            method.exchange,
+            method.routing_key,
+            properties_raw,
+            body,
+            properties,
+            timestamp_ms=clock.now_ms(),
+        )
         if self.tx is not None:
             self.tx.append((exchange, message, method.mandatory))
             return
@@ -331,7 +352,11 @@ class Channel:
                     continue
                 if durability is not None:
                     waits.append(durability)
-            routed = bool(queues)
+            # A destination that holds the message to route it later (x-delayed-message) is not
+            # a route yet: a mandatory message reaching only such is returned, as in RabbitMQ.
+            routed = bool(queues) and (
+                not mandatory or any(isinstance(queue, Queue) for queue in queues)
+            )
         if not routed and mandatory:
             out = self.connection.out
             frames.write_return(
@@ -348,7 +373,9 @@ class Channel:
             self.connection.wake_writer()
         return waits, refused
 
-    def _route_with_cc(self, exchange: Exchange, message: Message) -> tuple[list[Queue], Message]:
+    def _route_with_cc(
+        self, exchange: Exchange, message: Message
+    ) -> tuple[list[Destination], Message]:
         """Route on the routing key and, RabbitMQ's sender-selected distribution, on every
         key in the ``CC`` and ``BCC`` headers (arrays of strings); ``BCC`` is removed from the
         message before it is enqueued."""
@@ -370,8 +397,9 @@ class Channel:
                 properties.encode(),
                 message.body,
                 properties,
+                timestamp_ms=message.timestamp_ms,
             )
-        found: dict[int, Queue] = {}
+        found: dict[int, Destination] = {}
         for key in keys:
             for queue in vhost.route(exchange, key, headers):
                 found[id(queue)] = queue
@@ -433,11 +461,8 @@ class Channel:
                 waits.extend(publish_waits)
                 refused = refused or publish_refused
         acks, self.tx_acks = self.tx_acks, []
-        for _tag, (queue, message_id, consumer), requeue in acks:
-            if requeue:
-                queue.requeue(message_id, consumer)
-            else:
-                queue.ack(message_id, consumer)
+        for _tag, entry, settlement in acks:
+            _settle_one(entry, settlement)
         if acks and self.global_prefetch:
             self._wake_queues()
         if refused:
@@ -472,10 +497,11 @@ class Channel:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
         self.tx = []
         # Rolled-back acks leave their deliveries unacknowledged.
-        for tag, entry, _requeue in self.tx_acks:
+        for tag, entry, _settlement in self.tx_acks:
             self.unacked[tag] = entry
         self.unacked = dict(sorted(self.unacked.items()))
         self.tx_acks = []
+        self.connection.watch_ack_deadlines()
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -575,7 +601,7 @@ class Channel:
         if no_ack:
             queue.ack(message_id, None)
         else:
-            self.unacked[tag] = (queue, message_id, None)
+            self._track(tag, (queue, message_id, None, trio.current_time()))
         frames.write_get_ok(
             self.connection.out,
             self.number,
@@ -611,15 +637,13 @@ class Channel:
         return taken
 
     def _settle(self, taken: Iterable[tuple[int, Unacked]], requeue: bool | None) -> None:
-        """Ack (``requeue`` None), requeue (True) or discard (False) deliveries."""
+        """Ack (``requeue`` None), requeue (True) or reject (False: the queue dead-letters or
+        drops them) deliveries."""
         if self.tx is not None:
-            self.tx_acks.extend((tag, entry, bool(requeue)) for tag, entry in taken)
+            self.tx_acks.extend((tag, entry, requeue) for tag, entry in taken)
             return
-        for _tag, (queue, message_id, consumer) in taken:
-            if requeue:
-                queue.requeue(message_id, consumer)
-            else:
-                queue.ack(message_id, consumer)
+        for _tag, entry in taken:
+            _settle_one(entry, requeue)
         if self.global_prefetch:
             self._wake_queues()
 
@@ -631,8 +655,25 @@ class Channel:
 
     @staticmethod
     def _settle_now(taken: list[tuple[int, Unacked]]) -> None:
-        for _tag, (queue, message_id, consumer) in taken:
+        for _tag, (queue, message_id, consumer, _at) in taken:
             queue.requeue(message_id, consumer)
+
+    def _track(self, tag: int, entry: Unacked) -> None:
+        if not self.unacked:  # a new oldest delivery: the connection re-arms its timer
+            self.connection.watch_ack_deadlines()
+        self.unacked[tag] = entry
+
+    def ack_deadline(self, default_timeout_ms: int | None) -> tuple[float, int] | None:
+        """When the oldest unacked delivery times out (Trio time) and the timeout used (ms):
+        its queue's ``x-consumer-timeout``, else ``default_timeout_ms`` (None: never)."""
+        for queue, _message_id, _consumer, delivered_at in self.unacked.values():
+            timeout = queue.consumer_timeout_ms
+            if timeout is None:
+                timeout = default_timeout_ms
+            if timeout is None:
+                return None
+            return delivered_at + timeout / 1000, timeout
+        return None
 
     def _wake_queues(self) -> None:
         for consumer in self.consumers.values():
@@ -651,7 +692,7 @@ class Channel:
         tag = self._next_tag
         self._next_tag += 1
         if not consumer.no_ack:
-            self.unacked[tag] = (consumer.queue, message_id, consumer)
+            self._track(tag, (consumer.queue, message_id, consumer, trio.current_time()))
         self._write_deliver(consumer.tag, tag, redelivered, message)
 
     def _write_deliver(
@@ -701,3 +742,14 @@ class Channel:
         self.reply_tag = None
         if self.reply_address is not None:
             self.vhost.reply_consumers.pop(self.reply_address, None)
+
+
+def _settle_one(entry: Unacked, settlement: bool | None) -> None:
+    """Ack (None), requeue (True) or reject (False) one delivery."""
+    queue, message_id, consumer, _delivered_at = entry
+    if settlement is None:
+        queue.ack(message_id, consumer)
+    elif settlement:
+        queue.requeue(message_id, consumer)
+    else:
+        queue.reject(message_id, consumer)

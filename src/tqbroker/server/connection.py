@@ -136,6 +136,7 @@ class AMQPConnection:
         self._deadline = trio.current_time() + config.handshake_timeout
         self._nursery: trio.Nursery | None = None
         self._sent_at = trio.current_time()
+        self._ack_watch = trio.Event()  # set when a channel's oldest unacked delivery changes
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -145,6 +146,7 @@ class AMQPConnection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_loop)
+                nursery.start_soon(self._ack_timeout_loop)
                 try:
                     await self._read_loop()
                 except HangUp:
@@ -218,6 +220,46 @@ class AMQPConnection:
             await trio.sleep(interval)
             if trio.current_time() - self._sent_at >= interval:
                 self.write(HEARTBEAT_FRAME)
+
+    # -- delivery acknowledgement timeout ----------------------------------------------------
+
+    def watch_ack_deadlines(self) -> None:
+        """A channel has a new oldest unacked delivery: re-arm the timeout timer."""
+        self._ack_watch.set()
+
+    async def _ack_timeout_loop(self) -> None:
+        """Close, with 406, a channel whose oldest unacked delivery is older than its consumer
+        timeout (the queue's ``x-consumer-timeout``, else the broker's ``consumer_timeout_ms``;
+        RabbitMQ's 30 minutes by default); closing the channel requeues its deliveries."""
+        default = self.broker.config.consumer_timeout_ms
+        while True:
+            deadline = math.inf
+            for channel in self.channels.values():
+                due = channel.ack_deadline(default)
+                if due is not None:
+                    deadline = min(deadline, due[0])
+            with trio.move_on_at(deadline):
+                await self._ack_watch.wait()
+            self._ack_watch = trio.Event()
+            now = trio.current_time()
+            for channel in list(self.channels.values()):
+                due = channel.ack_deadline(default)
+                if due is not None and due[0] <= now:
+                    log.warning(
+                        "consumer ack timed out on channel %d of %s (%d ms)",
+                        channel.number,
+                        self.peer,
+                        due[1],
+                    )
+                    self.fail_channel(
+                        AMQPError(
+                            ReplyCode.PRECONDITION_FAILED,
+                            f"delivery acknowledgement on channel {channel.number} timed out. "
+                            f"Timeout value used: {due[1]} ms. This timeout value can be "
+                            "configured, see consumers doc guide to learn more",
+                            channel=channel.number,
+                        )
+                    )
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -12,11 +12,14 @@ Any backend, built-in or third party, can be checked against the contract in
             return MyBackend()
 
 pytest then runs ``TestMyBackend::test_conformance[<case>]`` for every case in ``CASES``:
-ordering, requeue, ack, purge, counts, byte-exact messages, queue isolation, ``delete_queue``,
+ordering, requeue, ack, purge, counts, ``peek``, ``ready_bytes``, byte-exact messages and their
+``timestamp_ms`` (message TTLs count from it), priority queues built over the backend (one store
+per level, as the broker builds ``x-max-priority`` queues), queue isolation, ``delete_queue``,
 sharing the data directory, the flush protocol and, for a backend whose ``durable`` is true,
-restarts (clean and simulated crashes); and a Hypothesis state machine (case ``stateful``) that
-drives the backend side by side with the in-memory reference backend. Cases that do not apply
-(durability cases on a non-durable backend, "survives nothing" on a durable one) are skipped.
+restarts (clean and simulated crashes: the messages, ``peek`` and ``ready_bytes`` after them);
+and a Hypothesis state machine (case ``stateful``) that drives the backend side by side with the
+in-memory reference backend. Cases that do not apply (durability cases on a non-durable backend,
+"survives nothing" on a durable one) are skipped.
 
 On the subclass:
 
@@ -37,7 +40,11 @@ The suite runs without Trio: backends are passive, and the flush work returned b
 is a plain blocking callable, run inline by ``run_flush``. ``pop`` below pops as the broker does:
 when a durable backend's ``pop`` returns ``None`` with messages ready (it must then report
 ``needs_flush``) it flushes and retries once, and after a pop it flushes if the store
-``wants_flush``.
+``wants_flush``; ``peek`` below retries the same way.
+
+Messages are compared by exchange, routing key, raw properties, body and ``timestamp_ms``. The
+suite's messages always carry a non-zero timestamp, as the broker's do (it stamps every message it
+accepts), so a backend may treat 0 as "not stamped".
 
 Restarts: ``BackendHarness.restart`` closes the instance and opens a new one from the factory on
 the same directory. ``BackendHarness.crash`` simulates a crash of the process (not a power loss):
@@ -65,7 +72,7 @@ import tempfile
 import threading
 import unittest
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -84,11 +91,13 @@ from hypothesis.stateful import (
 
 from ..backends.base import Backend, QueueStore
 from ..backends.memory import MemoryBackend, MemoryQueueStore
+from ..broker.priority import PriorityStore, level_store_names
 from ..model import Message
 from ..protocol.methods import BasicProperties
 
 __all__ = [
     "CASES",
+    "T0_MS",
     "BackendConformance",
     "BackendFactory",
     "BackendHarness",
@@ -96,6 +105,7 @@ __all__ = [
     "ConformanceCase",
     "make_message",
     "open_backend",
+    "peek",
     "pop",
     "run_conformance",
     "run_flush",
@@ -111,6 +121,9 @@ Popped = tuple[int, Message, bool]
 
 # An id no backend hands out in a test: ids increase from wherever a store starts.
 NEVER_ISSUED_ID = 2**62
+
+# A wall-clock time in milliseconds (2023-11-14), around which the suite stamps its messages.
+T0_MS = 1_700_000_000_000
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -133,23 +146,39 @@ def run_flush(backend: Backend) -> bool:
     return True
 
 
+def _flushing_once(
+    backend: Backend, store: QueueStore, call: Callable[[], Popped | None], name: str
+) -> Popped | None:
+    """``call()``, and when it returns ``None`` with messages ready (the contract allows it
+    only while the backend ``needs_flush``), a flush and ``call()`` again."""
+    got = call()
+    if got is None and store.ready_count > 0:
+        assert backend.needs_flush, (
+            f"{name}() returned None with {store.ready_count} ready messages but needs_flush is"
+            " false"
+        )
+        assert run_flush(backend), "needs_flush is true but begin_flush() returned None"
+        got = call()
+        assert got is not None, (
+            f"{name}() still returned None after a flush with {store.ready_count} ready messages"
+        )
+    return got
+
+
 def pop(backend: Backend, store: QueueStore) -> Popped | None:
     """``store.pop()`` as the broker does it: when a durable backend holds back a ready message
     until a flush (the contract lets ``pop`` do that only while ``needs_flush``), flush once and
     retry; after a pop, flush when the store ``wants_flush``."""
-    popped = store.pop()
-    if popped is None and store.ready_count > 0:
-        assert backend.needs_flush, (
-            f"pop() returned None with {store.ready_count} ready messages but needs_flush is false"
-        )
-        assert run_flush(backend), "needs_flush is true but begin_flush() returned None"
-        popped = store.pop()
-        assert popped is not None, (
-            f"pop() still returned None after a flush with {store.ready_count} ready messages"
-        )
+    popped = _flushing_once(backend, store, store.pop, "pop")
     if store.wants_flush:
         run_flush(backend)
     return popped
+
+
+def peek(backend: Backend, store: QueueStore) -> Popped | None:
+    """``store.peek()``, flushing once and retrying as ``pop`` does (``peek`` returns ``None``
+    whenever ``pop`` would)."""
+    return _flushing_once(backend, store, store.peek, "peek")
 
 
 def make_message(
@@ -158,14 +187,15 @@ def make_message(
     exchange: str = "conformance",
     routing_key: str = "rk",
     properties: BasicProperties | None = None,
+    timestamp_ms: int = T0_MS,
 ) -> Message:
-    """A message as the broker would hand it to a backend."""
+    """A message as the broker would hand it to a backend (stamped: ``timestamp_ms``)."""
     raw = (properties or BasicProperties()).encode()
-    return Message(exchange, routing_key, raw, body)
+    return Message(exchange, routing_key, raw, body, timestamp_ms=timestamp_ms)
 
 
 def _numbered(n: int) -> Message:
-    return make_message(b"message %d" % n, routing_key=f"rk.{n}")
+    return make_message(b"message %d" % n, routing_key=f"rk.{n}", timestamp_ms=T0_MS + n)
 
 
 def _describe(message: Message) -> str:
@@ -173,7 +203,8 @@ def _describe(message: Message) -> str:
     shown = repr(body[:40]) + ("..." if len(body) > 40 else "")
     return (
         f"Message(exchange={message.exchange!r}, routing_key={message.routing_key!r}, "
-        f"properties_raw={bytes(message.properties_raw)[:40]!r}, body={shown} ({len(body)} bytes))"
+        f"properties_raw={bytes(message.properties_raw)[:40]!r}, body={shown} ({len(body)} bytes),"
+        f" timestamp_ms={message.timestamp_ms!r})"
     )
 
 
@@ -183,6 +214,7 @@ def _same_message(actual: Message, expected: Message) -> bool:
         and actual.routing_key == expected.routing_key
         and bytes(actual.properties_raw) == bytes(expected.properties_raw)
         and bytes(actual.body) == bytes(expected.body)
+        and actual.timestamp_ms == expected.timestamp_ms
     )
 
 
@@ -197,14 +229,35 @@ def _assert_popped(
     message_id: int,
     message: Message,
     redelivered: bool,
+    call: str = "pop()",
 ) -> None:
-    assert popped is not None, f"pop() returned None, expected id {message_id}"
+    assert popped is not None, f"{call} returned None, expected id {message_id}"
     got_id, got_message, got_redelivered = popped
-    assert got_id == message_id, f"pop() returned id {got_id}, expected {message_id}"
-    _assert_message(got_message, message, f"message {message_id}")
+    assert got_id == message_id, f"{call} returned id {got_id}, expected {message_id}"
+    _assert_message(got_message, message, f"message {message_id} from {call}")
     assert got_redelivered is redelivered, (
-        f"message {message_id}: redelivered={got_redelivered!r}, expected {redelivered!r}"
+        f"message {message_id} from {call}: redelivered={got_redelivered!r}, expected"
+        f" {redelivered!r}"
     )
+
+
+def _snapshot(store: QueueStore) -> tuple[int, int, int]:
+    return store.ready_count, store.unacked_count, store.ready_bytes
+
+
+def _assert_peek_then_pop(
+    h: BackendHarness, store: QueueStore, message_id: int, message: Message, redelivered: bool
+) -> None:
+    """``peek`` (twice) shows the expected next message and changes no count; ``pop`` then
+    takes that message."""
+    before = _snapshot(store)
+    for _ in range(2):
+        _assert_popped(h.peek(store), message_id, message, redelivered, "peek()")
+        after = _snapshot(store)
+        assert after == before, (
+            f"(ready_count, unacked_count, ready_bytes) went from {before} to {after} on peek()"
+        )
+    _assert_popped(h.pop(store), message_id, message, redelivered)
 
 
 def _assert_counts(store: QueueStore, ready: int, unacked: int, when: str = "") -> None:
@@ -213,6 +266,15 @@ def _assert_counts(store: QueueStore, ready: int, unacked: int, when: str = "") 
     assert got == (ready, unacked), (
         f"(ready_count, unacked_count) = {got}{suffix}, expected {(ready, unacked)}"
     )
+
+
+def _assert_ready_bytes(store: QueueStore, expected: int, when: str) -> None:
+    got = store.ready_bytes
+    assert got == expected, f"ready_bytes = {got} {when}, expected {expected}"
+
+
+def _body_bytes(messages: Iterable[Message]) -> int:
+    return sum(len(message.body) for message in messages)
 
 
 def _assert_flushed(backend: Backend) -> None:
@@ -249,6 +311,9 @@ class BackendHarness:
 
     def pop(self, store: QueueStore) -> Popped | None:
         return pop(self.backend, store)
+
+    def peek(self, store: QueueStore) -> Popped | None:
+        return peek(self.backend, store)
 
     def drain(self, store: QueueStore) -> list[Popped]:
         """Pop every ready message."""
@@ -548,6 +613,77 @@ def check_counts_track_a_mixed_workload(factory: BackendFactory, data_dir: Path)
             _assert_counts(store, ready, len(unacked), f"at step {step} ({op})")
 
 
+@_case()
+def check_peek(factory: BackendFactory, data_dir: Path) -> None:
+    """``peek`` shows what ``pop`` returns next (id, message, redelivered) and changes nothing:
+    not the counts, not ``ready_bytes``, not the order, however often it is called; requeued
+    messages show first; ``None`` when nothing is ready, after a purge too."""
+    with BackendHarness(factory, data_dir) as h:
+        store = h.queue()
+        assert h.peek(store) is None, "peek() on a new queue returned a message"
+        messages = [_numbered(n) for n in range(6)]
+        ids = [store.push(m, persistent=n % 2 == 0) for n, m in enumerate(messages)]
+        for n in range(3):
+            _assert_peek_then_pop(h, store, ids[n], messages[n], False)
+        store.requeue(ids[2])
+        store.requeue(ids[0])
+        _assert_peek_then_pop(h, store, ids[0], messages[0], True)
+        late = _numbered(6)
+        late_id = store.push(late, persistent=True)
+        _assert_peek_then_pop(h, store, ids[2], messages[2], True)
+        _assert_peek_then_pop(h, store, ids[3], messages[3], False)
+        store.requeue(ids[1])  # older than everything ready
+        _assert_peek_then_pop(h, store, ids[1], messages[1], True)
+        for n in (4, 5):
+            _assert_peek_then_pop(h, store, ids[n], messages[n], False)
+        _assert_peek_then_pop(h, store, late_id, late, False)
+        assert h.peek(store) is None, "peek() returned a message from an exhausted queue"
+        _assert_counts(store, 0, 7, "with everything delivered")
+        store.requeue(ids[3])
+        store.push(_numbered(7), persistent=True)
+        assert store.purge() == 2
+        assert h.peek(store) is None, "peek() returned a message after a purge"
+        _assert_counts(store, 0, 6, "after the purge")
+
+
+@_case()
+def check_ready_bytes(factory: BackendFactory, data_dir: Path) -> None:
+    """``ready_bytes`` is the sum of the body lengths of the ready messages: pushes and requeues
+    add to it, pops and purges take from it; acks (of unacked messages) and ack/requeue of
+    unknown ids leave it alone; empty bodies count for nothing."""
+    with BackendHarness(factory, data_dir) as h:
+        store = h.queue()
+        _assert_ready_bytes(store, 0, "for a new queue")
+        bodies = [b"", b"x", b"0123456789", b"\x00" * 1000, b"b" * 65536, b"y" * 7]
+        ids = [store.push(make_message(b), persistent=n % 2 == 1) for n, b in enumerate(bodies)]
+        sizes = dict(zip(ids, map(len, bodies), strict=True))
+        total = sum(sizes.values())
+        _assert_ready_bytes(store, total, "after the pushes")
+        popped = [h.pop(store) for _ in range(5)]
+        delivered = [item[0] for item in popped if item is not None]
+        assert len(delivered) == 5
+        _assert_ready_bytes(store, sizes[ids[5]], "after popping all but the last")
+        store.requeue(delivered[4])
+        store.requeue(delivered[1])
+        _assert_ready_bytes(store, sizes[ids[5]] + sizes[ids[4]] + 1, "after two requeues")
+        store.ack(delivered[3])
+        store.ack(delivered[3])
+        for unknown in (NEVER_ISSUED_ID, delivered[1]):  # never issued; ready, not unacked
+            store.ack(unknown)
+            store.requeue(unknown)
+        _assert_ready_bytes(store, sizes[ids[5]] + sizes[ids[4]] + 1, "after acks")
+        assert store.purge() == 3
+        _assert_ready_bytes(store, 0, "after a purge")
+        store.requeue(delivered[2])  # unacked: kept by the purge
+        _assert_ready_bytes(store, 10, "after requeueing a message the purge kept")
+        _assert_popped(h.pop(store), delivered[2], make_message(bodies[2]), True)
+        _assert_ready_bytes(store, 0, "after popping it again")
+        store.ack(delivered[2])
+        store.ack(delivered[0])
+        _assert_counts(store, 0, 0, "after acking everything")
+        _assert_ready_bytes(store, 0, "after acking everything")
+
+
 _ALL_PROPERTIES = BasicProperties(
     content_type="application/json",
     content_encoding="gzip",
@@ -587,7 +723,8 @@ def _exact_messages() -> list[Message]:
             routing_key="\u043a\u043b\u044e\u0447.\U0001f407.#",
             properties=BasicProperties(headers={}),
         ),
-        Message("ex", "rk", b"\x00\x00", b"\xce\x01\x00\x00"),  # looks like a frame
+        # Looks like a frame.
+        Message("ex", "rk", b"\x00\x00", b"\xce\x01\x00\x00", timestamp_ms=T0_MS),
     ]
 
 
@@ -600,7 +737,7 @@ def _check_round_trip(factory: BackendFactory, data_dir: Path, messages: Sequenc
         for message_id in ids:
             store.requeue(message_id)
         for message_id, message in zip(ids, messages, strict=True):
-            _assert_popped(h.pop(store), message_id, message, True)
+            _assert_peek_then_pop(h, store, message_id, message, True)
         if not h.durable:
             return
         # And byte-exact from disk: unacked ones after a restart, then never-popped ones.
@@ -616,12 +753,77 @@ def _check_round_trip(factory: BackendFactory, data_dir: Path, messages: Sequenc
             _assert_popped(h.pop(store), message_id, message, False)
 
 
+def _priority_store(h: BackendHarness, levels: int = 3) -> PriorityStore:
+    """A priority queue over this backend, built as the broker builds ``x-max-priority``
+    queues: one store per level."""
+    return PriorityStore([h.queue(name) for name in level_store_names("prio", levels - 1)])
+
+
+def _prioritised(n: int, priority: int | None) -> Message:
+    return make_message(
+        b"message %d" % n, properties=BasicProperties(priority=priority), timestamp_ms=T0_MS + n
+    )
+
+
+@_case()
+def check_priority_levels(factory: BackendFactory, data_dir: Path) -> None:
+    """The broker's priority queues (one store of this backend per level): highest level
+    first, FIFO within a level, priorities above the top level capped, a requeued message back
+    at the front of its own level; counts and bytes summed over levels."""
+    with BackendHarness(factory, data_dir) as h:
+        store = _priority_store(h)
+        plan = [(0, None), (1, 1), (2, 2), (3, 9), (4, 1), (5, 0)]
+        ids = {n: store.push(_prioritised(n, p), persistent=True) for n, p in plan}
+        _assert_counts(store, 6, 0, "after six pushes over three levels")
+        order = [n for n, _ in sorted(plan, key=lambda item: -min(item[1] or 0, 2))]
+        assert order == [2, 3, 1, 4, 0, 5]
+        first = h.peek(store)
+        _assert_popped(first, ids[2], _prioritised(2, 2), False, "peek()")
+        _assert_popped(h.pop(store), ids[2], _prioritised(2, 2), False)
+        _assert_popped(h.pop(store), ids[3], _prioritised(3, 9), False)
+        store.requeue(ids[2])
+        _assert_popped(h.pop(store), ids[2], _prioritised(2, 2), True)
+        store.ack(ids[2])
+        store.ack(ids[3])
+        for n in order[2:]:
+            _assert_popped(h.pop(store), ids[n], _prioritised(n, plan[n][1]), False)
+        assert h.pop(store) is None
+        _assert_counts(store, 0, 4, "with every level delivered")
+        _assert_ready_bytes(store, 0, "with every level delivered")
+
+
+@_case("durable")
+def check_priority_levels_after_restart(factory: BackendFactory, data_dir: Path) -> None:
+    """Persistent messages of a priority queue come back in priority order after a restart,
+    those delivered before flagged redelivered."""
+    with BackendHarness(factory, data_dir) as h:
+        store = _priority_store(h)
+        plan = [(0, 0), (1, 2), (2, 1), (3, 2)]
+        ids = {n: store.push(_prioritised(n, p), persistent=True) for n, p in plan}
+        _assert_popped(h.pop(store), ids[1], _prioritised(1, 2), False)
+        h.restart()
+        store = _priority_store(h)
+        _assert_counts(store, 4, 0, "after the restart")
+        for n, redelivered in ((1, True), (3, False), (2, False), (0, False)):
+            _assert_popped(h.pop(store), ids[n], _prioritised(n, plan[n][1]), redelivered)
+
+
 @_case()
 def check_messages_byte_exact(factory: BackendFactory, data_dir: Path) -> None:
     """Exchange, routing key, raw properties and body come back exactly as pushed: empty and
     non-ASCII names, 255-byte names, every property, every byte value (after a restart too, for
     a durable backend)."""
     _check_round_trip(factory, data_dir, _exact_messages())
+
+
+@_case()
+def check_timestamps_round_trip(factory: BackendFactory, data_dir: Path) -> None:
+    """``timestamp_ms`` comes back as pushed from ``pop`` and ``peek``, after a requeue and (for
+    a durable backend, which stores it) after a restart, whatever the order of the timestamps:
+    a transaction's messages, stamped when published, are pushed after newer ones at commit."""
+    stamps = [T0_MS, T0_MS + 1, T0_MS - 86_400_000, 1, T0_MS + 1, 2**53, T0_MS + 999]
+    messages = [make_message(b"stamped %d" % n, timestamp_ms=t) for n, t in enumerate(stamps)]
+    _check_round_trip(factory, data_dir, messages)
 
 
 @_case()
@@ -869,11 +1071,13 @@ def check_restart_keeps_nothing(factory: BackendFactory, data_dir: Path) -> None
 
 
 def _assert_recovered(h: BackendHarness, store: QueueStore, expected: Sequence[Popped]) -> None:
-    """After a restart: exactly ``expected`` are ready, nothing is unacked, and they pop in
-    order with their ids, bytes and flags."""
+    """After a restart: exactly ``expected`` are ready (their bodies make ``ready_bytes``),
+    nothing is unacked, and they peek and pop in order with their ids, bytes and flags."""
     _assert_counts(store, len(expected), 0, "after a restart")
+    _assert_ready_bytes(store, _body_bytes(m for _, m, _ in expected), "after a restart")
     for message_id, message, redelivered in expected:
-        _assert_popped(h.pop(store), message_id, message, redelivered)
+        _assert_peek_then_pop(h, store, message_id, message, redelivered)
+    assert h.peek(store) is None, "peek() shows a message after every expected one was popped"
     assert h.pop(store) is None, "more messages than expected after a restart"
 
 
@@ -966,6 +1170,42 @@ def check_redelivered_flag_after_restart(factory: BackendFactory, data_dir: Path
 
 
 @_case("durable")
+def check_ready_bytes_after_restart(factory: BackendFactory, data_dir: Path) -> None:
+    """After a clean restart ``ready_bytes`` counts the persistent messages that came back,
+    whether ready, requeued or unacked before, and not the transient ones; so again after a
+    second restart with nothing flushed in between, and after one that follows a purge."""
+    with BackendHarness(factory, data_dir) as h:
+        store = h.queue()
+        messages = [
+            make_message(b"m%d " % n + b"." * (100 * n), timestamp_ms=T0_MS + n) for n in range(10)
+        ]
+        ids = [store.push(m, persistent=n % 3 != 1) for n, m in enumerate(messages)]
+        for _ in range(6):
+            h.pop(store)
+        store.ack(ids[0])
+        store.requeue(ids[2])  # persistent
+        store.requeue(ids[4])  # transient
+        expected = [(ids[n], messages[n], n < 6) for n in range(1, 10) if n % 3 != 1]
+        del store
+        h.restart()
+        store = h.queue()
+        _assert_counts(store, len(expected), 0, "after a restart")
+        _assert_ready_bytes(store, _body_bytes(m for _, m, _ in expected), "after a restart")
+        _assert_peek_then_pop(h, store, *expected[0])  # unacked across the next restart
+        del store
+        h.restart(flush=False)
+        store = h.queue()
+        _assert_recovered(h, store, expected)  # all unacked now
+        store.requeue(expected[1][0])
+        store.push(make_message(b"purged"), persistent=True)
+        assert store.purge() == 2
+        del store
+        h.restart(flush=False)
+        back = [(i, m, True) for i, m, _ in expected if i != expected[1][0]]
+        _assert_recovered(h, h.queue(), back)
+
+
+@_case("durable")
 def check_ids_not_reused_after_restart(factory: BackendFactory, data_dir: Path) -> None:
     """After a restart a push gets an id greater than every id issued before, even when the
     newest messages were transient, acked or purged (nothing survives to remember them by)."""
@@ -1033,12 +1273,25 @@ def _assert_recovered_subset(
     optional: Sequence[Popped],
 ) -> None:
     """After a crash: every ``required`` message is back, possibly some ``optional`` ones,
-    nothing else; ready, in id order, with their bytes. Those expected flagged redelivered are;
-    of those expected unflagged (never delivered, so all after the delivered ones), the first few
-    may be flagged too (the contract's "bounded window" past the last delivered one)."""
+    nothing else; ready (``ready_count`` and ``ready_bytes`` are theirs), in id order, with
+    their bytes, each shown by ``peek`` before ``pop`` takes it. Those expected flagged
+    redelivered are; of those expected unflagged (never delivered, so all after the delivered
+    ones), the first few may be flagged too (the contract's "bounded window" past the last
+    delivered one)."""
     allowed = {entry[0]: entry for entry in [*required, *optional]}
     assert store.unacked_count == 0, "messages are unacked right after a restart"
-    got = h.drain(store)
+    ready, ready_bytes = store.ready_count, store.ready_bytes
+    got: list[Popped] = []
+    while (peeked := h.peek(store)) is not None:
+        _assert_popped(h.pop(store), *peeked)
+        got.append(peeked)
+    assert h.pop(store) is None, "pop() returned a message where peek() showed none"
+    assert ready == len(got), f"ready_count was {ready} after a crash but {len(got)} came back"
+    came_back = _body_bytes(message for _, message, _ in got)
+    assert ready_bytes == came_back, (
+        f"ready_bytes was {ready_bytes} after a crash but the bodies that came back make"
+        f" {came_back}"
+    )
     got_ids = [entry[0] for entry in got]
     assert got_ids == sorted(got_ids), f"recovered messages are not in id order: {got_ids}"
     in_window = True
@@ -1098,6 +1351,35 @@ def check_crash_redelivers_popped(factory: BackendFactory, data_dir: Path) -> No
         _assert_recovered_subset(h, h.queue(), required, [(pushed[1][0], pushed[1][1], True)])
 
 
+@_case("durable")
+def check_ready_bytes_after_crash(factory: BackendFactory, data_dir: Path) -> None:
+    """After a crash that follows a clean restart, ``ready_count`` and ``ready_bytes`` are those
+    of the messages that come back: the persistent ones (requeued and unacked ones included),
+    maybe those pushed after the last flush, never transient ones (not even a megabyte of them,
+    which a backend may well have written out before the crash)."""
+    with BackendHarness(factory, data_dir) as h:
+        store = h.queue()
+        messages = [make_message(b"%d" % n * (n + 1), timestamp_ms=T0_MS - n) for n in range(12)]
+        ids = [store.push(m, persistent=n % 4 != 3) for n, m in enumerate(messages)]
+        for _ in range(5):
+            h.pop(store)
+        store.requeue(ids[1])
+        store.ack(ids[2])
+        del store
+        h.restart()
+        store = h.queue()
+        h.pop(store)  # ids[0], again
+        h.flush()
+        late = _numbered(12)
+        late_id = store.push(late, persistent=True)
+        for n in range(8):
+            store.push(make_message(b"%d" % n * (1 << 17)), persistent=False)
+        del store
+        h.crash()
+        required = [(ids[n], messages[n], n < 5) for n in range(12) if n % 4 != 3 and n != 2]
+        _assert_recovered_subset(h, h.queue(), required, [(late_id, late, False)])
+
+
 # --- the state machine -----------------------------------------------------------------------
 
 
@@ -1131,6 +1413,8 @@ _messages = st.builds(
     routing_key=st.text(max_size=8),
     properties_raw=st.sampled_from(_PROPERTY_CHOICES),
     body=st.binary(max_size=64),
+    # Any order, none zero (unstamped) nor in the future (as a broker's clock stamps them).
+    timestamp_ms=st.integers(min_value=1, max_value=T0_MS + 2**32),
 )
 
 
@@ -1160,8 +1444,10 @@ class _QueuePair:
 class BackendStateMachine(RuleBasedStateMachine):
     """Drives a backend and the in-memory reference backend (the model) with the same operations
     on two queues and compares them. Ids differ between the two, so each tested id is mapped to
-    the model's; ``pop`` must return the model's message (same id mapping, same bytes) with
-    ``redelivered`` true exactly when it was handed out before (in any run).
+    the model's; ``pop`` and ``peek`` must return the model's message (same id mapping, same
+    bytes and ``timestamp_ms``) with ``redelivered`` true exactly when it was handed out before
+    (in any run), and ``peek`` must change no count; the counts and ``ready_bytes`` must match
+    the model's after every step.
 
     ``restart`` (flush or not, then close and re-open) updates the model per the contract: for a
     durable backend, surviving persistent messages become ready in id order, keep their ids and
@@ -1238,23 +1524,42 @@ class BackendStateMachine(RuleBasedStateMachine):
     def pop(self, queue: str) -> None:
         pair = self.queues[queue]
         got = pop(self.backend, pair.sut)
-        expected = pair.model.pop()
+        entry = self._expect(pair, got, pair.model.pop(), "pop()")
+        if entry is not None:
+            entry.unacked = entry.delivered = True
+
+    @rule(queue=_queue_names)
+    def peek(self, queue: str) -> None:
+        pair = self.queues[queue]
+        before = _snapshot(pair.sut)
+        self._expect(pair, peek(self.backend, pair.sut), pair.model.peek(), "peek()")
+        after = _snapshot(pair.sut)
+        assert after == before, (
+            f"(ready_count, unacked_count, ready_bytes) went from {before} to {after} on peek()"
+        )
+
+    def _expect(
+        self, pair: _QueuePair, got: Popped | None, expected: Popped | None, call: str
+    ) -> _Tracked | None:
+        """Check what the backend's ``call`` returned against what the model's did; return
+        the message's entry (None if the queue was empty)."""
         if expected is None:
-            assert got is None, f"pop() returned {got!r} from a queue the model says is empty"
-            return
-        assert got is not None, "pop() returned None but the model has a ready message"
+            assert got is None, f"{call} returned {got!r} from a queue the model says is empty"
+            return None
+        assert got is not None, f"{call} returned None but the model has a ready message"
         model_id, _, model_redelivered = expected
         message_id, message, redelivered = got
         want_id = pair.by_model_id[model_id]
-        assert message_id == want_id, f"pop() returned id {message_id}, expected {want_id}"
+        assert message_id == want_id, f"{call} returned id {message_id}, expected {want_id}"
         entry = pair.tracked[message_id]
         assert not entry.unacked
-        _assert_message(message, entry.message, f"message {message_id}")
+        _assert_message(message, entry.message, f"message {message_id} from {call}")
         assert not model_redelivered or entry.delivered  # the model agrees with the bookkeeping
         assert redelivered is entry.delivered, (
-            f"message {message_id}: redelivered={redelivered!r}, expected {entry.delivered!r}"
+            f"message {message_id} from {call}: redelivered={redelivered!r}, expected"
+            f" {entry.delivered!r}"
         )
-        entry.unacked = entry.delivered = True
+        return entry
 
     @rule(queue=_queue_names, count=st.integers(2, 5))
     def pop_several(self, queue: str, count: int) -> None:
@@ -1272,14 +1577,17 @@ class BackendStateMachine(RuleBasedStateMachine):
         pair.dead_ids.append(message_id)
 
     @precondition(_has_unacked)
-    @rule(data=st.data())
-    def requeue(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), then_peek=st.booleans())
+    def requeue(self, data: st.DataObject, then_peek: bool) -> None:
+        """``then_peek``: peek at once (the requeued message, or an older one, is the head)."""
         queue, message_id = data.draw(st.sampled_from(self._unacked()), label="requeue")
         pair = self.queues[queue]
         entry = pair.tracked[message_id]
         pair.sut.requeue(message_id)
         pair.model.requeue(entry.model_id)
         entry.unacked = False
+        if then_peek:
+            self.peek(queue)
 
     @rule(queue=_queue_names, data=st.data(), do_ack=st.booleans())
     def ack_or_requeue_dead_id(self, queue: str, data: st.DataObject, do_ack: bool) -> None:
@@ -1349,6 +1657,9 @@ class BackendStateMachine(RuleBasedStateMachine):
             ready = len(pair.tracked) - unacked
             assert (pair.model.ready_count, pair.model.unacked_count) == (ready, unacked)
             _assert_counts(pair.sut, ready, unacked, f"for queue {name!r}")
+            ready_bytes = _body_bytes(e.message for e in pair.tracked.values() if not e.unacked)
+            assert pair.model.ready_bytes == ready_bytes
+            _assert_ready_bytes(pair.sut, ready_bytes, f"for queue {name!r}")
 
 
 def _machine_for(factory: BackendFactory, base_dir: Path | None) -> type[BackendStateMachine]:

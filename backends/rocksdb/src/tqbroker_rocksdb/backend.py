@@ -37,7 +37,10 @@ unacked ids a set (plus a set of the transient ones among the delivered). Bodies
 and are read on ``pop``, whatever their persistence; only messages whose write has not completed
 yet stay in memory, as ``Message`` objects. The broker polls ``needs_flush`` (a few times a
 second), which takes in completed flushes, so that a queue nobody consumes holds at most the
-bodies of the last fraction of a second in memory.
+bodies of the last fraction of a second in memory. ``ready_bytes`` is a running total (the unacked
+ids map to their body sizes, so a requeue adds them back); ``open_queue`` of a recovered queue
+sums the body sizes from the record headers as it scans the queue's records. ``peek`` is ``pop``
+without taking: the same walk, which may skip a vanished record or ask for a reservation.
 
 Ids. ``open`` raises the database's run counter (the *epoch*) with a synced write, and the
 messages pushed in run ``e`` get ids from ``e << 40`` up: recovered messages keep their ids, new
@@ -104,6 +107,7 @@ from .codec import (
     REGISTRY,
     TRANSIENT,
     TRANSIENT_END,
+    body_size,
     decode_record,
     encode_record,
     is_transient_key,
@@ -199,6 +203,7 @@ class RocksDBQueueStore:
         reserved: int = 0,
         flagged: array[int] | None = None,
         fresh: array[int] | None = None,
+        ready_bytes: int = 0,
     ) -> None:
         self._backend = backend
         self.qid = qid
@@ -213,7 +218,8 @@ class RocksDBQueueStore:
         self._fresh = fresh if fresh is not None else array("Q")
         self._fresh_pos = 0
         self._dense_cursor = next_id
-        self._unacked: set[int] = set()
+        self._unacked: dict[int, int] = {}  # id: body size
+        self._ready_bytes = ready_bytes
         # Which ids are transient (their records live under ``t`` keys): those pushed in this run
         # and not yet popped as runs ``[start, end)``, flattened, from ``_runs_pos`` on (fresh ids
         # are popped in order, so runs behind the cursor are dropped); those popped since, until
@@ -241,6 +247,7 @@ class RocksDBQueueStore:
         backend = self._backend
         backend._pushed.add(self)
         self._pending[message_id] = message
+        self._ready_bytes += len(message.body)
         if self._deleted:
             self._add_transient(message_id)  # never written: like a transient message
         elif persistent:
@@ -250,55 +257,75 @@ class RocksDBQueueStore:
             backend._ops[transient_key(self._transient_prefix, message_id)] = message
         return message_id
 
+    def peek(self) -> tuple[int, Message, bool] | None:
+        self._backend._reap()
+        head = self._head()
+        return None if head is None else head[:3]
+
     def pop(self) -> tuple[int, Message, bool] | None:
         backend = self._backend
         backend._reap()
         backend._active.add(self)  # someone consumes: plan a reservation at the next flush
-        while True:
-            message_id = self._flagged_head()
-            if message_id is not None:
-                transient = message_id in self._transient_out
-                message = self._load(message_id, transient)
-                if self._requeued and self._requeued[0] == message_id:
-                    heapq.heappop(self._requeued)
-                else:
-                    self._take_flagged()
-                if message is None:
-                    self._transient_out.discard(message_id)
-                    continue
-                self._unacked.add(message_id)
-                return message_id, message, True
-            message_id = self._fresh_head()
-            if message_id is None:
-                return None
-            # Transient messages never survive a restart: popping them needs no reservation.
-            transient = self._is_fresh_transient(message_id)
-            if not transient and message_id >= self._reserved:
-                backend._wanting.add(self)
-                return None
-            message = self._load(message_id, transient)
+        head = self._head()
+        if head is None:
+            return None
+        message_id, message, flagged, transient = head
+        if flagged:
+            self._take_flagged(message_id)
+        else:
             self._take_fresh()
-            if message is None:
-                continue
             if transient:
                 self._transient_out.add(message_id)
             else:
                 self._popped += 1
-            self._unacked.add(message_id)
-            return message_id, message, False
+        size = len(message.body)
+        self._ready_bytes -= size
+        self._unacked[message_id] = size
+        return message_id, message, flagged
+
+    def _head(self) -> tuple[int, Message, bool, bool] | None:
+        """The next message ``pop`` takes, as ``(id, message, flagged, transient)``: flagged
+        ones (requeued, or recovered below the reservation) are redelivered; ``transient`` is
+        known for fresh ones only. None when nothing is ready, or when the reservation must be
+        extended first (the next flush then extends it). Messages whose record has vanished
+        are skipped for good."""
+        while True:
+            message_id = self._flagged_head()
+            if message_id is not None:
+                message = self._load(message_id, message_id in self._transient_out)
+                if message is not None:
+                    return message_id, message, True, False
+                self._take_flagged(message_id)
+                self._transient_out.discard(message_id)
+                continue
+            message_id = self._fresh_head()
+            if message_id is None:
+                # Nothing is ready: no bytes either (even if a vanished record's were unknown).
+                self._ready_bytes = 0
+                return None
+            # Transient messages never survive a restart: popping them needs no reservation.
+            transient = self._is_fresh_transient(message_id)
+            if not transient and message_id >= self._reserved:
+                self._backend._wanting.add(self)
+                return None
+            message = self._load(message_id, transient)
+            if message is not None:
+                return message_id, message, False, transient
+            self._take_fresh()
 
     def ack(self, message_id: int) -> None:
-        if message_id in self._unacked:
-            self._unacked.remove(message_id)
+        if self._unacked.pop(message_id, None) is not None:
             self._forget(message_id, self._settle_transient(message_id))
 
     def requeue(self, message_id: int) -> None:
-        if message_id in self._unacked:
-            self._unacked.remove(message_id)
+        size = self._unacked.pop(message_id, None)
+        if size is not None:
             heapq.heappush(self._requeued, message_id)
+            self._ready_bytes += size
 
     def purge(self) -> int:
         count = self.ready_count
+        self._ready_bytes = 0
         if not count:
             return 0
         for message_id in self._requeued:
@@ -356,6 +383,10 @@ class RocksDBQueueStore:
         )
 
     @property
+    def ready_bytes(self) -> int:
+        return self._ready_bytes
+
+    @property
     def unacked_count(self) -> int:
         return len(self._unacked)
 
@@ -375,7 +406,11 @@ class RocksDBQueueStore:
             return recovered if requeued is None or recovered < requeued else requeued
         return requeued
 
-    def _take_flagged(self) -> None:
+    def _take_flagged(self, message_id: int) -> None:
+        """Take ``message_id``, the one ``_flagged_head`` returned."""
+        if self._requeued and self._requeued[0] == message_id:
+            heapq.heappop(self._requeued)
+            return
         self._flagged_pos += 1
         if self._flagged_pos == len(self._flagged):
             self._flagged, self._flagged_pos = array("Q"), 0
@@ -844,22 +879,30 @@ class RocksDBBackend:
         next_id = max(self._id_base, reserved)
         flagged: array[int] = array("Q")
         fresh: array[int] = array("Q")
+        ready_bytes = 0
         start = messages_start(prefix)
         with self._db_lock:
             db = self._db
             if db is None:
                 raise OSError("the rocksdb database is not open")
             try:
-                for key in db.keys(from_key=start):
+                for key, record in db.items(from_key=start):
                     if not isinstance(key, bytes) or not key.startswith(start):
                         break
                     message_id = message_id_of(key)
                     (flagged if message_id < reserved else fresh).append(message_id)
                     next_id = max(next_id, message_id + 1)
+                    ready_bytes += body_size(record)
             except Exception as exc:
                 if not _is_storage_error(exc):
                     raise
                 raise _storage_error(exc) from exc
         return RocksDBQueueStore(
-            self, qid, next_id=next_id, reserved=reserved, flagged=flagged, fresh=fresh
+            self,
+            qid,
+            next_id=next_id,
+            reserved=reserved,
+            flagged=flagged,
+            fresh=fresh,
+            ready_bytes=ready_bytes,
         )

@@ -21,11 +21,13 @@ All of a queue's persistent keys share the prefix ``q`` u32 qid and its transien
 ``t`` u32 qid, so deleting a queue is two range deletes; its persistent messages are the
 contiguous range ``[q qid m, q qid n)``, its transient ones ``[t qid, t qid+1)``.
 
-Record: a 9-byte header ``>BHHI`` (format version 1, length of the exchange name, of the routing
-key, of the raw properties), then the exchange and routing key (UTF-8), the properties exactly as
-the publisher sent them, and the body (the rest of the record). Hand-rolled rather than CBOR: the
-schema is four fixed fields, the header is 9 bytes, decoding is one ``unpack_from`` and slices, and
-it needs no dependency.
+Record: a 17-byte header ``>BQHHI`` (record version 2, the message's ``timestamp_ms``, the length
+of the exchange name, of the routing key, of the raw properties), then the exchange and routing
+key (UTF-8), the properties exactly as the publisher sent them, and the body (the rest of the
+record). Hand-rolled rather than CBOR: the schema is five fixed fields, decoding is one
+``unpack_from`` and slices, the body size is known from the header alone (``body_size``), and it
+needs no dependency. Version 1 records (no timestamp) belong to database format 1, which this
+version refuses to open.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import struct
 
 from tqbroker.model import Message
 
-FORMAT_VERSION = b"1"
+FORMAT_VERSION = b"2"  # 2: records carry the message timestamp
 
 META_FORMAT = b"\x00format"
 META_NEXT_QUEUE_ID = b"\x00next-queue-id"
@@ -56,8 +58,8 @@ MAX_QUEUE_ID = 2**32 - 2  # so that ``queue_end`` never overflows
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-_RECORD_HEADER = struct.Struct(">BHHI")
-_RECORD_VERSION = 1
+_RECORD_HEADER = struct.Struct(">BQHHI")
+_RECORD_VERSION = 2
 
 
 def pack_u32(value: int) -> bytes:
@@ -144,14 +146,24 @@ def encode_record(message: Message) -> bytes:
     exchange = message.exchange.encode()
     routing_key = message.routing_key.encode()
     properties = message.properties_raw
-    header = _RECORD_HEADER.pack(_RECORD_VERSION, len(exchange), len(routing_key), len(properties))
+    header = _RECORD_HEADER.pack(
+        _RECORD_VERSION, message.timestamp_ms, len(exchange), len(routing_key), len(properties)
+    )
     return b"".join((header, exchange, routing_key, properties, message.body))
 
 
-def decode_record(record: bytes) -> Message:
-    version, exchange_len, routing_key_len, properties_len = _RECORD_HEADER.unpack_from(record)
+def _header(record: bytes) -> tuple[int, int, int, int]:
+    """Timestamp and the three lengths of a record's header."""
+    version, timestamp_ms, exchange_len, routing_key_len, properties_len = (
+        _RECORD_HEADER.unpack_from(record)
+    )
     if version != _RECORD_VERSION:
         raise ValueError(f"unknown message record version {version}")
+    return timestamp_ms, exchange_len, routing_key_len, properties_len
+
+
+def decode_record(record: bytes) -> Message:
+    timestamp_ms, exchange_len, routing_key_len, properties_len = _header(record)
     start = _RECORD_HEADER.size
     exchange = record[start : start + exchange_len].decode()
     start += exchange_len
@@ -159,4 +171,10 @@ def decode_record(record: bytes) -> Message:
     start += routing_key_len
     properties = record[start : start + properties_len]
     start += properties_len
-    return Message(exchange, routing_key, properties, record[start:])
+    return Message(exchange, routing_key, properties, record[start:], timestamp_ms=timestamp_ms)
+
+
+def body_size(record: bytes) -> int:
+    """The length of the body of an encoded message, from its header alone."""
+    _timestamp_ms, exchange_len, routing_key_len, properties_len = _header(record)
+    return len(record) - _RECORD_HEADER.size - exchange_len - routing_key_len - properties_len

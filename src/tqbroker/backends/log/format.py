@@ -6,7 +6,7 @@ Responsibilities:
   body``, where ``length`` counts everything after itself and the CRC-32C (Castagnoli) covers
   everything after the CRC;
 - decode and validate a record from a buffer (``RecordError`` for a bad length or CRC, ``None``
-  when the buffer holds only part of one);
+  when the buffer holds only part of one); the message decoded carries the record's timestamp;
 - the index entry layouts: offset index ``relative_offset u32 | position u32``, time index
   ``timestamp_ms u64 | relative_offset u32``.
 """
@@ -106,6 +106,5 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int) -> Record | Non
         body = rest[p + n :]
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise RecordError(f"malformed record: {exc}") from None
-    return Record(
-        offset, timestamp_ms, flags, Message(exchange, routing_key, props, body), end - pos
-    )
+    message = Message(exchange, routing_key, props, body, timestamp_ms=timestamp_ms)
+    return Record(offset, timestamp_ms, flags, message, end - pos)

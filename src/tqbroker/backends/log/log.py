@@ -2,7 +2,8 @@
 
 Responsibilities:
 - append records with increasing offsets, rolling to a new segment by size and by age;
-- read a record by offset (segment by binary search, then the segment's sparse index);
+- read a record by offset (segment by binary search, then the segment's sparse index), or every
+  record from an offset on;
 - find the first offset at or after a timestamp (the time index);
 - recovery: a clean-shutdown marker means the files are trusted; otherwise every segment from the
   recovery point on is scanned, the torn tail truncated at the first bad record and later
@@ -17,7 +18,8 @@ import logging
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 
 from ...fsutil import fsync_dir
@@ -154,10 +156,11 @@ class Log:
     def append(
         self, message: Message, flags: int, timestamp_ms: int | None = None, *, hot: bool = True
     ) -> int:
-        """Append a record (buffered); return its offset. ``hot`` records (about to be read)
-        go to the record cache too."""
+        """Append a record (buffered); return its offset. Its timestamp is ``timestamp_ms``,
+        else the message's, else (a message never stamped) now. ``hot`` records (about to be
+        read) go to the record cache too."""
         if timestamp_ms is None:
-            timestamp_ms = _now_ms()
+            timestamp_ms = message.timestamp_ms or _now_ms()
         active = self.segments[-1]
         offset = active.next_offset
         record = encode_record(offset, timestamp_ms, flags, message)
@@ -169,6 +172,14 @@ class Log:
             active = self.segments[-1]
         active.append(offset, timestamp_ms, record)
         if hot and self.cache.max_bytes:
+            if message.timestamp_ms != timestamp_ms:  # read back as the record has it
+                message = Message(
+                    message.exchange,
+                    message.routing_key,
+                    message.properties_raw,
+                    message.body,
+                    timestamp_ms=timestamp_ms,
+                )
             self.cache.put(self._cached, offset, (message, timestamp_ms, flags, len(record)))
         if active.pending >= 256 * 1024:
             # On failure the record stays buffered: the next flush retries the write and
@@ -195,6 +206,23 @@ class Log:
             self.corrupt_records += 1
             log.error("%s: offset %d is corrupt (%s); skipping it", segment.log_path, offset, exc)
             return None
+
+    def gaps(self) -> list[tuple[int, int]]:
+        """The ``[start, end)`` offset ranges between segments, which hold no record: a crash
+        lost the buffered records of a segment rolled since the last write, or ``roll_to``
+        skipped them."""
+        return [
+            (segment.next_offset, later.base_offset)
+            for segment, later in pairwise(self.segments)
+            if segment.next_offset < later.base_offset
+        ]
+
+    def records(self, start: int) -> Iterator[Record]:
+        """The intact records from offset ``start`` to the end of the log, in order (read from
+        the segments, not the cache; damaged records are stepped over without a report)."""
+        i = max(bisect_right(self._bases, start) - 1, 0)
+        for segment in self.segments[i:]:
+            yield from segment.records(start)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first offset whose timestamp is >= ``timestamp_ms`` (the log end if none)."""

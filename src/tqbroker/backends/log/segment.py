@@ -3,10 +3,12 @@
 Responsibilities:
 - files named by the segment's 20-digit base offset, as Kafka names them;
 - buffered appends (``append`` adds to a buffer, ``write_out`` writes it with one ``pwrite``);
-- the sparse offset index (one entry per ``index_interval_bytes`` of records) and the monotonic
-  time index, kept in memory as arrays and appended to their files;
+- the sparse offset index (one entry per ``index_interval_bytes`` of records) and the time index
+  (the greatest timestamp so far at those entries, so monotonic whatever the record timestamps),
+  kept in memory as arrays and appended to their files;
 - reads by offset: index lookup, then a forward scan (records not yet written out are read from
-  the buffer); a damaged record (a flipped bit) is stepped over, so only that one is lost;
+  the buffer); a damaged record (a flipped bit) is stepped over, so only that one is lost; and
+  every intact record from an offset on, in order;
 - recovery: ``scan`` validates every record, truncates the torn tail at the first bad length or
   CRC and rebuilds both indexes; ``load`` trusts the files of a clean shutdown but checks every
   index entry against the record header it points at.
@@ -80,23 +82,26 @@ class Segment:
     # -- appending ---------------------------------------------------------------------------
 
     def append(self, offset: int, timestamp_ms: int, record: bytes) -> None:
-        relative = offset - self.base_offset
+        self.max_timestamp = max(self.max_timestamp, timestamp_ms)
         if self._since_index >= self.index_interval_bytes or not self._index_offsets:
-            self._add_index_entry(relative, self.size, timestamp_ms)
+            self._add_index_entry(offset - self.base_offset, self.size)
         self._buffer += record
         self.size += len(record)
         self._since_index += len(record)
         self.next_offset = offset + 1
-        self.max_timestamp = max(self.max_timestamp, timestamp_ms)
 
-    def _add_index_entry(self, relative: int, position: int, timestamp_ms: int) -> None:
+    def _add_index_entry(self, relative: int, position: int) -> None:
+        """Index the record at ``position`` (``max_timestamp`` already counts it). The time
+        index gets the greatest timestamp so far, as Kafka's does, and only when it grew: it
+        stays strictly increasing even when record timestamps are not, and every record before
+        an entry's offset has a timestamp at or below the entry's."""
         self._index_offsets.append(relative)
         self._index_positions.append(position)
         self._index_buffer += INDEX_ENTRY.pack(relative, position)
-        if not self._time_stamps or timestamp_ms > self._time_stamps[-1]:
-            self._time_stamps.append(timestamp_ms)
+        if not self._time_stamps or self.max_timestamp > self._time_stamps[-1]:
+            self._time_stamps.append(self.max_timestamp)
             self._time_offsets.append(relative)
-            self._time_buffer += TIME_ENTRY.pack(timestamp_ms, relative)
+            self._time_buffer += TIME_ENTRY.pack(self.max_timestamp, relative)
         self._since_index = 0
 
     @property
@@ -152,9 +157,8 @@ class Segment:
         ``RecordError`` if that record is damaged; damaged records before it are stepped over."""
         if not self.base_offset <= offset < self.next_offset:
             return None
-        i = bisect_right(self._index_offsets, offset - self.base_offset) - 1
         damage: RecordError | None = None
-        for item in self._walk(*self._entry(i)):
+        for item in self._walk_from(offset):
             if isinstance(item, RecordError):
                 damage = item
             elif item.offset < offset:
@@ -166,6 +170,18 @@ class Segment:
         if damage is not None:
             raise damage
         return None
+
+    def records(self, offset: int) -> Iterator[Record]:
+        """The intact records from ``offset`` to the end, in order; damaged ones are stepped
+        over silently (``read`` is what reports them)."""
+        for item in self._walk_from(offset):
+            if isinstance(item, Record) and item.offset >= offset:
+                yield item
+
+    def _walk_from(self, offset: int) -> Iterator[Record | RecordError]:
+        """``_walk`` from the last index entry at or before ``offset``."""
+        i = bisect_right(self._index_offsets, offset - self.base_offset) - 1
+        return self._walk(*self._entry(i))
 
     def _walk(self, pos: int, expected: int) -> Iterator[Record | RecordError]:
         """The records from byte ``pos`` (where offset ``expected`` starts) to the end, the
@@ -300,7 +316,8 @@ class Segment:
     def _indexes_agree(self) -> bool:
         """Every offset-index entry points at the header of the record it names; every
         time-index entry goes with an offset-index entry (they are written together, the first
-        record always getting both) and holds that record's timestamp."""
+        record always getting both) and holds at least that record's timestamp (the greatest
+        timestamp so far)."""
         if not self._index_offsets or not self._time_stamps:
             return not self._index_offsets and not self._time_stamps
         base = self.base_offset
@@ -314,7 +331,7 @@ class Segment:
                     return False
             for stamp, relative in zip(self._time_stamps, self._time_offsets, strict=True):
                 at = positions.get(relative)
-                if at is None or RECORD_START.unpack_from(view, at)[3] != stamp:
+                if at is None or RECORD_START.unpack_from(view, at)[3] > stamp:
                     return False
         return True
 
@@ -373,10 +390,10 @@ class Segment:
                 pos, expected = resume
                 self._since_index = self.index_interval_bytes  # index the record after it
                 continue
-            if self._since_index >= self.index_interval_bytes or not self._index_offsets:
-                self._add_index_entry(expected - self.base_offset, pos, record.timestamp_ms)
-            self._since_index += record.size
             self.max_timestamp = max(self.max_timestamp, record.timestamp_ms)
+            if self._since_index >= self.index_interval_bytes or not self._index_offsets:
+                self._add_index_entry(expected - self.base_offset, pos)
+            self._since_index += record.size
             pos += record.size
             expected += 1
         self.next_offset = expected

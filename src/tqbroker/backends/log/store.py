@@ -4,10 +4,15 @@ Responsibilities:
 - message ids are log offsets; every message (persistent or not) is appended to the log, transient
   ones flagged so that recovery skips them;
 - the ack state, kept compactly: ``head`` (every offset below is settled) plus ranges of settled
-  offsets above it, the delivery cursor, the requeued offsets and the unacked set; bodies are never
-  held in memory between delivery and ack (a requeued message is read again);
+  offsets above it, the delivery cursor, the requeued offsets and the unacked set (with their body
+  sizes); bodies are never held in memory between delivery and ack (a requeued message is read
+  again);
+- ``ready_bytes``, kept up to date as messages come and go; at open it comes from the checkpoint
+  of a clean stop, otherwise from reading the ready records (which also drops the transient
+  messages of the crashed run); a damaged record, whose size is lost, makes it read them again;
 - a checkpoint (``state.cbor``: head, settled ranges, the delivered reservation, the recovery
-  point), written atomically during flushes;
+  point; at a clean stop also the exact delivery mark and ready bytes), written atomically during
+  flushes;
 - the delivered reservation: offsets below it may have been delivered, so after a crash they come
   back flagged redelivered; the queue never delivers past it until a flush has extended it;
 - segments whose every record is settled are deleted.
@@ -27,7 +32,7 @@ import cbor2
 
 from ...fsutil import atomic_write
 from ...model import Message
-from .format import FLAG_PERSISTENT
+from .format import FLAG_PERSISTENT, Record
 from .log import Log
 from .segment import Segment
 
@@ -94,9 +99,12 @@ class LogQueueStore:
         self.settled = RangeSet()
         self.transient = RangeSet()  # offsets of transient messages (dropped at restart)
         self.cursor = 0
-        self._requeued: list[int] = []
-        self._unacked: set[int] = set()
+        self._requeued: list[tuple[int, int]] = []  # heap of (offset, body size)
+        self._unacked: dict[int, int] = {}  # offset: body size
         self._ready = 0
+        self._ready_bytes = 0
+        self._fresh_transient_bytes = 0  # of the transient messages never delivered
+        self._recount_due = False  # a damaged record's size was lost: count the bytes again
         self.redelivered_below = 0  # offsets below this were (maybe) delivered in an earlier run
         self.delivered_reserved = 0  # durable: we may deliver offsets below this
         self._reserve_target = 0
@@ -134,9 +142,13 @@ class LogQueueStore:
         self.head = max(int(state.get("head", 0)), start)
         self.settled = RangeSet(settled)
         # Transient messages of the previous run are gone: settle them now so counts are exact
-        # (those written after the last checkpoint of a crashed run are skipped when reached).
+        # (those written after the last checkpoint of a crashed run are settled by _recount).
         for a, b in transient:
             self.settled.add(a, min(b, end))
+        # So are the offsets that no segment holds: records lost with the buffers of segments
+        # rolled just before a crash, or offsets only the checkpoint knew (see above).
+        for a, b in self.log.gaps():
+            self.settled.add(a, b)
         self.settled.drop_below(self.head)
         self.head = self.settled.pop_prefix(self.head)
         delivered = int(state.get("delivered", 0))
@@ -155,6 +167,11 @@ class LogQueueStore:
         self._ready = (end - self.head) - sum(
             min(b, end) - max(a, self.head) for a, b in self.settled.as_list() if a < end
         )
+        recorded = state.get("ready_bytes") if clean else None
+        if recorded is not None:  # exact: written by the clean stop
+            self._ready_bytes = int(recorded)
+        else:
+            self._recount()
 
     def _read_state(self) -> tuple[dict[str, Any], bool]:
         """The checkpoint, and whether one existed but could not be read (then the queue
@@ -179,22 +196,49 @@ class LogQueueStore:
         # end of a long backlog will not be read soon, and caching it would only cost.
         hot = self.log.next_offset - self.cursor < HOT_BACKLOG
         offset = self.log.append(message, FLAG_PERSISTENT if persistent else 0, hot=hot)
+        size = len(message.body)
         if not persistent:
             self.transient.add(offset, offset + 1)
+            self._fresh_transient_bytes += size
         self._ready += 1
+        self._ready_bytes += size
         return offset
 
+    def peek(self) -> tuple[int, Message, bool] | None:
+        head = self._head()
+        if head is None:
+            return None
+        offset, record, requeued = head
+        return offset, record.message, requeued or offset < self.redelivered_below
+
     def pop(self) -> tuple[int, Message, bool] | None:
+        head = self._head()
+        if head is None:
+            return None
+        offset, record, requeued = head
+        size = len(record.message.body)
+        if requeued:
+            heapq.heappop(self._requeued)
+        else:
+            self.cursor += 1
+            if not record.persistent:
+                self._fresh_transient_bytes -= size
+        self._ready -= 1
+        self._ready_bytes -= size
+        self._unacked[offset] = size
+        return offset, record.message, requeued or offset < self.redelivered_below
+
+    def _head(self) -> tuple[int, Record, bool] | None:
+        """The next message ``pop`` takes, as ``(offset, record, requeued)``; None when nothing
+        is ready or the delivery reservation must be extended first (then asked for). Damaged
+        records met on the way (logged by the log) are settled."""
         while self._requeued:
-            offset = heapq.heappop(self._requeued)
+            offset, size = self._requeued[0]
             record = self.log.read(offset)
-            if record is None:  # corrupt: already logged; drop it
-                self._settle(offset)
-                self._ready -= 1
-                continue
-            self._ready -= 1
-            self._unacked.add(offset)
-            return offset, record.message, True
+            if record is not None:
+                return offset, record, True
+            heapq.heappop(self._requeued)
+            self._drop(offset, size)
         end = self.log.next_offset
         while self.cursor < end:
             if self.cursor < self.head:
@@ -210,15 +254,42 @@ class LogQueueStore:
             if offset >= self.delivered_reserved - RESERVE_WINDOW // 2:
                 self._request_reservation(offset)
             record = self.log.read(offset)
+            if record is not None:
+                return offset, record, False
             self.cursor += 1
-            self._ready -= 1
-            if record is None or (not record.persistent and offset < self._recovered_end):
-                # Corrupt (logged by the log) or a transient message from before a restart.
-                self._settle(offset)
-                continue
-            self._unacked.add(offset)
-            return offset, record.message, offset < self.redelivered_below
+            self._drop(offset, None)
         return None
+
+    def _drop(self, offset: int, size: int | None) -> None:
+        """Settle a ready message whose record is damaged; ``size`` None: not known."""
+        self._settle(offset)
+        self._ready -= 1
+        if size is None:
+            self._recount_due = True
+        else:
+            self._ready_bytes -= size
+
+    def _recount(self) -> None:
+        """Count the body bytes of the ready messages by reading their records (damaged ones
+        count for nothing). Transient messages of an earlier run met on the way are gone: they
+        are settled."""
+        self._recount_due = False
+        fresh = transient = 0
+        for record in self.log.records(max(self.cursor, self.head)):
+            offset = record.offset
+            if offset < self.head or offset in self.settled:
+                continue
+            size = len(record.message.body)
+            if record.persistent:
+                fresh += size
+            elif offset < self._recovered_end:
+                self._settle(offset)
+                self._ready -= 1
+            else:
+                fresh += size
+                transient += size
+        self._ready_bytes = fresh + sum(size for _offset, size in self._requeued)
+        self._fresh_transient_bytes = transient
 
     def _request_reservation(self, offset: int) -> None:
         target = max(offset, self.delivered_reserved) + RESERVE_WINDOW
@@ -227,32 +298,47 @@ class LogQueueStore:
             self._state_dirty = True
 
     def ack(self, message_id: int) -> None:
-        if message_id in self._unacked:
-            self._unacked.discard(message_id)
+        if self._unacked.pop(message_id, None) is not None:
             self._settle(message_id)
 
     def requeue(self, message_id: int) -> None:
-        if message_id in self._unacked:
-            self._unacked.discard(message_id)
-            heapq.heappush(self._requeued, message_id)
+        size = self._unacked.pop(message_id, None)
+        if size is not None:
+            heapq.heappush(self._requeued, (message_id, size))
             self._ready += 1
+            self._ready_bytes += size
 
     def purge(self) -> int:
         count = self._ready
-        for offset in self._requeued:
+        for offset, _size in self._requeued:
             self._settle(offset)
         self._requeued.clear()
         end = self.log.next_offset
         self.settled.add(self.cursor, end)
         self.cursor = end
         self._advance_head()
-        self._ready = 0
+        self._ready = self._ready_bytes = self._fresh_transient_bytes = 0
+        self._recount_due = False
         self._state_dirty = True
         return count
 
     @property
     def ready_count(self) -> int:
         return self._ready
+
+    @property
+    def ready_bytes(self) -> int:
+        if self._recount_due:
+            self._recount()
+        return self._ready_bytes
+
+    def _surviving_bytes(self) -> int:
+        """The body bytes ready after a restart: those of the persistent messages that are
+        ready or unacked now."""
+        transient = self.transient
+        requeued = sum(size for offset, size in self._requeued if offset in transient)
+        unacked = sum(size for offset, size in self._unacked.items() if offset not in transient)
+        return self.ready_bytes - self._fresh_transient_bytes - requeued + unacked
 
     @property
     def unacked_count(self) -> int:
@@ -348,8 +434,10 @@ class LogQueueStore:
         for segment in self.log.segments:
             segment.sync()
         self._synced_upto = self.log.next_offset
+        ready_bytes = self._surviving_bytes()
         state = self._state(self.delivered_reserved)
         state["delivered_exact"] = max(self.cursor, self.redelivered_below)
+        state["ready_bytes"] = ready_bytes
         self._write_state(state, fsync=True)
         self.log.close(clean=True)
 

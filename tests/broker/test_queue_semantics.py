@@ -1,0 +1,402 @@
+"""RabbitMQ's queue features at the vhost level, driven by Trio's MockClock (pytest-trio's
+``autojump_clock``): message TTL, dead-lettering and ``x-death``, length limits, priorities and
+the delivery limit. Hours of queue time pass in milliseconds. Real-socket scenarios with pika are
+in tests/interop/test_queue_features.py."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import trio
+
+from tqbroker import clock
+from tqbroker.backends.memory import MemoryBackend
+from tqbroker.broker.consumer import Consumer
+from tqbroker.broker.queue import Queue, QueueFull
+from tqbroker.broker.vhost import VirtualHost
+from tqbroker.model import Message
+from tqbroker.plugins.loader import load_exchange_types
+from tqbroker.protocol.methods import BasicProperties
+
+
+class Recorder:
+    """A DeliveryChannel that records deliveries and never runs out of credit."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[int, Message, bool]] = []
+
+    def can_deliver(self) -> bool:
+        return True
+
+    def deliver(
+        self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
+    ) -> None:
+        self.deliveries.append((message_id, message, redelivered))
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        pass
+
+
+@pytest.fixture
+async def vhost() -> AsyncIterator[VirtualHost]:
+    """A vhost on the memory backend. Tests take ``autojump_clock`` themselves (pytest-trio
+    hands the run a clock only from a test's own arguments)."""
+    async with trio.open_nursery() as nursery:
+        yield VirtualHost(
+            "/",
+            exchange_types=load_exchange_types(),
+            backends={"memory": MemoryBackend()},
+            flushers={},
+            durable_backend="memory",
+            spawn=nursery.start_soon,
+        )
+        nursery.cancel_scope.cancel()
+
+
+def declare(vhost: VirtualHost, name: str, **arguments: Any) -> Queue:
+    return vhost.declare_queue(
+        name,
+        passive=False,
+        durable=False,
+        exclusive=False,
+        auto_delete=False,
+        arguments=arguments,
+        owner=None,
+    )
+
+
+def publish(vhost: VirtualHost, queue: Queue | str, body: bytes, **properties: Any) -> None:
+    """Publish through the default exchange, as a channel does."""
+    name = queue if isinstance(queue, str) else queue.name
+    props = BasicProperties(**properties)
+    message = Message("", name, props.encode(), body, props, timestamp_ms=clock.now_ms())
+    for target in vhost.route(vhost.default_exchange, name, props.headers):
+        target.publish(message)
+
+
+def get_all(queue: Queue) -> list[Message]:
+    messages = []
+    while (entry := queue.get()) is not None:
+        assert isinstance(entry, tuple)
+        queue.ack(entry[0], None)
+        messages.append(entry[1])
+    return messages
+
+
+def bodies(messages: list[Message]) -> list[bytes]:
+    return [m.body for m in messages]
+
+
+def consume(queue: Queue) -> tuple[Consumer, Recorder]:
+    recorder = Recorder()
+    consumer = Consumer(
+        "c", queue, recorder, no_ack=False, exclusive=False, prefetch_count=0, arguments={}
+    )
+    queue.add_consumer(consumer)
+    return consumer, recorder
+
+
+# -- message TTL -------------------------------------------------------------------------------
+
+
+async def test_queue_ttl_expires_messages_at_the_head_into_the_dead_letter_queue(
+    autojump_clock: trio.abc.Clock,
+    vhost: VirtualHost,
+) -> None:
+    dlq = declare(vhost, "dlq")
+    work = declare(vhost, "work", **{"x-message-ttl": 60_000, "x-dead-letter-exchange": ""})
+    publish(vhost, work, b"late", headers={"CC": ["dlq"]})
+    await trio.sleep(59)
+    assert work.message_count == 1
+    await trio.sleep(2)  # past the TTL: the queue expires it with nobody asking
+    assert work.message_count == 0
+    [dead] = get_all(dlq)
+    headers = dead.properties.headers
+    assert headers is not None
+    [death] = headers["x-death"]  # type: ignore[misc]
+    assert death["reason"] == "expired"  # type: ignore[index]
+    assert death["queue"] == "work"  # type: ignore[index]
+    assert death["count"] == 1  # type: ignore[index]
+    assert death["exchange"] == ""  # type: ignore[index]
+    assert death["routing-keys"] == ["work", "dlq"]  # type: ignore[index]
+    assert isinstance(death["time"], datetime.datetime)  # type: ignore[index]
+    assert headers["x-first-death-reason"] == "expired"
+    assert headers["x-first-death-queue"] == "work"
+
+
+async def test_the_lower_of_queue_and_message_ttl_wins(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    queue = declare(vhost, "q", **{"x-message-ttl": 10_000})
+    publish(vhost, queue, b"short", expiration="1000")
+    publish(vhost, queue, b"long", expiration="50000")
+    await trio.sleep(2)
+    assert queue.message_count == 1  # "short" went at 1 s
+    await trio.sleep(9)
+    assert queue.message_count == 0  # "long" capped by the queue's 10 s
+
+
+async def test_per_message_ttl_expires_at_the_head_and_when_reached(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    """RabbitMQ classic queues expire only at the head: a short-lived message behind a long-lived
+    one stays counted until it reaches the head, and is never delivered."""
+    dlq = declare(vhost, "dlq")
+    queue = declare(
+        vhost, "q", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
+    )
+    publish(vhost, queue, b"patient", expiration="100000")
+    publish(vhost, queue, b"hasty", expiration="1000")
+    await trio.sleep(5)
+    assert queue.message_count == 2
+    assert bodies(get_all(queue)) == [b"patient"]  # "hasty" expired on the way
+    dead = get_all(dlq)
+    assert bodies(dead) == [b"hasty"]
+    assert dead[0].properties.expiration is None  # removed so it cannot expire again
+    assert dead[0].routing_key == "dlq"
+    deaths = dead[0].properties.headers["x-death"]  # type: ignore[index]
+    assert deaths[0]["original-expiration"] == "1000"  # type: ignore[index]
+
+
+async def test_expired_messages_are_never_delivered_to_consumers(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    queue = declare(vhost, "q", **{"x-message-ttl": 1000})
+    publish(vhost, queue, b"stale")
+    await trio.sleep(0.5)
+    publish(vhost, queue, b"fresh")
+    await trio.sleep(0.7)  # "stale" is past its TTL
+    _consumer, recorder = consume(queue)
+    await trio.sleep(0.01)
+    assert [m.body for _, m, _ in recorder.deliveries] == [b"fresh"]
+
+
+async def test_ttl_zero_delivers_only_to_a_waiting_consumer(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    queue = declare(vhost, "q", **{"x-message-ttl": 0})
+    publish(vhost, queue, b"nobody there")
+    assert queue.message_count == 0
+    _consumer, recorder = consume(queue)
+    publish(vhost, queue, b"taken at once")
+    assert [m.body for _, m, _ in recorder.deliveries] == [b"taken at once"]
+
+
+async def test_requeued_messages_keep_their_expiry(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    queue = declare(vhost, "q", **{"x-message-ttl": 10_000})
+    publish(vhost, queue, b"m")
+    await trio.sleep(6)
+    entry = queue.get()
+    assert isinstance(entry, tuple)
+    queue.requeue(entry[0], None)
+    await trio.sleep(6)  # 12 s since publish: expired although requeued 6 s ago
+    assert queue.message_count == 0
+
+
+# -- dead-letter cycles ------------------------------------------------------------------------
+
+
+async def test_automatic_dead_letter_cycle_is_dropped(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    """A queue dead-lettering expired messages to itself: RabbitMQ drops them."""
+    queue = declare(vhost, "loop", **{"x-message-ttl": 1000, "x-dead-letter-exchange": ""})
+    publish(vhost, queue, b"m")
+    await trio.sleep(5)
+    assert queue.message_count == 0
+
+
+async def test_retry_cycle_with_a_rejection_keeps_going(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    """work --rejected--> retry (TTL) --expired--> work: allowed, and x-death counts it."""
+    work = declare(
+        vhost, "work", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "retry"}
+    )
+    declare(
+        vhost,
+        "retry",
+        **{
+            "x-message-ttl": 1000,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "work",
+        },
+    )
+    publish(vhost, work, b"job")
+    for attempt in (1, 2, 3):
+        entry = work.get()
+        assert isinstance(entry, tuple), attempt
+        work.reject(entry[0], None)
+        await trio.sleep(1.5)
+    entry = work.get()
+    assert isinstance(entry, tuple)
+    deaths = entry[1].properties.headers["x-death"]  # type: ignore[index]
+    counts = {(d["queue"], d["reason"]): d["count"] for d in deaths}  # type: ignore[index]
+    assert counts == {("work", "rejected"): 3, ("retry", "expired"): 3}
+    assert deaths[0]["queue"] == "retry"  # type: ignore[index]  # most recent first
+
+
+# -- length limits -----------------------------------------------------------------------------
+
+
+async def test_drop_head_dead_letters_with_reason_maxlen(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    dlq = declare(vhost, "dlq")
+    queue = declare(
+        vhost,
+        "q",
+        **{"x-max-length": 2, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"},
+    )
+    for body in (b"1", b"2", b"3", b"4"):
+        publish(vhost, queue, body)
+    assert bodies(get_all(queue)) == [b"3", b"4"]
+    dead = get_all(dlq)
+    assert bodies(dead) == [b"1", b"2"]
+    assert dead[0].properties.headers["x-death"][0]["reason"] == "maxlen"  # type: ignore[index]
+
+
+async def test_max_length_bytes_counts_ready_body_bytes(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    queue = declare(vhost, "q", **{"x-max-length-bytes": 10})
+    publish(vhost, queue, b"aaaa")
+    publish(vhost, queue, b"bbbb")
+    publish(vhost, queue, b"cccc")  # 12 bytes: the head goes
+    assert queue.message_count == 2
+    assert bodies(get_all(queue)) == [b"bbbb", b"cccc"]
+
+
+async def test_reject_publish_dlx_refuses_and_dead_letters(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    dlq = declare(vhost, "dlq")
+    queue = declare(
+        vhost,
+        "q",
+        **{
+            "x-max-length-bytes": 4,
+            "x-overflow": "reject-publish-dlx",
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "dlq",
+        },
+    )
+    publish(vhost, queue, b"fits")
+    with pytest.raises(QueueFull):
+        publish(vhost, queue, b"x")
+    assert bodies(get_all(queue)) == [b"fits"]
+    dead = get_all(dlq)
+    assert bodies(dead) == [b"x"]
+    assert dead[0].properties.headers["x-death"][0]["reason"] == "maxlen"  # type: ignore[index]
+
+
+async def test_reject_publish_does_not_dead_letter(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    dlq = declare(vhost, "dlq")
+    queue = declare(
+        vhost,
+        "q",
+        **{
+            "x-max-length": 1,
+            "x-overflow": "reject-publish",
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "dlq",
+        },
+    )
+    publish(vhost, queue, b"1")
+    with pytest.raises(QueueFull):
+        publish(vhost, queue, b"2")
+    assert get_all(dlq) == []
+
+
+# -- priorities --------------------------------------------------------------------------------
+
+
+async def test_priority_queue_serves_highest_first_capped_at_max(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    queue = declare(vhost, "q", **{"x-max-priority": 5})
+    publish(vhost, queue, b"none")
+    publish(vhost, queue, b"p1", priority=1)
+    publish(vhost, queue, b"p9", priority=9)  # above the maximum: treated as 5
+    publish(vhost, queue, b"p5", priority=5)
+    publish(vhost, queue, b"p3", priority=3)
+    assert queue.message_count == 5
+    assert bodies(get_all(queue)) == [b"p9", b"p5", b"p3", b"p1", b"none"]
+
+
+async def test_priority_queue_requeue_goes_back_to_its_level(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    queue = declare(vhost, "q", **{"x-max-priority": 2})
+    publish(vhost, queue, b"low")
+    publish(vhost, queue, b"high", priority=2)
+    entry = queue.get()
+    assert isinstance(entry, tuple)
+    assert entry[1].body == b"high"
+    queue.requeue(entry[0], None)
+    assert bodies(get_all(queue)) == [b"high", b"low"]
+
+
+# -- delivery limit ----------------------------------------------------------------------------
+
+
+async def test_delivery_limit_counts_returns_and_dead_letters(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    dlq = declare(vhost, "dlq")
+    queue = declare(
+        vhost,
+        "q",
+        **{"x-delivery-limit": 2, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"},
+    )
+    publish(vhost, queue, b"poison")
+    seen_counts = []
+    for _ in range(3):
+        entry = queue.get()
+        assert isinstance(entry, tuple)
+        headers = entry[1].properties.headers or {}
+        seen_counts.append(headers.get("x-delivery-count"))
+        queue.requeue(entry[0], None)
+    assert seen_counts == [None, 1, 2]
+    assert queue.message_count == 0
+    dead = get_all(dlq)
+    assert bodies(dead) == [b"poison"]
+    assert dead[0].properties.headers["x-death"][0]["reason"] == "delivery_limit"  # type: ignore[index]
+
+
+async def test_delivery_limit_without_dlx_drops_and_counts(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = declare(vhost, "q", **{"x-delivery-limit": 0})
+    publish(vhost, queue, b"poison")
+    entry = queue.get()
+    assert isinstance(entry, tuple)
+    queue.requeue(entry[0], None)
+    assert queue.message_count == 0
+    assert queue.dropped_at_delivery_limit == 1
+    assert "x-delivery-limit" in caplog.text
+
+
+async def test_rejected_without_requeue_is_dead_lettered_once(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    dlq = declare(vhost, "dlq")
+    queue = declare(
+        vhost, "q", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
+    )
+    consumer, recorder = consume(queue)
+    publish(vhost, queue, b"bad")
+    await trio.sleep(0.01)
+    [(message_id, _message, _redelivered)] = recorder.deliveries
+    queue.remove_consumer(consumer)
+    queue.reject(message_id, consumer)
+    dead = get_all(dlq)
+    assert bodies(dead) == [b"bad"]
+    assert dead[0].properties.headers["x-death"][0]["reason"] == "rejected"  # type: ignore[index]
