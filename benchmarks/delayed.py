@@ -23,48 +23,16 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pika
 
-STARTUP = re.compile(r"listening on amqp://[\d.]+:(\d+)")
+from tqbroker.testing import start_broker_process
+
 TARGET_MS = 50.0
 SYNC_EVERY = 50  # a round trip every N publishes keeps the broker within a few ms of us
-
-
-def start_broker(
-    data_dir: Path, backend: str, config: Path | None
-) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tqbroker",
-            "--port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-            "--durable-backend",
-            backend,
-            "--log-level",
-            "WARNING",
-            *(["--config", str(config)] if config else []),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    match = STARTUP.search(line)
-    if not match:
-        proc.kill()
-        raise SystemExit(f"the broker did not start: {line!r}")
-    return proc, int(match.group(1))
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:
@@ -179,14 +147,13 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tqbroker-bench-") as tmp:
         data_dir = args.dir or Path(tmp)
-        proc, port = start_broker(data_dir, args.durable_backend, args.config)
-        try:
+        config = ["--config", str(args.config)] if args.config else []
+        with start_broker_process(
+            data_dir, durable_backend=args.durable_backend, extra_args=config, stderr=None
+        ) as broker:
             mode = "transient, in memory" if args.transient else "persistent, durable"
             print(f"x-delayed-message on {args.durable_backend} ({mode})")
-            run(args, port)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            run(args, broker.port)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import re
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from tqbroker.protocol.methods import (
     ConnectionTuneOk,
     QueueDeclare,
 )
+from tqbroker.testing import start_broker_process
 
 BODY = b"x" * 1024
 
@@ -111,19 +111,6 @@ def recovery_mb_per_s(directory: Path, megabytes: int = 512) -> float:
 
 
 # -- through the broker ----------------------------------------------------------------------
-
-
-def start_broker(data_dir: Path) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tqbroker", "--port", "0", "--data-dir", str(data_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    match = re.search(r"amqp://[\d.]+:(\d+)", proc.stdout.readline())
-    assert match, "broker did not start"
-    return proc, int(match.group(1))
 
 
 class Publisher:
@@ -214,22 +201,18 @@ def main() -> None:
         )
         print(f"fsyncs per second (disk):    {fsyncs_per_s(directory):8.0f}")
         print(f"unclean recovery scan:       {recovery_mb_per_s(directory):8.1f} MB/s")
-        proc, port = start_broker(directory / "broker")
-        try:
-            publisher = Publisher(port)
+        with start_broker_process(directory / "broker", durable_backend="log") as broker:
+            publisher = Publisher(broker.port)
             rate = publisher.publish_confirmed(args.messages)
             print(f"confirmed persistent msg/s:  {rate:8.0f}   (window 256, 1 KiB, fsync batch)")
-            baseline = rss_kib(proc.pid)
+            baseline = rss_kib(broker.proc.pid)
             publisher.publish_confirmed(args.queued)
             queued = args.messages + args.queued
-            grown = rss_kib(proc.pid) - baseline
+            grown = rss_kib(broker.proc.pid) - baseline
             print(
                 f"RSS per queued message:      {grown * 1024 / args.queued:8.1f} bytes   "
-                f"({queued} queued, RSS {rss_kib(proc.pid) / 1024:.0f} MiB)"
+                f"({queued} queued, RSS {rss_kib(broker.proc.pid) / 1024:.0f} MiB)"
             )
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

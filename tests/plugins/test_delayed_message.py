@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import re
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,7 +28,12 @@ from tqbroker_delayed_message import DelayedMessageExchange, parse_delay
 from tqbroker.backends.log import segment as segment_module
 from tqbroker.config import BrokerConfig
 from tqbroker.plugins.loader import load_exchange_types
-from tqbroker.testing import RunningBroker, durable_backend_for_tests, running_broker, start_broker
+from tqbroker.testing import (
+    durable_backend_for_tests,
+    running_broker,
+    start_broker,
+    start_broker_process,
+)
 
 T = TypeVar("T")
 DELAYED = "x-delayed-message"
@@ -511,42 +512,9 @@ def test_confirm_waits_for_the_delayed_store_fsync(
         ch.connection.close()
 
 
-STARTUP = re.compile(r"listening on amqp://[\d.]+:(\d+)")
-
-
-@contextmanager
-def broker_process(data_dir: Path, backend: str) -> Iterator[RunningBroker]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tqbroker",
-            "--port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-            "--durable-backend",
-            backend,
-            "--log-level",
-            "WARNING",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        match = STARTUP.search(proc.stdout.readline())
-        assert match, "the broker did not start"
-        yield RunningBroker("127.0.0.1", int(match.group(1)))
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
 @pytest.mark.parametrize("backend", ["log", "rocksdb"])
 def test_kill_9_keeps_confirmed_persistent_delayed_messages(tmp_path: Path, backend: str) -> None:
-    with broker_process(tmp_path, backend) as broker:
+    with start_broker_process(tmp_path, durable_backend=backend) as broker:
         ch = pika.BlockingConnection(pika.URLParameters(broker.url)).channel()
         ch.confirm_delivery()
         ch.exchange_declare("d", DELAYED, durable=True, arguments={"x-delayed-type": "direct"})
@@ -556,9 +524,9 @@ def test_kill_9_keeps_confirmed_persistent_delayed_messages(tmp_path: Path, back
         for delay in (800, 2500):
             properties = pika.BasicProperties(delivery_mode=2, headers={"x-delay": delay})
             ch.basic_publish("d", "k", str(delay).encode(), properties)  # confirmed
-    # Killed (SIGKILL) right after the confirms; down while the first comes due.
+        broker.kill()  # right after the confirms; down while the first comes due
     time.sleep(max(0.0, published + 1.0 - time.monotonic()))
-    with broker_process(tmp_path, backend) as broker:
+    with start_broker_process(tmp_path, durable_backend=backend) as broker:
         ch = pika.BlockingConnection(pika.URLParameters(broker.url)).channel()
         arrivals = []
         for method, _properties, body in ch.consume("jobs", auto_ack=True, inactivity_timeout=3):
@@ -567,6 +535,7 @@ def test_kill_9_keeps_confirmed_persistent_delayed_messages(tmp_path: Path, back
             arrivals.append((body.decode(), time.monotonic() - published))
             if len(arrivals) == 2:
                 break
+        ch.connection.close()
         assert [body for body, _at in arrivals] == ["800", "2500"]
         assert arrivals[0][1] < 2.0  # overdue: at once after the restart
         assert 2.5 - 0.01 <= arrivals[1][1] < 2.5 + 0.3  # at its original due time

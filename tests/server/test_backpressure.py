@@ -3,11 +3,8 @@ broker's memory: the broker stops reading from it instead (TCP backpressure)."""
 
 from __future__ import annotations
 
-import re
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +24,7 @@ from tqbroker.protocol.methods import (
     ConnectionStartOk,
     ConnectionTuneOk,
 )
+from tqbroker.testing import start_broker_process
 
 
 def rss_mib(pid: int) -> float:
@@ -37,18 +35,9 @@ def rss_mib(pid: int) -> float:
 
 
 def test_unread_returns_do_not_grow_broker_memory(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tqbroker", "--port", "0", "--log-level", "WARNING"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    broker = start_broker_process(tmp_path)
     try:
-        assert proc.stdout is not None
-        match = re.search(r"amqp://[\d.]+:(\d+)", proc.stdout.readline())
-        assert match
-        sock = socket.create_connection(("127.0.0.1", int(match.group(1))))
+        sock = socket.create_connection((broker.host, broker.port))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         sock.sendall(PROTOCOL_HEADER)
         time.sleep(0.2)
@@ -60,7 +49,7 @@ def test_unread_returns_do_not_grow_broker_memory(tmp_path: Path) -> None:
             + encode_method(1, ChannelOpen())
         )
         time.sleep(0.2)
-        before = rss_mib(proc.pid)
+        before = rss_mib(broker.proc.pid)
         body = b"x" * 60_000
         publish = (
             encode_method(1, BasicPublish(exchange="", routing_key="nowhere", mandatory=True))
@@ -89,7 +78,7 @@ def test_unread_returns_do_not_grow_broker_memory(tmp_path: Path) -> None:
         thread = threading.Thread(target=flood)
         thread.start()
         time.sleep(4)
-        grown = rss_mib(proc.pid) - before
+        grown = rss_mib(broker.proc.pid) - before
         stop.set()
         thread.join(timeout=5)
         # Without backpressure every unroutable message would be buffered for the return.
@@ -97,5 +86,4 @@ def test_unread_returns_do_not_grow_broker_memory(tmp_path: Path) -> None:
         assert grown < 60, f"broker RSS grew by {grown:.0f} MiB"
         sock.close()
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        broker.kill()

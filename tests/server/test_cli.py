@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
@@ -12,65 +11,48 @@ from pathlib import Path
 import pika
 import pytest
 
-STARTUP = re.compile(r"ready: listening on amqp://([\d.]+):(\d+)")
+from tqbroker.testing import BrokerProcess, start_broker_process
 
 
-def start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tqbroker", "--port", "0", *extra],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+def start(tmp_path: Path, *extra: str) -> BrokerProcess:
+    """The broker in ``tmp_path`` with the CLI's defaults (data dir, log level) unless ``extra``
+    flags say otherwise."""
+    return start_broker_process(
+        None, cwd=tmp_path, extra_args=extra, stderr=subprocess.PIPE, log_level=None
     )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    match = STARTUP.search(line)
-    assert match, f"no startup line, got {line!r}"
-    return proc, int(match.group(2))
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_starts_with_defaults_and_exits_zero_on_signal(tmp_path: Path, signum: int) -> None:
-    proc, port = start(tmp_path)
-    try:
+    with start(tmp_path) as broker:
         assert (tmp_path / "tqbroker-data").is_dir()
-        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        conn = pika.BlockingConnection(pika.ConnectionParameters(broker.host, broker.port))
         ch = conn.channel()
         ch.queue_declare("cli-smoke")
         ch.basic_publish("", "cli-smoke", b"x")
         assert ch.basic_get("cli-smoke", auto_ack=True)[2] == b"x"
         conn.close()
-        proc.send_signal(signum)
-        assert proc.wait(timeout=10) == 0
-    finally:
-        proc.kill()
-        proc.communicate()
+        assert broker.stop(signum, timeout=10) == 0
 
 
 def test_shutdown_closes_clients_with_320(tmp_path: Path) -> None:
-    proc, port = start(tmp_path, "--data-dir", "elsewhere")
-    try:
+    with start(tmp_path, "--data-dir", "elsewhere") as broker:
         assert (tmp_path / "elsewhere").is_dir()
-        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        conn = pika.BlockingConnection(pika.ConnectionParameters(broker.host, broker.port))
         conn.channel()
         started = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        broker.proc.send_signal(signal.SIGINT)
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
             conn.process_data_events(time_limit=5)
         assert info.value.reply_code == 320
-        assert proc.wait(timeout=10) == 0
+        assert broker.proc.wait(timeout=10) == 0
         assert time.monotonic() - started < 10
-    finally:
-        proc.kill()
-        proc.communicate()
 
 
 def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
-    proc, port = start(tmp_path)
-    try:
+    with start(tmp_path) as broker:
         second = subprocess.run(
-            [sys.executable, "-m", "tqbroker", "--port", str(port)],
+            [sys.executable, "-m", "tqbroker", "--port", str(broker.port)],
             cwd=tmp_path,
             capture_output=True,
             text=True,
@@ -78,10 +60,6 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         )
         assert second.returncode == 1
         assert "cannot start" in second.stderr
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=10)
-        proc.communicate()
 
 
 def test_config_file_sets_users_vhosts_and_storage(tmp_path: Path) -> None:
@@ -96,23 +74,19 @@ def test_config_file_sets_users_vhosts_and_storage(tmp_path: Path) -> None:
         "[backend_options.log]\n"
         'fsync = "never"\n'
     )
-    proc, port = start(tmp_path, "--config", str(config))
-    try:
+    with start(tmp_path, "--config", str(config)) as broker:
         assert (tmp_path / "from-config").is_dir()
         credentials = pika.PlainCredentials("app", "s3cret")
-        params = pika.ConnectionParameters("127.0.0.1", port, "staging", credentials)
+        params = pika.ConnectionParameters(broker.host, broker.port, "staging", credentials)
         conn = pika.BlockingConnection(params)
         ch = conn.channel()
         ch.queue_declare("q", durable=True)
         ch.basic_publish("", "q", b"configured", pika.BasicProperties(delivery_mode=2))
         assert ch.basic_get("q", auto_ack=True)[2] == b"configured"
         conn.close()
+        default_vhost = pika.ConnectionParameters(broker.host, broker.port, "/", credentials)
         with pytest.raises(pika.exceptions.ProbableAccessDeniedError):
-            pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, "/", credentials))
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=10)
-        proc.communicate()
+            pika.BlockingConnection(default_vhost)
 
 
 def test_bad_config_file_is_a_clear_error(tmp_path: Path) -> None:
@@ -131,17 +105,12 @@ def test_bad_config_file_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_refuses_to_start_when_a_stored_queue_backend_is_missing(tmp_path: Path) -> None:
     """A durable queue on a backend that does not load must not be recreated empty elsewhere."""
-    proc, port = start(tmp_path)
-    try:
-        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    with start(tmp_path) as broker:
+        conn = pika.BlockingConnection(pika.ConnectionParameters(broker.host, broker.port))
         conn.channel().queue_declare(
             "on-memory", durable=True, arguments={"x-queue-backend": "memory"}
         )
         conn.close()
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=10)
-        proc.communicate()
     # Pretend the backend is gone: rewrite the stored definition to name one that is not there.
     definitions = tmp_path / "tqbroker-data" / "definitions.cbor"
     definitions.write_bytes(definitions.read_bytes().replace(b"memory", b"vanish"))

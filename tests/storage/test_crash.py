@@ -5,10 +5,6 @@ redelivered). The publisher and consumer are pika clients; the broker is another
 from __future__ import annotations
 
 import random
-import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -17,39 +13,9 @@ from pathlib import Path
 import pika
 import pytest
 
-STARTUP = re.compile(r"listening on amqp://[\d.]+:(\d+)")
+from tqbroker.testing import start_broker_process
+
 QUEUE = "crash-test"
-
-
-class Broker:
-    def __init__(self, data_dir: Path, backend: str) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tqbroker",
-                "--port",
-                "0",
-                "--data-dir",
-                str(data_dir),
-                "--durable-backend",
-                backend,
-                "--log-level",
-                "WARNING",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        match = STARTUP.search(line)
-        assert match, f"broker did not start: {line!r}"
-        self.port = int(match.group(1))
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
 
 
 class Log:
@@ -116,7 +82,7 @@ def test_kill_restart_loses_no_confirmed_message(tmp_path: Path, backend: str) -
     rounds = 10
     log = Log()
     for _ in range(rounds):
-        broker = Broker(tmp_path, backend)
+        broker = start_broker_process(tmp_path, durable_backend=backend)
         stop = threading.Event()
         threads = [
             threading.Thread(target=publish, args=(broker.port, log, stop)),
@@ -130,7 +96,7 @@ def test_kill_restart_loses_no_confirmed_message(tmp_path: Path, backend: str) -
         stop.set()
         for t in threads:
             t.join(timeout=10)
-    broker = Broker(tmp_path, backend)
+    broker = start_broker_process(tmp_path, durable_backend=backend)
     try:
         drain(broker.port, log)
     finally:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import re
-import signal
 import subprocess
 import sys
 import time
@@ -40,61 +38,25 @@ from tqbroker.protocol.methods import (
     QueueDeclare,
     QueueDeclareOk,
 )
-from tqbroker.testing import durable_backend_for_tests
+from tqbroker.testing import BrokerProcess, start_broker_process
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,
     reason="mounts a tmpfs: needs root on Linux",
 )
 
-STARTUP = re.compile(r"listening on amqp://127\.0\.0\.1:(\d+)")
 QUEUE = "full-disk"
 HEADROOM = 1536 * 1024  # left free on the tmpfs once the filler is written
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 CONNECTION_ERRORS = (pika.exceptions.AMQPConnectionError, pika.exceptions.StreamLostError)
 
 
-class Broker:
-    """``python -m tqbroker`` on a data dir; its log goes to ``log_path`` (not on the tmpfs)."""
+def params(broker: BrokerProcess) -> pika.ConnectionParameters:
+    return pika.ConnectionParameters(broker.host, broker.port, blocked_connection_timeout=10)
 
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
-        with open(log_path, "a") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tqbroker",
-                    "--port",
-                    "0",
-                    "--data-dir",
-                    str(data_dir),
-                    "--durable-backend",
-                    durable_backend_for_tests(),
-                    "--log-level",
-                    "WARNING",
-                ],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-            )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        match = STARTUP.search(line)
-        assert match, f"broker did not start: {line!r}\n{log_path.read_text()}"
-        self.port = int(match.group(1))
-        self.params = pika.ConnectionParameters(
-            "127.0.0.1", self.port, blocked_connection_timeout=10
-        )
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, sig: signal.Signals) -> int:
-        self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=20)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
-        return code
+def alive(broker: BrokerProcess) -> bool:
+    return broker.proc.poll() is None
 
 
 @pytest.fixture
@@ -116,20 +78,17 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def brokers(tmpfs: Path, tmp_path: Path) -> Iterator[list[Broker]]:
+def brokers(tmpfs: Path, tmp_path: Path) -> Iterator[list[BrokerProcess]]:
     """Started brokers, killed at the end (before the tmpfs is unmounted)."""
-    started: list[Broker] = []
+    started: list[BrokerProcess] = []
     yield started
     for broker in started:
-        if broker.alive():
-            broker.proc.kill()
-            broker.proc.wait(timeout=10)
-        if broker.proc.stdout is not None:
-            broker.proc.stdout.close()
+        broker.kill()
 
 
-def start(brokers: list[Broker], tmpfs: Path, tmp_path: Path) -> Broker:
-    broker = Broker(tmpfs / "data", tmp_path / "broker.log")
+def start(brokers: list[BrokerProcess], tmpfs: Path, tmp_path: Path) -> BrokerProcess:
+    """``python -m tqbroker`` on the tmpfs; its log goes to ``broker.log`` (not on the tmpfs)."""
+    broker = start_broker_process(tmpfs / "data", stderr=tmp_path / "broker.log")
     brokers.append(broker)
     return broker
 
@@ -161,11 +120,13 @@ class Published:
     connection_error: BaseException | None = None
 
 
-def publish_until_refused(broker: Broker, rng: random.Random, refusals: int = 3) -> Published:
+def publish_until_refused(
+    broker: BrokerProcess, rng: random.Random, refusals: int = 3
+) -> Published:
     """Publish one confirmed message at a time until ``refusals`` nacks (or a connection error,
     which the broker should never cause)."""
     out = Published()
-    connection = pika.BlockingConnection(broker.params)
+    connection = pika.BlockingConnection(params(broker))
     channel = connection.channel()
     channel.confirm_delivery()
     try:
@@ -187,8 +148,8 @@ def publish_until_refused(broker: Broker, rng: random.Random, refusals: int = 3)
     return out
 
 
-def drain(broker: Broker) -> list[bytes]:
-    connection = pika.BlockingConnection(broker.params)
+def drain(broker: BrokerProcess) -> list[bytes]:
+    connection = pika.BlockingConnection(params(broker))
     channel = connection.channel()
     bodies = []
     while True:
@@ -200,18 +161,18 @@ def drain(broker: Broker) -> list[bytes]:
     return bodies
 
 
-def declare(broker: Broker) -> None:
-    connection = pika.BlockingConnection(broker.params)
+def declare(broker: BrokerProcess) -> None:
+    connection = pika.BlockingConnection(params(broker))
     connection.channel().queue_declare(QUEUE, durable=True)
     connection.close()
 
 
-def assert_still_serving(broker: Broker, expect_at_least: int) -> None:
+def assert_still_serving(broker: BrokerProcess, expect_at_least: int) -> None:
     """While the disk is full: the process is alive, a new connection works, a transient
     queue does a round trip, and the full durable queue can still be read (a message taken
     and given back)."""
-    assert broker.alive()
-    connection = pika.BlockingConnection(broker.params)
+    assert alive(broker)
+    connection = pika.BlockingConnection(params(broker))
     channel = connection.channel()
     channel.confirm_delivery()
     scratch = channel.queue_declare("", exclusive=True).method.queue
@@ -238,13 +199,13 @@ def assert_still_serving(broker: Broker, expect_at_least: int) -> None:
         connection.process_data_events(time_limit=0.2)
     assert seen == list(range(5))
     connection.close()
-    assert broker.alive()
+    assert alive(broker)
 
 
-def wait_until_accepted(broker: Broker, timeout: float = 8.0) -> float:
+def wait_until_accepted(broker: BrokerProcess, timeout: float = 8.0) -> float:
     """Once space is freed the broker takes persistent publishes again, without a restart (its
     flusher retries once a second). Returns how long it took; the probe queue is deleted."""
-    connection = pika.BlockingConnection(broker.params)
+    connection = pika.BlockingConnection(params(broker))
     channel = connection.channel()
     channel.confirm_delivery()
     scratch = channel.queue_declare("disk-back", durable=True).method.queue
@@ -275,7 +236,7 @@ def check_recovered(published: Published, bodies: list[bytes]) -> None:
 
 @pytest.mark.parametrize("restart", ["sigterm", "sigkill", "sigterm-while-full"])
 def test_full_disk_nacks_and_loses_no_acked_message(
-    tmpfs: Path, tmp_path: Path, brokers: list[Broker], restart: str
+    tmpfs: Path, tmp_path: Path, brokers: list[BrokerProcess], restart: str
 ) -> None:
     rng = random.Random(restart)
     broker = start(brokers, tmpfs, tmp_path)
@@ -293,37 +254,37 @@ def test_full_disk_nacks_and_loses_no_acked_message(
     assert_still_serving(broker, len(published.acked))
 
     if restart == "sigterm-while-full":
-        broker.stop(signal.SIGTERM)  # the final flush fails: an unclean stop
+        broker.stop()  # the final flush fails: an unclean stop
         filler.unlink()
     elif restart == "sigkill":
         filler.unlink()
-        broker.stop(signal.SIGKILL)
+        broker.kill()
     else:
         filler.unlink()
         wait_until_accepted(broker)
-        assert broker.stop(signal.SIGTERM) == 0
+        assert broker.stop() == 0
     broker = start(brokers, tmpfs, tmp_path)
     check_recovered(published, drain(broker))
 
     # And with space again, persistent publishes are confirmed.
-    connection = pika.BlockingConnection(broker.params)
+    connection = pika.BlockingConnection(params(broker))
     channel = connection.channel()
     channel.confirm_delivery()
     channel.basic_publish("", QUEUE, b"000000|after", PERSISTENT)
     connection.close()
     assert [number(b) for b in drain(broker)] == [0]
-    broker.stop(signal.SIGTERM)
+    broker.stop()
 
 
 # -- many publishes in flight ----------------------------------------------------------------------
 
 
-def burst(broker: Broker, rng: random.Random, count: int) -> tuple[Published, bool]:
+def burst(broker: BrokerProcess, rng: random.Random, count: int) -> tuple[Published, bool]:
     """Publish ``count`` messages back to back on a confirm channel (raw AMQP: pika's
     blocking channel waits for each confirm) and collect every ack / nack. Returns what was
     published and whether the broker closed the socket."""
     out = Published()
-    with RawAMQP("127.0.0.1", broker.port, timeout=10) as amqp:
+    with RawAMQP(broker.host, broker.port, timeout=10) as amqp:
         amqp.handshake()
         amqp.open_channel(1)
         amqp.call(1, ConfirmSelect(False), ConfirmSelectOk)
@@ -349,7 +310,7 @@ def burst(broker: Broker, rng: random.Random, count: int) -> tuple[Published, bo
 
 @pytest.mark.parametrize("restart", ["sigterm", "sigkill"])
 def test_full_disk_with_many_publishes_in_flight(
-    tmpfs: Path, tmp_path: Path, brokers: list[Broker], restart: str
+    tmpfs: Path, tmp_path: Path, brokers: list[BrokerProcess], restart: str
 ) -> None:
     rng = random.Random(f"burst-{restart}")
     broker = start(brokers, tmpfs, tmp_path)
@@ -366,12 +327,12 @@ def test_full_disk_with_many_publishes_in_flight(
     filler.unlink()
     if restart == "sigterm":
         wait_until_accepted(broker)
-        assert broker.stop(signal.SIGTERM) == 0
+        assert broker.stop() == 0
     else:
-        broker.stop(signal.SIGKILL)
+        broker.kill()
     broker = start(brokers, tmpfs, tmp_path)
     check_recovered(published, drain(broker))
-    broker.stop(signal.SIGTERM)
+    broker.stop()
 
 
 # -- in process: a checkpoint that cannot be written ---------------------------------------------

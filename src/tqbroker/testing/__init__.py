@@ -3,6 +3,8 @@
 - ``running_broker()``: a context manager that runs a broker in a background thread on an
   ephemeral port, for synchronous code (pika's BlockingConnection, kombu, Celery);
 - ``start_broker(nursery)``: start a broker inside a Trio nursery you own;
+- ``start_broker_process(data_dir)``: run ``python -m tqbroker`` in a child process (to kill it,
+  restart it, or watch its memory), as a context manager that stops it on exit;
 - the pytest plugin (``tqbroker.testing.pytest_plugin``, loaded automatically when tqbroker is
   installed) offers the fixtures ``tqbroker_broker`` (pytest-trio) and ``tqbroker_thread``.
 """
@@ -11,11 +13,17 @@ from __future__ import annotations
 
 import os
 import queue
+import re
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
+from typing import IO
 
 import attrs
 import trio
@@ -110,4 +118,119 @@ def _run_in_thread(config: BrokerConfig) -> Iterator[RunningBroker]:
         thread.join(timeout=30)
 
 
-__all__ = ["RunningBroker", "durable_backend_for_tests", "running_broker", "start_broker"]
+# The line ``python -m tqbroker`` prints once it listens (``cli.run``); the first address.
+_STARTUP_LINE = re.compile(r"ready: listening on amqp://(\S+?):(\d+)(?:,|$)")
+
+
+@attrs.frozen
+class BrokerProcess:
+    """``python -m tqbroker`` in a child process (``start_broker_process()``); as a context
+    manager it stops the broker on exit (``stop()``, ``kill()`` if that times out)."""
+
+    proc: subprocess.Popen[str]
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@{self.host}:{self.port}/"
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Ask for a graceful shutdown (SIGTERM, or ``signum``) and wait for the exit; returns
+        the exit status (0 after a graceful shutdown). Does nothing more if it has exited."""
+        self.proc.send_signal(signum)
+        self.proc.communicate(timeout=timeout)  # also closes the pipes
+        return self.proc.returncode
+
+    def kill(self, timeout: float = 10) -> int:
+        """Kill it (SIGKILL: a crash, nothing is flushed) and wait; returns the exit status."""
+        return self.stop(signal.SIGKILL, timeout)
+
+    def __enter__(self) -> BrokerProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            self.stop()
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def start_broker_process(
+    data_dir: Path | None,
+    *,
+    durable_backend: str | None = None,
+    extra_args: Sequence[str] = (),
+    stderr: Path | int | IO[str] | None = subprocess.DEVNULL,
+    log_level: str | None = "WARNING",
+    cwd: Path | None = None,
+    timeout: float = 30,
+) -> BrokerProcess:
+    """Run ``python -m tqbroker --port 0`` and wait for its startup line. ``data_dir`` None is
+    the CLI's default (``tqbroker-data`` in ``cwd``); ``durable_backend`` defaults to
+    ``durable_backend_for_tests()``; ``log_level`` None is the CLI's default (INFO).
+    ``stderr`` (the broker's log): DEVNULL, None (inherited), PIPE, an open file, or a path
+    to append to. Raises ``RuntimeError`` with what the broker printed if it exits, prints
+    something else or stays silent for ``timeout`` seconds."""
+    args = [sys.executable, "-m", "tqbroker", "--port", "0"]
+    args += ["--durable-backend", durable_backend or durable_backend_for_tests()]
+    if data_dir is not None:
+        args += ["--data-dir", str(data_dir)]
+    if log_level is not None:
+        args += ["--log-level", log_level]
+    args += extra_args
+    if isinstance(stderr, Path):
+        with open(stderr, "a") as log:
+            proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=log, text=True)
+    else:
+        proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    assert proc.stdout is not None
+    line = _first_line(proc.stdout, timeout)
+    match = _STARTUP_LINE.search(line or "")
+    if match is None:
+        raise _startup_failure(proc, line, timeout, stderr)
+    return BrokerProcess(proc, match.group(1), int(match.group(2)))
+
+
+def _first_line(stream: IO[str], timeout: float) -> str | None:
+    """The first line of ``stream`` ("" at end of file), or None if none came in time."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        return None
+
+
+def _startup_failure(
+    proc: subprocess.Popen[str], line: str | None, timeout: float, stderr: object
+) -> RuntimeError:
+    """Reap a broker that did not start (killed if still running) and say what it did."""
+    if line is None:
+        said = f"printed nothing within {timeout:g} s"
+    else:
+        said = f"printed {line.rstrip()!r}" if line else "printed nothing"
+    try:
+        status = f"exit status {proc.wait(timeout=5 if line == '' else 0.2)}"
+    except subprocess.TimeoutExpired:
+        status = "killed: still running"
+        proc.kill()
+    _out, err = proc.communicate(timeout=10)
+    log = stderr.read_text() if isinstance(stderr, Path) else err
+    message = f"the broker did not start: it {said} ({status})"
+    return RuntimeError(f"{message}; its log:\n{log.rstrip()}" if log and log.strip() else message)
+
+
+__all__ = [
+    "BrokerProcess",
+    "RunningBroker",
+    "durable_backend_for_tests",
+    "running_broker",
+    "start_broker",
+    "start_broker_process",
+]
