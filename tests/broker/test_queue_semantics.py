@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 
 from tqbroker import clock
 from tqbroker.backends.memory import MemoryBackend
 from tqbroker.broker.consumer import Consumer
-from tqbroker.broker.queue import Queue, QueueFull
+from tqbroker.broker.deadletter import parse_expiration
+from tqbroker.broker.queue import EXPIRE_BATCH, Queue, QueueFull
 from tqbroker.broker.vhost import VirtualHost
 from tqbroker.model import Message
 from tqbroker.plugins.loader import load_exchange_types
@@ -97,6 +99,30 @@ def consume(queue: Queue) -> tuple[Consumer, Recorder]:
     )
     queue.add_consumer(consumer)
     return consumer, recorder
+
+
+def declare_retry_topology(vhost: VirtualHost) -> Queue:
+    """RabbitMQ's retry pattern: ``work`` dead-letters rejected messages to ``retry``, whose
+    1 s TTL dead-letters them back to ``work``. Returns ``work``."""
+    declare(
+        vhost,
+        "retry",
+        **{
+            "x-message-ttl": 1000,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "work",
+        },
+    )
+    return declare(
+        vhost, "work", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "retry"}
+    )
+
+
+def declare_with_dlq(vhost: VirtualHost, **arguments: Any) -> tuple[Queue, Queue]:
+    """Queue ``q`` with ``arguments``, dead-lettering to queue ``dlq`` (default exchange)."""
+    dlq = declare(vhost, "dlq")
+    dead_letter = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
+    return declare(vhost, "q", **arguments, **dead_letter), dlq
 
 
 # -- message TTL -------------------------------------------------------------------------------
@@ -215,18 +241,7 @@ async def test_retry_cycle_with_a_rejection_keeps_going(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
     """work --rejected--> retry (TTL) --expired--> work: allowed, and x-death counts it."""
-    work = declare(
-        vhost, "work", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "retry"}
-    )
-    declare(
-        vhost,
-        "retry",
-        **{
-            "x-message-ttl": 1000,
-            "x-dead-letter-exchange": "",
-            "x-dead-letter-routing-key": "work",
-        },
-    )
+    work = declare_retry_topology(vhost)
     publish(vhost, work, b"job")
     for attempt in (1, 2, 3):
         entry = work.get()
@@ -247,12 +262,7 @@ async def test_retry_cycle_with_a_rejection_keeps_going(
 async def test_drop_head_dead_letters_with_reason_maxlen(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    dlq = declare(vhost, "dlq")
-    queue = declare(
-        vhost,
-        "q",
-        **{"x-max-length": 2, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"},
-    )
+    queue, dlq = declare_with_dlq(vhost, **{"x-max-length": 2})
     for body in (b"1", b"2", b"3", b"4"):
         publish(vhost, queue, body)
     assert bodies(get_all(queue)) == [b"3", b"4"]
@@ -275,16 +285,8 @@ async def test_max_length_bytes_counts_ready_body_bytes(
 async def test_reject_publish_dlx_refuses_and_dead_letters(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    dlq = declare(vhost, "dlq")
-    queue = declare(
-        vhost,
-        "q",
-        **{
-            "x-max-length-bytes": 4,
-            "x-overflow": "reject-publish-dlx",
-            "x-dead-letter-exchange": "",
-            "x-dead-letter-routing-key": "dlq",
-        },
+    queue, dlq = declare_with_dlq(
+        vhost, **{"x-max-length-bytes": 4, "x-overflow": "reject-publish-dlx"}
     )
     publish(vhost, queue, b"fits")
     with pytest.raises(QueueFull):
@@ -298,17 +300,7 @@ async def test_reject_publish_dlx_refuses_and_dead_letters(
 async def test_reject_publish_does_not_dead_letter(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    dlq = declare(vhost, "dlq")
-    queue = declare(
-        vhost,
-        "q",
-        **{
-            "x-max-length": 1,
-            "x-overflow": "reject-publish",
-            "x-dead-letter-exchange": "",
-            "x-dead-letter-routing-key": "dlq",
-        },
-    )
+    queue, dlq = declare_with_dlq(vhost, **{"x-max-length": 1, "x-overflow": "reject-publish"})
     publish(vhost, queue, b"1")
     with pytest.raises(QueueFull):
         publish(vhost, queue, b"2")
@@ -350,12 +342,7 @@ async def test_priority_queue_requeue_goes_back_to_its_level(
 async def test_delivery_limit_counts_returns_and_dead_letters(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    dlq = declare(vhost, "dlq")
-    queue = declare(
-        vhost,
-        "q",
-        **{"x-delivery-limit": 2, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"},
-    )
+    queue, dlq = declare_with_dlq(vhost, **{"x-delivery-limit": 2})
     publish(vhost, queue, b"poison")
     seen_counts = []
     for _ in range(3):
@@ -400,3 +387,104 @@ async def test_rejected_without_requeue_is_dead_lettered_once(
     dead = get_all(dlq)
     assert bodies(dead) == [b"bad"]
     assert dead[0].properties.headers["x-death"][0]["reason"] == "rejected"  # type: ignore[index]
+
+
+# -- review regressions ------------------------------------------------------------------------
+
+
+async def test_limit_counts_after_delivery_to_a_waiting_consumer(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    """RabbitMQ delivers first and applies the limit to what stays: a burst into a one-message
+    queue reaches a consumer with credit in full."""
+    queue = declare(vhost, "q", **{"x-max-length": 1, "x-overflow": "reject-publish"})
+    _consumer, recorder = consume(queue)
+    for n in range(50):
+        publish(vhost, queue, b"%d" % n)  # would raise QueueFull if counted before delivery
+    assert len(recorder.deliveries) == 50
+
+
+async def test_requeue_over_the_limit_drops_the_head(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    queue, dlq = declare_with_dlq(vhost, **{"x-max-length": 2})
+    publish(vhost, queue, b"1")
+    entry = queue.get()
+    assert isinstance(entry, tuple)
+    publish(vhost, queue, b"2")
+    publish(vhost, queue, b"3")
+    queue.requeue(entry[0], None)  # "1" is back at the head: three ready, one too many
+    assert bodies(get_all(queue)) == [b"2", b"3"]
+    assert bodies(get_all(dlq)) == [b"1"]
+
+
+async def test_no_dead_lettering_after_the_queue_is_deleted(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    dlq = declare(vhost, "dlq")
+    queue = declare(
+        vhost, "q", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
+    )
+    publish(vhost, queue, b"m")
+    entry = queue.get()
+    assert isinstance(entry, tuple)
+    vhost.delete_queue("q", if_unused=False, if_empty=False, owner=None)
+    queue.reject(entry[0], None)
+    assert get_all(dlq) == []
+
+
+async def test_mass_expiry_in_batches_loses_nothing(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    """Thousands of messages expiring at once are dead-lettered in batches (the actor lets
+    other tasks run in between), every one of them."""
+    queue, dlq = declare_with_dlq(vhost, **{"x-message-ttl": 1000})
+    for n in range(3 * EXPIRE_BATCH + 7):
+        publish(vhost, queue, b"%d" % n)
+    await trio.sleep(1.5)
+    assert queue.message_count == 0
+    assert dlq.message_count == 3 * EXPIRE_BATCH + 7
+
+
+async def test_repeated_death_counts_in_the_first_entry(
+    autojump_clock: trio.abc.Clock, vhost: VirtualHost
+) -> None:
+    """RabbitMQ keeps the first death's time, exchange and routing keys in a (queue, reason)
+    entry, counts repeats and moves it to the front; x-last-death-* names the latest."""
+    work = declare_retry_topology(vhost)
+    publish(vhost, work, b"job")
+    first_death_time = None
+    for _ in range(2):
+        entry = work.get()
+        assert isinstance(entry, tuple)
+        work.reject(entry[0], None)
+        await trio.sleep(60)
+        entry_now = work.get()
+        assert isinstance(entry_now, tuple)
+        deaths = entry_now[1].properties.headers["x-death"]  # type: ignore[index]
+        rejected = next(d for d in deaths if d["reason"] == "rejected")  # type: ignore[index]
+        first_death_time = first_death_time or rejected["time"]  # type: ignore[index]
+        assert rejected["time"] == first_death_time  # type: ignore[index]
+        assert rejected["exchange"] == ""  # type: ignore[index]  # where it was first published
+        assert rejected["routing-keys"] == ["work"]  # type: ignore[index]
+        headers = entry_now[1].properties.headers
+        assert headers["x-last-death-reason"] == "expired"  # type: ignore[index]
+        assert headers["x-first-death-reason"] == "rejected"  # type: ignore[index]
+        work.requeue(entry_now[0], None)
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [
+        ("60000", 60000),
+        ("0", 0),
+        ("+5", 5),
+        ("-1", "{value_negative,-1}"),
+        ("10abc", '{leftover_string,"abc"}'),
+        ("1.5", '{leftover_string,".5"}'),
+        ("", "no_integer"),
+        ("soon", "no_integer"),
+    ],
+)
+def test_expiration_parsed_as_rabbitmq_does(value: str, parsed: int | str) -> None:
+    assert parse_expiration(value) == parsed

@@ -246,3 +246,57 @@ def test_ttl_counts_from_the_original_publish_across_a_restart() -> None:
             time.sleep(max(0.0, 1.7 - (time.monotonic() - published)))
             assert ch.queue_declare("ttl", passive=True).method.message_count == 0
             connection.close()
+
+
+@DURABILITY
+def test_bounded_queue_keeps_up_with_a_consumer(channel: BlockingChannel, durable: bool) -> None:
+    """A full-speed burst into a one-message queue with reject-publish: a consumer with credit
+    takes every message, none is nacked (RabbitMQ delivers before it counts the limit)."""
+    args = {"x-max-length": 1, "x-overflow": "reject-publish"}
+    channel.queue_declare("narrow", durable=durable, arguments=args)
+    consumer_connection = pika.BlockingConnection(channel.connection._impl.params)
+    consumer = consumer_connection.channel()
+    consumer.basic_qos(prefetch_count=1000)
+    received: list[bytes] = []
+    consumer.basic_consume("narrow", lambda ch, m, p, body: received.append(body), auto_ack=True)
+    channel.confirm_delivery()
+    for n in range(100):
+        channel.basic_publish("", "narrow", b"%d" % n, props(durable))  # NackError if refused
+    deadline = time.monotonic() + 5
+    while len(received) < 100 and time.monotonic() < deadline:
+        consumer_connection.process_data_events(time_limit=0.05)
+    assert received == [b"%d" % n for n in range(100)]
+    consumer_connection.close()
+
+
+def test_consumer_argument_sets_the_consumer_timeout(channel: BlockingChannel) -> None:
+    channel.queue_declare("patient")  # no queue timeout; the broker default is 30 minutes
+    channel.basic_publish("", "patient", b"m")
+    channel.basic_consume("patient", lambda *_args: None, arguments={"x-consumer-timeout": 200})
+    channel.connection.process_data_events(time_limit=0.1)
+    time.sleep(0.4)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        channel.queue_declare("patient", passive=True)
+    assert closed.value.reply_code == 406
+    assert "200 ms" in closed.value.reply_text
+
+
+def test_nack_multiple_and_transactions_dead_letter_on_commit(channel: BlockingChannel) -> None:
+    channel.queue_declare("rejects")
+    channel.queue_declare(
+        "tasks", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "rejects"}
+    )
+    for n in range(4):
+        channel.basic_publish("", "tasks", b"%d" % n)
+    tags = [channel.basic_get("tasks")[0].delivery_tag for _ in range(4)]  # type: ignore[union-attr]
+    channel.basic_nack(tags[1], multiple=True, requeue=False)  # "0" and "1"
+    assert [body for body, _ in drain(channel, "rejects")] == [b"0", b"1"]
+    channel.tx_select()
+    channel.basic_reject(tags[2], requeue=False)
+    channel.tx_rollback()  # nothing happened: "2" is still unacked
+    assert drain(channel, "rejects") == []
+    channel.basic_reject(tags[2], requeue=False)
+    channel.basic_reject(tags[3], requeue=False)
+    assert drain(channel, "rejects") == []  # not before the commit
+    channel.tx_commit()
+    assert [body for body, _ in drain(channel, "rejects")] == [b"2", b"3"]

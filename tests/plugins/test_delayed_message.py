@@ -29,6 +29,7 @@ from tqbroker.backends.log import segment as segment_module
 from tqbroker.config import BrokerConfig
 from tqbroker.plugins.loader import load_exchange_types
 from tqbroker.testing import (
+    DURABLE_BACKEND_ENV,
     durable_backend_for_tests,
     running_broker,
     start_broker,
@@ -488,7 +489,10 @@ def test_confirm_waits_for_the_delayed_store_fsync(
         time.sleep(0.5)
         real_sync(self)
 
-    with running_broker(BrokerConfig(port=0, data_dir=tmp_path, durable_backend="log")) as b:
+    # The faults are injected into the log backend's segments: run on it whatever backend the
+    # session tests (``nox -s backends`` sets the variable for every test broker).
+    monkeypatch.setenv(DURABLE_BACKEND_ENV, "log")
+    with running_broker(BrokerConfig(port=0, data_dir=tmp_path)) as b:
         ch = pika.BlockingConnection(pika.URLParameters(b.url)).channel()
         ch.confirm_delivery()
         ch.exchange_declare("d", DELAYED, durable=True, arguments={"x-delayed-type": "direct"})

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from tests.rawamqp import body_frame, content_header
 
+from rawamqp import body_frame, content_header
 from tqbroker import BrokerConfig
 from tqbroker.protocol.frames import FRAME_HEAD, FRAME_METHOD, PROTOCOL_HEADER, encode_method
 from tqbroker.protocol.methods import (

@@ -43,6 +43,7 @@ class Consumer:
         "priority",
         "queue",
         "tag",
+        "timeout_ms",
         "unacked",
     )
 
@@ -67,6 +68,8 @@ class Consumer:
         priority = arguments.get("x-priority", 0)
         # RabbitMQ's consumer priority: higher first; the channel validated it is an int.
         self.priority = priority if isinstance(priority, int) else 0
+        timeout = arguments.get("x-consumer-timeout")  # ms; overrides the queue's and broker's
+        self.timeout_ms = timeout if isinstance(timeout, int) else None
         self.unacked = 0
 
     def has_capacity(self) -> bool:

@@ -6,7 +6,8 @@ Responsibilities:
   queue asks when a message expires;
 - the dead-lettered copy of a message: the ``x-death`` history (one entry per queue and reason,
   most recent first, with ``count``, ``reason``, ``queue``, ``time``, ``exchange``,
-  ``routing-keys`` and ``original-expiration``), ``x-first-death-*`` and ``x-last-death-*``, the
+  ``routing-keys`` and ``original-expiration``; a repeated death increments ``count`` and moves
+  its entry to the front), ``x-first-death-*`` and ``x-last-death-*``, the
   ``expiration`` property removed (so it cannot expire again), ``CC`` dropped when the queue sets
   a dead-letter routing key;
 - cycle detection: a message that would come back to a queue it was dead-lettered from is dropped
@@ -18,6 +19,7 @@ Pure functions over ``Message``; the vhost routes the copies.
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Final, Literal
 
 import attrs
@@ -30,16 +32,22 @@ Reason = Literal["rejected", "expired", "maxlen", "delivery_limit"]
 # Bit of the content header's property-flags word that says ``expiration`` is present.
 _EXPIRATION_FLAG: Final = 0x01  # in the first byte (0x0100 of the word)
 _EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_INTEGER_PREFIX: Final = re.compile(r"[+-]?[0-9]+")
 
 
-def check_expiration(value: str) -> str | None:
-    """Why ``value`` is not a valid ``expiration`` property (None if it is): RabbitMQ wants a
-    non-negative integer number of milliseconds written in decimal."""
-    if not value.isascii() or not value.lstrip("-").isdigit():
+def parse_expiration(value: str) -> int | str:
+    """The ``expiration`` property in milliseconds, or why it is invalid, worded as RabbitMQ
+    words it (it parses with Erlang's ``string:to_integer``: an optional sign and digits)."""
+    match = _INTEGER_PREFIX.match(value)
+    if match is None:
         return "no_integer"
-    if int(value) < 0:
-        return f"{{value_negative,{int(value)}}}"
-    return None
+    number = int(match.group(0))
+    rest = value[match.end() :]
+    if rest:
+        return f'{{leftover_string,"{rest}"}}'
+    if number < 0:
+        return f"{{value_negative,{number}}}"
+    return number
 
 
 def message_ttl(message: Message) -> int | None:
@@ -49,9 +57,8 @@ def message_ttl(message: Message) -> int | None:
     if not raw or not raw[0] & _EXPIRATION_FLAG:
         return None
     expiration = message.properties.expiration
-    if expiration is None or check_expiration(expiration) is not None:
-        return None
-    return int(expiration)
+    ttl = parse_expiration(expiration) if expiration is not None else None
+    return ttl if isinstance(ttl, int) else None
 
 
 def routing_keys(message: Message) -> list[str]:
@@ -78,20 +85,25 @@ def dead_lettered(
     the message was published with."""
     properties = message.properties
     headers: dict[str, FieldValue] = dict(properties.headers or {})
-    time = _EPOCH + datetime.timedelta(seconds=now_ms // 1000)
-    deaths = [d for d in _deaths(headers) if not _same_death(d, queue, reason)]
-    previous = next((d for d in _deaths(headers) if _same_death(d, queue, reason)), None)
-    count = previous.get("count") if previous is not None else 0
-    entry: dict[str, FieldValue] = {
-        "count": (count if isinstance(count, int) else 0) + 1,
-        "reason": reason,
-        "queue": queue,
-        "time": time,
-        "exchange": message.exchange,
-        "routing-keys": list[FieldValue](routing_keys(message)),
-    }
-    if properties.expiration is not None:
-        entry["original-expiration"] = properties.expiration
+    deaths = _deaths(headers)
+    previous = next((d for d in deaths if _same_death(d, queue, reason)), None)
+    if previous is not None:
+        # RabbitMQ counts a repeated death in the entry of the first and moves it to the front;
+        # its time, exchange, routing keys and original expiration stay the first death's.
+        count = previous.get("count")
+        entry = {**previous, "count": (count if isinstance(count, int) else 0) + 1}
+    else:
+        entry = {
+            "count": 1,
+            "reason": reason,
+            "queue": queue,
+            "time": _EPOCH + datetime.timedelta(seconds=now_ms // 1000),
+            "exchange": message.exchange,
+            "routing-keys": list[FieldValue](routing_keys(message)),
+        }
+        if properties.expiration is not None:
+            entry["original-expiration"] = properties.expiration
+    deaths = [d for d in deaths if d is not previous]
     headers["x-death"] = [entry, *deaths]
     for key, value in (("reason", reason), ("queue", queue), ("exchange", message.exchange)):
         headers.setdefault(f"x-first-death-{key}", value)

@@ -54,6 +54,9 @@ class NeedsFlush(enum.Enum):
 
 NEEDS_FLUSH: Final = NeedsFlush.NEEDS_FLUSH
 
+# Messages a queue expires (or skips as expired) in one go before letting other tasks run.
+EXPIRE_BATCH: Final = 1000
+
 # What a publish must wait for before it may be confirmed: a flusher ticket, or nothing.
 Durability = tuple[Flusher, int] | None
 
@@ -170,14 +173,14 @@ class Queue:
             if consumer is None:
                 return
             try:
-                entry = self._take()
+                entry = self._take(expire_at_most=EXPIRE_BATCH)
             except OSError as exc:  # storage trouble: deliver again on the next wake-up
                 log.error(
                     "queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc
                 )
                 return
             if entry is None:
-                if store.ready_count and self.flusher is not None:
+                if store.ready_count and self.flusher is not None and not self._wakeup.is_set():
                     self.flusher.wake_after_flush(self)  # the store needs a flush first
                 return
             message_id, message, redelivered = entry
@@ -187,10 +190,12 @@ class Queue:
                 consumer.unacked += 1
             consumer.channel.deliver(consumer, message_id, message, redelivered)
 
-    def _take(self) -> tuple[int, Message, bool] | None:
+    def _take(self, expire_at_most: float = math.inf) -> tuple[int, Message, bool] | None:
         """Pop the next live message for delivery: expired ones met on the way are
-        dead-lettered; a message returned before carries ``x-delivery-count``."""
+        dead-lettered (past ``expire_at_most`` of them, give up: None, actor woken to go on);
+        a message returned before carries ``x-delivery-count``."""
         store = self.store
+        expired = 0
         while True:
             entry = store.pop()
             if store.wants_flush and self.flusher is not None:
@@ -200,6 +205,10 @@ class Queue:
             message_id, message, redelivered = entry
             if self._may_expire and self._expired(message, clock.now_ms()):
                 self._discard(message_id, message, "expired")
+                expired += 1
+                if expired >= expire_at_most:
+                    self._wakeup.set()
+                    return None
                 continue
             if self._keep_unacked:
                 self._unacked_messages[message_id] = message
@@ -224,10 +233,12 @@ class Queue:
 
     def _expire_head(self) -> float:
         """Dead-letter expired messages at the head, as RabbitMQ's classic queues do; return
-        the Trio time at which the head expires next (inf: no TTL at the head)."""
+        the Trio time at which the head expires next (inf: no TTL at the head). At most
+        ``EXPIRE_BATCH`` per call, so that a mass expiry lets other tasks run in between (the
+        returned time is then now)."""
         store = self.store
         now = clock.now_ms()
-        while True:
+        for _ in range(EXPIRE_BATCH):
             try:
                 entry = store.peek()
             except OSError as exc:
@@ -248,6 +259,7 @@ class Queue:
             if popped is None:  # peek said it would not; be safe
                 return math.inf
             self._discard(popped[0], popped[1], "expired")
+        return trio.current_time()
 
     def _discard(self, message_id: int, message: Message, reason: Reason) -> None:
         """Remove a message from the queue for good and dead-letter it."""
@@ -317,11 +329,13 @@ class Queue:
         flusher = self.flusher
         persistent = self.durable and flusher is not None and message.properties.delivery_mode == 2
         self.store.push(message, persistent)  # OSError: the caller refuses the publish
+        if deliver_now or (limited and self.consumers):
+            # Deliver before counting against the limit, as RabbitMQ does: a consumer with
+            # credit takes the message instead of it piling up (and being dropped or refused).
+            self._dispatch()
         if limited:
             self._drop_head()
-        if deliver_now:
-            self._dispatch()
-        elif self.consumers or self._may_expire:
+        if self.consumers or self._may_expire:
             self._wakeup.set()
         if persistent:
             assert flusher is not None
@@ -379,7 +393,7 @@ class Queue:
         """basic.reject / basic.nack without requeue: remove and dead-letter (``rejected``)."""
         message = self._unacked_messages.get(message_id)
         self.ack(message_id, consumer)
-        if message is not None:
+        if message is not None and not self.deleted:
             self._discard_new(message, "rejected")
 
     def requeue(self, message_id: int, consumer: Consumer | None) -> None:
@@ -392,7 +406,7 @@ class Queue:
         if self.delivery_limit is not None:
             returns = self._returns.get(message_id, 0) + 1
             message = self._unacked_messages.pop(message_id, None)
-            if returns > self.delivery_limit and message is not None:
+            if returns > self.delivery_limit and message is not None and not self.deleted:
                 self._settle(message_id)
                 if self.dead_letter_exchange is None:
                     self.dropped_at_delivery_limit += 1
@@ -411,6 +425,10 @@ class Queue:
         elif self._keep_unacked:
             self._unacked_messages.pop(message_id, None)
         self.store.requeue(message_id)
+        if self.overflow == "drop-head" and (
+            self.max_length is not None or self.max_length_bytes is not None
+        ):
+            self._drop_head()  # a requeue may push the queue over its limit, as in RabbitMQ
 
     def purge(self) -> int:
         """Drop the ready messages (not dead-lettered, as in RabbitMQ)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 import os
 from collections import deque
 from collections.abc import Iterable
@@ -28,7 +29,7 @@ import trio
 
 from .. import clock
 from ..broker.consumer import Consumer
-from ..broker.deadletter import check_expiration
+from ..broker.deadletter import parse_expiration
 from ..broker.exchange import Exchange
 from ..broker.flusher import Flusher
 from ..broker.queue import NEEDS_FLUSH, Queue, QueueFull
@@ -299,11 +300,11 @@ class Channel:
             properties = attrs.evolve(properties, reply_to=self.reply_address)
             properties_raw = properties.encode()
         if properties.expiration is not None:
-            problem = check_expiration(properties.expiration)
-            if problem is not None:
+            ttl = parse_expiration(properties.expiration)
+            if isinstance(ttl, str):
                 raise AMQPError(
                     ReplyCode.PRECONDITION_FAILED,
-                    f"invalid expiration '{properties.expiration}': {problem}",
+                    f"invalid expiration '{properties.expiration}': {ttl}",
                 )
         message = Message(
             method.exchange,
@@ -501,7 +502,7 @@ class Channel:
             self.unacked[tag] = entry
         self.unacked = dict(sorted(self.unacked.items()))
         self.tx_acks = []
-        self.connection.watch_ack_deadlines()
+        self.connection.watch_ack_deadline(-math.inf)  # recompute: the oldest may be back
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -527,13 +528,19 @@ class Channel:
             self._consume_replies(tag, method)
             return
         queue = self.vhost.get_queue(self._queue_name(method.queue), self.connection)
-        priority = method.arguments.get("x-priority")
-        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"invalid arg 'x-priority' for consumer on queue '{queue.name}': an integer is "
-                f"required (got {priority!r})",
-            )
+        for name, low in (("x-priority", None), ("x-consumer-timeout", 0)):
+            value = method.arguments.get(name)
+            if value is not None and (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or (low is not None and value < low)
+            ):
+                required = "an integer" if low is None else f"an integer >= {low}"
+                raise AMQPError(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"invalid arg '{name}' for consumer on queue '{queue.name}': {required} is "
+                    f"required (got {value!r})",
+                )
         if queue.has_exclusive_consumer or (method.exclusive and queue.consumers):
             raise AMQPError(
                 ReplyCode.ACCESS_REFUSED,
@@ -659,20 +666,29 @@ class Channel:
             queue.requeue(message_id, consumer)
 
     def _track(self, tag: int, entry: Unacked) -> None:
-        if not self.unacked:  # a new oldest delivery: the connection re-arms its timer
-            self.connection.watch_ack_deadlines()
+        if not self.unacked:  # a new oldest delivery: its deadline may be the connection's next
+            queue, _message_id, consumer, delivered_at = entry
+            timeout = self._ack_timeout_ms(queue, consumer)
+            if timeout is not None:
+                self.connection.watch_ack_deadline(delivered_at + timeout / 1000)
         self.unacked[tag] = entry
 
-    def ack_deadline(self, default_timeout_ms: int | None) -> tuple[float, int] | None:
-        """When the oldest unacked delivery times out (Trio time) and the timeout used (ms):
-        its queue's ``x-consumer-timeout``, else ``default_timeout_ms`` (None: never)."""
-        for queue, _message_id, _consumer, delivered_at in self.unacked.values():
-            timeout = queue.consumer_timeout_ms
-            if timeout is None:
-                timeout = default_timeout_ms
-            if timeout is None:
-                return None
-            return delivered_at + timeout / 1000, timeout
+    def _ack_timeout_ms(self, queue: Queue, consumer: Consumer | None) -> int | None:
+        """The delivery-acknowledgement timeout: the consumer's ``x-consumer-timeout``
+        argument, else the queue's, else the broker's (None: never), as in RabbitMQ."""
+        if consumer is not None and consumer.timeout_ms is not None:
+            return consumer.timeout_ms
+        if queue.consumer_timeout_ms is not None:
+            return queue.consumer_timeout_ms
+        return self.connection.broker.config.consumer_timeout_ms
+
+    def ack_deadline(self) -> tuple[float, int] | None:
+        """When the oldest unacked delivery times out (Trio time) and the timeout used (ms).
+        Only the oldest is watched, as RabbitMQ does: a younger delivery with a shorter
+        timeout waits for it."""
+        for queue, _message_id, consumer, delivered_at in self.unacked.values():
+            timeout = self._ack_timeout_ms(queue, consumer)
+            return None if timeout is None else (delivered_at + timeout / 1000, timeout)
         return None
 
     def _wake_queues(self) -> None:

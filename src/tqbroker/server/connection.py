@@ -136,7 +136,8 @@ class AMQPConnection:
         self._deadline = trio.current_time() + config.handshake_timeout
         self._nursery: trio.Nursery | None = None
         self._sent_at = trio.current_time()
-        self._ack_watch = trio.Event()  # set when a channel's oldest unacked delivery changes
+        self._ack_watch = trio.Event()  # set when an ack deadline earlier than the armed one came
+        self._ack_armed = math.inf  # the deadline the ack timeout task sleeps until
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -223,27 +224,32 @@ class AMQPConnection:
 
     # -- delivery acknowledgement timeout ----------------------------------------------------
 
-    def watch_ack_deadlines(self) -> None:
-        """A channel has a new oldest unacked delivery: re-arm the timeout timer."""
-        self._ack_watch.set()
+    def watch_ack_deadline(self, deadline: float) -> None:
+        """A channel's oldest unacked delivery is due at ``deadline`` (Trio time): wake the
+        timeout task if that is earlier than what it sleeps until (rarely: deliveries come in
+        order, so a later one is almost always due later)."""
+        if deadline < self._ack_armed:
+            self._ack_armed = deadline
+            self._ack_watch.set()
 
     async def _ack_timeout_loop(self) -> None:
         """Close, with 406, a channel whose oldest unacked delivery is older than its consumer
-        timeout (the queue's ``x-consumer-timeout``, else the broker's ``consumer_timeout_ms``;
-        RabbitMQ's 30 minutes by default); closing the channel requeues its deliveries."""
-        default = self.broker.config.consumer_timeout_ms
+        timeout (``x-consumer-timeout`` of the consumer, else of the queue, else the broker's
+        ``consumer_timeout_ms``: RabbitMQ's 30 minutes by default); closing the channel requeues
+        its deliveries."""
         while True:
             deadline = math.inf
             for channel in self.channels.values():
-                due = channel.ack_deadline(default)
+                due = channel.ack_deadline()
                 if due is not None:
                     deadline = min(deadline, due[0])
+            self._ack_armed = deadline
             with trio.move_on_at(deadline):
                 await self._ack_watch.wait()
             self._ack_watch = trio.Event()
             now = trio.current_time()
             for channel in list(self.channels.values()):
-                due = channel.ack_deadline(default)
+                due = channel.ack_deadline()
                 if due is not None and due[0] <= now:
                     log.warning(
                         "consumer ack timed out on channel %d of %s (%d ms)",
