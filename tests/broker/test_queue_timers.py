@@ -6,11 +6,11 @@ import pytest
 import trio
 
 from tqbroker.backends.memory import MemoryQueueStore
-from tqbroker.broker.queue import Queue
+from tqbroker.broker.queue import ClassicQueue
 
 
-def make_queue(arguments: dict[str, object]) -> tuple[Queue, list[float]]:
-    queue = Queue(
+def make_queue(arguments: dict[str, object]) -> tuple[ClassicQueue, list[float]]:
+    queue = ClassicQueue(
         "/",
         "q",
         MemoryQueueStore(),

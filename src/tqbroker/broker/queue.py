@@ -1,7 +1,8 @@
-"""A classic queue and its actor.
+"""Queues: what every kind has (``Queue``), and the classic queue with its actor.
 
 Responsibilities:
-- accept messages (``publish``: a plain call that wakes the actor, no message passing per message),
+- ``Queue``: identity, lifetime, bindings and consumers, shared by every kind of queue;
+- ``ClassicQueue``: accept messages (``publish``: a plain call that wakes the actor, no message passing per message),
   enforcing ``x-max-length`` / ``x-max-length-bytes`` with ``x-overflow``;
 - the actor task: deliver ready messages to consumers with prefetch credit (consumer priorities,
   round-robin among equals, single active consumer); expire messages at the head
@@ -10,7 +11,8 @@ Responsibilities:
   message against ``x-delivery-limit`` (``x-delivery-count`` on redeliveries);
 - dead-lettering (reasons ``rejected``, ``expired``, ``maxlen``, ``delivery_limit``) through the
   ``dead_letter`` callback the vhost sets;
-- consumer bookkeeping (exclusive consumers, auto-delete once the last consumer leaves).
+- consumer bookkeeping (exclusive consumers, auto-delete once the last consumer leaves), in
+  ``Queue``.
 
 Timers read Trio's clock (``tqbroker.clock``), so tests drive them with ``MockClock``.
 
@@ -70,6 +72,126 @@ def _int_argument(arguments: FieldTable, name: str) -> int | None:
 
 
 class Queue:
+    """What every kind of queue has, as the vhost and the channels see it: identity and
+    lifetime (exclusive, auto-delete), bindings, consumers in priority order, the actor's
+    wake-up. What messages do is the kind's: ``ClassicQueue`` here, ``StreamQueue`` in
+    ``broker/stream.py``."""
+
+    def __init__(
+        self,
+        vhost: str,
+        name: str,
+        *,
+        durable: bool,
+        exclusive_owner: object | None,
+        auto_delete: bool,
+        arguments: FieldTable,
+        flusher: Flusher | None = None,
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        # Set for queues on a durable backend: persistent messages wait for its flushes.
+        self.flusher = flusher
+        self.backend_name = "memory"
+        self.consumers: list[Consumer] = []
+        self.bound_by: set[BindingRef] = set()
+        self.deleted = False
+        self.on_unused: Callable[[Queue], None] | None = None  # set by the vhost (auto-delete)
+        self.dead_letter: DeadLetter | None = None  # set by the vhost
+        self.dead_letter_exchange: str | None = None
+        self.dead_letter_routing_key: str | None = None
+        self.consumer_timeout_ms: int | None = None  # x-consumer-timeout
+        self._had_consumer = False
+        self._last_used = trio.current_time()
+        self._wakeup = trio.Event()
+        self._cancel_scope = trio.CancelScope()
+
+    # -- what each kind defines ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The actor: deliver until the queue is deleted."""
+        raise NotImplementedError
+
+    def publish(self, message: Message) -> Durability:
+        """Take a routed message; return what its confirm waits for."""
+        raise NotImplementedError
+
+    def get(self) -> tuple[int, Message, bool] | NeedsFlush | None:
+        """``basic.get``: the next message as ``(id, message, redelivered)``."""
+        raise NotImplementedError
+
+    def ack(self, message_id: int, consumer: Consumer | None) -> None:
+        raise NotImplementedError
+
+    def reject(self, message_id: int, consumer: Consumer | None) -> None:
+        raise NotImplementedError
+
+    def requeue(self, message_id: int, consumer: Consumer | None) -> None:
+        raise NotImplementedError
+
+    def purge(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def message_count(self) -> int:
+        raise NotImplementedError
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def touch(self) -> None:
+        """The queue was used (basic.get, redeclare, a consumer came or went): restart the
+        ``x-expires`` countdown."""
+        self._last_used = trio.current_time()
+        self._wakeup.set()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def stop(self) -> None:
+        self._cancel_scope.cancel()
+
+    @property
+    def accepting(self) -> bool:
+        """False while the queue's durable backend cannot write (publishes are refused)."""
+        return self.flusher is None or self.flusher.backend.healthy
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    @property
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.consumers)
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        # Keep the list ordered by priority, highest first, registration order among equals.
+        index = len(self.consumers)
+        while index and self.consumers[index - 1].priority < consumer.priority:
+            index -= 1
+        self.consumers.insert(index, consumer)
+        self.touch()
+        self._had_consumer = True
+        self._wakeup.set()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return
+        self.touch()  # also wakes the actor: e.g. the next single active consumer takes over
+        if not self.consumers and self.auto_delete and self._had_consumer and self.on_unused:
+            self.on_unused(self)
+
+    def __repr__(self) -> str:
+        return f"Queue({self.vhost!r}, {self.name!r})"
+
+
+class ClassicQueue(Queue):
+    """A classic queue (RabbitMQ's): messages in a ``QueueStore``, each delivered to one
+    consumer and removed when acked, with the classic queue arguments."""
+
     def __init__(
         self,
         vhost: str,
@@ -82,21 +204,16 @@ class Queue:
         arguments: FieldTable,
         flusher: Flusher | None = None,
     ) -> None:
-        self.vhost = vhost
-        self.name = name
+        super().__init__(
+            vhost,
+            name,
+            durable=durable,
+            exclusive_owner=exclusive_owner,
+            auto_delete=auto_delete,
+            arguments=arguments,
+            flusher=flusher,
+        )
         self.store = store
-        self.durable = durable
-        self.exclusive_owner = exclusive_owner
-        self.auto_delete = auto_delete
-        self.arguments = arguments
-        # Set for queues on a durable backend: persistent messages wait for its flushes.
-        self.flusher = flusher
-        self.backend_name = "memory"
-        self.consumers: list[Consumer] = []
-        self.bound_by: set[BindingRef] = set()
-        self.deleted = False
-        self.on_unused: Callable[[Queue], None] | None = None  # set by the vhost (auto-delete)
-        self._had_consumer = False
         self._next_consumer: dict[int, int] = {}  # round-robin position per consumer priority
         self.single_active_consumer = arguments.get("x-single-active-consumer") is True
         # x-expires: delete the queue after this many seconds unused (no consumer, no
@@ -114,7 +231,6 @@ class Queue:
         self.dead_letter_routing_key = dlrk if isinstance(dlrk, str) else None
         self.delivery_limit = _int_argument(arguments, "x-delivery-limit")
         self.consumer_timeout_ms = _int_argument(arguments, "x-consumer-timeout")
-        self.dead_letter: DeadLetter | None = None  # set by the vhost
         # Messages dropped at the delivery limit for want of a dead-letter exchange.
         self.dropped_at_delivery_limit = 0
         # Unacked messages by id, kept only when a reject or a return may need the message
@@ -127,9 +243,6 @@ class Queue:
         # Whether a ready message may carry a TTL: then the actor watches the head. Recovered
         # messages may carry per-message TTLs, so a queue that opens non-empty watches too.
         self._may_expire = self.message_ttl is not None or store.ready_count > 0
-        self._last_used = trio.current_time()
-        self._wakeup = trio.Event()
-        self._cancel_scope = trio.CancelScope()
 
     # -- the actor ---------------------------------------------------------------------------
 
@@ -152,18 +265,6 @@ class Queue:
                         log.info("queue %r in vhost %r expired", self.name, self.vhost)
                         self.on_unused(self)
                     return
-
-    def touch(self) -> None:
-        """The queue was used (basic.get, redeclare, a consumer came or went): restart the
-        ``x-expires`` countdown."""
-        self._last_used = trio.current_time()
-        self._wakeup.set()
-
-    def wake(self) -> None:
-        self._wakeup.set()
-
-    def stop(self) -> None:
-        self._cancel_scope.cancel()
 
     def _dispatch(self) -> None:
         store = self.store
@@ -302,11 +403,6 @@ class Queue:
 
     # -- messages ----------------------------------------------------------------------------
 
-    @property
-    def accepting(self) -> bool:
-        """False while the queue's durable backend cannot write (publishes are refused)."""
-        return self.flusher is None or self.flusher.backend.healthy
-
     def publish(self, message: Message) -> Durability:
         """Enqueue; return what a confirm must wait for (None: confirm at once). Raises
         ``QueueFull`` when a length limit is reached and the overflow is reject-publish(-dlx)
@@ -439,34 +535,6 @@ class Queue:
     @property
     def message_count(self) -> int:
         return self.store.ready_count
-
-    # -- consumers ---------------------------------------------------------------------------
-
-    @property
-    def has_exclusive_consumer(self) -> bool:
-        return any(c.exclusive for c in self.consumers)
-
-    def add_consumer(self, consumer: Consumer) -> None:
-        # Keep the list ordered by priority, highest first, registration order among equals.
-        index = len(self.consumers)
-        while index and self.consumers[index - 1].priority < consumer.priority:
-            index -= 1
-        self.consumers.insert(index, consumer)
-        self.touch()
-        self._had_consumer = True
-        self._wakeup.set()
-
-    def remove_consumer(self, consumer: Consumer) -> None:
-        try:
-            self.consumers.remove(consumer)
-        except ValueError:
-            return
-        self.touch()  # also wakes the actor: e.g. the next single active consumer takes over
-        if not self.consumers and self.auto_delete and self._had_consumer and self.on_unused:
-            self.on_unused(self)
-
-    def __repr__(self) -> str:
-        return f"Queue({self.vhost!r}, {self.name!r})"
 
 
 def _with_header(message: Message, name: str, value: int) -> Message:

@@ -35,7 +35,7 @@ from .exchange import DefaultExchange, Exchange
 from .flusher import Flusher
 from .holding import BrokerExchangeContext, HoldingExchange
 from .priority import PriorityStore, level_store_names
-from .queue import Queue, QueueFull
+from .queue import ClassicQueue, Queue, QueueFull
 
 log = logging.getLogger("tqbroker.vhost")
 
@@ -560,7 +560,7 @@ class VirtualHost:
                 ReplyCode.RESOURCE_ERROR,
                 f"cannot open the storage of queue '{name}' in vhost '{self.name}': {exc}",
             ) from None
-        queue = Queue(
+        queue = ClassicQueue(
             self.name,
             name,
             store,

@@ -37,6 +37,7 @@ import cbor2
 from ...fsutil import fsync_dir
 from .log import Log, RecordCache
 from .store import LogQueueStore
+from .stream import LogStream
 
 log = logging.getLogger("tqbroker.backends.log")
 
@@ -79,9 +80,11 @@ class LogBackend:
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
         self.root = Path()
-        self._stores: dict[tuple[str, str], LogQueueStore] = {}
+        self._stores: dict[tuple[str, str], LogQueueStore | LogStream] = {}
         self._trash: list[Path] = []
-        self._abandoned: list[LogQueueStore] = []  # deleted; files closed by the next flush
+        self._abandoned: list[
+            LogQueueStore | LogStream
+        ] = []  # deleted; files closed by the next flush
         # Hot records of all queues, served from memory while they are in an active segment.
         self.cache = RecordCache(cache_bytes)
         self._healthy = True
@@ -97,23 +100,43 @@ class LogBackend:
         key = (vhost, queue)
         store = self._stores.get(key)
         if store is None:
-            directory = self.root / _queue_dir_name(vhost, queue)
-            directory.mkdir(parents=True, exist_ok=True)
-            names = directory / "queue.cbor"
-            if not names.exists():
-                names.write_bytes(cbor2.dumps({"vhost": vhost, "queue": queue}))
-            store = LogQueueStore(
-                directory,
-                Log(
-                    directory,
-                    segment_bytes=self.segment_bytes,
-                    index_interval_bytes=self.index_interval_bytes,
-                    cache=self.cache,
-                ),
-            )
+            directory = self._directory(vhost, queue)
+            store = LogQueueStore(directory, self._log(directory, self.segment_bytes))
             store.open()
             self._stores[key] = store
+        assert isinstance(store, LogQueueStore), f"{queue!r} is a stream"
         return store
+
+    def open_stream(
+        self, vhost: str, stream: str, *, segment_bytes: int | None = None
+    ) -> LogStream:
+        """The log of a stream queue (``x-queue-type=stream``): created empty if new, recovered
+        if it existed. ``delete_queue`` deletes it."""
+        key = (vhost, stream)
+        store = self._stores.get(key)
+        if store is None:
+            directory = self._directory(vhost, stream)
+            store = LogStream(directory, self._log(directory, segment_bytes or self.segment_bytes))
+            store.open()
+            self._stores[key] = store
+        assert isinstance(store, LogStream), f"{stream!r} is not a stream"
+        return store
+
+    def _directory(self, vhost: str, queue: str) -> Path:
+        directory = self.root / _queue_dir_name(vhost, queue)
+        directory.mkdir(parents=True, exist_ok=True)
+        names = directory / "queue.cbor"
+        if not names.exists():
+            names.write_bytes(cbor2.dumps({"vhost": vhost, "queue": queue}))
+        return directory
+
+    def _log(self, directory: Path, segment_bytes: int) -> Log:
+        return Log(
+            directory,
+            segment_bytes=segment_bytes,
+            index_interval_bytes=self.index_interval_bytes,
+            cache=self.cache,
+        )
 
     def delete_queue(self, vhost: str, queue: str) -> None:
         """Move the queue's directory to the trash at once (durably: a queue redeclared later
