@@ -65,3 +65,11 @@ def bench_delayed(session: nox.Session) -> None:
     ``nox -s bench-delayed -- --durable-backend rocksdb``."""
     session.install("-e", ".[delayed-message,rocksdb]", "pika>=1.3")
     session.run("python", "benchmarks/delayed.py", *session.posargs)
+
+
+@nox.session(name="bench-streams")
+def bench_streams(session: nox.Session) -> None:
+    """Stream publish (confirmed) and read-from-first rates, 1M messages of 100 bytes (prints
+    msg/s; asserts nothing): ``nox -s bench-streams -- --count 100000``."""
+    session.install("-e", ".")
+    session.run("python", "benchmarks/streams.py", *session.posargs)

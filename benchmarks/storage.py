@@ -18,33 +18,18 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
-import struct
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from rawclient import RawClient
+
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.log import Log
 from tqbroker.model import Message
-from tqbroker.protocol.frames import (
-    FRAME_BODY,
-    FRAME_END_BYTE,
-    FRAME_HEAD,
-    FRAME_HEADER,
-    PROTOCOL_HEADER,
-    encode_method,
-)
 from tqbroker.protocol.methods import (
     BasicProperties,
-    BasicPublish,
-    ChannelOpen,
-    ConfirmSelect,
-    ConnectionOpen,
-    ConnectionStartOk,
-    ConnectionTuneOk,
-    QueueDeclare,
 )
 from tqbroker.testing import start_broker_process
 
@@ -113,71 +98,6 @@ def recovery_mb_per_s(directory: Path, megabytes: int = 512) -> float:
 # -- through the broker ----------------------------------------------------------------------
 
 
-class Publisher:
-    """A lean raw-socket AMQP publisher (our own codec): handshake, confirm mode, publish."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = b""
-        self.sock.sendall(PROTOCOL_HEADER)
-        self.read_frame()  # start
-        self.send(0, ConnectionStartOk({}, "PLAIN", "\0guest\0guest", "en_US"))
-        self.read_frame()  # tune
-        self.send(0, ConnectionTuneOk(2047, 131072, 0))
-        self.send(0, ConnectionOpen("/"))
-        self.read_frame()
-        self.send(1, ChannelOpen())
-        self.read_frame()
-        self.send(1, QueueDeclare(queue="bench", durable=True))
-        self.read_frame()
-        self.send(1, ConfirmSelect())
-        self.read_frame()
-        props = BasicProperties(delivery_mode=2).encode()
-        self.one = (
-            encode_method(1, BasicPublish(exchange="", routing_key="bench"))
-            + FRAME_HEAD.pack(FRAME_HEADER, 1, 12 + len(props))
-            + struct.pack(">HHQ", 60, 0, len(BODY))
-            + props
-            + FRAME_END_BYTE
-            + FRAME_HEAD.pack(FRAME_BODY, 1, len(BODY))
-            + BODY
-            + FRAME_END_BYTE
-        )
-
-    def send(self, channel: int, method: object) -> None:
-        self.sock.sendall(encode_method(channel, method))  # type: ignore[arg-type]
-
-    def read_frame(self) -> tuple[int, bytes]:
-        while True:
-            if len(self.buf) >= 7:
-                _type, _channel, size = FRAME_HEAD.unpack_from(self.buf, 0)
-                if len(self.buf) >= 8 + size:
-                    payload = self.buf[7 : 7 + size]
-                    self.buf = self.buf[8 + size :]
-                    return _type, payload
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("broker closed the connection")
-            self.buf += chunk
-
-    def publish_confirmed(self, count: int, window: int = 256) -> float:
-        """Publish ``count`` messages keeping ``window`` unconfirmed; return msg/s."""
-        sent = confirmed = 0
-        start = time.perf_counter()
-        while confirmed < count:
-            burst = min(window - (sent - confirmed), count - sent)
-            if burst > 0:
-                self.sock.sendall(self.one * burst)
-                sent += burst
-            _type, payload = self.read_frame()
-            class_method = struct.unpack_from(">HH", payload)
-            if class_method == (60, 80):  # basic.ack
-                tag, multiple = struct.unpack_from(">QB", payload, 4)
-                confirmed = tag if multiple & 1 else max(confirmed, tag)
-        return count / (time.perf_counter() - start)
-
-
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -202,11 +122,12 @@ def main() -> None:
         print(f"fsyncs per second (disk):    {fsyncs_per_s(directory):8.0f}")
         print(f"unclean recovery scan:       {recovery_mb_per_s(directory):8.1f} MB/s")
         with start_broker_process(directory / "broker", durable_backend="log") as broker:
-            publisher = Publisher(broker.port)
-            rate = publisher.publish_confirmed(args.messages)
+            publisher = RawClient(broker.port)
+            publisher.declare("bench")
+            rate = publisher.publish_confirmed("bench", BODY, args.messages)
             print(f"confirmed persistent msg/s:  {rate:8.0f}   (window 256, 1 KiB, fsync batch)")
             baseline = rss_kib(broker.proc.pid)
-            publisher.publish_confirmed(args.queued)
+            publisher.publish_confirmed("bench", BODY, args.queued)
             queued = args.messages + args.queued
             grown = rss_kib(broker.proc.pid) - baseline
             print(

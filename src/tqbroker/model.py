@@ -10,6 +10,9 @@ Responsibilities:
 
 from __future__ import annotations
 
+import attrs
+
+from .protocol.codec import FieldTable
 from .protocol.methods import BasicProperties
 
 
@@ -49,6 +52,19 @@ class Message:
         if self._properties is None:
             self._properties = BasicProperties.decode(memoryview(self.properties_raw))
         return self._properties
+
+    def with_headers(self, headers: FieldTable) -> Message:
+        """A copy with other headers (properties re-encoded; body and timestamp shared). The
+        stored message stays as published."""
+        properties = attrs.evolve(self.properties, headers=headers)
+        return Message(
+            self.exchange,
+            self.routing_key,
+            properties.encode(),
+            self.body,
+            properties,
+            timestamp_ms=self.timestamp_ms,
+        )
 
     @property
     def encoded_names(self) -> bytes:

@@ -3,18 +3,7 @@
 from __future__ import annotations
 
 import pika
-import pytest
 from pika.adapters.blocking_connection import BlockingChannel
-
-from tqbroker.testing import RunningBroker
-
-
-@pytest.fixture
-def channel(tqbroker_thread: RunningBroker):
-    conn = pika.BlockingConnection(pika.URLParameters(tqbroker_thread.url))
-    yield conn.channel()
-    if conn.is_open:
-        conn.close()
 
 
 def test_publish_then_get(channel: BlockingChannel) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pika
@@ -16,19 +15,11 @@ import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
 from tqbroker import BrokerConfig
-from tqbroker.testing import RunningBroker, running_broker
+from tqbroker.testing import running_broker
 
 pytestmark = pytest.mark.timeout(60)
 
 DURABILITY = pytest.mark.parametrize("durable", [False, True], ids=["transient", "durable"])
-
-
-@pytest.fixture
-def channel(tqbroker_thread: RunningBroker) -> Iterator[BlockingChannel]:
-    connection = pika.BlockingConnection(pika.URLParameters(tqbroker_thread.url))
-    yield connection.channel()
-    if connection.is_open:
-        connection.close()
 
 
 def props(durable: bool, **kwargs: object) -> pika.BasicProperties:

@@ -4,23 +4,12 @@ with ``x-overflow`` (drop-head, reject-publish) and ``x-expires``, as pika users
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
-from tqbroker.testing import RunningBroker
-
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def channel(tqbroker_thread: RunningBroker) -> Iterator[BlockingChannel]:
-    connection = pika.BlockingConnection(pika.URLParameters(tqbroker_thread.url))
-    yield connection.channel()
-    if connection.is_open:
-        connection.close()
 
 
 def drain(ch: BlockingChannel, queue: str) -> list[bytes]:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tqbroker.protocol import codec
 from tqbroker.protocol.codec import (
     MAX_TABLE_DEPTH,
+    Long,
     encode_table,
     read_longstr,
     read_longstr_bytes,
@@ -390,3 +391,10 @@ def test_huge_declared_lengths_allocate_nothing() -> None:
 def test_module_docstring_lists_every_letter() -> None:
     assert codec.__doc__ is not None
     assert "t b B s u I i l f d D S A T F V x" in codec.__doc__
+
+
+def test_long_is_always_a_64_bit_field() -> None:
+    """RabbitMQ sends x-stream-offset as ``l`` whatever its value (Java clients cast to Long)."""
+    entry = b"\x0fx-stream-offset" + b"l" + (5).to_bytes(8, "big")
+    assert encode_table({"x-stream-offset": Long(5)}) == len(entry).to_bytes(4, "big") + entry
+    assert decode(encode_table({"n": Long(5)})) == {"n": 5}

@@ -2,8 +2,8 @@
 
 Responsibilities:
 - ``Queue``: identity, lifetime, bindings and consumers, shared by every kind of queue;
-- ``ClassicQueue``: accept messages (``publish``: a plain call that wakes the actor, no message passing per message),
-  enforcing ``x-max-length`` / ``x-max-length-bytes`` with ``x-overflow``;
+- ``ClassicQueue``: accept messages (``publish``: a plain call that wakes the actor, no message
+  passing per message), enforcing ``x-max-length`` / ``x-max-length-bytes`` with ``x-overflow``;
 - the actor task: deliver ready messages to consumers with prefetch credit (consumer priorities,
   round-robin among equals, single active consumer); expire messages at the head
   (``x-message-ttl``, per-message ``expiration``) and the queue itself (``x-expires``);
@@ -28,7 +28,6 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-import attrs
 import trio
 
 from .. import clock
@@ -139,6 +138,9 @@ class Queue:
     @property
     def message_count(self) -> int:
         raise NotImplementedError
+
+    def check_consumer(self, *, no_ack: bool, prefetch_count: int, arguments: FieldTable) -> None:
+        """Refuse (``AMQPError``) a ``basic.consume`` this kind of queue does not allow."""
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -315,7 +317,8 @@ class ClassicQueue(Queue):
                 self._unacked_messages[message_id] = message
                 returns = self._returns.get(message_id)
                 if returns:
-                    message = _with_header(message, "x-delivery-count", returns)
+                    headers = message.properties.headers or {}
+                    message = message.with_headers({**headers, "x-delivery-count": returns})
             return message_id, message, redelivered
 
     # -- expiry and dead-lettering -----------------------------------------------------------
@@ -535,19 +538,3 @@ class ClassicQueue(Queue):
     @property
     def message_count(self) -> int:
         return self.store.ready_count
-
-
-def _with_header(message: Message, name: str, value: int) -> Message:
-    """A copy of ``message`` with one header set (the stored message stays as published)."""
-    properties = message.properties
-    headers = dict(properties.headers or {})
-    headers[name] = value
-    properties = attrs.evolve(properties, headers=headers)
-    return Message(
-        message.exchange,
-        message.routing_key,
-        properties.encode(),
-        message.body,
-        properties,
-        timestamp_ms=message.timestamp_ms,
-    )

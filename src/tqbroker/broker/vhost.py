@@ -25,6 +25,8 @@ from typing import Any, Final, NoReturn, Protocol, cast
 
 from .. import clock
 from ..backends.base import Backend, QueueStore
+from ..backends.log import LogBackend
+from ..backends.log.stream import LogStream
 from ..model import Message
 from ..plugins.builtin.direct import DirectRouter
 from ..plugins.spec import Destination, ExchangeType, HoldingRouter
@@ -36,6 +38,7 @@ from .flusher import Flusher
 from .holding import BrokerExchangeContext, HoldingExchange
 from .priority import PriorityStore, level_store_names
 from .queue import ClassicQueue, Queue, QueueFull
+from .stream import StreamQueue, parse_interval
 
 log = logging.getLogger("tqbroker.vhost")
 
@@ -465,11 +468,19 @@ class VirtualHost:
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         self._validate_queue_arguments(name, arguments)
         queue_type = arguments.get("x-queue-type", "classic")
-        if queue_type != "classic":
+        if queue_type not in ("classic", "stream"):
             raise AMQPError(
                 ReplyCode.PRECONDITION_FAILED,
                 f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{self.name}': "
-                f"{queue_type!r} is not supported (supported: 'classic')",
+                f"{queue_type!r} is not supported (supported: 'classic', 'stream')",
+            )
+        if queue_type == "stream":
+            self._check_stream(
+                name,
+                durable=durable,
+                exclusive=exclusive,
+                auto_delete=auto_delete,
+                arguments=arguments,
             )
         existing = self.queues.get(name)
         if existing is not None:
@@ -525,11 +536,47 @@ class VirtualHost:
                     f"{problem} (got {value!r})",
                 )
 
+    def _check_stream(
+        self,
+        name: str,
+        *,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: FieldTable,
+    ) -> None:
+        """RabbitMQ's rules for stream queues: durable, not exclusive or auto-delete, none of
+        the classic-only arguments; stored on the log backend."""
+        for problem, present in (
+            ("non-durable", not durable),
+            ("exclusive", exclusive),
+            ("auto-delete", auto_delete),
+        ):
+            if present:
+                raise AMQPError(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"invalid property '{problem}' for queue '{name}' in vhost '{self.name}'",
+                )
+        for key in arguments:
+            if key in _CLASSIC_ONLY_ARGS:
+                raise AMQPError(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{name}' in vhost '{self.name}': not "
+                    "supported by stream queues",
+                )
+        if not hasattr(self.backends.get("log"), "open_stream"):
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"stream queue '{name}' in vhost '{self.name}' needs the log backend",
+            )
+
     def _backend_for(
         self, name: str, *, durable: bool, exclusive: bool, arguments: FieldTable
     ) -> str:
         """Transient and exclusive queues live in memory, durable ones on the durable backend;
-        the ``x-queue-backend`` argument overrides."""
+        the ``x-queue-backend`` argument overrides. Streams live on the log backend."""
+        if arguments.get("x-queue-type") == "stream":
+            return "log"
         chosen = arguments.get("x-queue-backend")
         if chosen is None:
             return self.durable_backend if durable and not exclusive else "memory"
@@ -553,29 +600,45 @@ class VirtualHost:
     ) -> Queue:
         """Create (or recover) a queue without the AMQP checks; starts its actor."""
         backend = self.backends[backend_name]
+        queue: Queue
         try:
-            store = self._open_store(backend, name, arguments)
+            if arguments.get("x-queue-type") == "stream":
+                queue = StreamQueue(
+                    self.name,
+                    name,
+                    self._open_stream(backend, name, arguments),
+                    arguments=arguments,
+                    flusher=self.flushers.get(backend_name),
+                )
+            else:
+                queue = ClassicQueue(
+                    self.name,
+                    name,
+                    self._open_store(backend, name, arguments),
+                    durable=durable,
+                    exclusive_owner=exclusive_owner,
+                    auto_delete=auto_delete,
+                    arguments=arguments,
+                    flusher=self.flushers.get(backend_name),
+                )
         except OSError as exc:  # e.g. out of file descriptors or disk space
             raise AMQPError(
                 ReplyCode.RESOURCE_ERROR,
                 f"cannot open the storage of queue '{name}' in vhost '{self.name}': {exc}",
             ) from None
-        queue = ClassicQueue(
-            self.name,
-            name,
-            store,
-            durable=durable,
-            exclusive_owner=exclusive_owner,
-            auto_delete=auto_delete,
-            arguments=arguments,
-            flusher=self.flushers.get(backend_name),
-        )
         queue.backend_name = backend_name
         queue.on_unused = self._remove_queue
         queue.dead_letter = self._dead_letter
         self.queues[name] = queue
         self._spawn(queue.run)
         return queue
+
+    def _open_stream(self, backend: Backend, name: str, arguments: FieldTable) -> LogStream:
+        assert isinstance(backend, LogBackend)
+        segment_bytes = arguments.get("x-stream-max-segment-size-bytes")
+        return backend.open_stream(
+            self.name, name, segment_bytes=segment_bytes if isinstance(segment_bytes, int) else None
+        )
 
     def _open_store(self, backend: Backend, name: str, arguments: FieldTable) -> QueueStore:
         """The queue's store: one backend store, or one per level for a priority queue."""
@@ -762,6 +825,12 @@ def _boolean(value: FieldValue) -> str | None:
     return None if isinstance(value, bool) else "a boolean is required"
 
 
+def _interval(value: FieldValue) -> str | None:
+    if isinstance(value, str) and parse_interval(value) is not None:
+        return None
+    return "an interval such as 7D or 12h is required (units Y M D h m s)"
+
+
 # Type and range checks of the queue arguments RabbitMQ validates at declare time.
 _ARGUMENT_CHECKS: Final[dict[str, Callable[[FieldValue], str | None]]] = {
     "x-expires": _int_range(1),
@@ -776,7 +845,25 @@ _ARGUMENT_CHECKS: Final[dict[str, Callable[[FieldValue], str | None]]] = {
     "x-dead-letter-exchange": _string,
     "x-dead-letter-routing-key": _string,
     "x-single-active-consumer": _boolean,
+    "x-max-age": _interval,
+    "x-stream-max-segment-size-bytes": _int_range(1),
 }
+
+# Classic-queue arguments a stream refuses (RabbitMQ's feature matrix).
+_CLASSIC_ONLY_ARGS: Final = frozenset(
+    {
+        "x-message-ttl",
+        "x-expires",
+        "x-max-length",
+        "x-overflow",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-priority",
+        "x-delivery-limit",
+        "x-single-active-consumer",
+        "x-queue-backend",
+    }
+)
 
 # Queue arguments RabbitMQ compares on redeclare; others are accepted and ignored.
 _EQUIVALENCE_ARGS: Final = frozenset(
@@ -794,6 +881,8 @@ _EQUIVALENCE_ARGS: Final = frozenset(
         "x-single-active-consumer",
         "x-delivery-limit",
         "x-queue-backend",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
     }
 )
 

@@ -38,6 +38,12 @@ FieldValue: TypeAlias = Union[
 FieldTable: TypeAlias = dict[str, FieldValue]
 FieldArray: TypeAlias = list[FieldValue]
 
+
+class Long(int):
+    """An int always encoded as a signed 64-bit ``l``, as RabbitMQ sends some headers (e.g.
+    ``x-stream-offset``) whatever their value; plain ints take the smallest of ``I``/``l``."""
+
+
 MAX_TABLE_DEPTH = 32
 
 U8 = struct.Struct(">B")
@@ -220,7 +226,7 @@ def _write_value(out: bytearray, value: FieldValue) -> None:
     elif isinstance(value, bool):
         out += b"t\x01" if value else b"t\x00"
     elif isinstance(value, int):
-        if -(2**31) <= value < 2**31:
+        if -(2**31) <= value < 2**31 and not isinstance(value, Long):
             out += b"I" + I32.pack(value)
         elif -(2**63) <= value < 2**63:
             out += b"l" + I64.pack(value)

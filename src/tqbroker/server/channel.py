@@ -390,16 +390,7 @@ class Channel:
             if isinstance(extra, list):
                 keys.extend(key for key in extra if isinstance(key, str))
         if "BCC" in headers:
-            stripped = {k: v for k, v in headers.items() if k != "BCC"}
-            properties = attrs.evolve(message.properties, headers=stripped)
-            message = Message(
-                message.exchange,
-                message.routing_key,
-                properties.encode(),
-                message.body,
-                properties,
-                timestamp_ms=message.timestamp_ms,
-            )
+            message = message.with_headers({k: v for k, v in headers.items() if k != "BCC"})
         found: dict[int, Destination] = {}
         for key in keys:
             for queue in vhost.route(exchange, key, headers):
@@ -541,6 +532,9 @@ class Channel:
                     f"invalid arg '{name}' for consumer on queue '{queue.name}': {required} is "
                     f"required (got {value!r})",
                 )
+        queue.check_consumer(
+            no_ack=method.no_ack, prefetch_count=self.prefetch_count, arguments=method.arguments
+        )
         if queue.has_exclusive_consumer or (method.exclusive and queue.consumers):
             raise AMQPError(
                 ReplyCode.ACCESS_REFUSED,
