@@ -18,6 +18,7 @@ Responsibilities:
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 import re
 from typing import Final
@@ -32,6 +33,8 @@ from ..protocol.errors import AMQPError, ReplyCode
 from .consumer import Consumer
 from .flusher import Flusher
 from .queue import Durability, NeedsFlush, Queue
+
+log = logging.getLogger("tqbroker.stream")
 
 RETENTION_CHECK_SECONDS: Final = 60.0
 _INTERVAL: Final = re.compile(r"([0-9]+)([YMDhms])")
@@ -110,7 +113,11 @@ class StreamQueue(Queue):
         for consumer in self.consumers:
             position = max(self._positions[consumer], stream.first_offset)
             while position < end and consumer.has_capacity():
-                record = stream.read(position)
+                try:
+                    record = stream.read(position)
+                except OSError as exc:  # storage trouble: try again on the next wake-up
+                    log.error("stream %r in vhost %r: cannot read: %s", self.name, self.vhost, exc)
+                    break
                 position += 1
                 if record is None:  # damaged (logged by the log): step over it
                     continue
