@@ -253,3 +253,63 @@ def test_aio_pika_reads_a_stream(tqbroker_thread: RunningBroker, offset: Any) ->
             assert offsets == want
 
     asyncio.run(asyncio.wait_for(main(), 20))
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"x-stream-automatic-offset-tracking": True, "x-stream-offset": "first"},
+        {"x-stream-offset": None},
+    ],
+    ids=["automatic-tracking", "null-offset"],
+)
+def test_server_side_offset_tracking_resumes_after_the_last_ack(
+    arguments: dict[str, Any],
+) -> None:
+    """LavinMQ-compatible: a consumer with a tag that asks for tracking resumes, after a
+    reconnect or a broker restart, right after the last message it acked."""
+    with tempfile.TemporaryDirectory() as data_dir:
+        config = BrokerConfig(port=0, data_dir=Path(data_dir))
+        with running_broker(config) as broker:
+            connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+            ch = connection.channel()
+            ch.queue_declare("tracked", durable=True, arguments=STREAM)
+            fill(ch, "tracked", 10)
+            ch.basic_qos(prefetch_count=10)
+            seen = []
+            for method, properties, _body in ch.consume(
+                "tracked", arguments=arguments, consumer_tag="reader-1", inactivity_timeout=1
+            ):
+                assert method is not None
+                seen.append(properties.headers["x-stream-offset"])
+                if len(seen) <= 4:
+                    ch.basic_ack(method.delivery_tag)  # 0..3 processed; 4 delivered, not acked
+                if len(seen) == 5:
+                    break
+            assert seen == [0, 1, 2, 3, 4]
+            connection.close()  # the unacked one is not "processed"
+            time.sleep(0.5)  # the flusher makes the stored offset durable
+            connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+            assert read_tracked(connection.channel(), arguments, limit=2) == [4, 5]
+            connection.close()
+            time.sleep(0.5)
+        with running_broker(config) as broker:  # and across a restart
+            connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+            assert read_tracked(connection.channel(), arguments, limit=10) == [6, 7, 8, 9]
+            connection.close()
+
+
+def read_tracked(ch: BlockingChannel, arguments: dict[str, Any], *, limit: int) -> list[int]:
+    ch.basic_qos(prefetch_count=10)
+    seen: list[int] = []
+    for method, properties, _body in ch.consume(
+        "tracked", arguments=arguments, consumer_tag="reader-1", inactivity_timeout=0.5
+    ):
+        if method is None:
+            break
+        seen.append(properties.headers["x-stream-offset"])
+        ch.basic_ack(method.delivery_tag)
+        if len(seen) == limit:
+            break
+    ch.cancel()
+    return seen

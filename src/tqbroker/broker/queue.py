@@ -139,8 +139,11 @@ class Queue:
     def message_count(self) -> int:
         raise NotImplementedError
 
-    def check_consumer(self, *, no_ack: bool, prefetch_count: int, arguments: FieldTable) -> None:
-        """Refuse (``AMQPError``) a ``basic.consume`` this kind of queue does not allow."""
+    def check_consumer(
+        self, tag: str, *, no_ack: bool, prefetch_count: int, arguments: FieldTable
+    ) -> None:
+        """Refuse (``AMQPError``) a ``basic.consume`` this kind of queue does not allow (``tag``
+        is the consumer tag the client chose, empty if it let the broker choose)."""
 
     # -- lifetime ------------------------------------------------------------------------------
 

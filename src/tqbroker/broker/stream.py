@@ -10,6 +10,10 @@ Responsibilities:
   anything;
 - the consumer rules RabbitMQ enforces: manual acks, a per-consumer prefetch; ``basic.get`` and
   ``queue.purge`` are not supported;
+- server-side offset tracking, LavinMQ's way: a consumer with a tag and
+  ``x-stream-automatic-offset-tracking=true`` (or ``x-stream-offset`` null, which starts from
+  ``first`` the first time) has its position stored durably as it acks, and resumes there when it
+  consumes again under the same tag;
 - retention per whole segment (``x-max-length-bytes``, ``x-max-age``), checked after appends and
   every ``RETENTION_CHECK_SECONDS`` on Trio's clock;
 - ``parse_interval``: RabbitMQ's interval strings (``7D``, ``12h``; units Y M D h m s).
@@ -82,6 +86,7 @@ class StreamQueue(Queue):
         max_age = arguments.get("x-max-age")
         self.max_age_ms = parse_interval(max_age) if isinstance(max_age, str) else None
         self._positions: dict[Consumer, int] = {}  # the next offset each consumer reads
+        self._tracked: set[Consumer] = set()  # consumers whose position the stream stores
 
     # -- the actor ---------------------------------------------------------------------------
 
@@ -148,14 +153,24 @@ class StreamQueue(Queue):
         )
 
     def ack(self, message_id: int, consumer: Consumer | None) -> None:
-        """An ack is credit: the consumer may receive one more message."""
+        """An ack is credit: the consumer may receive one more message; a tracked consumer's
+        stored position moves past the message."""
+        if consumer is not None:
+            if consumer in self._tracked:
+                stored = self.stream.offsets.get(consumer.tag, 0)
+                self.stream.store_offset(consumer.tag, max(stored, message_id + 1))
+            self.requeue(message_id, consumer)
+
+    def requeue(self, message_id: int, consumer: Consumer | None) -> None:
+        """A stream never takes a message back or drops it: nack, reject and requeue only give
+        the credit back."""
         if consumer is not None:
             consumer.unacked -= 1
             self._wakeup.set()
+            if not consumer.unacked and consumer not in self._positions:
+                self._tracked.discard(consumer)  # cancelled, and its last delivery settled
 
-    # A stream never takes a message back or drops it: nack, reject and requeue are credit too.
-    reject = ack
-    requeue = ack
+    reject = requeue
 
     def purge(self) -> int:
         raise AMQPError(
@@ -168,7 +183,9 @@ class StreamQueue(Queue):
 
     # -- consumers ---------------------------------------------------------------------------
 
-    def check_consumer(self, *, no_ack: bool, prefetch_count: int, arguments: FieldTable) -> None:
+    def check_consumer(
+        self, tag: str, *, no_ack: bool, prefetch_count: int, arguments: FieldTable
+    ) -> None:
         if no_ack:
             raise AMQPError(
                 ReplyCode.NOT_IMPLEMENTED,
@@ -179,16 +196,34 @@ class StreamQueue(Queue):
                 ReplyCode.PRECONDITION_FAILED,
                 f"consumer prefetch count is not set for stream {self._describe()}",
             )
+        tracking = arguments.get("x-stream-automatic-offset-tracking")
+        if tracking is not None and not isinstance(tracking, bool):
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"invalid arg 'x-stream-automatic-offset-tracking' for consumer on stream "
+                f"{self._describe()}: a boolean is required (got {tracking!r})",
+            )
+        if _tracks_offset(arguments) and not tag:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"offset tracking on stream {self._describe()} needs a consumer tag",
+            )
         self._start_offset(arguments.get("x-stream-offset", "next"))
 
     def add_consumer(self, consumer: Consumer) -> None:
-        self._positions[consumer] = self._start_offset(
-            consumer.arguments.get("x-stream-offset", "next")
-        )
+        start = self._start_offset(consumer.arguments.get("x-stream-offset", "next"))
+        if _tracks_offset(consumer.arguments):
+            self._tracked.add(consumer)
+            stored = self.stream.offsets.get(consumer.tag)
+            if stored is not None:  # it consumed before: go on after its last ack
+                start = min(max(stored, self.stream.first_offset), self.stream.next_offset)
+        self._positions[consumer] = start
         super().add_consumer(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
         self._positions.pop(consumer, None)
+        if not consumer.unacked:  # else acks still to come move its stored position
+            self._tracked.discard(consumer)
         super().remove_consumer(consumer)
 
     def _start_offset(self, spec: FieldValue) -> int:
@@ -196,7 +231,7 @@ class StreamQueue(Queue):
         stream's first and next offsets."""
         stream = self.stream
         first, end = stream.first_offset, stream.next_offset
-        if spec == "first":
+        if spec == "first" or spec is None:  # None: offset tracking, first time from the start
             return first
         if spec == "last":  # the last message written (RabbitMQ: the last chunk)
             return max(first, end - 1)
@@ -216,3 +251,11 @@ class StreamQueue(Queue):
 
     def _describe(self) -> str:
         return f"queue '{self.name}' in vhost '{self.vhost}'"
+
+
+def _tracks_offset(arguments: FieldTable) -> bool:
+    """Server-side offset tracking asked for: ``x-stream-automatic-offset-tracking=true`` or an
+    explicit null ``x-stream-offset`` (LavinMQ's two ways)."""
+    return arguments.get("x-stream-automatic-offset-tracking") is True or (
+        "x-stream-offset" in arguments and arguments["x-stream-offset"] is None
+    )

@@ -533,7 +533,10 @@ class Channel:
                     f"required (got {value!r})",
                 )
         queue.check_consumer(
-            no_ack=method.no_ack, prefetch_count=self.prefetch_count, arguments=method.arguments
+            method.consumer_tag,
+            no_ack=method.no_ack,
+            prefetch_count=self.prefetch_count,
+            arguments=method.arguments,
         )
         if queue.has_exclusive_consumer or (method.exclusive and queue.consumers):
             raise AMQPError(

@@ -6,7 +6,9 @@ Responsibilities:
 - retention per whole segment, Kafka's way (``x-max-length-bytes``, ``x-max-age``), never the
   active segment; removed segments are deleted at the next flush;
 - the flush protocol the log backend's flushes drive (``begin_flush`` / ``close`` / ``abandon``),
-  like ``LogQueueStore``'s, without ack state: readers keep their own positions.
+  like ``LogQueueStore``'s, without ack state: readers keep their own positions;
+- stored consumer offsets (server-side offset tracking): ``offsets`` by consumer tag, made
+  durable by the next flush.
 
 Recovery after a crash rescans the segments written since the last flush (``recovery_point`` in
 ``stream.cbor``), as queue logs do.
@@ -35,6 +37,9 @@ class LogStream:
         self.log = log
         self._synced_upto = 0
         self._obsolete: list[Segment] = []
+        # Server-side offset tracking: the next offset each tracked consumer reads, by tag.
+        self.offsets: dict[str, int] = {}
+        self._offsets_dirty = False
         self._lock = threading.Lock()
         self.abandoned = False
 
@@ -43,9 +48,14 @@ class LogStream:
             state = cbor2.loads((self.directory / STATE_FILE).read_bytes())
         except (OSError, ValueError, cbor2.CBORDecodeError):
             state = {}
-        recovery_point = int(state.get("recovery_point", 0)) if isinstance(state, dict) else 0
+        if not isinstance(state, dict):
+            state = {}
+        recovery_point = int(state.get("recovery_point", 0))
         self.log.open(recovery_point=recovery_point)
         self._synced_upto = recovery_point
+        offsets = state.get("offsets", {})
+        if isinstance(offsets, dict):
+            self.offsets = {str(tag): int(offset) for tag, offset in offsets.items()}
 
     # -- reading and writing -----------------------------------------------------------------
 
@@ -67,6 +77,12 @@ class LogStream:
     def next_offset(self) -> int:
         return self.log.next_offset
 
+    def store_offset(self, consumer_tag: str, offset: int) -> None:
+        """Remember where a tracked consumer goes on (durable after the next flush)."""
+        if self.offsets.get(consumer_tag) != offset:
+            self.offsets[consumer_tag] = offset
+            self._offsets_dirty = True
+
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         return max(self.log.offset_for_timestamp(timestamp_ms), self.first_offset)
 
@@ -82,7 +98,9 @@ class LogStream:
 
     @property
     def needs_flush(self) -> bool:
-        return self.log.next_offset > self._synced_upto or bool(self._obsolete)
+        return self.log.next_offset > self._synced_upto or bool(
+            self._obsolete or self._offsets_dirty
+        )
 
     def begin_flush(self, *, fsync: bool = True) -> Callable[[], None] | None:
         """Write out buffered records; return the blocking work: fsync (unless ``fsync`` is
@@ -92,10 +110,12 @@ class LogStream:
         else:
             self.log.write_out()
             sync = None
-        if sync is None and not self._obsolete:
+        if sync is None and not self._obsolete and not self._offsets_dirty:
             return None
         synced_upto = self.log.next_offset if sync is not None else self._synced_upto
         obsolete, self._obsolete = self._obsolete, []
+        state = {"recovery_point": synced_upto, "offsets": dict(self.offsets)}
+        offsets_dirty, self._offsets_dirty = self._offsets_dirty, False
 
         def work() -> None:
             try:
@@ -106,13 +126,14 @@ class LogStream:
                         return
                     atomic_write(
                         self.directory / STATE_FILE,
-                        cbor2.dumps({"recovery_point": synced_upto}),
-                        fsync=sync is not None,
+                        cbor2.dumps(state),
+                        fsync=sync is not None or offsets_dirty,
                     )
                     for segment in obsolete:
                         segment.delete()
             except OSError:
                 self._obsolete[:0] = obsolete
+                self._offsets_dirty = self._offsets_dirty or offsets_dirty
                 raise
             self._synced_upto = max(self._synced_upto, synced_upto)
 

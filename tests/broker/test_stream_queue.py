@@ -1,6 +1,7 @@
-"""Stream retention on Trio's clock: ``x-max-age`` removes whole segments whose newest message
-is older than the limit, never the active one. MockClock runs days in milliseconds; the stream is
-a real log backend stream in a temporary directory."""
+"""Stream queues below the wire: retention on Trio's clock (``x-max-age`` removes whole segments
+whose newest message is older than the limit, never the active one; MockClock runs days in
+milliseconds), interval strings, consumer checks. The stream is a real log backend stream in a
+temporary directory. Wire-level scenarios are in tests/interop/test_streams.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tqbroker import clock
 from tqbroker.backends.log import LogBackend
 from tqbroker.broker.stream import StreamQueue, parse_interval
 from tqbroker.model import Message
+from tqbroker.protocol.errors import AMQPError, ReplyCode
 from tqbroker.protocol.methods import BasicProperties
 
 
@@ -61,3 +63,14 @@ def test_intervals(text: str, ms: int) -> None:
 @pytest.mark.parametrize("text", ["", "7", "D", "1d", "1 h", "-1h", "1.5h"])
 def test_invalid_intervals(text: str) -> None:
     assert parse_interval(text) is None
+
+
+async def test_offset_tracking_needs_a_consumer_tag(backend: LogBackend) -> None:
+    """pika and aio-pika always send a tag; a client that lets the broker choose one cannot
+    resume under it, so tracking without a tag is refused."""
+    queue = StreamQueue("/", "s", backend.open_stream("/", "s"), arguments={}, flusher=None)
+    tracking = {"x-stream-automatic-offset-tracking": True}
+    with pytest.raises(AMQPError) as refused:
+        queue.check_consumer("", no_ack=False, prefetch_count=10, arguments=tracking)
+    assert refused.value.code == ReplyCode.PRECONDITION_FAILED
+    queue.check_consumer("reader", no_ack=False, prefetch_count=10, arguments=tracking)
