@@ -1,2 +1,21 @@
 """Shared test fixtures. The broker fixtures come from tqbroker's pytest plugin
 (``tqbroker_broker`` for Trio tests, ``tqbroker_thread`` for synchronous clients)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pika
+import pytest
+from pika.adapters.blocking_connection import BlockingChannel
+
+from tqbroker.testing import RunningBroker
+
+
+@pytest.fixture
+def channel(tqbroker_thread: RunningBroker) -> Iterator[BlockingChannel]:
+    """A pika channel on a fresh broker (its connection closed afterwards)."""
+    connection = pika.BlockingConnection(pika.URLParameters(tqbroker_thread.url))
+    yield connection.channel()
+    if connection.is_open:
+        connection.close()
