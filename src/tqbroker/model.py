@@ -53,6 +53,17 @@ class Message:
             self._properties = BasicProperties.decode(memoryview(self.properties_raw))
         return self._properties
 
+    def routing_keys(self, *, bcc: bool = False) -> list[str]:
+        """The keys the message is routed with: its routing key, plus RabbitMQ's sender-selected
+        distribution keys, the ``CC`` header's (and ``BCC``'s, with ``bcc``) strings."""
+        headers = self.properties.headers
+        keys = [self.routing_key]
+        for name in ("CC", "BCC") if bcc else ("CC",):
+            extra = headers.get(name) if headers else None
+            if isinstance(extra, list):
+                keys.extend(key for key in extra if isinstance(key, str))
+        return keys
+
     def with_headers(self, headers: FieldTable) -> Message:
         """A copy with other headers (properties re-encoded; body and timestamp shared). The
         stored message stays as published."""

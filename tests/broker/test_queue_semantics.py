@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 from tqbroker import clock
 from tqbroker.backends.memory import MemoryBackend
@@ -444,6 +445,27 @@ async def test_mass_expiry_in_batches_loses_nothing(
     await trio.sleep(1.5)
     assert queue.message_count == 0
     assert dlq.message_count == 3 * EXPIRE_BATCH + 7
+
+
+async def test_mass_expiry_lets_other_tasks_run_between_batches(
+    mock_clock: trio.testing.MockClock, vhost: VirtualHost
+) -> None:
+    """A hand-driven clock: after the TTL passes, this task gets to run while the queue is part
+    way through expiring (the broker keeps serving others), and then everything is gone."""
+    total = 3 * EXPIRE_BATCH + 7
+    queue, dlq = declare_with_dlq(vhost, **{"x-message-ttl": 1000})
+    for n in range(total):
+        publish(vhost, queue, b"%d" % n)
+    await trio.testing.wait_all_tasks_blocked()
+    mock_clock.jump(1.5)
+    seen = []
+    for _ in range(100):
+        await trio.lowlevel.checkpoint()
+        seen.append(dlq.message_count)
+        if seen[-1] == total:
+            break
+    assert seen[-1] == total
+    assert any(0 < count < total for count in seen), seen
 
 
 async def test_repeated_death_counts_in_the_first_entry(

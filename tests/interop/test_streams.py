@@ -132,6 +132,11 @@ def test_prefetch_is_credit(channel: BlockingChannel) -> None:
         ({"durable": True, "auto_delete": True}, {}, "invalid property 'auto-delete'"),
         ({"durable": True}, {"x-message-ttl": 1000}, "invalid arg 'x-message-ttl'"),
         ({"durable": True}, {"x-max-age": "forever"}, "invalid arg 'x-max-age'"),
+        (
+            {"durable": True},
+            {"x-stream-max-segment-size-bytes": 100},
+            "invalid arg 'x-stream-max-segment-size-bytes'",
+        ),
     ],
 )
 def test_declare_rules(
@@ -180,16 +185,17 @@ def test_any_exchange_routes_into_a_stream(channel: BlockingChannel) -> None:
 
 
 def test_retention_by_size_drops_whole_old_segments(channel: BlockingChannel) -> None:
-    args = {**STREAM, "x-max-length-bytes": 20_000, "x-stream-max-segment-size-bytes": 5_000}
+    mib = 1024 * 1024
+    args = {**STREAM, "x-max-length-bytes": 2 * mib, "x-stream-max-segment-size-bytes": mib}
     channel.queue_declare("bounded-stream", durable=True, arguments=args)
     channel.confirm_delivery()
-    for n in range(200):
-        channel.basic_publish("", "bounded-stream", b"%04d" % n + b"." * 200)
+    for n in range(200):  # ~6 MB in segments of 1 MiB (~34 messages each)
+        channel.basic_publish("", "bounded-stream", b"%04d" % n + b"." * 30_000)
     time.sleep(0.3)  # retention runs in the stream's actor
     offsets = [n for n, _ in read(channel, "bounded-stream", "first")]
     assert offsets[-1] == 199
     assert offsets == list(range(offsets[0], 200))  # a contiguous tail...
-    assert 0 < offsets[0] < 150  # ...of at least 20,000 bytes, old segments gone
+    assert 0 < offsets[0] < 150  # ...of at least 2 MiB, old segments gone
 
 
 def test_stream_survives_a_restart_with_its_offsets() -> None:

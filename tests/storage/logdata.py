@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqbroker.backends.log.format import Record
+from tqbroker.backends.log.format import Record, decode_record
 from tqbroker.backends.log.log import Log
 from tqbroker.model import Message
 from tqbroker.protocol.methods import BasicProperties
@@ -130,3 +130,15 @@ def segment_files(directory: Path) -> dict[str, bytes]:
         for p in sorted(directory.iterdir())
         if p.suffix in (".log", ".index", ".timeindex")
     }
+
+
+def record_bounds(path: Path) -> list[tuple[int, int]]:
+    """(start, end) byte positions of every record in a segment file."""
+    data = path.read_bytes()
+    bounds, pos = [], 0
+    while pos < len(data):
+        record = decode_record(data, pos)
+        assert record is not None
+        bounds.append((pos, pos + record.size))
+        pos += record.size
+    return bounds

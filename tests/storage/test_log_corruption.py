@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from tqbroker.backends.log import LogBackend
-from tqbroker.backends.log.format import decode_record
 from tqbroker.backends.log.log import Log
 from tqbroker.backends.log.store import LogQueueStore
 from tqbroker.model import Message
@@ -28,6 +27,7 @@ from .logdata import (
     as_expected,
     first_at_or_after,
     open_log,
+    record_bounds,
     sync,
 )
 
@@ -45,17 +45,6 @@ SPOTS: dict[str, tuple[int | str, int]] = {
     "body-last-byte": ("last", 7),
 }
 VICTIMS = ["first", "middle", "last"]  # which record of the sealed segment
-
-
-def record_bounds(path: Path) -> list[tuple[int, int]]:
-    data = path.read_bytes()
-    bounds, pos = [], 0
-    while pos < len(data):
-        record = decode_record(data, pos)
-        assert record is not None
-        bounds.append((pos, pos + record.size))
-        pos += record.size
-    return bounds
 
 
 def flip(path: Path, start: int, end: int, spot: str) -> None:

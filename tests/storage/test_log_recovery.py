@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tqbroker.backends.log.format import INDEX_ENTRY, TIME_ENTRY, decode_record
+from tqbroker.backends.log.format import INDEX_ENTRY, TIME_ENTRY
 from tqbroker.backends.log.log import CLEAN_MARKER, Log
 from tqbroker.backends.log.segment import segment_name
 
@@ -23,6 +23,7 @@ from .logdata import (
     assert_log_holds,
     first_at_or_after,
     open_log,
+    record_bounds,
     segment_files,
     sync,
 )
@@ -42,18 +43,6 @@ def timestamp_samples(expected: list[Expected], rng: random.Random) -> list[int]
 def assert_timestamps(log: Log, expected: list[Expected], samples: list[int]) -> None:
     got = {t: log.offset_for_timestamp(t) for t in samples}
     assert got == {t: first_at_or_after(expected, t) for t in samples}
-
-
-def record_bounds(path: Path) -> list[tuple[int, int]]:
-    """(start, end) byte positions of every record in a segment file."""
-    data = path.read_bytes()
-    bounds, pos = [], 0
-    while pos < len(data):
-        record = decode_record(data, pos)
-        assert record is not None
-        bounds.append((pos, pos + record.size))
-        pos += record.size
-    return bounds
 
 
 def continue_appending(log: Log, rng: random.Random, expected: list[Expected], ts: int) -> None:

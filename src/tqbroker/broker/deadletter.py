@@ -61,16 +61,6 @@ def message_ttl(message: Message) -> int | None:
     return ttl if isinstance(ttl, int) else None
 
 
-def routing_keys(message: Message) -> list[str]:
-    """The keys a message was routed with: its routing key and its ``CC`` keys."""
-    keys = [message.routing_key]
-    headers = message.properties.headers
-    cc = headers.get("CC") if headers else None
-    if isinstance(cc, list):
-        keys.extend(key for key in cc if isinstance(key, str))
-    return keys
-
-
 def dead_lettered(
     message: Message,
     *,
@@ -99,7 +89,7 @@ def dead_lettered(
             "queue": queue,
             "time": _EPOCH + datetime.timedelta(seconds=now_ms // 1000),
             "exchange": message.exchange,
-            "routing-keys": list[FieldValue](routing_keys(message)),
+            "routing-keys": list[FieldValue](message.routing_keys()),
         }
         if properties.expiration is not None:
             entry["original-expiration"] = properties.expiration

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from ..backends.base import QueueStore
 from ..model import Message
-from ..plugins.spec import Destination, ExchangeType, HoldingRouter
-from ..protocol.codec import FieldTable
+from ..plugins.spec import ExchangeType, HoldingRouter
 from .exchange import Exchange
 from .flusher import Flusher
-from .queue import QueueFull
 
 if TYPE_CHECKING:
     from .vhost import VirtualHost
@@ -36,28 +34,11 @@ STORE_PREFIX: Final = "amq.exchange-store."
 class HoldingExchange(Exchange):
     """An exchange whose router holds messages; ``context`` is set right after construction."""
 
-    def __init__(
-        self,
-        name: str,
-        type_name: str,
-        router: HoldingRouter,
-        *,
-        durable: bool,
-        auto_delete: bool,
-        internal: bool,
-        arguments: FieldTable,
-    ) -> None:
-        super().__init__(
-            name,
-            type_name,
-            router,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
-        self.holding_router = router
-        self.context: BrokerExchangeContext | None = None
+    context: BrokerExchangeContext | None = None
+
+    @property
+    def holding_router(self) -> HoldingRouter:
+        return cast(HoldingRouter, self.router)
 
 
 class BrokerExchangeContext:
@@ -123,42 +104,8 @@ class BrokerExchangeContext:
         vhost, exchange = self._vhost, self._exchange
         if vhost.exchanges.get(exchange.name) is not exchange:
             return []  # deleted meanwhile
-        headers = message.properties.headers
-        targets = vhost.route(exchange, message.routing_key, headers)
-        cc = headers.get("CC") if headers else None
-        if isinstance(cc, list):  # sender-selected distribution, as the channel routes it
-            found: dict[int, Destination] = {id(t): t for t in targets}
-            for key in cc:
-                if isinstance(key, str):
-                    found.update((id(t), t) for t in vhost.route(exchange, key, headers))
-            targets = list(found.values())
-        waits: list[tuple[Flusher, int]] = []
-        for target in targets:
-            if not target.accepting:
-                log.warning(
-                    "exchange %r in vhost %r: %r cannot store a message now; dropped there",
-                    exchange.name,
-                    vhost.name,
-                    target.name,
-                )
-                continue
-            try:
-                durability = target.publish(message)
-            except QueueFull:
-                log.info(
-                    "exchange %r: queue %r is full; message dropped there",
-                    exchange.name,
-                    target.name,
-                )
-                continue
-            except OSError as exc:
-                log.error(
-                    "exchange %r: %r refused a message: %s; dropped there",
-                    exchange.name,
-                    target.name,
-                    exc,
-                )
-                continue
-            if durability is not None:
-                waits.append(durability)
+        targets = vhost.route_keys(exchange, message.routing_keys(), message.properties.headers)
+        waits, refused = vhost.enqueue(targets, message)
+        if refused:
+            log.info("exchange %r: a destination refused a held message", exchange.name)
         return waits

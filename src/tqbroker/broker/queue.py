@@ -22,6 +22,7 @@ wake-ups cost one delivery pass.
 
 from __future__ import annotations
 
+import abc
 import enum
 import logging
 import math
@@ -70,7 +71,7 @@ def _int_argument(arguments: FieldTable, name: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-class Queue:
+class Queue(abc.ABC):
     """What every kind of queue has, as the vhost and the channels see it: identity and
     lifetime (exclusive, auto-delete), bindings, consumers in priority order, the actor's
     wake-up. What messages do is the kind's: ``ClassicQueue`` here, ``StreamQueue`` in
@@ -111,39 +112,41 @@ class Queue:
 
     # -- what each kind defines ----------------------------------------------------------------
 
+    @abc.abstractmethod
     async def run(self) -> None:
         """The actor: deliver until the queue is deleted."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def publish(self, message: Message) -> Durability:
         """Take a routed message; return what its confirm waits for."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def get(self) -> tuple[int, Message, bool] | NeedsFlush | None:
         """``basic.get``: the next message as ``(id, message, redelivered)``."""
-        raise NotImplementedError
 
-    def ack(self, message_id: int, consumer: Consumer | None) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def ack(self, message_id: int, consumer: Consumer | None) -> None: ...
 
-    def reject(self, message_id: int, consumer: Consumer | None) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def reject(self, message_id: int, consumer: Consumer | None) -> None: ...
 
-    def requeue(self, message_id: int, consumer: Consumer | None) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def requeue(self, message_id: int, consumer: Consumer | None) -> None: ...
 
-    def purge(self) -> int:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def purge(self) -> int: ...
 
     @property
-    def message_count(self) -> int:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def message_count(self) -> int: ...
 
     def check_consumer(
         self, tag: str, *, no_ack: bool, prefetch_count: int, arguments: FieldTable
     ) -> None:
         """Refuse (``AMQPError``) a ``basic.consume`` this kind of queue does not allow (``tag``
-        is the consumer tag the client chose, empty if it let the broker choose)."""
+        is the consumer tag the client chose, empty if it let the broker choose). Every consumer
+        is allowed unless a kind says otherwise."""
+        return None
 
     # -- lifetime ------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Final, NoReturn, Protocol, cast
 
 from .. import clock
@@ -32,7 +32,7 @@ from ..plugins.builtin.direct import DirectRouter
 from ..plugins.spec import Destination, ExchangeType, HoldingRouter
 from ..protocol.codec import FieldTable, FieldValue, encode_table
 from ..protocol.errors import AMQPError, ReplyCode
-from .deadletter import Reason, dead_lettered, is_cycle, routing_keys
+from .deadletter import Reason, dead_lettered, is_cycle
 from .exchange import DefaultExchange, Exchange
 from .flusher import Flusher
 from .holding import BrokerExchangeContext, HoldingExchange
@@ -151,18 +151,8 @@ class VirtualHost:
         except ValueError as exc:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED, str(exc)) from None
         router = exchange_type.create_router(arguments)
-        if not isinstance(router, HoldingRouter):
-            return Exchange(
-                name,
-                type_name,
-                router,
-                durable=durable,
-                auto_delete=auto_delete,
-                internal=internal,
-                arguments=arguments,
-            )
-        # An exchange type that holds messages: its router gets a context (plugins.spec).
-        exchange = HoldingExchange(
+        holding = isinstance(router, HoldingRouter)
+        exchange = (HoldingExchange if holding else Exchange)(
             name,
             type_name,
             router,
@@ -171,6 +161,9 @@ class VirtualHost:
             internal=internal,
             arguments=arguments,
         )
+        if not isinstance(exchange, HoldingExchange) or not isinstance(router, HoldingRouter):
+            return exchange
+        # An exchange type that holds messages: its router gets a context (plugins.spec).
         exchange.context = BrokerExchangeContext(
             self, exchange, spawn=self._spawn, store_backend=store_backend, restoring=restoring
         )
@@ -732,23 +725,13 @@ class VirtualHost:
             routing_key=queue.dead_letter_routing_key,
             now_ms=clock.now_ms(),
         )
-        targets: dict[int, Destination] = {}
-        headers = copy.properties.headers
-        for key in routing_keys(copy):
-            for target in self.route(exchange, key, headers):
-                targets[id(target)] = target
-        for target in targets.values():
+        targets = []
+        for target in self.route_keys(exchange, copy.routing_keys(), copy.properties.headers):
             if is_cycle(copy, target.name):
                 log.debug("dead-letter cycle through queue %r: message dropped", target.name)
-                continue
-            if not target.accepting:
-                continue
-            try:
-                target.publish(copy)
-            except QueueFull:
-                pass
-            except OSError as exc:
-                log.error("queue %r refused a dead-lettered message: %s", target.name, exc)
+            else:
+                targets.append(target)
+        self.enqueue(targets, copy)
 
     # -- routing -----------------------------------------------------------------------------
 
@@ -765,6 +748,44 @@ class VirtualHost:
             return False
         consumer.deliver_reply(message)
         return True
+
+    def route_keys(
+        self, exchange: Exchange, keys: Sequence[str], headers: FieldTable | None
+    ) -> list[Destination]:
+        """``route`` for each of ``keys`` (a routing key and its CC/BCC keys), each
+        destination once."""
+        if len(keys) == 1:
+            return self.route(exchange, keys[0], headers)
+        found: dict[int, Destination] = {}
+        for key in keys:
+            for destination in self.route(exchange, key, headers):
+                found[id(destination)] = destination
+        return list(found.values())
+
+    def enqueue(
+        self, destinations: Iterable[Destination], message: Message
+    ) -> tuple[list[tuple[Flusher, int]], bool]:
+        """Hand a routed message to each destination; return the flusher tickets a publisher
+        confirm waits for, and whether a destination refused it (full with reject-publish, or
+        its storage cannot write: the publish is nacked; the others keep it)."""
+        waits: list[tuple[Flusher, int]] = []
+        refused = False
+        for destination in destinations:
+            if not destination.accepting:
+                refused = True
+                continue
+            try:
+                durability = destination.publish(message)
+            except QueueFull:
+                refused = True
+                continue
+            except OSError as exc:
+                log.error("queue %r refused a message: %s", destination.name, exc)
+                refused = True
+                continue
+            if durability is not None:
+                waits.append(durability)
+        return waits, refused
 
     def route(
         self, exchange: Exchange, routing_key: str, headers: FieldTable | None
@@ -846,7 +867,9 @@ _ARGUMENT_CHECKS: Final[dict[str, Callable[[FieldValue], str | None]]] = {
     "x-dead-letter-routing-key": _string,
     "x-single-active-consumer": _boolean,
     "x-max-age": _interval,
-    "x-stream-max-segment-size-bytes": _int_range(1),
+    # A segment keeps three files open: tiny segments would let one client exhaust the
+    # broker's file descriptors, so 1 MiB is the least (RabbitMQ's default is 500 MB).
+    "x-stream-max-segment-size-bytes": _int_range(1024 * 1024),
 }
 
 # Classic-queue arguments a stream refuses (RabbitMQ's feature matrix).

@@ -32,7 +32,7 @@ from ..broker.consumer import Consumer
 from ..broker.deadletter import parse_expiration
 from ..broker.exchange import Exchange
 from ..broker.flusher import Flusher
-from ..broker.queue import NEEDS_FLUSH, Queue, QueueFull
+from ..broker.queue import NEEDS_FLUSH, Queue
 from ..broker.vhost import REPLY_TO, REPLY_TO_PREFIX, VirtualHost
 from ..model import Message
 from ..protocol import frames
@@ -88,7 +88,6 @@ from ..protocol.methods import (
 )
 
 if TYPE_CHECKING:
-    from ..plugins.spec import Destination
     from .connection import AMQPConnection
 
 log = logging.getLogger("tqbroker.channel")
@@ -337,22 +336,12 @@ class Channel:
         if exchange is vhost.default_exchange and message.routing_key.startswith(REPLY_TO_PREFIX):
             routed = vhost.deliver_reply(message.routing_key, message)
         else:
-            queues, message = self._route_with_cc(exchange, message)
-            for queue in queues:
-                if not queue.accepting:
-                    refused = True
-                    continue
-                try:
-                    durability = queue.publish(message)
-                except QueueFull:  # x-overflow reject-publish: nack to confirming publishers
-                    refused = True
-                    continue
-                except OSError as exc:  # the queue's storage cannot take it: nack
-                    log.error("queue %r refused a message: %s", queue.name, exc)
-                    refused = True
-                    continue
-                if durability is not None:
-                    waits.append(durability)
+            # Sender-selected distribution: routed on CC and BCC keys too; BCC never delivered.
+            headers = message.properties.headers
+            queues = vhost.route_keys(exchange, message.routing_keys(bcc=True), headers)
+            if headers and "BCC" in headers:
+                message = message.with_headers({k: v for k, v in headers.items() if k != "BCC"})
+            waits, refused = vhost.enqueue(queues, message)
             # A destination that holds the message to route it later (x-delayed-message) is not
             # a route yet: a mandatory message reaching only such is returned, as in RabbitMQ.
             routed = bool(queues) and (
@@ -373,29 +362,6 @@ class Channel:
             )
             self.connection.wake_writer()
         return waits, refused
-
-    def _route_with_cc(
-        self, exchange: Exchange, message: Message
-    ) -> tuple[list[Destination], Message]:
-        """Route on the routing key and, RabbitMQ's sender-selected distribution, on every
-        key in the ``CC`` and ``BCC`` headers (arrays of strings); ``BCC`` is removed from the
-        message before it is enqueued."""
-        headers = message.properties.headers
-        vhost = self.vhost
-        if not headers or ("CC" not in headers and "BCC" not in headers):
-            return vhost.route(exchange, message.routing_key, headers), message
-        keys = [message.routing_key]
-        for name in ("CC", "BCC"):
-            extra = headers.get(name)
-            if isinstance(extra, list):
-                keys.extend(key for key in extra if isinstance(key, str))
-        if "BCC" in headers:
-            message = message.with_headers({k: v for k, v in headers.items() if k != "BCC"})
-        found: dict[int, Destination] = {}
-        for key in keys:
-            for queue in vhost.route(exchange, key, headers):
-                found[id(queue)] = queue
-        return list(found.values()), message
 
     def flush_confirms(self) -> None:
         """Confirm, with as few ``basic.ack(multiple=True)`` as possible, every publish that is

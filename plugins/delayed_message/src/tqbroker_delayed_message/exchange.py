@@ -47,7 +47,6 @@ from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Final
 
-import attrs
 import trio
 
 from tqbroker import clock
@@ -224,9 +223,10 @@ class DelayedMessages:
         properties = message.properties
         delay = min(max(parse_delay(properties.headers) or 0, 0), _MAX_DELAY)
         due = min(clock.now_ms() + delay, _MAX_DUE)
-        headers = dict(properties.headers or {})
-        headers[DELAY_HEADER] = -delay  # as RabbitMQ delivers it
-        raw = attrs.evolve(properties, headers=headers).encode()
+        # Delivered with x-delay negated, as RabbitMQ delivers it.
+        raw = message.with_headers(
+            {**(properties.headers or {}), DELAY_HEADER: -delay}
+        ).properties_raw
         flusher = self._flusher
         persistent = self._durable and flusher is not None and properties.delivery_mode == 2
         body = message.body

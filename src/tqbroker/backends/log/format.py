@@ -6,7 +6,8 @@ Responsibilities:
   body``, where ``length`` counts everything after itself and the CRC-32C (Castagnoli) covers
   everything after the CRC;
 - decode and validate a record from a buffer (``RecordError`` for a bad length or CRC, ``None``
-  when the buffer holds only part of one); the message decoded carries the record's timestamp;
+  when the buffer holds only part of one); ``parse_record`` decodes a record known to be sound
+  (no CRC); the message decoded carries the record's timestamp;
 - the index entry layouts: offset index ``relative_offset u32 | position u32``, time index
   ``timestamp_ms u64 | relative_offset u32``.
 """
@@ -77,7 +78,8 @@ class Record:
 
 
 def decode_record(buf: bytes | bytearray | memoryview, pos: int) -> Record | None:
-    """The record starting at ``pos``; ``None`` if ``buf`` ends before it does."""
+    """The record starting at ``pos``; ``None`` if ``buf`` ends before it does. Checks the
+    length and the CRC (``RecordError``)."""
     if len(buf) - pos < HEAD_SIZE:
         return None
     length, crc = RECORD_HEAD.unpack_from(buf, pos)
@@ -89,22 +91,33 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int) -> Record | Non
     rest = bytes(buf[pos + HEAD_SIZE : end])
     if google_crc32c.value(rest) != crc:
         raise RecordError("CRC-32C mismatch")
+    return _parse(rest, 0, end - pos)
+
+
+def parse_record(record: bytes) -> Record:
+    """Decode one whole record (as ``encode_record`` made it) known to be sound: one this
+    process encoded and kept in memory. No CRC check."""
+    return _parse(record, HEAD_SIZE, len(record))
+
+
+def _parse(record: bytes, start: int, size: int) -> Record:
+    """The record whose fixed fields start at ``record[start]`` (``size``: its whole length)."""
     try:
-        offset, timestamp_ms, flags = RECORD_FIXED.unpack_from(rest, 0)
-        p = FIXED_SIZE
-        n = rest[p]
-        exchange = rest[p + 1 : p + 1 + n].decode()
+        offset, timestamp_ms, flags = RECORD_FIXED.unpack_from(record, start)
+        p = start + FIXED_SIZE
+        n = record[p]
+        exchange = record[p + 1 : p + 1 + n].decode()
         p += 1 + n
-        n = rest[p]
-        routing_key = rest[p + 1 : p + 1 + n].decode()
+        n = record[p]
+        routing_key = record[p + 1 : p + 1 + n].decode()
         p += 1 + n
-        (n,) = _U32.unpack_from(rest, p)
+        (n,) = _U32.unpack_from(record, p)
         p += 4
-        props = rest[p : p + n]
+        props = record[p : p + n]
         if len(props) != n:
             raise RecordError("properties past the end of the record")
-        body = rest[p + n :]
+        body = record[p + n :]
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise RecordError(f"malformed record: {exc}") from None
     message = Message(exchange, routing_key, props, body, timestamp_ms=timestamp_ms)
-    return Record(offset, timestamp_ms, flags, message, end - pos)
+    return Record(offset, timestamp_ms, flags, message, size)
