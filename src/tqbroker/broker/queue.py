@@ -192,6 +192,12 @@ class Queue(abc.ABC):
         if not self.consumers and self.auto_delete and self._had_consumer and self.on_unused:
             self.on_unused(self)
 
+    def cancel_consumers(self) -> None:
+        """The queue is deleted: drop its consumers and tell their channels (``basic.cancel``)."""
+        for consumer in list(self.consumers):
+            self.consumers.remove(consumer)
+            consumer.channel.consumer_cancelled(consumer)
+
     def __repr__(self) -> str:
         return f"Queue({self.vhost!r}, {self.name!r})"
 

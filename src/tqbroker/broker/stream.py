@@ -10,6 +10,11 @@ Responsibilities:
   anything;
 - the consumer rules RabbitMQ enforces: manual acks, a per-consumer prefetch; ``basic.get`` and
   ``queue.purge`` are not supported;
+- consumer groups (``x-stream-group``, Kafka's way; the assignment is ``broker/groups.py``'s):
+  only the member a partition is assigned to reads it, from the group's committed offset, which
+  advances with that member's acks (a settled prefix: never past an unacked delivery) and is
+  stored durably with the stream; a new group starts where the consumer's ``x-stream-offset``
+  says, and that start is committed at once;
 - server-side offset tracking, LavinMQ's way: a consumer with a tag and
   ``x-stream-automatic-offset-tracking=true`` (or ``x-stream-offset`` null, which starts from
   ``first`` the first time) has its position stored durably as it acks, and resumes there when it
@@ -25,8 +30,10 @@ import datetime
 import logging
 import math
 import re
+from collections import deque
 from typing import Final
 
+import attrs
 import trio
 
 from .. import clock
@@ -36,6 +43,7 @@ from ..protocol.codec import FieldTable, FieldValue, Long
 from ..protocol.errors import AMQPError, ReplyCode
 from .consumer import Consumer
 from .flusher import Flusher
+from .groups import GROUP_ARGUMENT, ConsumerGroups
 from .queue import Durability, NeedsFlush, Queue
 
 log = logging.getLogger("tqbroker.stream")
@@ -60,6 +68,26 @@ def parse_interval(value: str) -> int | None:
     return int(match.group(1)) * _UNIT_SECONDS[match.group(2)] * 1000
 
 
+@attrs.define
+class GroupCursor:
+    """Where a consumer group is on one partition: who reads it, the next offset to deliver,
+    and what was delivered to that reader and is not settled yet (in offset order)."""
+
+    owner: Consumer
+    position: int
+    delivered: deque[int] = attrs.field(factory=deque)
+    settled: set[int] = attrs.field(factory=set)
+
+    def settle(self, offset: int) -> int:
+        """The offset is acked (or nacked: a stream takes nothing back); return the committed
+        offset: the first unsettled delivery, or the next to deliver."""
+        self.settled.add(offset)
+        delivered, settled = self.delivered, self.settled
+        while delivered and delivered[0] in settled:
+            settled.discard(delivered.popleft())
+        return delivered[0] if delivered else self.position
+
+
 class StreamQueue(Queue):
     def __init__(
         self,
@@ -69,6 +97,7 @@ class StreamQueue(Queue):
         *,
         arguments: FieldTable,
         flusher: Flusher | None,
+        groups: ConsumerGroups | None = None,
     ) -> None:
         super().__init__(
             vhost,
@@ -87,6 +116,9 @@ class StreamQueue(Queue):
         self.max_age_ms = parse_interval(max_age) if isinstance(max_age, str) else None
         self._positions: dict[Consumer, int] = {}  # the next offset each consumer reads
         self._tracked: set[Consumer] = set()  # consumers whose position the stream stores
+        self.groups = groups if groups is not None else ConsumerGroups()
+        self._group_of: dict[Consumer, str] = {}  # consumers that are group members
+        self._cursors: dict[str, GroupCursor] = {}  # by group: who reads for it, from where
 
     # -- the actor ---------------------------------------------------------------------------
 
@@ -113,26 +145,41 @@ class StreamQueue(Queue):
                 self.flusher.poke()  # the flush deletes the segments
 
     def _dispatch(self) -> None:
+        for consumer in self.consumers:
+            group = self._group_of.get(consumer)
+            if group is None:
+                self._positions[consumer] = self._deliver(consumer, self._positions[consumer])
+                continue
+            cursor = self._cursors.get(group)
+            if cursor is not None and cursor.owner is consumer:  # else it waits its turn
+                cursor.position = self._deliver(consumer, cursor.position, cursor.delivered)
+
+    def _deliver(
+        self, consumer: Consumer, position: int, delivered: deque[int] | None = None
+    ) -> int:
+        """Deliver from ``position`` while the consumer has credit; return the next position
+        (and note each offset delivered in ``delivered``)."""
         stream = self.stream
         end = stream.next_offset
-        for consumer in self.consumers:
-            position = max(self._positions[consumer], stream.first_offset)
-            while position < end and consumer.has_capacity():
-                try:
-                    record = stream.read(position)
-                except OSError as exc:  # storage trouble: try again on the next wake-up
-                    log.error("stream %r in vhost %r: cannot read: %s", self.name, self.vhost, exc)
-                    break
-                position += 1
-                if record is None:  # damaged (logged by the log): step over it
-                    continue
-                consumer.unacked += 1
-                message = record.message
-                headers = message.properties.headers or {}
-                # Every delivery says where it is, as a long, as RabbitMQ sends it.
-                message = message.with_headers({**headers, "x-stream-offset": Long(record.offset)})
-                consumer.channel.deliver(consumer, record.offset, message, False)
-            self._positions[consumer] = position
+        position = max(position, stream.first_offset)
+        while position < end and consumer.has_capacity():
+            try:
+                record = stream.read(position)
+            except OSError as exc:  # storage trouble: try again on the next wake-up
+                log.error("stream %r in vhost %r: cannot read: %s", self.name, self.vhost, exc)
+                break
+            position += 1
+            if record is None:  # damaged (logged by the log): step over it
+                continue
+            consumer.unacked += 1
+            if delivered is not None:
+                delivered.append(record.offset)
+            message = record.message
+            headers = message.properties.headers or {}
+            # Every delivery says where it is, as a long, as RabbitMQ sends it.
+            message = message.with_headers({**headers, "x-stream-offset": Long(record.offset)})
+            consumer.channel.deliver(consumer, record.offset, message, False)
+        return position
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -163,8 +210,13 @@ class StreamQueue(Queue):
 
     def requeue(self, message_id: int, consumer: Consumer | None) -> None:
         """A stream never takes a message back or drops it: nack, reject and requeue only give
-        the credit back."""
+        the credit back (and settle the delivery for the consumer's group)."""
         if consumer is not None:
+            group = self._group_of.get(consumer)
+            if group is not None:
+                cursor = self._cursors.get(group)
+                if cursor is not None and cursor.owner is consumer:
+                    self.stream.commit_group_offset(group, cursor.settle(message_id))
             consumer.unacked -= 1
             self._wakeup.set()
             if not consumer.unacked and consumer not in self._positions:
@@ -208,9 +260,28 @@ class StreamQueue(Queue):
                 ReplyCode.PRECONDITION_FAILED,
                 f"offset tracking on stream {self._describe()} needs a consumer tag",
             )
+        group = arguments.get(GROUP_ARGUMENT)
+        if group is not None and (not isinstance(group, str) or not group):
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"invalid arg '{GROUP_ARGUMENT}' for consumer on stream {self._describe()}: a "
+                f"group name is required (got {group!r})",
+            )
+        if group is not None and _tracks_offset(arguments):
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"consumer on stream {self._describe()}: '{GROUP_ARGUMENT}' and offset tracking "
+                "cannot be combined (the group's offsets are tracked)",
+            )
         self._start_offset(arguments.get("x-stream-offset", "next"))
 
     def add_consumer(self, consumer: Consumer) -> None:
+        group = consumer.arguments.get(GROUP_ARGUMENT)
+        if isinstance(group, str):
+            self._group_of[consumer] = group
+            super().add_consumer(consumer)
+            self.groups.join(group, self, consumer)  # may make it the partition's reader
+            return
         start = self._start_offset(consumer.arguments.get("x-stream-offset", "next"))
         if _tracks_offset(consumer.arguments):
             self._tracked.add(consumer)
@@ -225,6 +296,40 @@ class StreamQueue(Queue):
         if not consumer.unacked:  # else acks still to come move its stored position
             self._tracked.discard(consumer)
         super().remove_consumer(consumer)
+        group = self._group_of.pop(consumer, None)
+        if group is not None:
+            self.groups.leave(group, self, consumer)  # another member may take over
+
+    def cancel_consumers(self) -> None:
+        for consumer, group in list(self._group_of.items()):
+            self.groups.leave(group, self, consumer)
+        self._group_of.clear()
+        super().cancel_consumers()
+
+    # -- consumer groups (called by ``ConsumerGroup``) ---------------------------------------
+
+    def assign(self, group: str, consumer: Consumer | None) -> None:
+        """``consumer`` now reads this partition for ``group`` (None: nobody does). It starts at
+        the group's committed offset: what the previous reader left unacked is delivered
+        again; a group new to the partition starts where the consumer's ``x-stream-offset``
+        says, committed at once so that no later reader starts past it."""
+        if consumer is None:
+            self._cursors.pop(group, None)
+            return
+        committed = self.stream.group_offsets.get(group)
+        if committed is None:
+            committed = self._start_offset(consumer.arguments.get("x-stream-offset", "next"))
+            self.stream.commit_group_offset(group, committed)
+            if self.flusher is not None:
+                self.flusher.poke()
+        self._cursors[group] = GroupCursor(consumer, committed)
+        self._wakeup.set()
+
+    def revoke(self, consumer: Consumer) -> None:
+        """The group gave this partition to another member: cancel ``consumer`` here, telling
+        its channel (``basic.cancel``) as Kafka tells a consumer of a revoked partition."""
+        consumer.channel.consumer_cancelled(consumer)
+        self.remove_consumer(consumer)
 
     def _start_offset(self, spec: FieldValue) -> int:
         """Where a consumer starts, from its ``x-stream-offset`` argument, clamped to the

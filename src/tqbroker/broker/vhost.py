@@ -35,6 +35,7 @@ from ..protocol.errors import AMQPError, ReplyCode
 from .deadletter import Reason, dead_lettered, is_cycle
 from .exchange import DefaultExchange, Exchange
 from .flusher import Flusher
+from .groups import ConsumerGroups
 from .holding import BrokerExchangeContext, HoldingExchange
 from .priority import PriorityStore, level_store_names
 from .queue import ClassicQueue, Queue, QueueFull
@@ -92,6 +93,7 @@ class VirtualHost:
         self.queues: dict[str, Queue] = {}
         # Direct reply-to: "amq.rabbitmq.reply-to.<token>" -> the channel consuming replies.
         self.reply_consumers: dict[str, ReplyConsumer] = {}
+        self.consumer_groups = ConsumerGroups(spawn)  # on streams (x-stream-group)
         self.default_exchange = DefaultExchange(self.queues, DirectRouter())  # type: ignore[arg-type]
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
         for name_, type_name in PREDECLARED:
@@ -602,6 +604,7 @@ class VirtualHost:
                     self._open_stream(backend, name, arguments),
                     arguments=arguments,
                     flusher=self.flushers.get(backend_name),
+                    groups=self.consumer_groups,
                 )
             else:
                 queue = ClassicQueue(
@@ -691,9 +694,7 @@ class VirtualHost:
             source.unbind(queue, key, args_id)
             self._maybe_auto_delete(source)
         queue.bound_by.clear()
-        for consumer in list(queue.consumers):
-            queue.consumers.remove(consumer)
-            consumer.channel.consumer_cancelled(consumer)
+        queue.cancel_consumers()
         queue.stop()
         for store_name in _store_names(queue.name, queue.arguments):
             self.backends[queue.backend_name].delete_queue(self.name, store_name)

@@ -7,8 +7,9 @@ Responsibilities:
   active segment; removed segments are deleted at the next flush;
 - the flush protocol the log backend's flushes drive (``begin_flush`` / ``close`` / ``abandon``),
   like ``LogQueueStore``'s, without ack state: readers keep their own positions;
-- stored consumer offsets (server-side offset tracking): ``offsets`` by consumer tag, made
-  durable by the next flush.
+- stored positions, made durable by the next flush: ``offsets`` by consumer tag (server-side
+  offset tracking) and ``group_offsets`` by consumer group (the group's committed offset on
+  this stream).
 
 Recovery after a crash rescans the segments written since the last flush (``recovery_point`` in
 ``stream.cbor``), as queue logs do.
@@ -39,6 +40,8 @@ class LogStream:
         self._obsolete: list[Segment] = []
         # Server-side offset tracking: the next offset each tracked consumer reads, by tag.
         self.offsets: dict[str, int] = {}
+        # Consumer groups: the committed offset (the next one to read) of each group, by name.
+        self.group_offsets: dict[str, int] = {}
         self._offsets_dirty = False
         self._lock = threading.Lock()
         self.abandoned = False
@@ -53,9 +56,8 @@ class LogStream:
         recovery_point = int(state.get("recovery_point", 0))
         self.log.open(recovery_point=recovery_point)
         self._synced_upto = recovery_point
-        offsets = state.get("offsets", {})
-        if isinstance(offsets, dict):
-            self.offsets = {str(tag): int(offset) for tag, offset in offsets.items()}
+        self.offsets = _positions(state.get("offsets"))
+        self.group_offsets = _positions(state.get("groups"))
 
     # -- reading and writing -----------------------------------------------------------------
 
@@ -81,6 +83,12 @@ class LogStream:
         """Remember where a tracked consumer goes on (durable after the next flush)."""
         if self.offsets.get(consumer_tag) != offset:
             self.offsets[consumer_tag] = offset
+            self._offsets_dirty = True
+
+    def commit_group_offset(self, group: str, offset: int) -> None:
+        """Remember a consumer group's committed offset (durable after the next flush)."""
+        if self.group_offsets.get(group) != offset:
+            self.group_offsets[group] = offset
             self._offsets_dirty = True
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
@@ -114,7 +122,11 @@ class LogStream:
             return None
         synced_upto = self.log.next_offset if sync is not None else self._synced_upto
         obsolete, self._obsolete = self._obsolete, []
-        state = {"recovery_point": synced_upto, "offsets": dict(self.offsets)}
+        state = {
+            "recovery_point": synced_upto,
+            "offsets": dict(self.offsets),
+            "groups": dict(self.group_offsets),
+        }
         offsets_dirty, self._offsets_dirty = self._offsets_dirty, False
 
         def work() -> None:
@@ -154,3 +166,10 @@ class LogStream:
 
     def close_abandoned(self) -> None:
         self.log.close(clean=False)
+
+
+def _positions(value: object) -> dict[str, int]:
+    """Stored positions by name, from ``stream.cbor`` (anything else: none)."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(name): int(offset) for name, offset in value.items()}

@@ -1,0 +1,118 @@
+"""The consumer-group assignment (``broker/groups.py``) as a state machine: members come and go
+on a stream's partitions; after every step each partition someone consumes has exactly one
+reader among its consumers, loads are balanced when everyone is on every partition, and a
+partition only moves when it must (sticky)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from tqbroker.broker.consumer import Consumer
+from tqbroker.broker.groups import ConsumerGroup
+
+PARTITIONS = 6
+
+
+class Partition:
+    """What ``ConsumerGroup`` asks of a stream queue: ``assign`` and ``revoke`` (which cancels
+    the consumer there, so it leaves the group as ``StreamQueue.revoke`` makes it)."""
+
+    def __init__(self, name: str, group: ConsumerGroup, revoked: list[Consumer]) -> None:
+        self.name = name
+        self.group = group
+        self.revoked = revoked
+        self.reader: Consumer | None = None
+
+    def assign(self, group: str, consumer: Consumer | None) -> None:
+        self.reader = consumer
+
+    def revoke(self, consumer: Consumer) -> None:
+        self.revoked.append(consumer)
+        self.group.leave(self, consumer)  # type: ignore[arg-type]
+
+
+class Member:
+    """A channel (only its identity matters to the group)."""
+
+
+class Assignment(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.group = ConsumerGroup("g")
+        self.revoked: list[Consumer] = []
+        self.partitions = [Partition(f"p-{n}", self.group, self.revoked) for n in range(PARTITIONS)]
+        self.members: list[Member] = []
+
+    def _consume(self, member: Member, partition: Partition) -> Consumer:
+        consumer = Consumer(
+            "t",
+            partition,
+            member,
+            no_ack=False,
+            exclusive=False,
+            prefetch_count=1,
+            arguments={},  # type: ignore[arg-type]
+        )
+        self.group.join(partition, consumer)  # type: ignore[arg-type]
+        return consumer
+
+    def _join(self, member: Member, partitions: list[Partition]) -> None:
+        for partition in partitions:
+            self._consume(member, partition)
+        self.group.rebalance()
+
+    @rule()
+    def member_joins_every_partition(self) -> None:
+        member = Member()
+        self.members.append(member)
+        owners_before = dict(self.group.owners)
+        self.revoked.clear()
+        self._join(member, self.partitions)
+        # Sticky: a join only takes partitions for the newcomer, at most its fair share.
+        moved = [q for q, c in owners_before.items() if self.group.owners.get(q) is not c]
+        assert all(self.group.owners[q].channel is member for q in moved)
+        assert len(moved) <= -(-PARTITIONS // len(self.members))
+        # Revoked members stand by again, as a client told by basic.cancel does; that moves
+        # nothing.
+        owners = dict(self.group.owners)
+        for consumer in list(self.revoked):
+            self._join(consumer.channel, [consumer.queue])  # type: ignore[arg-type, list-item]
+        assert self.group.owners == owners
+
+    @precondition(lambda self: self.members)
+    @rule(data=st.data())
+    def member_leaves(self, data: st.DataObject) -> None:
+        member = data.draw(st.sampled_from(self.members))
+        self.members.remove(member)
+        owners_before = dict(self.group.owners)
+        for queue, consumers in list(self.group.subscriptions.items()):
+            for consumer in [c for c in consumers if c.channel is member]:
+                self.group.leave(queue, consumer)
+        self.group.rebalance()
+        # Only the leaver's partitions move.
+        for queue, owner in owners_before.items():
+            if owner.channel is not member:
+                assert self.group.owners[queue] is owner
+
+    @invariant()
+    def one_reader_per_partition_among_its_consumers(self) -> None:
+        for partition in self.partitions:
+            consumers = self.group.subscriptions.get(partition, [])  # type: ignore[call-overload]
+            if consumers:
+                assert partition.reader is not None and partition.reader in consumers
+                assert self.group.owners[partition] is partition.reader  # type: ignore[index]
+            else:
+                assert partition.reader is None
+
+    @invariant()
+    def balanced(self) -> None:
+        if self.members:
+            load = Counter(c.channel for c in self.group.owners.values())
+            counts = [load[m] for m in self.members]
+            assert max(counts) - min(counts) <= 1, counts
+
+
+TestAssignment = Assignment.TestCase

@@ -1,0 +1,223 @@
+"""Consumer groups on a partitioned stream (``x-stream-group``), with pika over real sockets: three
+members split six partitions, rebalance when one leaves (and when one joins, cancelling the old
+owner with basic.cancel), commit with their acks, and resume after a broker kill -9 with nothing
+committed lost and no gap."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pika
+import pytest
+from pika.adapters.blocking_connection import BlockingChannel
+
+from tqbroker.testing import RunningBroker, start_broker_process
+
+pytestmark = pytest.mark.timeout(90)
+
+PARTITIONS = 6
+STREAM = {"x-queue-type": "stream"}
+
+
+def declare_partitioned(ch: BlockingChannel, name: str = "orders") -> None:
+    ch.exchange_declare(name, "x-key-partition", durable=True)
+    for p in range(PARTITIONS):
+        ch.queue_declare(f"{name}-{p}", durable=True, arguments=STREAM)
+        ch.queue_bind(f"{name}-{p}", name, str(p))
+
+
+def publish(ch: BlockingChannel, count: int, start: int = 0) -> None:
+    ch.confirm_delivery()
+    for n in range(start, start + count):
+        ch.basic_publish("orders", f"key-{n}", b"%d" % n)
+
+
+class Member:
+    """One group member: a connection whose channel consumes every partition with
+    ``x-stream-group``, acking each delivery as it comes. Told a partition was revoked
+    (basic.cancel), it consumes it again to stand by for it, as docs/streams.md advises
+    (``rejoin=False``: it does not)."""
+
+    def __init__(
+        self, url: str, group: str = "billing", *, offset: object = "first", rejoin: bool = True
+    ) -> None:
+        self.connection = pika.BlockingConnection(pika.URLParameters(url))
+        self.channel = self.connection.channel()
+        self.channel.basic_qos(prefetch_count=20)
+        self.arguments = {"x-stream-group": group, "x-stream-offset": offset}
+        self.rejoin = rejoin
+        self.received: list[tuple[int, int]] = []  # (partition, offset)
+        self.bodies: list[int] = []
+        self.cancelled: list[int] = []
+        self.tags: dict[str, int] = {}
+        self.channel.add_on_cancel_callback(self._on_cancel)
+        for p in range(PARTITIONS):
+            self._consume(p)
+
+    def _consume(self, partition: int) -> None:
+        tag = self.channel.basic_consume(
+            f"orders-{partition}", self._on_message, arguments=self.arguments
+        )
+        self.tags[tag] = partition
+
+    def _on_message(self, ch: BlockingChannel, method, properties, body) -> None:  # type: ignore[no-untyped-def]
+        partition = self.tags[method.consumer_tag]
+        self.received.append((partition, properties.headers["x-stream-offset"]))
+        self.bodies.append(int(body))
+        ch.basic_ack(method.delivery_tag)
+
+    def _on_cancel(self, frame) -> None:  # type: ignore[no-untyped-def]
+        partition = self.tags[frame.method.consumer_tag]
+        self.cancelled.append(partition)
+        if self.rejoin:
+            self._consume(partition)
+
+    @property
+    def partitions(self) -> set[int]:
+        return {p for p, _ in self.received}
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def pump(members: list[Member], until: int, timeout: float = 20) -> None:
+    """Run the members' I/O until together they received ``until`` different messages."""
+    deadline = time.monotonic() + timeout
+    while len(set().union(*(m.received for m in members))) < until:
+        assert time.monotonic() < deadline, [len(m.received) for m in members]
+        for member in members:
+            member.connection.process_data_events(time_limit=0.01)
+
+
+def settle(members: list[Member], seconds: float = 0.3) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for member in members:
+            member.connection.process_data_events(time_limit=0.01)
+
+
+def test_three_members_split_six_partitions_and_rebalance(
+    tqbroker_thread: RunningBroker, channel: BlockingChannel
+) -> None:
+    declare_partitioned(channel)
+    members = [Member(tqbroker_thread.url) for _ in range(3)]
+    settle(members)
+    publish(channel, 600)
+    pump(members, 600)
+    owned = [m.partitions for m in members]
+    assert [len(p) for p in owned] == [2, 2, 2]  # each partition read by exactly one member
+    assert set().union(*owned) == set(range(PARTITIONS))
+    # Joining took partitions from earlier members: their consumers there were cancelled.
+    assert members[0].cancelled and members[1].cancelled and not members[2].cancelled
+    assert all(not (set(m.cancelled) & m.partitions) for m in members)
+
+    members[2].close()  # one leaves: its two partitions go to the other two
+    publish(channel, 600, start=600)
+    pump(members[:2], 1200 - len(members[2].received))
+    after = [{p for p, o in m.received if o >= 100} for m in members[:2]]
+    assert sorted(len(p) for p in after) == [3, 3]
+    # Nothing lost, nothing skipped: every partition's offsets read, from 0 to its end.
+    by_partition: dict[int, set[int]] = defaultdict(set)
+    for member in members:
+        for p, offset in member.received:
+            by_partition[p].add(offset)
+    assert sum(len(offsets) for offsets in by_partition.values()) == 1200
+    for offsets in by_partition.values():
+        assert offsets == set(range(len(offsets)))
+    for member in members[:2]:
+        member.close()
+
+
+def test_a_new_group_starts_where_x_stream_offset_says_and_members_resume_the_commit(
+    tqbroker_thread: RunningBroker, channel: BlockingChannel
+) -> None:
+    declare_partitioned(channel)
+    publish(channel, 60)
+    late = Member(tqbroker_thread.url, "late", offset="next")
+    settle([late])
+    publish(channel, 60, start=60)
+    pump([late], 60)
+    settle([late])
+    assert sorted(late.bodies) == list(range(60, 120))  # none of those before it came
+    late.close()
+    again = Member(tqbroker_thread.url, "late", offset="first")  # the commit wins over "first"
+    publish(channel, 6, start=120)
+    pump([again], 6)
+    settle([again])
+    assert sorted(again.bodies) == list(range(120, 126))
+    again.close()
+
+
+def test_group_argument_rules(tqbroker_thread: RunningBroker) -> None:
+    for arguments, code in (
+        ({"x-stream-group": ""}, 406),
+        ({"x-stream-group": 7}, 406),
+        ({"x-stream-group": "g", "x-stream-automatic-offset-tracking": True}, 406),
+    ):
+        connection = pika.BlockingConnection(pika.URLParameters(tqbroker_thread.url))
+        ch = connection.channel()
+        ch.queue_declare("rules", durable=True, arguments=STREAM)
+        ch.basic_qos(prefetch_count=10)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+            ch.basic_consume("rules", lambda *a: None, consumer_tag="t", arguments=arguments)
+        assert raised.value.reply_code == code
+        connection.close()
+
+
+def test_committed_offsets_survive_a_broker_kill(tmp_path: Path) -> None:
+    with start_broker_process(tmp_path, durable_backend="log") as broker:
+        ch = pika.BlockingConnection(pika.URLParameters(broker.url)).channel()
+        declare_partitioned(ch)
+        members = [Member(broker.url) for _ in range(3)]
+        settle(members)
+        publish(ch, 900)
+        pump(members, 450)  # then stop reading: what is not acked stays uncommitted
+        time.sleep(0.6)  # the commits of what was acked reach the disk (flushes every 0.2 s)
+        acked: dict[int, int] = defaultdict(lambda: -1)
+        for member in members:
+            for p, offset in member.received:
+                acked[p] = max(acked[p], offset)
+        broker.kill()
+    with start_broker_process(tmp_path, durable_backend="log") as broker:
+        members = [Member(broker.url) for _ in range(3)]
+        settle(members)
+        pump(members, 900 - sum(acked[p] + 1 for p in range(PARTITIONS)))
+        settle(members)
+        by_partition: dict[int, list[int]] = defaultdict(list)
+        for member in members:
+            for p, offset in member.received:
+                by_partition[p].append(offset)
+        for p in range(PARTITIONS):
+            # Resumes right after the last ack, then reads on without a gap. (Members joining
+            # one after another move partitions: a new owner reads again what the previous one
+            # had not acked yet, at least once, as Kafka's rebalances do.)
+            if not by_partition[p]:  # it had been read to its end before the kill
+                continue
+            assert min(by_partition[p]) == acked[p] + 1
+            resumed = set(by_partition[p])
+            assert resumed == set(range(acked[p] + 1, acked[p] + 1 + len(resumed)))
+        total = sum(acked[p] + 1 + len(set(by_partition[p])) for p in range(PARTITIONS))
+        assert total == 900
+        for member in members:
+            member.close()
+
+
+def test_a_partition_nobody_stands_by_for_waits_at_its_commit(
+    tqbroker_thread: RunningBroker, channel: BlockingChannel
+) -> None:
+    declare_partitioned(channel)
+    first = Member(tqbroker_thread.url, rejoin=False)
+    second = Member(tqbroker_thread.url)
+    settle([first, second])
+    assert len(first.cancelled) == 3  # revoked, and it does not consume them again
+    second.close()  # now three partitions have no consumer of the group
+    publish(channel, 120)
+    settle([first], 1.0)
+    assert len(first.partitions) == 3
+    third = Member(tqbroker_thread.url)  # takes the waiting ones, from their commits
+    pump([first, third], 120)
+    assert sorted(first.bodies + third.bodies) == list(range(120))
+    first.close()
+    third.close()
