@@ -35,10 +35,10 @@ async def round_trip(url: str, count: int) -> list[str]:
 
 
 async def main() -> None:
-    config = tqbroker.BrokerConfig(port=0)
+    config = tqbroker.BrokerConfig(port=0, http_port=None)  # AMQP only, on an ephemeral port
     async with trio.open_nursery() as nursery:
-        addresses = await nursery.start(tqbroker.serve, config)
-        host, port = addresses[0]
+        listening = await nursery.start(tqbroker.serve, config)
+        host, port = listening.amqp[0]
         print(f"embedded broker listening on {host}:{port}")
         async with trio_asyncio.open_loop():
             received = await trio_asyncio.aio_as_trio(round_trip)(

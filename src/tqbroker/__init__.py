@@ -6,7 +6,10 @@ The public API::
 
     async def main():
         async with trio.open_nursery() as nursery:
-            addresses = await nursery.start(tqbroker.serve, tqbroker.BrokerConfig(port=0))
+            listening = await nursery.start(
+                tqbroker.serve, tqbroker.BrokerConfig(port=0, http_port=0)
+            )
+            host, port = listening.amqp[0]  # and the HTTP API at listening.http[0]
             ...
 """
 

@@ -1,8 +1,9 @@
-"""The command line: ``python -m tqbroker [--host H] [--port P] [--data-dir D]``.
+"""The command line: ``python -m tqbroker [--host H] [--port P] [--data-dir D]`` runs a broker;
+``python -m tqbroker create-topic|produce|consume ...`` talk to a running one (``commands.py``).
 
 Responsibilities:
-- parse flags into a ``BrokerConfig`` (embedded defaults: 127.0.0.1:5672, ./tqbroker-data,
-  guest/guest from loopback only, vhost ``/``);
+- parse flags into a ``BrokerConfig`` (embedded defaults: 127.0.0.1:5672, HTTP API on 15672,
+  ./tqbroker-data, guest/guest from loopback only, vhost ``/``);
 - print one startup line naming the bound address;
 - SIGINT / SIGTERM: graceful shutdown within the configured deadline, exit status 0.
 """
@@ -24,15 +25,22 @@ import trio
 from . import __version__
 from .backends.log import parse_fsync_policy
 from .broker.broker import StartupError
+from .commands import add_commands, run_command
 from .config import BrokerConfig, ConfigError, load_config
 from .server.listener import serve
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tqbroker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tqbroker",
+        description="Run a tqbroker broker (no COMMAND), or talk to a running one (a COMMAND).",
+    )
     parser.add_argument("--config", type=Path, help="a TOML configuration file (optional)")
     parser.add_argument("--host", help="address to listen on (127.0.0.1)")
     parser.add_argument("--port", type=int, help="AMQP port, 0 = ephemeral (5672)")
+    parser.add_argument(
+        "--http-port", type=int, help="HTTP API port, 0 = ephemeral, -1 = off (15672)"
+    )
     parser.add_argument("--data-dir", help="where data lives (./tqbroker-data)")
     parser.add_argument(
         "--durable-backend",
@@ -46,16 +54,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     parser.add_argument("--version", action="version", version=f"tqbroker {__version__}")
+    add_commands(parser.add_subparsers(title="tools for a running broker", metavar="COMMAND"))
     return parser.parse_args(argv)
 
 
 async def run(config: BrokerConfig) -> None:
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
-        addresses = await nursery.start(
+        listening = await nursery.start(
             lambda task_status: serve(config, shutdown=shutdown, task_status=task_status)
         )
-        bound = ", ".join(f"amqp://{host}:{port}" for host, port in addresses)
+        bound = ", ".join(
+            [f"amqp://{host}:{port}" for host, port in listening.amqp]
+            + [f"http://{host}:{port}" for host, port in listening.http]
+        )
         print(f"tqbroker {__version__} ready: listening on {bound}", flush=True)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
@@ -68,6 +80,8 @@ async def run(config: BrokerConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if hasattr(args, "command"):
+        return run_command(args)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -81,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if value is not None
     }
+    if args.http_port is not None:
+        overrides["http_port"] = None if args.http_port < 0 else args.http_port
     try:
         config = load_config(args.config, **overrides) if args.config else BrokerConfig(**overrides)
     except ConfigError as exc:

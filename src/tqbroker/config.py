@@ -33,6 +33,8 @@ class UserConfig:
 class BrokerConfig:
     host: str = "127.0.0.1"
     port: int = 5672  # 0 = an ephemeral port
+    # The HTTP API (topics, health): on the same host; 0 = an ephemeral port, None = off.
+    http_port: int | None = 15672
     data_dir: Path = attrs.field(default=Path("tqbroker-data"), converter=Path)
     vhosts: tuple[str, ...] = ("/",)
     users: tuple[UserConfig, ...] = (UserConfig("guest", "guest", loopback_only=True),)

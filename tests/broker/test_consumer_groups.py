@@ -102,7 +102,7 @@ class Assignment(RuleBasedStateMachine):
         for partition in self.partitions:
             consumers = self.group.subscriptions.get(partition, [])  # type: ignore[call-overload]
             if consumers:
-                assert partition.reader is not None and partition.reader in consumers
+                assert partition.reader in consumers
                 assert self.group.owners[partition] is partition.reader  # type: ignore[index]
             else:
                 assert partition.reader is None

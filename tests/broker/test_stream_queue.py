@@ -1,6 +1,7 @@
 """Stream queues below the wire: retention on Trio's clock (``x-max-age`` removes whole segments
 whose newest message is older than the limit, never the active one; MockClock runs days in
-milliseconds), interval strings, consumer checks. The stream is a real log backend stream in a
+milliseconds), compaction on it (latest per key, tombstones after their grace, stable offsets),
+interval strings, consumer checks. The stream is a real log backend stream in a
 temporary directory. Wire-level scenarios are in tests/interop/test_streams.py."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import trio
 
 from tqbroker import clock
 from tqbroker.backends.log import LogBackend
+from tqbroker.backends.log.stream import LogStream
+from tqbroker.broker.consumer import Consumer
 from tqbroker.broker.stream import StreamQueue, parse_interval
 from tqbroker.model import Message
 from tqbroker.protocol.errors import AMQPError, ReplyCode
@@ -74,3 +77,101 @@ async def test_offset_tracking_needs_a_consumer_tag(backend: LogBackend) -> None
         queue.check_consumer("", no_ack=False, prefetch_count=10, arguments=tracking)
     assert refused.value.code == ReplyCode.PRECONDITION_FAILED
     queue.check_consumer("reader", no_ack=False, prefetch_count=10, arguments=tracking)
+
+
+def append_keyed(queue: StreamQueue, keys_and_bodies: list[tuple[str, bytes]]) -> None:
+    raw = BasicProperties().encode()
+    for key, body in keys_and_bodies:
+        queue.publish(Message("", key, raw, body, None, clock.now_ms()))
+
+
+async def compaction_pass(queue: StreamQueue) -> None:
+    """Wait for the next compaction pass to finish (its work runs in a thread, which the mock
+    clock does not wait for)."""
+    done = queue.compactions
+    while queue.compactions == done:  # noqa: ASYNC110 (the pass is in a thread)
+        await trio.sleep(0.5)
+
+
+def surviving(stream: LogStream) -> dict[int, tuple[str, bytes]]:
+    """Offset -> (key, body) of every record still there."""
+    found = {}
+    position = stream.first_offset
+    while (record := stream.read_from(position)) is not None:
+        found[record.offset] = (record.message.routing_key, record.message.body)
+        position = record.offset + 1
+    return found
+
+
+async def test_compaction_keeps_the_latest_per_key_and_drops_tombstones_after_grace(
+    autojump_clock: trio.abc.Clock, backend: LogBackend
+) -> None:
+    async with trio.open_nursery() as nursery:
+        stream = backend.open_stream("/", "c")
+        arguments = {"x-stream-cleanup-policy": "compact", "x-stream-delete-retention": "1h"}
+        queue = StreamQueue("/", "c", stream, arguments=arguments, flusher=None)
+        nursery.start_soon(queue.run)
+        pad = b"." * 200
+        # Offsets 0..59: six keys, ten values each; 60: a tombstone for k0; then more of k5
+        # so that the tombstone's segment is closed (the active segment is never compacted).
+        append_keyed(queue, [(f"k{n % 6}", b"%06d" % n + pad) for n in range(60)])
+        append_keyed(queue, [("k0", b"")])
+        append_keyed(queue, [("k5", b"%06d" % n + pad) for n in range(61, 80)])
+        assert len(surviving(stream)) == 80
+        await compaction_pass(queue)
+        kept = surviving(stream)
+        latest = {key: offset for offset, (key, _body) in sorted(kept.items())}
+        assert latest["k0"] == 60  # the tombstone, within its grace
+        for key in ("k1", "k2", "k3", "k4"):
+            assert latest[key] == 54 + int(key[1])  # the last value each was given
+            assert [o for o, (k, _) in kept.items() if k == key] == [latest[key]]
+        for offset, (_key, body) in kept.items():  # offsets never change
+            assert body == b"" or int(body[:6]) == offset
+        assert stream.next_offset == 80
+        await trio.sleep(3600 - 60)  # the tombstone's grace is over at the next pass
+        await compaction_pass(queue)
+        kept = surviving(stream)
+        assert all(key != "k0" for key, _body in kept.values())
+        assert stream.read(60) is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_reader_steps_over_compacted_offsets(
+    autojump_clock: trio.abc.Clock, backend: LogBackend
+) -> None:
+    async with trio.open_nursery() as nursery:
+        stream = backend.open_stream("/", "r")
+        queue = StreamQueue(
+            "/", "r", stream, arguments={"x-stream-cleanup-policy": "compact"}, flusher=None
+        )
+        nursery.start_soon(queue.run)
+        append_keyed(queue, [("same", b"%06d" % n + b"." * 200) for n in range(40)])
+        await compaction_pass(queue)
+        channel = RecordingChannel()
+        consumer = Consumer(
+            "c", queue, channel, no_ack=False, exclusive=False, prefetch_count=100,
+            arguments={"x-stream-offset": "first"},
+        )  # fmt: skip
+        queue.add_consumer(consumer)
+        await trio.sleep(1)
+        offsets = [offset for offset, _message in channel.delivered]
+        assert offsets[0] > 0  # the old values of the key are gone...
+        assert offsets == sorted(offsets)
+        assert offsets[-1] == 39  # ...and the reader went on to the end
+        nursery.cancel_scope.cancel()
+
+
+class RecordingChannel:
+    def __init__(self) -> None:
+        self.delivered: list[tuple[int, Message]] = []
+
+    def can_deliver(self) -> bool:
+        return True
+
+    def deliver(
+        self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
+    ) -> None:
+        self.delivered.append((message_id, message))
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        pass

@@ -110,7 +110,9 @@ def test_three_members_split_six_partitions_and_rebalance(
     assert [len(p) for p in owned] == [2, 2, 2]  # each partition read by exactly one member
     assert set().union(*owned) == set(range(PARTITIONS))
     # Joining took partitions from earlier members: their consumers there were cancelled.
-    assert members[0].cancelled and members[1].cancelled and not members[2].cancelled
+    assert members[0].cancelled
+    assert members[1].cancelled
+    assert not members[2].cancelled
     assert all(not (set(m.cancelled) & m.partitions) for m in members)
 
     members[2].close()  # one leaves: its two partitions go to the other two

@@ -16,12 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_serve_returns_bound_addresses(tmp_path: Path) -> None:
-    config = tqbroker.BrokerConfig(port=0, data_dir=tmp_path)
+    config = tqbroker.BrokerConfig(port=0, http_port=0, data_dir=tmp_path)
     async with trio.open_nursery() as nursery:
-        addresses = await nursery.start(tqbroker.serve, config)
-        host, port = addresses[0]
+        listening = await nursery.start(tqbroker.serve, config)
+        host, port = listening.amqp[0]
         assert host == "127.0.0.1"
         assert port > 0
+        assert listening.http[0][0] == "127.0.0.1"
+        assert listening.http[0][1] > 0
         stream = await trio.open_tcp_stream(host, port)
         await stream.send_all(b"AMQP\x00\x00\x09\x01")
         start = await stream.receive_some(4096)
@@ -46,14 +48,14 @@ async def test_pytest_trio_fixture(tqbroker_broker: RunningBroker) -> None:
 async def test_graceful_shutdown_event(tmp_path: Path) -> None:
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
-        addresses = await nursery.start(
+        listening = await nursery.start(
             lambda task_status: tqbroker.serve(
-                tqbroker.BrokerConfig(port=0, data_dir=tmp_path),
+                tqbroker.BrokerConfig(port=0, http_port=None, data_dir=tmp_path),
                 shutdown=shutdown,
                 task_status=task_status,
             )
         )
-        host, port = addresses[0]
+        host, port = listening.amqp[0]
 
         def connect_and_wait() -> int:
             conn = pika.BlockingConnection(pika.ConnectionParameters(host, port))

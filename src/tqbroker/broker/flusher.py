@@ -61,6 +61,18 @@ class Flusher:
     def unlisten(self, listener: FlushListener) -> None:
         self._listeners.discard(listener)
 
+    async def wait(self, ticket: int) -> bool:
+        """Wait until ``ticket`` is durable (True) or its flush failed (False): for callers
+        that can wait, such as an HTTP request; channels listen instead."""
+        waiter = _Waiter(ticket)
+        self.listen(waiter)
+        try:
+            if self.completed < ticket:
+                await waiter.done.wait()
+            return waiter.ok
+        finally:
+            self.unlisten(waiter)
+
     def poke(self) -> None:
         """Run a flush soon (the backend asked for one)."""
         self._wakeup.set()
@@ -115,3 +127,21 @@ class Flusher:
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
+
+
+class _Waiter:
+    """``Flusher.wait``'s listener."""
+
+    def __init__(self, ticket: int) -> None:
+        self.ticket = ticket
+        self.ok = True
+        self.done = trio.Event()
+
+    def flushed(self, flusher: Flusher) -> None:
+        if flusher.completed >= self.ticket:
+            self.done.set()
+
+    def flush_failed(self, flusher: Flusher, upto: int) -> None:
+        if self.ticket <= upto:
+            self.ok = False
+            self.done.set()

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 GROUP_ARGUMENT = "x-stream-group"
 
 
-def _natural_key(queue: StreamQueue) -> list[int | str]:
+def natural_key(queue: StreamQueue) -> list[int | str]:
     """``orders-2`` before ``orders-10``."""
     return [int(part) if part.isdigit() else part for part in re.split(r"([0-9]+)", queue.name)]
 
@@ -101,7 +101,7 @@ class ConsumerGroup:
 
     def _assignment(self) -> dict[StreamQueue, Consumer]:
         """Which consumer reads each partition: sticky and balanced (see the module doc)."""
-        partitions = sorted(self.subscriptions, key=_natural_key)
+        partitions = sorted(self.subscriptions, key=natural_key)
         if not partitions:
             return {}
         floor, extra = divmod(len(partitions), len(self._members))

@@ -21,6 +21,11 @@ Responsibilities:
   consumes again under the same tag;
 - retention per whole segment (``x-max-length-bytes``, ``x-max-age``), checked after appends and
   every ``RETENTION_CHECK_SECONDS`` on Trio's clock;
+- compaction (``x-stream-cleanup-policy: compact``: the latest record per key — the routing key,
+  or the ``x-stream-compaction-key-header`` header — is kept; tombstones, empty bodies, go
+  ``x-stream-delete-retention`` after they were written, one day by default), checked as often
+  as retention, run in a worker thread while deliveries go on (offsets never change: readers
+  step over what compaction removed);
 - ``parse_interval``: RabbitMQ's interval strings (``7D``, ``12h``; units Y M D h m s).
 """
 
@@ -37,7 +42,7 @@ import attrs
 import trio
 
 from .. import clock
-from ..backends.log.stream import LogStream
+from ..backends.log.stream import Compaction, LogStream
 from ..model import Message
 from ..protocol.codec import FieldTable, FieldValue, Long
 from ..protocol.errors import AMQPError, ReplyCode
@@ -49,6 +54,7 @@ from .queue import Durability, NeedsFlush, Queue
 log = logging.getLogger("tqbroker.stream")
 
 RETENTION_CHECK_SECONDS: Final = 60.0
+DEFAULT_DELETE_RETENTION_MS: Final = 24 * 3600 * 1000  # Kafka's delete.retention.ms
 _INTERVAL: Final = re.compile(r"([0-9]+)([YMDhms])")
 _UNIT_SECONDS: Final = {
     "Y": 365 * 86400,
@@ -114,6 +120,8 @@ class StreamQueue(Queue):
         self.max_bytes = max_bytes if isinstance(max_bytes, int) else None
         max_age = arguments.get("x-max-age")
         self.max_age_ms = parse_interval(max_age) if isinstance(max_age, str) else None
+        self.compaction = _compaction(arguments)
+        self.compactions = 0  # compaction passes finished
         self._positions: dict[Consumer, int] = {}  # the next offset each consumer reads
         self._tracked: set[Consumer] = set()  # consumers whose position the stream stores
         self.groups = groups if groups is not None else ConsumerGroups()
@@ -124,17 +132,47 @@ class StreamQueue(Queue):
 
     async def run(self) -> None:
         with self._cancel_scope:
-            while True:
-                retention_due = (
-                    trio.current_time() + RETENTION_CHECK_SECONDS
-                    if self.max_age_ms is not None
-                    else math.inf
+            async with trio.open_nursery() as nursery:
+                if self.compaction is not None:
+                    nursery.start_soon(self._compact, self.compaction)
+                await self._deliver_loop()
+
+    async def _deliver_loop(self) -> None:
+        while True:
+            retention_due = (
+                trio.current_time() + RETENTION_CHECK_SECONDS
+                if self.max_age_ms is not None
+                else math.inf
+            )
+            with trio.move_on_at(retention_due):
+                await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            self._apply_retention()
+            self._dispatch()
+
+    async def _compact(self, policy: Compaction) -> None:
+        """Compact now and then, in a worker thread; deliveries go on meanwhile."""
+        while True:
+            await trio.sleep(RETENTION_CHECK_SECONDS)
+            work = self.stream.compaction_work(policy, clock.now_ms())
+            if work is None:
+                continue
+            try:
+                result = await trio.to_thread.run_sync(work)
+            except OSError as exc:  # e.g. a full disk: the stream stays as it was
+                log.error("stream %r in vhost %r: cannot compact: %s", self.name, self.vhost, exc)
+                continue
+            removed = self.stream.finish_compaction(result)
+            self.compactions += 1
+            if removed:
+                log.info(
+                    "stream %r in vhost %r: compaction removed %d record(s)",
+                    self.name,
+                    self.vhost,
+                    removed,
                 )
-                with trio.move_on_at(retention_due):
-                    await self._wakeup.wait()
-                self._wakeup = trio.Event()
-                self._apply_retention()
-                self._dispatch()
+            if self.flusher is not None:
+                self.flusher.poke()  # the flush makes the swap durable
 
     def _apply_retention(self) -> None:
         if self.max_bytes is not None or self.max_age_ms is not None:
@@ -164,13 +202,14 @@ class StreamQueue(Queue):
         position = max(position, stream.first_offset)
         while position < end and consumer.has_capacity():
             try:
-                record = stream.read(position)
+                # The next record there is: compaction and damage (logged) leave gaps.
+                record = stream.read_from(position)
             except OSError as exc:  # storage trouble: try again on the next wake-up
                 log.error("stream %r in vhost %r: cannot read: %s", self.name, self.vhost, exc)
                 break
-            position += 1
-            if record is None:  # damaged (logged by the log): step over it
-                continue
+            if record is None:
+                break
+            position = record.offset + 1
             consumer.unacked += 1
             if delivered is not None:
                 delivered.append(record.offset)
@@ -356,6 +395,20 @@ class StreamQueue(Queue):
 
     def _describe(self) -> str:
         return f"queue '{self.name}' in vhost '{self.vhost}'"
+
+
+def _compaction(arguments: FieldTable) -> Compaction | None:
+    """The compaction policy the arguments ask for (None: no compaction)."""
+    policy = arguments.get("x-stream-cleanup-policy")
+    if not isinstance(policy, str) or "compact" not in policy:
+        return None
+    header = arguments.get("x-stream-compaction-key-header")
+    grace = arguments.get("x-stream-delete-retention")
+    grace_ms = parse_interval(grace) if isinstance(grace, str) else None
+    return Compaction(
+        header if isinstance(header, str) else None,
+        grace_ms if grace_ms is not None else DEFAULT_DELETE_RETENTION_MS,
+    )
 
 
 def _tracks_offset(arguments: FieldTable) -> bool:

@@ -871,6 +871,10 @@ _ARGUMENT_CHECKS: Final[dict[str, Callable[[FieldValue], str | None]]] = {
     # A segment keeps three files open: tiny segments would let one client exhaust the
     # broker's file descriptors, so 1 MiB is the least (RabbitMQ's default is 500 MB).
     "x-stream-max-segment-size-bytes": _int_range(1024 * 1024),
+    # Compaction (Kafka's cleanup.policy=compact): the latest record per key is kept.
+    "x-stream-cleanup-policy": _one_of("delete", "compact", "compact,delete", "delete,compact"),
+    "x-stream-compaction-key-header": _string,
+    "x-stream-delete-retention": _interval,
 }
 
 # Classic-queue arguments a stream refuses (RabbitMQ's feature matrix).
@@ -907,6 +911,8 @@ _EQUIVALENCE_ARGS: Final = frozenset(
         "x-queue-backend",
         "x-max-age",
         "x-stream-max-segment-size-bytes",
+        "x-stream-cleanup-policy",
+        "x-stream-compaction-key-header",
     }
 )
 

@@ -1,8 +1,9 @@
-"""``serve``: run a broker and its AMQP listener in the caller's nursery.
+"""``serve``: run a broker, its AMQP listener and its HTTP API in the caller's nursery.
 
 Responsibilities:
-- start the broker (queue actors) and bind the listeners, then report the bound addresses through
-  the Trio start protocol;
+- start the broker (queue actors), bind the AMQP listeners and start the HTTP API
+  (``server/http.py``), then report the bound addresses (``Listening``) through the Trio start
+  protocol;
 - a nursery per connection, under a handler nursery owned here;
 - graceful shutdown when ``shutdown`` is set: stop accepting, ask every client to leave
   (``connection.close`` 320), give them ``shutdown_timeout`` seconds, then cut what remains.
@@ -14,26 +15,37 @@ from __future__ import annotations
 import functools
 import logging
 
+import attrs
 import trio
 
 from ..broker.broker import Broker
 from ..config import BrokerConfig
 from .connection import AMQPConnection
+from .http import serve_http
 
 log = logging.getLogger("tqbroker.server")
 
 Address = tuple[str, int]
 
 
+@attrs.frozen
+class Listening:
+    """Where a running broker listens: AMQP and HTTP ``(host, port)`` addresses (no HTTP
+    addresses when ``http_port`` is None)."""
+
+    amqp: list[Address]
+    http: list[Address]
+
+
 async def serve(
     config: BrokerConfig | None = None,
     *,
     shutdown: trio.Event | None = None,
-    task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Listening] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a broker until cancelled, or until ``shutdown`` is set (then shut down gracefully).
 
-    ``await nursery.start(serve, config)`` returns the bound ``(host, port)`` addresses.
+    ``await nursery.start(serve, config)`` returns where it listens (``Listening``).
     """
     config = config or BrokerConfig()
     broker = Broker(config)
@@ -48,6 +60,9 @@ async def serve(
         ]
         for host, port in addresses:
             log.info("tqbroker %s listening for AMQP on %s:%d", broker.config.host, host, port)
+        http: list[Address] = []
+        if config.http_port is not None:
+            http = await broker_nursery.start(serve_http, broker, config.host, config.http_port)
 
         async def handle(stream: trio.SocketStream) -> None:
             connection = AMQPConnection(broker, stream)
@@ -66,7 +81,7 @@ async def serve(
                         trio.serve_listeners, handle, listeners, handler_nursery=handler_nursery
                     )
                 )
-                task_status.started(addresses)
+                task_status.started(Listening(addresses, http))
                 if shutdown is None:
                     await trio.sleep_forever()
                 await shutdown.wait()

@@ -29,17 +29,28 @@ import attrs
 import trio
 
 from ..config import BrokerConfig
-from ..server.listener import serve
+from ..server.listener import Listening, serve
 
 
 @attrs.frozen
 class RunningBroker:
     host: str
     port: int
+    http_port: int | None = None
 
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@{self.host}:{self.port}/"
+
+    @property
+    def http_url(self) -> str:
+        """The HTTP API's base URL (``http://127.0.0.1:PORT``)."""
+        return f"http://{self.host}:{self.http_port}"
+
+    @classmethod
+    def at(cls, listening: Listening) -> RunningBroker:
+        host, port = listening.amqp[0]
+        return cls(host, port, listening.http[0][1] if listening.http else None)
 
 
 DURABLE_BACKEND_ENV = "TQBROKER_TEST_DURABLE_BACKEND"
@@ -52,11 +63,13 @@ def durable_backend_for_tests() -> str:
 
 
 def _isolated(config: BrokerConfig | None, data_dir: str) -> BrokerConfig:
-    """Port 0 by default, and a private data directory unless ``config`` names one: a test
-    broker never reads or writes ``./tqbroker-data``. The durable backend follows
+    """Port 0 by default (AMQP and HTTP), and a private data directory unless ``config`` names
+    one: a test broker never reads or writes ``./tqbroker-data``. The durable backend follows
     ``durable_backend_for_tests()`` unless ``config`` chose one."""
     defaults = BrokerConfig()
     config = config or BrokerConfig(port=0)
+    if config.http_port == defaults.http_port:
+        config = attrs.evolve(config, http_port=0)
     if config.data_dir == defaults.data_dir:
         config = attrs.evolve(config, data_dir=Path(data_dir))
     if config.durable_backend == defaults.durable_backend:
@@ -68,9 +81,8 @@ async def start_broker(nursery: trio.Nursery, config: BrokerConfig | None = None
     """Start a broker (port 0 unless ``config`` says otherwise) in ``nursery``, with a fresh
     temporary data directory unless ``config`` names one."""
     config = _isolated(config, tempfile.mkdtemp(prefix="tqbroker-test-"))
-    addresses = await nursery.start(lambda task_status: serve(config, task_status=task_status))
-    host, port = addresses[0]
-    return RunningBroker(host, port)
+    listening = await nursery.start(lambda task_status: serve(config, task_status=task_status))
+    return RunningBroker.at(listening)
 
 
 @contextmanager
@@ -95,10 +107,10 @@ def _run_in_thread(config: BrokerConfig) -> Iterator[RunningBroker]:
         stop.append(shutdown)
         token.append(trio.lowlevel.current_trio_token())
         async with trio.open_nursery() as nursery:
-            addresses = await nursery.start(
+            listening = await nursery.start(
                 lambda task_status: serve(config, shutdown=shutdown, task_status=task_status)
             )
-            started.put(RunningBroker(*addresses[0]))
+            started.put(RunningBroker.at(listening))
 
     def thread_main() -> None:
         try:
@@ -118,8 +130,10 @@ def _run_in_thread(config: BrokerConfig) -> Iterator[RunningBroker]:
         thread.join(timeout=30)
 
 
-# The line ``python -m tqbroker`` prints once it listens (``cli.run``); the first address.
+# The line ``python -m tqbroker`` prints once it listens (``cli.run``): the first AMQP address,
+# and the HTTP API's port.
 _STARTUP_LINE = re.compile(r"ready: listening on amqp://(\S+?):(\d+)(?:,|$)")
+_HTTP_PORT = re.compile(r"http://\S+?:(\d+)(?:,|$)")
 
 
 @attrs.frozen
@@ -130,10 +144,15 @@ class BrokerProcess:
     proc: subprocess.Popen[str]
     host: str
     port: int
+    http_port: int | None = None
 
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@{self.host}:{self.port}/"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 30) -> int:
         """Ask for a graceful shutdown (SIGTERM, or ``signum``) and wait for the exit; returns
@@ -177,7 +196,7 @@ def start_broker_process(
     ``stderr`` (the broker's log): DEVNULL, None (inherited), PIPE, an open file, or a path
     to append to. Raises ``RuntimeError`` with what the broker printed if it exits, prints
     something else or stays silent for ``timeout`` seconds."""
-    args = [sys.executable, "-m", "tqbroker", "--port", "0"]
+    args = [sys.executable, "-m", "tqbroker", "--port", "0", "--http-port", "0"]
     args += ["--durable-backend", durable_backend or durable_backend_for_tests()]
     if data_dir is not None:
         args += ["--data-dir", str(data_dir)]
@@ -194,7 +213,10 @@ def start_broker_process(
     match = _STARTUP_LINE.search(line or "")
     if match is None:
         raise _startup_failure(proc, line, timeout, stderr)
-    return BrokerProcess(proc, match.group(1), int(match.group(2)))
+    http = _HTTP_PORT.search(line or "")
+    return BrokerProcess(
+        proc, match.group(1), int(match.group(2)), int(http.group(1)) if http else None
+    )
 
 
 def _first_line(stream: IO[str], timeout: float) -> str | None:

@@ -2,23 +2,28 @@
 
 Responsibilities:
 - append records with increasing offsets, rolling to a new segment by size and by age;
-- read a record by offset (segment by binary search, then the segment's sparse index), or every
-  record from an offset on;
+- read a record by offset (segment by binary search, then the segment's sparse index), the first
+  record at or after an offset (segments compacted by a stream have gaps), or every record from
+  an offset on;
 - find the first offset at or after a timestamp (the time index);
 - recovery: a clean-shutdown marker means the files are trusted; otherwise every segment from the
   recovery point on is scanned, the torn tail truncated at the first bad record and later
-  segments discarded, and indexes rebuilt; orphan index files are removed;
-- durability work for the flusher (``sync_work``), deleting whole segments below an offset.
+  segments discarded, and indexes rebuilt; orphan index files and the leftovers of an unfinished
+  compaction (``COMPACTION_DIR``) are removed;
+- durability work for the flusher (``sync_work``), deleting whole segments below an offset;
+- putting a compacted copy in place of a closed segment (``replace_segment``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 
@@ -30,6 +35,8 @@ from .segment import Segment
 log = logging.getLogger("tqbroker.backends.log")
 
 CLEAN_MARKER = "clean-shutdown"
+# Where compacted copies of segments are written before they are moved over the originals.
+COMPACTION_DIR = "compaction.tmp"
 
 
 class RecordCache:
@@ -43,7 +50,10 @@ class RecordCache:
     (as written to the segment), a dict of atoms that CPython does not track, and the eviction
     order is an ``array``. A full collection then never walks the cache, however many records it
     holds (caching ``Message`` objects made full collections stall the broker for hundreds of
-    milliseconds with a few hundred thousand records cached)."""
+    milliseconds with a few hundred thousand records cached).
+
+    Compaction never touches an active segment, so the cache never serves a record compaction
+    removed."""
 
     def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.max_bytes = max_bytes
@@ -117,6 +127,7 @@ class Log:
         self.directory.mkdir(parents=True, exist_ok=True)
         marker = self.directory / CLEAN_MARKER
         clean = marker.exists()
+        shutil.rmtree(self.directory / COMPACTION_DIR, ignore_errors=True)
         bases = sorted(
             int(p.name[:20]) for p in self.directory.glob("*.log") if p.name[:20].isdigit()
         )
@@ -224,10 +235,30 @@ class Log:
             log.error("%s: offset %d is corrupt (%s); skipping it", segment.log_path, offset, exc)
             return None
 
+    def read_from(self, offset: int) -> Record | None:
+        """The first intact record at or after ``offset`` (None: none yet). Damaged records on
+        the way are logged, counted and stepped over, as ``read`` does."""
+        i = max(bisect_right(self._bases, offset) - 1, 0)
+        last = len(self.segments) - 1
+        for j in range(i, last + 1):
+            segment = self.segments[j]
+            if j == last:  # the active segment: no gaps, so the wanted offset may be cached
+                cached = self._cached.get(max(offset, segment.base_offset))
+                if cached is not None:
+                    return parse_record(cached)
+            record = segment.read_from(offset, partial(self._damaged, segment))
+            if record is not None:
+                return record
+        return None
+
+    def _damaged(self, segment: Segment, exc: RecordError) -> None:
+        self.corrupt_records += 1
+        log.error("%s: a record is corrupt (%s); skipping it", segment.log_path, exc)
+
     def gaps(self) -> list[tuple[int, int]]:
         """The ``[start, end)`` offset ranges between segments, which hold no record: a crash
-        lost the buffered records of a segment rolled since the last write, or ``roll_to``
-        skipped them."""
+        lost the buffered records of a segment rolled since the last write, ``roll_to``
+        skipped them, or compaction removed them (with the gaps inside segments it leaves)."""
         return [
             (segment.next_offset, later.base_offset)
             for segment, later in pairwise(self.segments)
@@ -288,6 +319,19 @@ class Log:
             removed.append(self.segments.pop(0))
             self._bases.pop(0)
         return removed
+
+    def replace_segment(self, old: Segment, new: Segment | None) -> bool:
+        """Put ``new`` (a compacted copy of ``old``: same base offset, files in place) where the
+        closed segment ``old`` was, or with None just drop ``old`` (nothing of it is left).
+        False if ``old`` is not in the log (retention took it). The caller closes ``old``."""
+        for i, segment in enumerate(self.segments[:-1]):  # never the active segment
+            if segment is old:
+                if new is None:
+                    del self.segments[i], self._bases[i]
+                else:
+                    self.segments[i] = new
+                return True
+        return False
 
     def segments_past_retention(
         self,

@@ -2,6 +2,7 @@
 
 Responsibilities:
 - files named by the segment's 20-digit base offset, as Kafka names them;
+- records with strictly increasing offsets: consecutive as appended, with gaps once compacted;
 - buffered appends (``append`` adds to a buffer, ``write_out`` writes it with one ``pwrite``);
 - the sparse offset index (one entry per ``index_interval_bytes`` of records) and the time index
   (the greatest timestamp so far at those entries, so monotonic whatever the record timestamps),
@@ -11,7 +12,10 @@ Responsibilities:
   every intact record from an offset on, in order;
 - recovery: ``scan`` validates every record, truncates the torn tail at the first bad length or
   CRC and rebuilds both indexes; ``load`` trusts the files of a clean shutdown but checks every
-  index entry against the record header it points at.
+  index entry against the record header it points at;
+- compaction's side: ``read_file_records`` reads a snapshot of a record file in a worker thread;
+  ``install`` moves a compacted copy, written as a segment of its own elsewhere, over the files
+  of the segment it replaces.
 
 The segment never fsyncs by itself; ``sync`` (run by the flusher's worker thread) does. File
 descriptors stay open for the segment's life so that reads never race a close.
@@ -25,7 +29,7 @@ import os
 import struct
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .format import (
@@ -157,18 +161,30 @@ class Segment:
         ``RecordError`` if that record is damaged; damaged records before it are stepped over."""
         if not self.base_offset <= offset < self.next_offset:
             return None
+        damaged: list[RecordError] = []
+        record = self.read_from(offset, damaged.append)
+        if record is not None and record.offset == offset:
+            return record
+        if damaged:
+            raise damaged[0]
+        return None
+
+    def read_from(self, offset: int, on_damage: Callable[[RecordError], None]) -> Record | None:
+        """The first intact record at or after ``offset`` (None: none in this segment). A
+        damaged record met on the way, after every record below ``offset``, goes to
+        ``on_damage`` and is stepped over."""
         damage: RecordError | None = None
         for item in self._walk_from(offset):
             if isinstance(item, RecordError):
                 damage = item
             elif item.offset < offset:
                 damage = None
-            elif item.offset == offset:
-                return item
             else:
-                break
+                if damage is not None:
+                    on_damage(damage)
+                return item
         if damage is not None:
-            raise damage
+            on_damage(damage)
         return None
 
     def records(self, offset: int) -> Iterator[Record]:
@@ -183,32 +199,35 @@ class Segment:
         i = bisect_right(self._index_offsets, offset - self.base_offset) - 1
         return self._walk(*self._entry(i))
 
-    def _walk(self, pos: int, expected: int) -> Iterator[Record | RecordError]:
-        """The records from byte ``pos`` (where offset ``expected`` starts) to the end, the
-        append buffer included. A damaged record yields a ``RecordError`` instead, and the walk
-        goes on at the next intact record (see ``_resync``)."""
+    def _walk(self, pos: int, least: int) -> Iterator[Record | RecordError]:
+        """The records from byte ``pos`` (where a record with offset ``least`` or more starts)
+        to the end, the append buffer included. A damaged record (or one whose offset is not
+        above the one before) yields a ``RecordError`` instead, and the walk goes on at the next
+        intact record (see ``_resync``)."""
         while pos < self.size:
             try:
                 record = self._read_at(pos)
-                if record.offset != expected:
-                    raise RecordError(f"offset {record.offset} where {expected} belongs")
+                if record.offset < least:
+                    raise RecordError(f"offset {record.offset} where {least} or more belongs")
             except RecordError as exc:
                 yield RecordError(f"byte {pos}: {exc}")
-                resume = self._resync(pos, expected)
+                resume = self._resync(pos, least)
                 if resume is None:
                     return
-                pos, expected = resume
+                pos, least = resume
                 continue
             yield record
             pos += record.size
-            expected += 1
+            least = record.offset + 1
 
-    def _resync(self, pos: int, expected: int) -> tuple[int, int] | None:
-        """After a damaged record at byte ``pos`` (where offset ``expected`` belongs): the
+    def _resync(self, pos: int, least: int) -> tuple[int, int] | None:
+        """After a damaged record at byte ``pos`` (whose offset is ``least`` or more): the
         position and offset of the next intact record. That is where the damaged record's
         length says, unless the length field is what was damaged: then the next records are
-        searched for by their offset field (a match counts only with a valid CRC) up to the
-        next index entry, a known record start; None if the file ends first."""
+        searched for by their offset field (a match counts only with a valid CRC), the next
+        ``RESYNC_RECORDS`` offsets up to the next index entry, a known record start (so in a
+        compacted segment, whose offsets have gaps, the records up to that entry may be lost);
+        None if the file ends first."""
         if pos >= self.written:
             return None  # the append buffer is never damaged
         j = bisect_right(self._index_positions, pos)
@@ -219,28 +238,31 @@ class Segment:
         head = os.pread(self._fd, 4, pos)
         if len(head) == 4:
             candidate = pos + 4 + int.from_bytes(head, "big")
-            if candidate < end and self._intact_at(candidate, expected + 1):
-                return candidate, expected + 1
-        last = expected + 1 + RESYNC_RECORDS
+            found = self._intact_at(candidate, least + 1) if candidate < end else None
+            if found is not None:
+                return candidate, found
+        last = least + 1 + RESYNC_RECORDS
         if limit_offset is not None:
             last = min(last, limit_offset)
         with mmap.mmap(self._fd, end, access=mmap.ACCESS_READ) as view:
-            for offset in range(expected + 1, last):
+            for offset in range(least + 1, last):
                 needle = offset.to_bytes(8, "big")
                 at = view.find(needle, pos + 1 + HEAD_SIZE, end)
                 while at >= 0:
-                    if self._intact_at(at - HEAD_SIZE, offset):
+                    if self._intact_at(at - HEAD_SIZE, offset) is not None:
                         return at - HEAD_SIZE, offset
                     at = view.find(needle, at + 1, end)
         if limit_offset is not None:
             return limit, limit_offset
         return None
 
-    def _intact_at(self, pos: int, offset: int) -> bool:
+    def _intact_at(self, pos: int, least: int) -> int | None:
+        """The offset of the intact record at byte ``pos`` if it is ``least`` or more."""
         try:
-            return self._read_at(pos).offset == offset
+            offset = self._read_at(pos).offset
         except RecordError:
-            return False
+            return None
+        return offset if offset >= least else None
 
     def _read_at(self, pos: int) -> Record:
         if pos >= self.written:
@@ -347,10 +369,10 @@ class Segment:
         try:
             while pos < self.size:
                 record = self._read_at(pos)
-                if record.offset != expected:
+                if record.offset < expected:
                     return False
                 self.max_timestamp = max(self.max_timestamp, record.timestamp_ms)
-                expected += 1
+                expected = record.offset + 1
                 pos += record.size
         except RecordError:
             return False
@@ -373,8 +395,8 @@ class Segment:
         while pos < file_size:
             try:
                 record = self._read_at(pos)
-                if record.offset != expected:
-                    raise RecordError(f"offset {record.offset}, expected {expected}")
+                if record.offset < expected:
+                    raise RecordError(f"offset {record.offset}, expected {expected} or more")
             except RecordError as exc:
                 log.warning("%s: invalid record at byte %d (%s)", self.log_path, pos, exc)
                 intact = False
@@ -392,10 +414,10 @@ class Segment:
                 continue
             self.max_timestamp = max(self.max_timestamp, record.timestamp_ms)
             if self._since_index >= self.index_interval_bytes or not self._index_offsets:
-                self._add_index_entry(expected - self.base_offset, pos)
+                self._add_index_entry(record.offset - self.base_offset, pos)
             self._since_index += record.size
             pos += record.size
-            expected += 1
+            expected = record.offset + 1
         self.next_offset = expected
         if not intact and truncate:
             log.warning("%s: truncating the torn tail at byte %d", self.log_path, pos)
@@ -428,5 +450,55 @@ class Segment:
 
     def delete(self) -> None:
         self.close()
+        self.unlink()
+
+    def unlink(self) -> None:
+        """Remove the files (the record file first: index files without one are orphans, which
+        a start removes); the descriptors stay open until ``close``."""
         for path in (self.log_path, self.index_path, self.time_path):
             path.unlink(missing_ok=True)
+
+    def install(self, directory: Path) -> None:
+        """Move the files of this segment (a compacted copy, written and synced in another
+        directory of the same file system) into ``directory``, over those of the segment with
+        the same base offset. The replaced index files go first, then the record file is
+        renamed over the old one (atomic), then the new indexes follow: a crash at any point
+        leaves the old or the new record file, with its own indexes or none (rebuilt at the next
+        start). Making the renames durable (``fsync_dir``) is the caller's business."""
+        paths = [
+            directory / segment_name(self.base_offset, suffix)
+            for suffix in (".log", ".index", ".timeindex")
+        ]
+        for path in paths[1:]:
+            path.unlink(missing_ok=True)
+        for source, target in zip(
+            (self.log_path, self.index_path, self.time_path), paths, strict=True
+        ):
+            os.replace(source, target)
+        self.directory = directory
+        self.log_path, self.index_path, self.time_path = paths
+
+
+def read_file_records(path: Path, size: int) -> Iterator[tuple[Record, bytes]]:
+    """The records in the first ``size`` bytes of the record file at ``path``, each with its
+    bytes, in order: a snapshot read by a worker thread through a descriptor of its own (the
+    file may be appended to meanwhile, or unlinked). Raises ``RecordError`` at the first
+    damaged record (or one whose offset is not above the one before), OSError if the file is
+    gone."""
+    if size == 0:
+        return
+    with (
+        open(path, "rb") as file,
+        mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) as mapped,
+        memoryview(mapped) as view,
+    ):
+        pos, least = 0, 0
+        while pos < size:
+            record = decode_record(view, pos)
+            if record is None:
+                raise RecordError(f"record at {path}:{pos} is cut short")
+            if record.offset < least:
+                raise RecordError(f"offset {record.offset} at {path}:{pos}, {least} or more due")
+            yield record, bytes(view[pos : pos + record.size])
+            pos += record.size
+            least = record.offset + 1

@@ -2,14 +2,22 @@
 
 Responsibilities:
 - ``LogStream``: append (every record persistent: a stream keeps what it is given), read a
-  record by offset, find the first offset at or after a timestamp, the first and next offsets;
+  record by offset or the first one at or after an offset, find the first offset at or after a
+  timestamp, the first and next offsets;
 - retention per whole segment, Kafka's way (``x-max-length-bytes``, ``x-max-age``), never the
   active segment; removed segments are deleted at the next flush;
 - the flush protocol the log backend's flushes drive (``begin_flush`` / ``close`` / ``abandon``),
   like ``LogQueueStore``'s, without ack state: readers keep their own positions;
 - stored positions, made durable by the next flush: ``offsets`` by consumer tag (server-side
   offset tracking) and ``group_offsets`` by consumer group (the group's committed offset on
-  this stream).
+  this stream);
+- compaction, Kafka's ``cleanup.policy=compact`` (``Compaction``): ``compaction_work`` plans a
+  pass and returns the blocking work, which writes compacted copies of the closed segments
+  (the latest record of each key kept, offsets unchanged, so segments get gaps) in a scratch
+  directory; ``finish_compaction`` moves them over the originals on the Trio thread. Each
+  segment is swapped by one atomic rename, oldest first, so a crash leaves every segment whole
+  in its old or its compacted form, and never a dropped tombstone with an older record of its
+  key still on disk.
 
 Recovery after a crash rescans the segments written since the last flush (``recovery_point`` in
 ``stream.cbor``), as queue logs do.
@@ -17,19 +25,78 @@ Recovery after a crash rescans the segments written since the last flush (``reco
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import shutil
 import threading
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
+import attrs
 import cbor2
 
-from ...fsutil import atomic_write
+from ...fsutil import atomic_write, fsync_dir
 from ...model import Message
-from .format import FLAG_PERSISTENT, Record
-from .log import Log
-from .segment import Segment
+from ...protocol.errors import DecodeError
+from .format import FLAG_PERSISTENT, Record, RecordError
+from .log import COMPACTION_DIR, Log
+from .segment import Segment, read_file_records
+
+log = logging.getLogger("tqbroker.backends.log")
 
 STATE_FILE = "stream.cbor"
+# A compacted copy is written out in chunks of this many bytes.
+WRITE_CHUNK = 1024 * 1024
+
+
+@attrs.frozen
+class Compaction:
+    """A compaction policy: keep only the latest record of each key.
+
+    The key of a record is its routing key, or with ``key_header`` the value of that header (a
+    string or a byte string, the same key either way); a record without that header (or with a
+    value of another type) has no key and is always kept. A record with an empty body is a
+    tombstone: the latest record of its key, it is kept until ``tombstone_grace_ms`` after its
+    timestamp (so that readers see the deletion), then removed with the rest (Kafka's
+    ``delete.retention.ms``, one day by default)."""
+
+    key_header: str | None = None
+    tombstone_grace_ms: int = 24 * 3600 * 1000
+
+    def key(self, message: Message) -> bytes | None:
+        if self.key_header is None:
+            return message.routing_key.encode()
+        try:
+            headers = message.properties.headers
+        except DecodeError:
+            return None
+        value = headers.get(self.key_header) if headers else None
+        if isinstance(value, str):
+            return value.encode("utf-8", "surrogateescape")
+        return value if isinstance(value, bytes) else None
+
+
+@attrs.frozen
+class SegmentSwap:
+    """A closed segment and its compacted copy (None: nothing of it is left)."""
+
+    old: Segment
+    new: Segment | None
+    removed: int  # records of ``old`` that the copy leaves out
+
+
+@attrs.frozen
+class CompactionResult:
+    """What a compaction's work wrote, for ``LogStream.finish_compaction``."""
+
+    policy: Compaction
+    planned: tuple[Segment, ...]  # the log's segments when the pass was planned
+    swaps: tuple[SegmentSwap, ...]  # oldest first
+    compacted_upto: int  # the base offset of the first segment this pass did not compact
+    tombstone_due_ms: int | None  # when the first tombstone kept in a closed segment expires
 
 
 class LogStream:
@@ -45,6 +112,12 @@ class LogStream:
         self._offsets_dirty = False
         self._lock = threading.Lock()
         self.abandoned = False
+        # Segments replaced by compacted copies: closed by the next flush's work (a sync of
+        # theirs may be in flight until then).
+        self._retired: list[Segment] = []
+        self._compaction_policy: Compaction | None = None
+        self._compacted_upto = -1
+        self._tombstone_due_ms: int | None = None
 
     def open(self) -> None:
         try:
@@ -65,14 +138,21 @@ class LogStream:
         return self.log.append(message, FLAG_PERSISTENT)
 
     def read(self, offset: int) -> Record | None:
-        """The record at ``offset``; None below the first offset, at the end, or for a record
-        that is damaged (logged by the log)."""
+        """The record at ``offset``; None below the first offset, at the end, for an offset
+        that compaction removed, or for a record that is damaged (logged by the log)."""
         if offset < self.first_offset:
             return None
         return self.log.read(offset)
 
+    def read_from(self, offset: int) -> Record | None:
+        """The first record at or after ``offset`` (or the first offset); None when there is
+        none yet. A reader goes on from the record's offset + 1: this steps over the gaps that
+        compaction leaves (and damaged records, logged by the log)."""
+        return self.log.read_from(max(offset, self.first_offset))
+
     @property
     def first_offset(self) -> int:
+        """No record is below it (the record there may have been compacted away)."""
         return self.log.start_offset
 
     @property
@@ -102,23 +182,99 @@ class LogStream:
         self._obsolete.extend(removed)
         return len(removed)
 
+    # -- compaction --------------------------------------------------------------------------
+
+    def compaction_work(
+        self, policy: Compaction, now_ms: int
+    ) -> Callable[[], CompactionResult] | None:
+        """Plan a compaction pass; None when there is nothing to do (no segment closed since
+        the last pass with the same policy, and no tombstone's grace over). Otherwise the work,
+        to run in a worker thread (it raises OSError if it cannot write), whose result goes to
+        ``finish_compaction``; one pass at a time. The work reads only the bytes written out
+        now, through descriptors of its own: appends, reads and retention go on meanwhile.
+        It keeps, in every closed segment, the records whose key has no later record in the
+        log as of now (the active segment's included), except tombstones whose
+        ``timestamp_ms + tombstone_grace_ms <= now_ms``. It fsyncs the records it goes by
+        first, so a copy never drops a record for the sake of a later one a crash can lose."""
+        segments = self.log.segments
+        active = segments[-1]
+        if len(segments) < 2 or self.abandoned:
+            return None
+        tombstone_due = self._tombstone_due_ms is not None and self._tombstone_due_ms <= now_ms
+        if not (
+            policy != self._compaction_policy
+            or active.base_offset > self._compacted_upto
+            or tombstone_due
+        ):
+            return None
+        with contextlib.suppress(OSError):  # what cannot be written out now is left out
+            self.log.write_out()
+        sources = [_Source(s, s.log_path, s.written, not s.pending) for s in segments]
+        compacted_upto = min(
+            [s.base_offset for s in segments[:-1] if s.pending] + [active.base_offset]
+        )
+        scratch = self.directory / COMPACTION_DIR
+        interval = self.log.index_interval_bytes
+
+        def work() -> CompactionResult:
+            return _compact(policy, now_ms, sources, scratch, interval, compacted_upto)
+
+        return work
+
+    def finish_compaction(self, result: CompactionResult) -> int:
+        """Swap the compacted copies in (renames only, oldest first); return how many records
+        they removed. The segments that retention took meanwhile are skipped, and their files
+        removed now rather than at the next flush: a crash must not bring back records that a
+        copy's dropped tombstone deleted. The replaced segments are closed, and the renames
+        made durable, by the next flush."""
+        if self.abandoned or not self.log.segments:  # deleted or closed meanwhile
+            for swap in result.swaps:
+                if swap.new is not None:
+                    swap.new.close()  # its files go with the directory, or at the next open
+            return 0
+        present = {id(segment) for segment in self.log.segments}
+        for segment in result.planned:
+            if id(segment) not in present:
+                segment.unlink()
+        removed = 0
+        for swap in result.swaps:
+            old, new = swap.old, swap.new
+            if id(old) not in present:
+                if new is not None:
+                    new.delete()
+                continue
+            if new is None:
+                old.unlink()
+            else:
+                new.install(self.directory)
+            self.log.replace_segment(old, new)
+            self._retired.append(old)
+            removed += swap.removed
+        with contextlib.suppress(OSError):
+            (self.directory / COMPACTION_DIR).rmdir()
+        self._compaction_policy = result.policy
+        self._compacted_upto = result.compacted_upto
+        self._tombstone_due_ms = result.tombstone_due_ms
+        return removed
+
     # -- the flush protocol ------------------------------------------------------------------
 
     @property
     def needs_flush(self) -> bool:
         return self.log.next_offset > self._synced_upto or bool(
-            self._obsolete or self._offsets_dirty
+            self._obsolete or self._offsets_dirty or self._retired
         )
 
     def begin_flush(self, *, fsync: bool = True) -> Callable[[], None] | None:
         """Write out buffered records; return the blocking work: fsync (unless ``fsync`` is
-        false), record the recovery point, delete segments past retention."""
+        false), record the recovery point, delete segments past retention, close the segments
+        compaction replaced and make its renames durable."""
         if fsync:
             sync = self.log.sync_work()
         else:
             self.log.write_out()
             sync = None
-        if sync is None and not self._obsolete and not self._offsets_dirty:
+        if sync is None and not self._obsolete and not self._offsets_dirty and not self._retired:
             return None
         synced_upto = self.log.next_offset if sync is not None else self._synced_upto
         obsolete, self._obsolete = self._obsolete, []
@@ -128,8 +284,11 @@ class LogStream:
             "groups": dict(self.group_offsets),
         }
         offsets_dirty, self._offsets_dirty = self._offsets_dirty, False
+        retired, self._retired = self._retired, []
 
         def work() -> None:
+            for segment in retired:  # the previous flush, the last that could use them, is over
+                segment.close()
             try:
                 if sync is not None:
                     sync()
@@ -141,6 +300,8 @@ class LogStream:
                         cbor2.dumps(state),
                         fsync=sync is not None or offsets_dirty,
                     )
+                    if retired:
+                        fsync_dir(self.directory)
                     for segment in obsolete:
                         segment.delete()
             except OSError:
@@ -165,6 +326,9 @@ class LogStream:
             self.directory.rename(move_to)
 
     def close_abandoned(self) -> None:
+        for segment in self._retired:
+            segment.close()
+        self._retired.clear()
         self.log.close(clean=False)
 
 
@@ -173,3 +337,145 @@ def _positions(value: object) -> dict[str, int]:
     if not isinstance(value, dict):
         return {}
     return {str(name): int(offset) for name, offset in value.items()}
+
+
+class _Source(NamedTuple):
+    """A segment as a compaction planned it: its bytes then, and whether it may be rewritten
+    (a closed segment with everything written out)."""
+
+    segment: Segment
+    path: Path
+    size: int
+    rewritable: bool
+
+
+def _compact(
+    policy: Compaction,
+    now_ms: int,
+    sources: Sequence[_Source],
+    scratch: Path,
+    index_interval_bytes: int,
+    compacted_upto: int,
+) -> CompactionResult:
+    """A compaction's work (worker thread): find the latest record of every key, then write a
+    copy, in ``scratch``, of each closed segment that holds records to remove."""
+    latest, keyed, damaged, gone = _latest_by_key(policy, sources)
+    closed = len(sources) - 1
+    # A closed segment left as it is (damaged, or not all written out) may hold older records of
+    # a key whose tombstone comes later: the tombstones from there on stay, as values do.
+    held = next((i for i in range(closed) if i in damaged or not sources[i].rewritable), closed)
+    bases = [source.segment.base_offset for source in sources]
+    live = [0] * len(sources)  # records each segment keeps
+    tombstone_due_ms: int | None = None
+    for key, (offset, tombstone_ms) in list(latest.items()):
+        i = bisect_right(bases, offset) - 1
+        if tombstone_ms is not None:
+            due = tombstone_ms + policy.tombstone_grace_ms
+            if i >= held:
+                latest[key] = (offset, None)
+            elif due <= now_ms:
+                continue  # removed, with every older record of its key
+            else:
+                tombstone_due_ms = due if tombstone_due_ms is None else min(tombstone_due_ms, due)
+        live[i] += 1
+    rewrite = [
+        source
+        for i, source in enumerate(sources[:closed])
+        if source.rewritable and i not in damaged and i not in gone and live[i] < keyed[i]
+    ]
+    swaps: list[SegmentSwap] = []
+    try:
+        if rewrite:
+            shutil.rmtree(scratch, ignore_errors=True)  # an earlier pass's leftovers
+            scratch.mkdir()
+        for source in rewrite:
+            swap = _rewrite(policy, now_ms, source, latest, scratch, index_interval_bytes)
+            if swap is not None:
+                swaps.append(swap)
+        if swaps:
+            fsync_dir(scratch)
+    except BaseException:
+        for swap in swaps:
+            if swap.new is not None:
+                swap.new.delete()
+        raise
+    planned = tuple(source.segment for source in sources)
+    return CompactionResult(policy, planned, tuple(swaps), compacted_upto, tombstone_due_ms)
+
+
+# A key's latest record: its offset, and its timestamp if it is a tombstone (else None).
+_Latest = dict[bytes, tuple[int, int | None]]
+
+
+def _latest_by_key(
+    policy: Compaction, sources: Sequence[_Source]
+) -> tuple[_Latest, list[int], set[int], set[int]]:
+    """The latest record of every key; how many keyed records each segment has; the segments
+    that are damaged (read up to the damage, left as they are) and those gone (retention
+    deleted them meanwhile). Each file is fsync'd first."""
+    latest: _Latest = {}
+    keyed = [0] * len(sources)
+    damaged: set[int] = set()
+    gone: set[int] = set()
+    for i, source in enumerate(sources):
+        try:
+            fd = os.open(source.path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            for record, _raw in read_file_records(source.path, source.size):
+                key = policy.key(record.message)
+                if key is not None:
+                    keyed[i] += 1
+                    tombstone_ms = None if record.message.body else record.timestamp_ms
+                    latest[key] = (record.offset, tombstone_ms)
+        except FileNotFoundError:
+            gone.add(i)
+        except RecordError as exc:
+            log.warning("%s: not compacted: %s", source.path, exc)
+            damaged.add(i)
+    return latest, keyed, damaged, gone
+
+
+def _rewrite(
+    policy: Compaction,
+    now_ms: int,
+    source: _Source,
+    latest: _Latest,
+    scratch: Path,
+    index_interval_bytes: int,
+) -> SegmentSwap | None:
+    """Copy the records of ``source`` that are the latest of their key (or have none) to a new
+    segment in ``scratch``, fsync'd; None if the source went away meanwhile (retention). Raises
+    OSError if it no longer reads as it did a moment ago."""
+    out = Segment(scratch, source.segment.base_offset, index_interval_bytes)
+    removed = 0
+    try:
+        for record, raw in read_file_records(source.path, source.size):
+            key = policy.key(record.message)
+            entry = latest.get(key) if key is not None else None
+            if entry is not None and (
+                entry[0] != record.offset
+                or (entry[1] is not None and entry[1] + policy.tombstone_grace_ms <= now_ms)
+            ):
+                removed += 1
+                continue
+            out.append(record.offset, record.timestamp_ms, raw)
+            if out.pending >= WRITE_CHUNK:
+                out.write_out()
+        out.write_out()
+        out.sync()
+    except FileNotFoundError:
+        out.delete()
+        return None
+    except RecordError as exc:
+        out.delete()
+        raise OSError(f"{source.path} changed while it was compacted: {exc}") from exc
+    except BaseException:
+        out.delete()
+        raise
+    if not out.size:
+        out.delete()
+        return SegmentSwap(source.segment, None, removed)
+    return SegmentSwap(source.segment, out, removed)

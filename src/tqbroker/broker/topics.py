@@ -1,0 +1,299 @@
+"""Topics: the Kafka view of streams, for the HTTP API and the command line.
+
+A topic ``T`` is either a partitioned stream — an exchange ``T`` whose bindings lead to stream
+queues; the one-step declaration makes an ``x-key-partition`` exchange and stream queues
+``T-0`` .. ``T-(N-1)`` bound with the keys ``"0"`` .. ``"N-1"`` — or a stream queue ``T`` (a
+topic of one partition).
+
+Responsibilities:
+- find a topic's partitions, in order (``partitions``);
+- declare a partitioned topic in one step, idempotently (``declare``);
+- produce records: a key picks the partition through the topic's exchange, exactly as an AMQP
+  publish with that routing key would; wait until they are durable (a publisher confirm's
+  guarantee); say where each landed (partition, offset);
+- read a partition from an offset or a timestamp; the offsets of each partition (earliest,
+  latest, first at or after a time); a consumer group's committed offsets and lag.
+
+Failures are ``TopicError``s carrying an HTTP status (404 unknown topic, 400 bad request, 409
+conflicting declaration, 503 storage that cannot write).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from .. import clock
+from ..model import Message
+from ..protocol.codec import FieldTable
+from ..protocol.errors import AMQPError, ReplyCode
+from ..protocol.methods import BasicProperties
+from .groups import natural_key
+from .stream import StreamQueue
+from .vhost import VirtualHost
+
+PARTITION_EXCHANGE_TYPE = "x-key-partition"
+MAX_READ = 10_000
+
+
+class TopicError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@attrs.frozen
+class ProducerRecord:
+    value: bytes
+    key: str = ""
+    headers: FieldTable = attrs.field(factory=dict)
+    partition: int | None = None  # None: the key decides
+
+
+@attrs.frozen
+class ConsumerRecord:
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: str
+    headers: FieldTable
+    value: bytes
+
+
+@attrs.frozen
+class PartitionOffsets:
+    partition: int
+    queue: str  # the stream queue holding it (what AMQP consumers consume)
+    earliest: int
+    latest: int  # the next offset to be written (Kafka's log end offset)
+
+
+@attrs.frozen
+class GroupPartition:
+    partition: int
+    committed: int | None  # the next offset the group reads; None: it never read this one
+    latest: int
+    reader: str | None  # the consumer tag of the member reading it now
+
+    @property
+    def lag(self) -> int | None:
+        return None if self.committed is None else max(0, self.latest - self.committed)
+
+
+def partitions(vhost: VirtualHost, topic: str) -> list[StreamQueue]:
+    """The topic's partitions in order (``TopicError`` 404 if there is no such topic)."""
+    exchange = vhost.exchanges.get(topic)
+    if exchange is not None:
+        bound = [
+            (key, queue)
+            for (queue, key, _args) in exchange.bindings
+            if isinstance(queue, StreamQueue)
+        ]
+        if exchange.type_name == PARTITION_EXCHANGE_TYPE:
+            bound.sort(key=lambda pair: int(pair[0]) if pair[0].isdigit() else -1)
+            found = [queue for _key, queue in bound]
+        else:
+            found = sorted({queue for _key, queue in bound}, key=natural_key)
+        if found:
+            return found
+    queue = vhost.queues.get(topic)
+    if isinstance(queue, StreamQueue):
+        return [queue]
+    raise TopicError(
+        404,
+        f"no topic '{topic}' in vhost '{vhost.name}' (no stream queue or "
+        "exchange bound to stream queues has that name)",
+    )
+
+
+def partition(vhost: VirtualHost, topic: str, index: int) -> StreamQueue:
+    found = partitions(vhost, topic)
+    if not 0 <= index < len(found):
+        raise TopicError(404, f"topic '{topic}' has partitions 0..{len(found) - 1}, not {index}")
+    return found[index]
+
+
+def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -> bool:
+    """Declare a partitioned stream of ``count`` partitions (``arguments``: the streams'
+    ``x-`` arguments, such as ``x-max-age``); True if it was created, False if it existed
+    as asked."""
+    if not 1 <= count <= 1000:
+        raise TopicError(400, f"partitions must be between 1 and 1000 (got {count})")
+    if PARTITION_EXCHANGE_TYPE not in vhost.exchange_types:
+        raise TopicError(
+            400,
+            f"partitioned topics need the {PARTITION_EXCHANGE_TYPE} exchange type: install "
+            "tqbroker-partitioner (plugins/partitioner)",
+        )
+    names = [f"{topic}-{n}" for n in range(count)]
+    existing = vhost.exchanges.get(topic)
+    if existing is not None:
+        if (
+            existing.type_name != PARTITION_EXCHANGE_TYPE
+            or [q.name for q in _bound(vhost, topic)] != names
+        ):
+            raise TopicError(
+                409, f"topic '{topic}' exists with another shape than {count} partitions"
+            )
+        return False
+    queue_arguments: FieldTable = {**arguments, "x-queue-type": "stream"}
+    try:
+        for name in names:
+            vhost.declare_queue(
+                name,
+                passive=False,
+                durable=True,
+                exclusive=False,
+                auto_delete=False,
+                arguments=queue_arguments,
+                owner=None,
+            )
+        vhost.declare_exchange(
+            topic,
+            PARTITION_EXCHANGE_TYPE,
+            passive=False,
+            durable=True,
+            auto_delete=False,
+            internal=False,
+            arguments={},
+        )
+        for n, name in enumerate(names):
+            vhost.bind_queue(name, topic, str(n), {}, None)
+    except AMQPError as exc:
+        raise TopicError(
+            409 if exc.code == ReplyCode.PRECONDITION_FAILED else 400, exc.text
+        ) from None
+    return True
+
+
+def _bound(vhost: VirtualHost, topic: str) -> list[StreamQueue]:
+    try:
+        return partitions(vhost, topic)
+    except TopicError:
+        return []
+
+
+async def produce(
+    vhost: VirtualHost, topic: str, records: Sequence[ProducerRecord]
+) -> list[tuple[int, int]]:
+    """Append the records; once they are durable, return where each landed: (partition,
+    offset)."""
+    found = partitions(vhost, topic)
+    index = {queue: n for n, queue in enumerate(found)}
+    exchange = vhost.exchanges.get(topic)
+    waits = []
+    landed: list[tuple[int, int]] = []
+    for record in records:
+        properties = BasicProperties(headers=dict(record.headers) or None, delivery_mode=2)
+        message = Message(
+            exchange.name if exchange is not None else "",
+            record.key,
+            properties.encode(),
+            record.value,
+            properties,
+            timestamp_ms=clock.now_ms(),
+        )
+        if record.partition is not None:
+            destinations = [partition(vhost, topic, record.partition)]
+        elif exchange is not None:
+            destinations = [
+                d
+                for d in vhost.route_keys(exchange, [record.key], record.headers or None)
+                if d in index
+            ]
+        else:
+            destinations = found
+        if not destinations:
+            raise TopicError(400, f"topic '{topic}' routes key {record.key!r} to no partition")
+        target = destinations[0]
+        assert isinstance(target, StreamQueue)
+        offset = target.stream.next_offset
+        tickets, refused = vhost.enqueue([target], message)
+        if refused:
+            raise TopicError(503, f"topic '{topic}': partition storage cannot write")
+        waits.extend(tickets)
+        landed.append((index[target], offset))
+    for flusher, ticket in waits:
+        if not await flusher.wait(ticket):
+            raise TopicError(503, f"topic '{topic}': the write could not be made durable")
+    return landed
+
+
+def read(
+    vhost: VirtualHost,
+    topic: str,
+    partition_index: int,
+    *,
+    offset: int | None = None,
+    timestamp_ms: int | None = None,
+    limit: int = 100,
+) -> list[ConsumerRecord]:
+    """Up to ``limit`` records of a partition from ``offset`` (clamped to what is there) or
+    from the first record at or after ``timestamp_ms``; from the earliest by default."""
+    if not 1 <= limit <= MAX_READ:
+        raise TopicError(400, f"limit must be between 1 and {MAX_READ} (got {limit})")
+    stream = partition(vhost, topic, partition_index).stream
+    if timestamp_ms is not None:
+        position = stream.offset_for_timestamp(timestamp_ms)
+    else:
+        position = max(offset if offset is not None else 0, stream.first_offset)
+    records: list[ConsumerRecord] = []
+    end = stream.next_offset
+    while position < end and len(records) < limit:
+        record = stream.read_from(position)
+        if record is None:
+            break
+        message = record.message
+        records.append(
+            ConsumerRecord(
+                partition_index,
+                record.offset,
+                message.timestamp_ms,
+                message.routing_key,
+                message.properties.headers or {},
+                message.body,
+            )
+        )
+        position = record.offset + 1
+    return records
+
+
+def offsets(vhost: VirtualHost, topic: str) -> list[PartitionOffsets]:
+    return [
+        PartitionOffsets(n, queue.name, queue.stream.first_offset, queue.stream.next_offset)
+        for n, queue in enumerate(partitions(vhost, topic))
+    ]
+
+
+def offsets_for_timestamp(vhost: VirtualHost, topic: str, timestamp_ms: int) -> list[int | None]:
+    """Per partition, the first offset whose timestamp is at or after ``timestamp_ms``; None
+    where there is none (Kafka's offsetsForTimes)."""
+    found = []
+    for queue in partitions(vhost, topic):
+        offset = queue.stream.offset_for_timestamp(timestamp_ms)
+        found.append(offset if offset < queue.stream.next_offset else None)
+    return found
+
+
+def group(vhost: VirtualHost, topic: str, name: str) -> list[GroupPartition]:
+    """A consumer group's position on each partition (``TopicError`` 404 if the group never
+    read this topic)."""
+    found = partitions(vhost, topic)
+    live = vhost.consumer_groups.groups.get(name)
+    owners = live.owners if live is not None else {}
+    result = []
+    for n, queue in enumerate(found):
+        owner = owners.get(queue)
+        result.append(
+            GroupPartition(
+                n,
+                queue.stream.group_offsets.get(name),
+                queue.stream.next_offset,
+                owner.tag if owner is not None else None,
+            )
+        )
+    if live is None and all(p.committed is None for p in result):
+        raise TopicError(404, f"no consumer group '{name}' on topic '{topic}'")
+    return result

@@ -1,0 +1,379 @@
+"""The HTTP API: topics (the Kafka view of streams) over JSON, served by hypercorn's Trio worker
+inside the broker's nursery. The management API will extend this same app.
+
+Responsibilities:
+- the routes and their JSON (``GET /health``; ``PUT /topics/{topic}`` declares a partitioned
+  stream; ``POST``/``GET /topics/{topic}/messages``; ``GET /topics/{topic}/offsets``;
+  ``GET /topics/{topic}/groups/{group}``), each a thin translation to ``broker.topics``;
+- values travel as text (``"encoding": "utf-8"``, the default) or base64
+  (``"encoding": "base64"``); timestamps are milliseconds since the epoch or ISO-8601;
+- every error is JSON, ``{"error": <reason>, "message": <what to fix>}`` with a 4xx (or 503)
+  status; unknown paths and methods too;
+- ``serve_http``: bind and serve until cancelled, reporting the bound addresses through the
+  Trio start protocol.
+
+Every route takes an optional ``vhost`` query parameter (default ``/``). There is no
+authentication yet: the API listens where the broker does (loopback by default).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import decimal
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, cast
+
+import hypercorn.config
+import hypercorn.trio
+import trio
+from hypercorn.typing import Framework
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..broker import topics
+from ..broker.broker import Broker
+from ..broker.topics import ConsumerRecord, ProducerRecord, TopicError
+from ..broker.vhost import VirtualHost
+from ..protocol.codec import FieldTable, FieldValue
+
+log = logging.getLogger("tqbroker.http")
+
+Address = tuple[str, int]
+_REASONS = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    503: "unavailable",
+}
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": _REASONS.get(status, "error"), "message": message}, status_code=status
+    )
+
+
+def create_app(broker: Broker) -> Starlette:
+    """The ASGI app serving ``broker``."""
+
+    def vhost_of(request: Request) -> VirtualHost:
+        name = request.query_params.get("vhost", "/")
+        vhost = broker.vhosts.get(name)
+        if vhost is None:
+            raise TopicError(404, f"no vhost '{name}'")
+        return vhost
+
+    async def health(request: Request) -> Response:
+        unhealthy = sorted(
+            f.backend.name for f in broker.flushers.values() if not f.backend.healthy
+        )
+        if unhealthy:
+            return JSONResponse(
+                {"status": "degraded", "failing_backends": unhealthy}, status_code=503
+            )
+        return JSONResponse({"status": "ok"})
+
+    async def declare_topic(request: Request) -> Response:
+        body = await _json_object(request)
+        count = _integer(body.get("partitions", 1), "partitions")
+        arguments = _field_table(body.get("arguments", {}), "arguments")
+        topic = request.path_params["topic"]
+        created = topics.declare(vhost_of(request), topic, count, arguments)
+        return JSONResponse(
+            {"topic": topic, "partitions": count, "created": created},
+            status_code=201 if created else 200,
+        )
+
+    async def produce(request: Request) -> Response:
+        body = await _json_object(request)
+        single = "records" not in body
+        raw = [body] if single else body["records"]
+        if not isinstance(raw, list) or not raw:
+            raise TopicError(400, "'records' must be a non-empty list of records")
+        records = [_producer_record(r) for r in raw]
+        landed = await topics.produce(vhost_of(request), request.path_params["topic"], records)
+        results = [{"partition": p, "offset": o} for p, o in landed]
+        return JSONResponse(results[0] if single else {"offsets": results}, status_code=201)
+
+    async def consume(request: Request) -> Response:
+        query = request.query_params
+        partition = _integer(query.get("partition", "0"), "partition")
+        limit = _integer(query.get("limit", "100"), "limit")
+        offset = _start_offset(query.get("offset"))
+        timestamp = _timestamp(query["timestamp"]) if "timestamp" in query else None
+        if offset is not None and timestamp is not None:
+            raise TopicError(400, "give 'offset' or 'timestamp', not both")
+        vhost = vhost_of(request)
+        topic = request.path_params["topic"]
+        if offset == "latest":
+            offset = topics.partition(vhost, topic, partition).stream.next_offset
+        records = topics.read(
+            vhost,
+            topic,
+            partition,
+            offset=offset if isinstance(offset, int) else None,
+            timestamp_ms=timestamp,
+            limit=limit,
+        )
+        next_offset = (
+            records[-1].offset + 1
+            if records
+            else topics.partition(vhost, topic, partition).stream.next_offset
+        )
+        return JSONResponse(
+            {
+                "topic": topic,
+                "partition": partition,
+                "messages": [_record_json(r) for r in records],
+                "next_offset": next_offset,
+            }
+        )
+
+    async def offsets(request: Request) -> Response:
+        vhost = vhost_of(request)
+        topic = request.path_params["topic"]
+        found: list[dict[str, int | str | None]] = [
+            {
+                "partition": o.partition,
+                "queue": o.queue,
+                "earliest": o.earliest,
+                "latest": o.latest,
+            }
+            for o in topics.offsets(vhost, topic)
+        ]
+        if "timestamp" in request.query_params:
+            timestamp = _timestamp(request.query_params["timestamp"])
+            for entry, offset in zip(
+                found, topics.offsets_for_timestamp(vhost, topic, timestamp), strict=True
+            ):
+                entry["timestamp"] = offset
+        return JSONResponse({"topic": topic, "partitions": found})
+
+    async def group(request: Request) -> Response:
+        topic = request.path_params["topic"]
+        name = request.path_params["group"]
+        found = topics.group(vhost_of(request), topic, name)
+        return JSONResponse(
+            {
+                "topic": topic,
+                "group": name,
+                "partitions": [
+                    {
+                        "partition": p.partition,
+                        "committed": p.committed,
+                        "latest": p.latest,
+                        "lag": p.lag,
+                        "reader": p.reader,
+                    }
+                    for p in found
+                ],
+                "lag": sum(p.lag or 0 for p in found),
+            }
+        )
+
+    async def topic_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, TopicError)
+        return error(exc.status, exc.message)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+    handlers: Mapping[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        TopicError: topic_error,
+        HTTPException: http_error,
+    }
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/topics/{topic}", declare_topic, methods=["PUT"]),
+            Route("/topics/{topic}/messages", produce, methods=["POST"]),
+            Route("/topics/{topic}/messages", consume, methods=["GET"]),
+            Route("/topics/{topic}/offsets", offsets),
+            Route("/topics/{topic}/groups/{group}", group),
+        ],
+        exception_handlers=handlers,
+    )
+
+
+async def serve_http(
+    broker: Broker,
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the HTTP API on ``host:port`` until cancelled; ``nursery.start`` returns the bound
+    addresses."""
+    config = hypercorn.config.Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = log
+    config.include_server_header = False
+
+    async def started(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        app = cast(Framework, create_app(broker))  # an ASGI app hypercorn's types don't know
+        await hypercorn.trio.serve(app, config, task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(started)
+        task_status.started([_address(bind) for bind in binds])
+
+
+def _address(bind: str) -> Address:
+    """``("127.0.0.1", 15672)`` from hypercorn's ``http://127.0.0.1:15672``."""
+    host, _, port = bind.removeprefix("http://").rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+# -- JSON in -----------------------------------------------------------------------------------
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise TopicError(400, f"the request body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise TopicError(400, "the request body must be a JSON object")
+    return body
+
+
+def _integer(value: object, name: str) -> int:
+    if isinstance(value, bool):
+        raise TopicError(400, f"'{name}' must be an integer (got {value!r})")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise TopicError(400, f"'{name}' must be an integer (got {value!r})")
+
+
+def _start_offset(value: str | None) -> int | str | None:
+    if value is None or value in ("earliest", "latest"):
+        return value
+    offset = _integer(value, "offset")
+    if offset < 0:
+        raise TopicError(400, f"'offset' must be >= 0, 'earliest' or 'latest' (got {value})")
+    return offset
+
+
+def _timestamp(value: str) -> int:
+    """Milliseconds since the epoch, from an integer or an ISO-8601 time (UTC if it says no
+    zone)."""
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise TopicError(
+            400,
+            f"'timestamp' must be milliseconds since the epoch or an ISO-8601 time (got {value!r})",
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _producer_record(raw: object) -> ProducerRecord:
+    if not isinstance(raw, dict):
+        raise TopicError(400, "a record must be a JSON object with a 'value'")
+    value = raw.get("value")
+    if not isinstance(value, str):
+        raise TopicError(
+            400, 'a record needs a \'value\' string (text, or base64 with "encoding": "base64")'
+        )
+    encoding = raw.get("encoding", "utf-8")
+    if encoding == "utf-8":
+        body = value.encode()
+    elif encoding == "base64":
+        try:
+            body = base64.b64decode(value, validate=True)
+        except binascii.Error as exc:
+            raise TopicError(400, f"'value' is not valid base64: {exc}") from None
+    else:
+        raise TopicError(400, f"'encoding' must be 'utf-8' or 'base64' (got {encoding!r})")
+    key = raw.get("key", "")
+    if not isinstance(key, str) or len(key.encode()) > 255:
+        raise TopicError(400, "'key' must be a string of at most 255 bytes (a routing key)")
+    partition = raw.get("partition")
+    if partition is not None:
+        partition = _integer(partition, "partition")
+    headers = _field_table(raw.get("headers", {}), "headers")
+    return ProducerRecord(body, key, headers, partition)
+
+
+def _field_table(value: object, name: str) -> FieldTable:
+    if not isinstance(value, dict):
+        raise TopicError(400, f"'{name}' must be a JSON object")
+    return {str(k): _field_value(v, name) for k, v in value.items()}
+
+
+def _field_value(value: object, name: str) -> FieldValue:
+    if value is None or isinstance(value, str | bool | float):
+        return value
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            raise TopicError(400, f"'{name}': {value} does not fit in 64 bits")
+        return value
+    if isinstance(value, list):
+        return [_field_value(v, name) for v in value]
+    if isinstance(value, dict):
+        return _field_table(value, name)
+    raise TopicError(400, f"'{name}': unsupported value {value!r}")
+
+
+# -- JSON out ----------------------------------------------------------------------------------
+
+
+def _record_json(record: ConsumerRecord) -> dict[str, Any]:
+    try:
+        value, encoding = record.value.decode(), "utf-8"
+    except UnicodeDecodeError:
+        value, encoding = base64.b64encode(record.value).decode(), "base64"
+    return {
+        "partition": record.partition,
+        "offset": record.offset,
+        "timestamp": record.timestamp_ms,
+        "key": record.key,
+        "headers": {k: _json_value(v) for k, v in record.headers.items()},
+        "value": value,
+        "encoding": encoding,
+    }
+
+
+def _json_value(value: FieldValue) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str | float):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode()
+    if isinstance(value, datetime.datetime):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    return str(value)

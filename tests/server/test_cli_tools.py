@@ -1,0 +1,88 @@
+"""``python -m tqbroker create-topic | produce | consume`` against a running broker, as a user runs
+them: real processes, real sockets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tqbroker.testing import RunningBroker
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def tool(broker: RunningBroker, *args: str, stdin: str = "", timeout: float = 30) -> str:
+    command = [sys.executable, "-m", "tqbroker", *args, "--http", broker.http_url]
+    if args[0] == "consume":
+        command += ["--url", broker.url]
+    done = subprocess.run(
+        command, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_create_produce_and_consume_from_every_start(tqbroker_thread: RunningBroker) -> None:
+    assert "3 partition(s), created" in tool(
+        tqbroker_thread, "create-topic", "orders", "--partitions", "3", "--arg", "x-max-age=7D"
+    )
+    assert "exists" in tool(tqbroker_thread, "create-topic", "orders", "--partitions", "3")
+    landed = tool(tqbroker_thread, "produce", "orders", "--key", "k1", "-v", stdin="a\nb\nc\n")
+    assert len(set(landed.splitlines())) == 3  # one partition (the key's), three offsets
+    tool(tqbroker_thread, "produce", "orders", stdin="".join(f"m{n}\n" for n in range(9)))
+    everything = tool(tqbroker_thread, "consume", "orders", "--from", "first", "-n", "12")
+    assert sorted(everything.split()) == sorted(["a", "b", "c"] + [f"m{n}" for n in range(9)])
+    rows = [
+        json.loads(line)
+        for line in tool(
+            tqbroker_thread, "consume", "orders", "--from", "first", "-n", "12", "--format", "json"
+        ).splitlines()
+    ]
+    keyed = [r for r in rows if r["key"] == "k1"]
+    assert [r["value"] for r in keyed] == ["a", "b", "c"]
+    assert [r["offset"] for r in keyed] == [0, 1, 2]
+    # From an offset (on each partition) and from a time after everything: nothing older.
+    from_one = tool(tqbroker_thread, "consume", "orders", "--from", "1", "--idle", "1")
+    assert 0 < len(from_one.split()) < 12
+    later = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 5))
+    assert tool(tqbroker_thread, "consume", "orders", "--from", later, "--idle", "1") == ""
+
+
+def test_consume_next_waits_for_new_messages(tqbroker_thread: RunningBroker) -> None:
+    tool(tqbroker_thread, "create-topic", "live", "--partitions", "2")
+    tool(tqbroker_thread, "produce", "live", stdin="old\n")
+    command = [
+        sys.executable, "-m", "tqbroker", "consume", "live", "-n", "2",
+        "--http", tqbroker_thread.http_url, "--url", tqbroker_thread.url,
+    ]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as consumer:
+        time.sleep(1.5)  # it subscribes at "next"
+        tool(tqbroker_thread, "produce", "live", stdin="new1\nnew2\n")
+        out, _ = consumer.communicate(timeout=30)
+    assert sorted(out.split()) == ["new1", "new2"]
+
+
+def test_group_consumption_resumes_at_the_commit(tqbroker_thread: RunningBroker) -> None:
+    tool(tqbroker_thread, "create-topic", "jobs", "--partitions", "4")
+    tool(tqbroker_thread, "produce", "jobs", stdin="".join(f"j{n}\n" for n in range(20)))
+    first = tool(tqbroker_thread, "consume", "jobs", "--group", "g", "--from", "first", "-n", "8")
+    time.sleep(0.5)  # the group's commits are flushed
+    rest = tool(tqbroker_thread, "consume", "jobs", "--group", "g", "--idle", "1.5")
+    assert sorted(first.split() + rest.split()) == sorted(f"j{n}" for n in range(20))
+
+
+def test_errors_are_one_line_and_exit_1(tqbroker_thread: RunningBroker) -> None:
+    for args in (
+        ["consume", "missing", "--idle", "1"],
+        ["consume", "missing", "--from", "yesterday"],
+        ["create-topic", "t", "--partitions", "0"],
+    ):
+        command = [sys.executable, "-m", "tqbroker", *args, "--http", tqbroker_thread.http_url]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+        assert done.returncode == 1
+        assert done.stderr.count("\n") == 1
+        assert done.stderr.startswith("tqbroker ")
