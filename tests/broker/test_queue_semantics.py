@@ -76,7 +76,7 @@ def publish(vhost: VirtualHost, queue: Queue | str, body: bytes, **properties: A
     name = queue if isinstance(queue, str) else queue.name
     props = BasicProperties(**properties)
     message = Message("", name, props.encode(), body, props, timestamp_ms=clock.now_ms())
-    for target in vhost.route(vhost.default_exchange, name, props.headers):
+    for target in vhost.route(vhost.default_exchange, name, props):
         target.publish(message)
 
 

@@ -5,7 +5,7 @@ exchange fed by pika over real sockets."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pika
 import pytest
@@ -17,8 +17,8 @@ from tqbroker_consistent_hash import (
     ConsistentHashRouter,
     choose,
     erlang_binary,
-    hash_header,
     hash_input,
+    hash_source,
     key_hash,
     members,
     parse_weight,
@@ -112,8 +112,6 @@ def test_anything_else_is_not(key: str) -> None:
         ({"hash-header": "h", "hash-property": "message_id"}, "mutually exclusive"),
         ({"hash-header": "h", "hash-property": "app_id"}, "mutually exclusive"),
         ({"hash-property": "app_id"}, "^Unsupported property: app_id$"),
-        ({"hash-property": "message_id"}, "^hash-property message_id is not supported by"),
-        ({"hash-property": "timestamp"}, "^hash-property timestamp is not supported by"),
         ({"hash-header": 5}, "^hash-header must be a string, not int$"),
     ],
 )
@@ -122,9 +120,11 @@ def test_exchange_arguments_checked_as_rabbitmq_does(arguments: FieldTable, mess
         ConsistentHashExchange().validate(arguments)
 
 
-def test_hash_header_argument() -> None:
-    assert hash_header({}) is None
-    assert hash_header({"hash-header": "hash-on", "alternate-exchange": "ae"}) == "hash-on"
+def test_hash_source_arguments() -> None:
+    assert hash_source({}) == (None, None)
+    assert hash_source({"hash-header": "hash-on", "alternate-exchange": "ae"}) == ("hash-on", None)
+    for prop in ("message_id", "correlation_id", "timestamp"):
+        assert hash_source({"hash-property": prop}) == (None, prop)
 
 
 def test_registered_through_its_entry_point() -> None:
@@ -339,6 +339,31 @@ def test_hash_header(channel: BlockingChannel) -> None:
 
 
 @pytest.mark.parametrize(
+    ("prop", "value"),
+    [("message_id", lambda n: f"m{n}"), ("correlation_id", lambda n: f"c{n}"), ("timestamp", int)],
+)
+def test_hash_property(channel: BlockingChannel, prop: str, value: Callable[[int], object]) -> None:
+    """``hash-property``: the same property value, the same queue (whatever the routing key);
+    all three queues used; a message without the property goes to one queue."""
+    weights = {"q1": 1, "q2": 1, "q3": 1}
+    declare(channel, weights, **{"hash-property": prop})
+    for n in range(60):
+        for copy in range(2):
+            properties = pika.BasicProperties(**{prop: value(1_700_000_000 + n % 30)})
+            channel.basic_publish("chx", f"rk{n}-{copy}", b"%d" % (n % 30), properties)
+    for _ in range(3):
+        channel.basic_publish("chx", "rk", b"none", pika.BasicProperties())
+    got = drain(channel, list(weights))
+    where = {}
+    for queue, bodies in got.items():
+        for body in bodies:
+            assert where.setdefault(body, queue) == queue  # one queue per property value
+    assert sum(map(len, got.values())) == 123
+    assert len({q for b, q in where.items() if b != b"none"}) == 3
+    assert sum(body == b"none" for bodies in got.values() for body in bodies) == 3
+
+
+@pytest.mark.parametrize(
     ("arguments", "text"),
     [
         (
@@ -346,10 +371,6 @@ def test_hash_header(channel: BlockingChannel) -> None:
             "PRECONDITION_FAILED - hash-header and hash-property are mutually exclusive",
         ),
         ({"hash-property": "app_id"}, "PRECONDITION_FAILED - Unsupported property: app_id"),
-        (
-            {"hash-property": "correlation_id"},
-            "PRECONDITION_FAILED - hash-property correlation_id is not supported by tqbroker",
-        ),
     ],
 )
 def test_bad_exchange_arguments_refused(

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import TypeAlias
 
-from ..plugins.spec import Router
+from ..plugins.spec import PropertyRouter, Router
 from ..protocol.codec import FieldTable, encode_table
+from ..protocol.methods import BasicProperties
 
 # (source exchange, routing key, encoded arguments): how a destination remembers a binding to it.
 BindingRef: TypeAlias = tuple["Exchange", str, bytes]
@@ -33,6 +34,7 @@ class Exchange:
         self.name = name
         self.type_name = type_name
         self.router = router
+        self._property_router = router if isinstance(router, PropertyRouter) else None
         self.durable = durable
         self.auto_delete = auto_delete
         self.internal = internal
@@ -62,8 +64,10 @@ class Exchange:
         self.router.unbind(destination, key, arguments)
         return True
 
-    def route(self, routing_key: str, headers: FieldTable | None) -> Iterable[Hashable]:
-        return self.router.route(routing_key, headers)
+    def route(self, routing_key: str, properties: BasicProperties) -> Iterable[Hashable]:
+        if self._property_router is not None:
+            return self._property_router.route_message(routing_key, properties)
+        return self.router.route(routing_key, properties.headers)
 
     def __repr__(self) -> str:
         return f"Exchange({self.name!r}, {self.type_name!r})"
@@ -78,6 +82,6 @@ class DefaultExchange(Exchange):
         )
         self._queues = queues
 
-    def route(self, routing_key: str, headers: FieldTable | None) -> Iterable[Hashable]:
+    def route(self, routing_key: str, properties: BasicProperties) -> Iterable[Hashable]:
         queue = self._queues.get(routing_key)
         return (queue,) if queue is not None else ()

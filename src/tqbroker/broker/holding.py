@@ -104,7 +104,7 @@ class BrokerExchangeContext:
         vhost, exchange = self._vhost, self._exchange
         if vhost.exchanges.get(exchange.name) is not exchange:
             return []  # deleted meanwhile
-        targets = vhost.route_keys(exchange, message.routing_keys(), message.properties.headers)
+        targets = vhost.route_keys(exchange, message.routing_keys(), message.properties)
         waits, refused = vhost.enqueue(targets, message)
         if refused:
             log.info("exchange %r: a destination refused a held message", exchange.name)

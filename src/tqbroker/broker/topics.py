@@ -199,9 +199,7 @@ async def produce(
             destinations = [partition(vhost, topic, record.partition)]
         elif exchange is not None:
             destinations = [
-                d
-                for d in vhost.route_keys(exchange, [record.key], record.headers or None)
-                if d in index
+                d for d in vhost.route_keys(exchange, [record.key], properties) if d in index
             ]
         else:
             destinations = found

@@ -32,6 +32,7 @@ from ..plugins.builtin.direct import DirectRouter
 from ..plugins.spec import Destination, ExchangeType, HoldingRouter
 from ..protocol.codec import FieldTable, FieldValue, encode_table
 from ..protocol.errors import AMQPError, ReplyCode
+from ..protocol.methods import BasicProperties
 from .deadletter import Reason, dead_lettered, is_cycle
 from .exchange import DefaultExchange, Exchange
 from .flusher import Flusher
@@ -727,7 +728,7 @@ class VirtualHost:
             now_ms=clock.now_ms(),
         )
         targets = []
-        for target in self.route_keys(exchange, copy.routing_keys(), copy.properties.headers):
+        for target in self.route_keys(exchange, copy.routing_keys(), copy.properties):
             if is_cycle(copy, target.name):
                 log.debug("dead-letter cycle through queue %r: message dropped", target.name)
             else:
@@ -751,15 +752,15 @@ class VirtualHost:
         return True
 
     def route_keys(
-        self, exchange: Exchange, keys: Sequence[str], headers: FieldTable | None
+        self, exchange: Exchange, keys: Sequence[str], properties: BasicProperties
     ) -> list[Destination]:
         """``route`` for each of ``keys`` (a routing key and its CC/BCC keys), each
         destination once."""
         if len(keys) == 1:
-            return self.route(exchange, keys[0], headers)
+            return self.route(exchange, keys[0], properties)
         found: dict[int, Destination] = {}
         for key in keys:
-            for destination in self.route(exchange, key, headers):
+            for destination in self.route(exchange, key, properties):
                 found[id(destination)] = destination
         return list(found.values())
 
@@ -789,7 +790,7 @@ class VirtualHost:
         return waits, refused
 
     def route(
-        self, exchange: Exchange, routing_key: str, headers: FieldTable | None
+        self, exchange: Exchange, routing_key: str, properties: BasicProperties
     ) -> list[Destination]:
         """The queues a message reaches, each once, following exchange-to-exchange bindings and
         alternate exchanges; and the ``Destination`` objects of exchange types that hold
@@ -803,7 +804,7 @@ class VirtualHost:
         while frontier:
             current = frontier.pop()
             routed = False
-            for dest in current.route(routing_key, headers):
+            for dest in current.route(routing_key, properties):
                 routed = True
                 if isinstance(dest, Queue):
                     queues[id(dest)] = dest

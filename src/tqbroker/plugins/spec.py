@@ -14,6 +14,10 @@ keeps the set of bindings itself (so ``bind``/``unbind`` are called once per dis
 asks the router where a message goes. Routers run on the broker's thread for every publish: keep
 ``route`` fast and never block.
 
+A router that routes on message properties other than headers (``x-consistent-hash``'s
+``hash-property``) implements ``PropertyRouter``: the broker then calls
+``route_message(routing_key, properties)`` instead of ``route``.
+
 Exchange types that hold messages (delayed delivery, ``x-delayed-message``) use two optional
 extensions; routers that do not need them (the built-in ones) are untouched and cost nothing:
 
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
     from ..backends.base import QueueStore
     from ..broker.flusher import Flusher
     from ..model import Message
+    from ..protocol.methods import BasicProperties
 
 # What a publish must wait for before it may be confirmed: a flusher ticket, or nothing.
 Durability: TypeAlias = "tuple[Flusher, int] | None"
@@ -63,6 +68,16 @@ class Router(Protocol):
     def route(self, routing_key: str, headers: FieldTable | None) -> Iterable[Hashable]:
         """The destinations of a message (duplicates allowed; the broker de-duplicates): bound
         destinations, or ``Destination`` objects of the plugin's own."""
+        ...
+
+
+@runtime_checkable
+class PropertyRouter(Router, Protocol):
+    """A router that needs a message's properties (``message_id``, ``timestamp``...), not only
+    its headers: the broker calls ``route_message`` instead of ``route``."""
+
+    def route_message(self, routing_key: str, properties: BasicProperties) -> Iterable[Hashable]:
+        """``route``, with the message's properties (``properties.headers`` are its headers)."""
         ...
 
 

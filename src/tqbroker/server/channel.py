@@ -338,7 +338,7 @@ class Channel:
         else:
             # Sender-selected distribution: routed on CC and BCC keys too; BCC never delivered.
             headers = message.properties.headers
-            queues = vhost.route_keys(exchange, message.routing_keys(bcc=True), headers)
+            queues = vhost.route_keys(exchange, message.routing_keys(bcc=True), message.properties)
             if headers and "BCC" in headers:
                 message = message.with_headers({k: v for k, v in headers.items() if k != "BCC"})
             waits, refused = vhost.enqueue(queues, message)

@@ -2,16 +2,17 @@
 RabbitMQ's ``rabbitmq_consistent_hash_exchange`` plugin.
 
 Responsibilities:
-- ``hash_header``: the exchange arguments, checked as RabbitMQ checks them (``hash-header`` and
+- ``hash_source``: the exchange arguments, checked as RabbitMQ checks them (``hash-header`` and
   ``hash-property`` mutually exclusive; only ``message_id``, ``correlation_id`` and ``timestamp``
-  properties), in its words; a valid ``hash-property`` is refused too, as routers here see a
-  message's routing key and headers but not its properties;
+  properties), in its words;
 - ``parse_weight``: a binding key is the destination's weight, an integer >= 1 read as Erlang's
   ``list_to_integer`` reads it, refused in RabbitMQ's words (``erlang_binary`` prints the key as
   Erlang's ``~tp`` does);
 - ``hash_input``, ``key_hash``, ``choose``: weighted rendezvous hashing of what a message is routed
-  on (its routing key, or the ``hash-header`` header) over the bound destinations;
-- ``ConsistentHashRouter``: each destination's weight, and the one destination of a message.
+  on (its routing key, the ``hash-header`` header or the ``hash-property`` property) over the
+  bound destinations;
+- ``ConsistentHashRouter``: each destination's weight, and the one destination of a message (a
+  ``PropertyRouter``: the broker gives it the message's properties).
 
 Placement. RabbitMQ picks a bucket with Lamping and Veach's jump consistent hash over
 ``sum(weights)`` buckets, seeded from ``erlang:phash2`` of the key term and drawing from Erlang's
@@ -38,6 +39,7 @@ from hashlib import blake2b
 from typing import Final, NamedTuple, TypeVar, cast
 
 from tqbroker.protocol.codec import FieldTable, FieldValue, encode_table
+from tqbroker.protocol.methods import BasicProperties
 
 PROPERTIES: Final = ("correlation_id", "message_id", "timestamp")
 MAX_WEIGHT: Final = 2**63 - 1
@@ -53,21 +55,16 @@ D = TypeVar("D", bound=Hashable)
 # -- exchange arguments and binding keys ---------------------------------------------------------
 
 
-def hash_header(arguments: FieldTable) -> str | None:
-    """The header an exchange hashes on (``None``: the routing key); ``ValueError`` (406) for
-    arguments RabbitMQ refuses, and for ``hash-property``, which this broker cannot honour."""
+def hash_source(arguments: FieldTable) -> tuple[str | None, str | None]:
+    """What an exchange hashes on: ``(header, property)``, both ``None`` for the routing key;
+    ``ValueError`` (406) for arguments RabbitMQ refuses, in its words."""
     header = _string_argument(arguments, "hash-header")
     prop = _string_argument(arguments, "hash-property")
     if header is not None and prop is not None:
         raise ValueError("hash-header and hash-property are mutually exclusive")
-    if prop is not None:
-        if prop not in PROPERTIES:
-            raise ValueError(f"Unsupported property: {prop}")
-        raise ValueError(
-            f"hash-property {prop} is not supported by tqbroker: exchange types see a message's "
-            f"routing key and headers, not its properties; hash on a header (hash-header) instead"
-        )
-    return header
+    if prop is not None and prop not in PROPERTIES:
+        raise ValueError(f"Unsupported property: {prop}")
+    return header, prop
 
 
 def _string_argument(arguments: FieldTable, name: str) -> str | None:
@@ -229,11 +226,12 @@ def choose(data: bytes | None, weights: Mapping[D, int]) -> D | None:
 
 
 class ConsistentHashRouter:
-    """One destination per message, chosen by consistent hashing of its routing key or of its
-    ``hash-header`` header."""
+    """One destination per message, chosen by consistent hashing of its routing key, of its
+    ``hash-header`` header or of its ``hash-property`` property."""
 
-    def __init__(self, header: str | None = None) -> None:
+    def __init__(self, header: str | None = None, prop: str | None = None) -> None:
         self.header = header
+        self.prop = prop
         # Each destination's weights in bind order; the first one counts. RabbitMQ likewise keeps
         # only the first binding between the exchange and a destination.
         self._weights: dict[Hashable, list[int]] = {}
@@ -262,14 +260,20 @@ class ConsistentHashRouter:
         self._members = members(self.weights)
 
     def route(self, routing_key: str, headers: FieldTable | None) -> Iterable[Hashable]:
+        return self.route_message(routing_key, BasicProperties(headers=headers))
+
+    def route_message(self, routing_key: str, properties: BasicProperties) -> Iterable[Hashable]:
         candidates = self._members
         if len(candidates) <= 1:
             return tuple(member.destination for member in candidates)
         data: bytes | None
-        if self.header is None:
-            data = routing_key.encode("utf-8", "surrogateescape")
-        else:
+        if self.prop is not None:  # a missing property routes like a missing header
+            data = hash_input(getattr(properties, self.prop))
+        elif self.header is not None:
+            headers = properties.headers
             data = hash_input(headers.get(self.header) if headers else None)
+        else:
+            data = routing_key.encode("utf-8", "surrogateescape")
         member = pick(key_hash(data), candidates)
         assert member is not None
         return (member.destination,)
@@ -277,10 +281,10 @@ class ConsistentHashRouter:
 
 class ConsistentHashExchange:
     def validate(self, arguments: FieldTable) -> None:
-        hash_header(arguments)
+        hash_source(arguments)
 
     def create_router(self, arguments: FieldTable) -> ConsistentHashRouter:
-        return ConsistentHashRouter(hash_header(arguments))
+        return ConsistentHashRouter(*hash_source(arguments))
 
 
 __all__ = [
@@ -290,8 +294,8 @@ __all__ = [
     "choose",
     "destination_seed",
     "erlang_binary",
-    "hash_header",
     "hash_input",
+    "hash_source",
     "key_hash",
     "members",
     "mix64",
