@@ -4,7 +4,8 @@ Responsibilities:
 - ``UserStore``: users with salted scrypt password hashes (never plain text), constant-time
   comparison, and a small cache of verified credentials so the slow hash runs once per login
   pair rather than once per connection;
-- parsing the PLAIN and AMQPLAIN responses of ``connection.start-ok``.
+- parsing the PLAIN and AMQPLAIN responses of ``connection.start-ok``;
+- ``is_loopback``: where ``loopback_only`` users may log in from.
 
 The hash is deliberately slow; callers run ``verify`` in a worker thread.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 from collections.abc import Iterable
 
@@ -95,3 +97,11 @@ def parse_response(mechanism: str, response: bytes) -> tuple[str, str]:
             raise ValueError("AMQPLAIN response lacks LOGIN or PASSWORD")
         return login, password
     raise ValueError(f"unknown mechanism {mechanism!r}")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a peer address is a loopback one (where ``loopback_only`` users may log in)."""
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False

@@ -104,7 +104,13 @@ class Client:
         self.sock.sendall(PROTOCOL_HEADER)
         self._expect_method()  # connection.start
         user, password = unquote(parts.username or "guest"), unquote(parts.password or "guest")
-        self._send(0, ConnectionStartOk({}, "PLAIN", f"\0{user}\0{password}", "en_US"))
+        # consumer_cancel_notify: the broker tells us when it cancels a consumer (a group
+        # revoking a partition) instead of dropping it silently.
+        properties: FieldTable = {
+            "product": "tqbroker.client",
+            "capabilities": {"consumer_cancel_notify": True},
+        }
+        self._send(0, ConnectionStartOk(properties, "PLAIN", f"\0{user}\0{password}", "en_US"))
         tune = self._expect_method()
         assert isinstance(tune, ConnectionTune)
         self.frame_max = tune.frame_max or 131072

@@ -14,14 +14,16 @@ Each returns the process exit status; problems are reported on standard error in
 from __future__ import annotations
 
 import argparse
-import datetime
+import base64
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from . import clock
 from .client import Cancelled, Client, ClientError, Delivery
 from .protocol.codec import FieldTable, FieldValue
 
@@ -38,6 +40,9 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
             "--http", default="http://127.0.0.1:15672", help="the broker's HTTP API"
         )
         parser.add_argument("--vhost", default="/", help="virtual host (/)")
+        parser.add_argument(
+            "--user", default="guest:guest", help="USER:PASSWORD for the HTTP API (guest:guest)"
+        )
 
     create = subparsers.add_parser("create-topic", help="declare a partitioned stream")
     create.add_argument("topic")
@@ -107,7 +112,7 @@ def create_topic(args: argparse.Namespace) -> int:
     reply = _http(
         args,
         "PUT",
-        f"/topics/{args.topic}",
+        f"/topics/{_quote(args.topic)}",
         {"partitions": args.partitions, "arguments": arguments},
     )
     state = "created" if reply["created"] else "exists"
@@ -120,14 +125,21 @@ def create_topic(args: argparse.Namespace) -> int:
 
 def produce(args: argparse.Namespace) -> int:
     for batch in _batches(sys.stdin.buffer, BATCH):
-        records = [
-            {"value": line.decode(errors="surrogateescape"), "key": args.key} for line in batch
-        ]
-        reply = _http(args, "POST", f"/topics/{args.topic}/messages", {"records": records})
+        records = [_record(line, args.key) for line in batch]
+        reply = _http(args, "POST", f"/topics/{_quote(args.topic)}/messages", {"records": records})
         if args.verbose:
             for landed in reply["offsets"]:
                 print(f"partition {landed['partition']} offset {landed['offset']}")
     return 0
+
+
+def _record(line: bytes, key: str) -> dict[str, str]:
+    """A line as the HTTP API takes it: text, or base64 if it is not UTF-8 (bytes pass as
+    they are)."""
+    try:
+        return {"value": line.decode(), "key": key}
+    except UnicodeDecodeError:
+        return {"value": base64.b64encode(line).decode(), "encoding": "base64", "key": key}
 
 
 def _batches(lines: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
@@ -146,7 +158,7 @@ def _batches(lines: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
 
 def consume(args: argparse.Namespace) -> int:
     start = parse_start(args.start)
-    partitions = _http(args, "GET", f"/topics/{args.topic}/offsets")["partitions"]
+    partitions = _http(args, "GET", f"/topics/{_quote(args.topic)}/offsets")["partitions"]
     arguments: FieldTable = {"x-stream-offset": start}
     if args.group:
         arguments["x-stream-group"] = args.group
@@ -180,13 +192,12 @@ def parse_start(text: str) -> FieldValue:
         return text
     if text.isdigit():
         return int(text)
-    try:
-        moment = datetime.datetime.fromisoformat(text)
-    except ValueError:
+    moment = clock.parse_iso_time(text)
+    if moment is None:
         raise CommandError(
             f"--from wants first, last, next, an offset or an ISO-8601 time (got {text!r})"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
+        )
+    return moment
 
 
 def _format(delivery: Delivery, partition: int, style: str) -> str:
@@ -211,9 +222,9 @@ def _http(args: argparse.Namespace, method: str, path: str, body: object = None)
     if args.vhost != "/":
         url += f"?vhost={_quote(args.vhost)}"
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"content-type": "application/json"}
-    )
+    credentials = base64.b64encode(args.user.encode()).decode()
+    headers = {"content-type": "application/json", "authorization": f"Basic {credentials}"}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return json.loads(response.read())

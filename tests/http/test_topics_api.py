@@ -13,6 +13,9 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tqbroker.client import Client
+from tqbroker.protocol.codec import FieldTable
+from tqbroker.protocol.methods import BasicProperties
 from tqbroker.testing import RunningBroker
 
 pytestmark = pytest.mark.timeout(60)
@@ -20,7 +23,9 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def http(tqbroker_thread: RunningBroker) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=tqbroker_thread.http_url, timeout=10) as client:
+    with httpx.Client(
+        base_url=tqbroker_thread.http_url, auth=("guest", "guest"), timeout=10
+    ) as client:
         yield client
 
 
@@ -55,6 +60,12 @@ def test_declare_is_one_step_and_idempotent(http: httpx.Client, channel: Blockin
     assert again.status_code == 200
     assert again.json()["created"] is False
     assert_error(http.put("/topics/orders", json={"partitions": 4}), 409, "another shape")
+    compacted = {"partitions": 3, "arguments": {"x-stream-cleanup-policy": "compact"}}
+    assert_error(http.put("/topics/orders", json=compacted), 409, "inequivalent arg")
+    # A declaration that cannot be made leaves nothing behind.
+    channel.queue_declare("half-2", durable=True)  # a classic queue in the way
+    assert_error(http.put("/topics/half", json={"partitions": 3}), 409, "half-2")
+    assert_error(http.get("/topics/half-0/offsets"), 404)
     # What AMQP clients see: an x-key-partition exchange and three durable stream queues.
     channel.exchange_declare("orders", "x-key-partition", durable=True, passive=True)
     for n in range(3):
@@ -231,7 +242,61 @@ def test_bad_requests_get_json_errors(http: httpx.Client) -> None:
     assert_error(http.post("/topics/strict/messages", json={"value": "x", "key": "k" * 300}), 400)
     assert_error(http.post("/topics/strict/messages", json={"records": []}), 400, "records")
     assert_error(http.get("/topics/strict/messages", params={"vhost": "other"}), 404, "vhost")
+    assert_error(http.put("/topics/a%2Fb", json={"partitions": 1}), 404)
+    assert_error(http.put("/topics/" + "t" * 260, json={"partitions": 1}), 400, "255 bytes")
+    assert_error(
+        http.post("/topics/strict/messages", json={"value": "x", "headers": {"h" * 300: 1}}),
+        400,
+        "255 bytes",
+    )
+    assert_error(
+        http.post("/topics/strict/messages", content=b'{"value": "x", "headers": {"f": NaN}}'),
+        400,
+        "NaN",
+    )
+    assert_error(
+        http.post("/topics/strict/messages", content=b'{"value": "\\ud800"}'), 400, "Unicode"
+    )
+    too_big = "x" * (16 * 1024 * 1024 + 1)
+    assert_error(http.post("/topics/strict/messages", json={"value": too_big}), 413)
+    # A batch with one bad record writes nothing.
+    batch = {"records": [{"value": "ok"}, {"value": "x", "headers": {"h" * 300: 1}}]}
+    assert_error(http.post("/topics/strict/messages", json=batch), 400)
+    assert http.get("/topics/strict/offsets").json()["partitions"][0]["latest"] == 0
     assert_error(http.get("/no/such/path"), 404)
     assert_error(http.delete("/topics/strict/messages"), 405)
     # ...and the broker goes on serving.
     assert http.get("/health").status_code == 200
+
+
+def test_credentials_and_vhost_permissions(tqbroker_thread: RunningBroker) -> None:
+    with httpx.Client(base_url=tqbroker_thread.http_url, timeout=10) as anonymous:
+        assert anonymous.get("/health").status_code == 200  # open, for load balancers
+        response = anonymous.get("/topics/any/offsets")
+        assert_error(response, 401, "credentials")
+        assert response.headers["www-authenticate"].startswith("Basic")
+        assert_error(anonymous.get("/topics/any/offsets", auth=("guest", "wrong")), 401)
+        assert_error(anonymous.get("/topics/any/offsets", auth=("nobody", "x")), 401)
+
+
+def test_reads_are_bounded_in_bytes_and_odd_headers_come_back_as_json(
+    http: httpx.Client, tqbroker_thread: RunningBroker
+) -> None:
+    declare(http, "big", 1)
+    for _ in range(5):
+        produce(http, "big", value="v" * 400_000)
+    page = http.get("/topics/big/messages").json()  # 1 MiB by default
+    assert len(page["messages"]) == 3
+    assert page["next_offset"] == 3
+    one = http.get("/topics/big/messages", params={"max_bytes": 1}).json()
+    assert len(one["messages"]) == 1  # always at least one
+    # Headers pika cannot send (a double, a byte array, Latin-1 text), sent with our own client.
+    headers: FieldTable = {"inf": float("inf"), "raw": b"\xff\x00", "latin": "caf\udce9"}
+    with Client(tqbroker_thread.url) as client:
+        client.confirm_select()
+        client.publish("big", "k", b"odd", BasicProperties(headers=headers))
+        client.wait_for_confirms()
+    last = http.get("/topics/big/messages", params={"offset": 5}).json()["messages"][0]
+    assert last["headers"]["inf"] == "inf"
+    assert last["headers"]["raw"] == {"bytes": base64.b64encode(b"\xff\x00").decode()}
+    assert last["headers"]["latin"] == "caf\ufffd"

@@ -9,6 +9,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import httpx
 import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
@@ -223,3 +224,41 @@ def test_a_partition_nobody_stands_by_for_waits_at_its_commit(
     assert sorted(first.bodies + third.bodies) == list(range(120))
     first.close()
     third.close()
+
+
+def test_a_requeued_message_comes_again_and_stays_uncommitted(
+    tqbroker_thread: RunningBroker, channel: BlockingChannel
+) -> None:
+    """Streams never take a message back, but a group reader that requeues (nack with requeue,
+    basic.recover) gets it again, and the group's commit does not pass it; a reject without
+    requeue settles it."""
+    channel.queue_declare("retry", durable=True, arguments=STREAM)
+    channel.confirm_delivery()
+    for n in range(5):
+        channel.basic_publish("", "retry", b"%d" % n)
+    connection = pika.BlockingConnection(pika.URLParameters(tqbroker_thread.url))
+    ch = connection.channel()
+    ch.basic_qos(prefetch_count=10)
+    seen: list[int] = []
+    arguments = {"x-stream-group": "workers", "x-stream-offset": "first"}
+    for method, properties, _body in ch.consume("retry", arguments=arguments, inactivity_timeout=1):
+        if method is None:
+            break
+        offset = properties.headers["x-stream-offset"]
+        seen.append(offset)
+        if offset == 2 and seen.count(2) == 1:
+            ch.basic_nack(method.delivery_tag, requeue=True)  # again, please
+        elif offset == 3:
+            ch.basic_reject(method.delivery_tag, requeue=False)  # give up on it
+        else:
+            ch.basic_ack(method.delivery_tag)
+    assert seen[:2] == [0, 1]
+    assert seen.count(2) == 2  # delivered again after the requeue...
+    assert sorted(set(seen)) == [0, 1, 2, 3, 4]
+    time.sleep(0.3)
+    with httpx.Client(
+        base_url=tqbroker_thread.http_url, auth=("guest", "guest"), timeout=10
+    ) as http:
+        lag = http.get("/topics/retry/groups/workers").json()["partitions"][0]
+    assert lag["committed"] == 5  # ...and acked; the rejected one is settled too
+    connection.close()

@@ -15,22 +15,26 @@ from tqbroker.testing import RunningBroker
 pytestmark = pytest.mark.timeout(90)
 
 
-def tool(broker: RunningBroker, *args: str, stdin: str = "", timeout: float = 30) -> str:
-    command = [sys.executable, "-m", "tqbroker", *args, "--http", broker.http_url]
-    if args[0] == "consume":
-        command += ["--url", broker.url]
+def command(broker: RunningBroker, *args: str) -> list[str]:
+    line = [sys.executable, "-m", "tqbroker", *args, "--http", broker.http_url]
+    return [*line, "--url", broker.url] if args[0] == "consume" else line
+
+
+def tool(broker: RunningBroker, *args: str, stdin: str | bytes = "", timeout: float = 30) -> str:
+    raw = stdin if isinstance(stdin, bytes) else stdin.encode()
     done = subprocess.run(
-        command, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+        command(broker, *args), input=raw, capture_output=True, timeout=timeout, check=False
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout
+    return done.stdout.decode()
 
 
 def test_create_produce_and_consume_from_every_start(tqbroker_thread: RunningBroker) -> None:
     assert "3 partition(s), created" in tool(
         tqbroker_thread, "create-topic", "orders", "--partitions", "3", "--arg", "x-max-age=7D"
     )
-    assert "exists" in tool(tqbroker_thread, "create-topic", "orders", "--partitions", "3")
+    again = ("create-topic", "orders", "--partitions", "3", "--arg", "x-max-age=7D")
+    assert "exists" in tool(tqbroker_thread, *again)
     landed = tool(tqbroker_thread, "produce", "orders", "--key", "k1", "-v", stdin="a\nb\nc\n")
     assert len(set(landed.splitlines())) == 3  # one partition (the key's), three offsets
     tool(tqbroker_thread, "produce", "orders", stdin="".join(f"m{n}\n" for n in range(9)))
@@ -55,11 +59,8 @@ def test_create_produce_and_consume_from_every_start(tqbroker_thread: RunningBro
 def test_consume_next_waits_for_new_messages(tqbroker_thread: RunningBroker) -> None:
     tool(tqbroker_thread, "create-topic", "live", "--partitions", "2")
     tool(tqbroker_thread, "produce", "live", stdin="old\n")
-    command = [
-        sys.executable, "-m", "tqbroker", "consume", "live", "-n", "2",
-        "--http", tqbroker_thread.http_url, "--url", tqbroker_thread.url,
-    ]  # fmt: skip
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as consumer:
+    reader = command(tqbroker_thread, "consume", "live", "-n", "2")
+    with subprocess.Popen(reader, stdout=subprocess.PIPE, text=True) as consumer:
         time.sleep(1.5)  # it subscribes at "next"
         tool(tqbroker_thread, "produce", "live", stdin="new1\nnew2\n")
         out, _ = consumer.communicate(timeout=30)
@@ -80,9 +81,37 @@ def test_errors_are_one_line_and_exit_1(tqbroker_thread: RunningBroker) -> None:
         ["consume", "missing", "--idle", "1"],
         ["consume", "missing", "--from", "yesterday"],
         ["create-topic", "t", "--partitions", "0"],
+        ["create-topic", "a/b"],
+        ["consume", "t\u00f6 pic?", "--idle", "1"],
+        ["create-topic", "t", "--user", "guest:wrong"],
     ):
-        command = [sys.executable, "-m", "tqbroker", *args, "--http", tqbroker_thread.http_url]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(
+            command(tqbroker_thread, *args), capture_output=True, text=True, timeout=30, check=False
+        )
         assert done.returncode == 1
         assert done.stderr.count("\n") == 1
         assert done.stderr.startswith("tqbroker ")
+
+
+def test_a_group_member_takes_back_what_a_leaving_member_had(
+    tqbroker_thread: RunningBroker,
+) -> None:
+    """The CLI re-consumes a revoked partition (it asks for basic.cancel notifications), so
+    when the member that took it leaves, it reads it again."""
+    tool(tqbroker_thread, "create-topic", "shared", "--partitions", "2")
+    stays = command(tqbroker_thread, "consume", "shared", "--group", "g", "--idle", "6")
+    with subprocess.Popen(stays, stdout=subprocess.PIPE, text=True) as first:
+        time.sleep(1.5)
+        tool(tqbroker_thread, "consume", "shared", "--group", "g", "--idle", "1.5")  # joins, leaves
+        tool(tqbroker_thread, "produce", "shared", stdin="".join(f"s{n}\n" for n in range(20)))
+        out, _ = first.communicate(timeout=60)
+    assert sorted(out.split()) == sorted(f"s{n}" for n in range(20))
+
+
+def test_produce_takes_any_bytes_and_topic_names_are_quoted(tqbroker_thread: RunningBroker) -> None:
+    tool(tqbroker_thread, "create-topic", "t\u00f6pic?")
+    tool(tqbroker_thread, "produce", "t\u00f6pic?", stdin=b"ok\n\xff\xfe\n")
+    rows = tool(
+        tqbroker_thread, "consume", "t\u00f6pic?", "--from", "first", "-n", "2", "--format", "json"
+    ).splitlines()
+    assert [json.loads(row)["value"] for row in rows] == ["ok", "\ufffd\ufffd"]

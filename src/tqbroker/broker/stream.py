@@ -77,21 +77,37 @@ def parse_interval(value: str) -> int | None:
 @attrs.define
 class GroupCursor:
     """Where a consumer group is on one partition: who reads it, the next offset to deliver,
-    and what was delivered to that reader and is not settled yet (in offset order)."""
+    and what was delivered to that reader and is not settled yet."""
 
     owner: Consumer
     position: int
-    delivered: deque[int] = attrs.field(factory=deque)
-    settled: set[int] = attrs.field(factory=set)
+    delivered: deque[int] = attrs.field(factory=deque)  # in offset order, settled ones too
+    unsettled: set[int] = attrs.field(factory=set)
 
-    def settle(self, offset: int) -> int:
-        """The offset is acked (or nacked: a stream takes nothing back); return the committed
-        offset: the first unsettled delivery, or the next to deliver."""
-        self.settled.add(offset)
-        delivered, settled = self.delivered, self.settled
-        while delivered and delivered[0] in settled:
-            settled.discard(delivered.popleft())
-        return delivered[0] if delivered else self.position
+    def note(self, offset: int) -> None:
+        """``offset`` was delivered to the reader."""
+        self.delivered.append(offset)
+        self.unsettled.add(offset)
+
+    def settle(self, offset: int) -> None:
+        """The reader acked (or rejected without requeue) ``offset``."""
+        self.unsettled.discard(offset)
+        delivered = self.delivered
+        while delivered and delivered[0] not in self.unsettled:
+            delivered.popleft()
+
+    def rewind(self, offset: int) -> None:
+        """The reader gave ``offset`` back (requeue): deliver it and what follows again. Acks
+        still to come for those deliveries settle the new ones (they were processed)."""
+        delivered = self.delivered
+        while delivered and delivered[-1] >= offset:
+            self.unsettled.discard(delivered.pop())
+        self.position = min(self.position, offset)
+
+    @property
+    def committed(self) -> int:
+        """The first unsettled delivery, or the next offset to deliver."""
+        return self.delivered[0] if self.delivered else self.position
 
 
 class StreamQueue(Queue):
@@ -190,13 +206,11 @@ class StreamQueue(Queue):
                 continue
             cursor = self._cursors.get(group)
             if cursor is not None and cursor.owner is consumer:  # else it waits its turn
-                cursor.position = self._deliver(consumer, cursor.position, cursor.delivered)
+                cursor.position = self._deliver(consumer, cursor.position, cursor)
 
-    def _deliver(
-        self, consumer: Consumer, position: int, delivered: deque[int] | None = None
-    ) -> int:
+    def _deliver(self, consumer: Consumer, position: int, cursor: GroupCursor | None = None) -> int:
         """Deliver from ``position`` while the consumer has credit; return the next position
-        (and note each offset delivered in ``delivered``)."""
+        (and note each offset delivered in the group's ``cursor``)."""
         stream = self.stream
         end = stream.next_offset
         position = max(position, stream.first_offset)
@@ -211,8 +225,8 @@ class StreamQueue(Queue):
                 break
             position = record.offset + 1
             consumer.unacked += 1
-            if delivered is not None:
-                delivered.append(record.offset)
+            if cursor is not None:
+                cursor.note(record.offset)
             message = record.message
             headers = message.properties.headers or {}
             # Every delivery says where it is, as a long, as RabbitMQ sends it.
@@ -245,23 +259,33 @@ class StreamQueue(Queue):
             if consumer in self._tracked:
                 stored = self.stream.offsets.get(consumer.tag, 0)
                 self.stream.store_offset(consumer.tag, max(stored, message_id + 1))
-            self.requeue(message_id, consumer)
+            self._settle(message_id, consumer, requeue=False)
 
     def requeue(self, message_id: int, consumer: Consumer | None) -> None:
         """A stream never takes a message back or drops it: nack, reject and requeue only give
-        the credit back (and settle the delivery for the consumer's group)."""
-        if consumer is not None:
-            group = self._group_of.get(consumer)
-            if group is not None:
-                cursor = self._cursors.get(group)
-                if cursor is not None and cursor.owner is consumer:
-                    self.stream.commit_group_offset(group, cursor.settle(message_id))
-            consumer.unacked -= 1
-            self._wakeup.set()
-            if not consumer.unacked and consumer not in self._positions:
-                self._tracked.discard(consumer)  # cancelled, and its last delivery settled
+        the credit back. A group's reader that requeues gets the message (and those after it)
+        again, and its group's commit stays before it."""
+        self._settle(message_id, consumer, requeue=True)
 
-    reject = requeue
+    def reject(self, message_id: int, consumer: Consumer | None) -> None:
+        self._settle(message_id, consumer, requeue=False)
+
+    def _settle(self, message_id: int, consumer: Consumer | None, *, requeue: bool) -> None:
+        if consumer is None:
+            return
+        group = self._group_of.get(consumer)
+        if group is not None:
+            cursor = self._cursors.get(group)
+            if cursor is not None and cursor.owner is consumer:
+                if requeue:
+                    cursor.rewind(message_id)
+                else:
+                    cursor.settle(message_id)
+                self.stream.commit_group_offset(group, cursor.committed)
+        consumer.unacked -= 1
+        self._wakeup.set()
+        if not consumer.unacked and consumer not in self._positions:
+            self._tracked.discard(consumer)  # cancelled, and its last delivery settled
 
     def purge(self) -> int:
         raise AMQPError(

@@ -35,6 +35,7 @@ from .vhost import VirtualHost
 
 PARTITION_EXCHANGE_TYPE = "x-key-partition"
 MAX_READ = 10_000
+MAX_READ_BYTES = 64 * 1024 * 1024
 
 
 class TopicError(Exception):
@@ -127,29 +128,32 @@ def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -
             f"partitioned topics need the {PARTITION_EXCHANGE_TYPE} exchange type: install "
             "tqbroker-partitioner (plugins/partitioner)",
         )
+    if not topic or "/" in topic or len(f"{topic}-{count - 1}".encode()) > 255:
+        raise TopicError(
+            400,
+            "a topic name must be non-empty, without '/', and short enough for its "
+            "partitions' queue names (255 bytes)",
+        )
     names = [f"{topic}-{n}" for n in range(count)]
-    existing = vhost.exchanges.get(topic)
-    if existing is not None:
-        if (
-            existing.type_name != PARTITION_EXCHANGE_TYPE
-            or [q.name for q in _bound(vhost, topic)] != names
-        ):
-            raise TopicError(
-                409, f"topic '{topic}' exists with another shape than {count} partitions"
-            )
-        return False
     queue_arguments: FieldTable = {**arguments, "x-queue-type": "stream"}
     try:
+        # Partitions that exist must be streams with these arguments (a redeclare checks
+        # that), before anything is created: a refused declaration leaves nothing behind.
         for name in names:
-            vhost.declare_queue(
-                name,
-                passive=False,
-                durable=True,
-                exclusive=False,
-                auto_delete=False,
-                arguments=queue_arguments,
-                owner=None,
-            )
+            if name in vhost.queues:
+                _declare_stream(vhost, name, queue_arguments)
+        existing = vhost.exchanges.get(topic)
+        if existing is not None:
+            if (
+                existing.type_name != PARTITION_EXCHANGE_TYPE
+                or [q.name for q in _bound(vhost, topic)] != names
+            ):
+                raise TopicError(
+                    409, f"topic '{topic}' exists with another shape than {count} partitions"
+                )
+            return False
+        for name in names:
+            _declare_stream(vhost, name, queue_arguments)
         vhost.declare_exchange(
             topic,
             PARTITION_EXCHANGE_TYPE,
@@ -166,6 +170,18 @@ def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -
             409 if exc.code == ReplyCode.PRECONDITION_FAILED else 400, exc.text
         ) from None
     return True
+
+
+def _declare_stream(vhost: VirtualHost, name: str, arguments: FieldTable) -> None:
+    vhost.declare_queue(
+        name,
+        passive=False,
+        durable=True,
+        exclusive=False,
+        auto_delete=False,
+        arguments=arguments,
+        owner=None,
+    )
 
 
 def _bound(vhost: VirtualHost, topic: str) -> list[StreamQueue]:
@@ -185,16 +201,9 @@ async def produce(
     exchange = vhost.exchanges.get(topic)
     waits = []
     landed: list[tuple[int, int]] = []
-    for record in records:
-        properties = BasicProperties(headers=dict(record.headers) or None, delivery_mode=2)
-        message = Message(
-            exchange.name if exchange is not None else "",
-            record.key,
-            properties.encode(),
-            record.value,
-            properties,
-            timestamp_ms=clock.now_ms(),
-        )
+    messages = [_message(exchange.name if exchange is not None else "", r) for r in records]
+    for record, message in zip(records, messages, strict=True):
+        properties = message.properties
         if record.partition is not None:
             destinations = [partition(vhost, topic, record.partition)]
         elif exchange is not None:
@@ -219,6 +228,16 @@ async def produce(
     return landed
 
 
+def _message(exchange: str, record: ProducerRecord) -> Message:
+    """The message a record becomes (``TopicError`` 400 if its headers cannot be encoded)."""
+    properties = BasicProperties(headers=dict(record.headers) or None, delivery_mode=2)
+    try:
+        raw = properties.encode()
+    except (ValueError, OverflowError) as exc:
+        raise TopicError(400, f"cannot encode the headers: {exc}") from None
+    return Message(exchange, record.key, raw, record.value, properties, clock.now_ms())
+
+
 def read(
     vhost: VirtualHost,
     topic: str,
@@ -227,11 +246,15 @@ def read(
     offset: int | None = None,
     timestamp_ms: int | None = None,
     limit: int = 100,
+    max_bytes: int = 1024 * 1024,
 ) -> list[ConsumerRecord]:
     """Up to ``limit`` records of a partition from ``offset`` (clamped to what is there) or
-    from the first record at or after ``timestamp_ms``; from the earliest by default."""
+    from the first record at or after ``timestamp_ms``; from the earliest by default. Stops
+    once the values add up to ``max_bytes`` (at least one record is returned)."""
     if not 1 <= limit <= MAX_READ:
         raise TopicError(400, f"limit must be between 1 and {MAX_READ} (got {limit})")
+    if not 1 <= max_bytes <= MAX_READ_BYTES:
+        raise TopicError(400, f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
     stream = partition(vhost, topic, partition_index).stream
     if timestamp_ms is not None:
         position = stream.offset_for_timestamp(timestamp_ms)
@@ -239,7 +262,8 @@ def read(
         position = max(offset if offset is not None else 0, stream.first_offset)
     records: list[ConsumerRecord] = []
     end = stream.next_offset
-    while position < end and len(records) < limit:
+    size = 0
+    while position < end and len(records) < limit and size < max_bytes:
         record = stream.read_from(position)
         if record is None:
             break
@@ -255,6 +279,7 @@ def read(
             )
         )
         position = record.offset + 1
+        size += len(message.body)
     return records
 
 

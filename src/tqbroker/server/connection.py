@@ -14,7 +14,6 @@ Responsibilities:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
 import platform
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .. import __version__
-from ..auth import MECHANISMS, User, parse_response
+from ..auth import MECHANISMS, User, is_loopback, parse_response
 from ..broker.vhost import VirtualHost
 from ..protocol.codec import FieldTable
 from ..protocol.connection import (
@@ -89,13 +88,6 @@ def server_properties(cluster_name: str) -> FieldTable:
         "cluster_name": cluster_name,
         "capabilities": CAPABILITIES,
     }
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 
 class HangUp(Exception):
@@ -463,7 +455,7 @@ class AMQPConnection:
                 f"Login was refused using authentication mechanism {start_ok.mechanism}. "
                 "For details see the broker logfile."
             )
-        elif user.loopback_only and not _is_loopback(self.peer_host):
+        elif user.loopback_only and not is_loopback(self.peer_host):
             await self._refuse_login(f"user '{username}' can only connect via localhost")
         self.user = user
         config = self.broker.config

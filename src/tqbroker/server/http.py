@@ -5,15 +5,21 @@ Responsibilities:
 - the routes and their JSON (``GET /health``; ``PUT /topics/{topic}`` declares a partitioned
   stream; ``POST``/``GET /topics/{topic}/messages``; ``GET /topics/{topic}/offsets``;
   ``GET /topics/{topic}/groups/{group}``), each a thin translation to ``broker.topics``;
+- HTTP Basic authentication against the broker's users (``loopback_only`` users from loopback
+  only), and the user's vhost permissions; ``/health`` is open;
 - values travel as text (``"encoding": "utf-8"``, the default) or base64
-  (``"encoding": "base64"``); timestamps are milliseconds since the epoch or ISO-8601;
+  (``"encoding": "base64"``); timestamps are milliseconds since the epoch or ISO-8601; header
+  values that JSON cannot carry as they are come as ``{"bytes": <base64>}`` (byte strings) or
+  strings (non-finite floats, undecodable text);
+- size limits: a request body of at most ``MAX_REQUEST_BYTES``, a value of at most the broker's
+  ``max_message_size`` (413), a read of at most ``max_bytes`` of values (1 MiB by default, as
+  Kafka's ``max.partition.fetch.bytes``);
 - every error is JSON, ``{"error": <reason>, "message": <what to fix>}`` with a 4xx (or 503)
-  status; unknown paths and methods too;
+  status; unknown paths and methods too, and a 500 for a bug;
 - ``serve_http``: bind and serve until cancelled, reporting the bound addresses through the
   Trio start protocol.
 
-Every route takes an optional ``vhost`` query parameter (default ``/``). There is no
-authentication yet: the API listens where the broker does (loopback by default).
+Every route takes an optional ``vhost`` query parameter (default ``/``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import datetime
 import decimal
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
@@ -37,6 +44,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .. import clock
+from ..auth import is_loopback
 from ..broker import topics
 from ..broker.broker import Broker
 from ..broker.topics import ConsumerRecord, ProducerRecord, TopicError
@@ -46,26 +55,50 @@ from ..protocol.codec import FieldTable, FieldValue
 log = logging.getLogger("tqbroker.http")
 
 Address = tuple[str, int]
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+DEFAULT_READ_BYTES = 1024 * 1024
 _REASONS = {
     400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
+    413: "too_large",
+    500: "internal_error",
     503: "unavailable",
 }
 
 
 def error(status: int, message: str) -> JSONResponse:
+    headers = {"www-authenticate": 'Basic realm="tqbroker"'} if status == 401 else None
     return JSONResponse(
-        {"error": _REASONS.get(status, "error"), "message": message}, status_code=status
+        {"error": _REASONS.get(status, "error"), "message": message},
+        status_code=status,
+        headers=headers,
     )
 
 
 def create_app(broker: Broker) -> Starlette:
     """The ASGI app serving ``broker``."""
 
-    def vhost_of(request: Request) -> VirtualHost:
+    async def vhost_of(request: Request) -> VirtualHost:
+        """The request's vhost, once its credentials and permissions are checked."""
+        scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+        try:
+            username, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            username = password = ""
+        if scheme.lower() != "basic" or not username:
+            raise TopicError(401, "HTTP Basic credentials of a broker user are required")
+        user = await trio.to_thread.run_sync(broker.users.verify, username, password)
+        if user is None:
+            raise TopicError(401, "login refused")
+        if user.loopback_only and not is_loopback(request.client.host if request.client else ""):
+            raise TopicError(401, f"user '{username}' can only connect via localhost")
         name = request.query_params.get("vhost", "/")
+        if not user.may_open(name):
+            raise TopicError(403, f"user '{username}' has no access to vhost '{name}'")
         vhost = broker.vhosts.get(name)
         if vhost is None:
             raise TopicError(404, f"no vhost '{name}'")
@@ -86,20 +119,21 @@ def create_app(broker: Broker) -> Starlette:
         count = _integer(body.get("partitions", 1), "partitions")
         arguments = _field_table(body.get("arguments", {}), "arguments")
         topic = request.path_params["topic"]
-        created = topics.declare(vhost_of(request), topic, count, arguments)
+        created = topics.declare(await vhost_of(request), topic, count, arguments)
         return JSONResponse(
             {"topic": topic, "partitions": count, "created": created},
             status_code=201 if created else 200,
         )
 
     async def produce(request: Request) -> Response:
+        vhost = await vhost_of(request)
         body = await _json_object(request)
         single = "records" not in body
         raw = [body] if single else body["records"]
         if not isinstance(raw, list) or not raw:
             raise TopicError(400, "'records' must be a non-empty list of records")
-        records = [_producer_record(r) for r in raw]
-        landed = await topics.produce(vhost_of(request), request.path_params["topic"], records)
+        records = [_producer_record(r, broker.config.max_message_size) for r in raw]
+        landed = await topics.produce(vhost, request.path_params["topic"], records)
         results = [{"partition": p, "offset": o} for p, o in landed]
         return JSONResponse(results[0] if single else {"offsets": results}, status_code=201)
 
@@ -107,11 +141,12 @@ def create_app(broker: Broker) -> Starlette:
         query = request.query_params
         partition = _integer(query.get("partition", "0"), "partition")
         limit = _integer(query.get("limit", "100"), "limit")
+        max_bytes = _integer(query.get("max_bytes", str(DEFAULT_READ_BYTES)), "max_bytes")
         offset = _start_offset(query.get("offset"))
         timestamp = _timestamp(query["timestamp"]) if "timestamp" in query else None
         if offset is not None and timestamp is not None:
             raise TopicError(400, "give 'offset' or 'timestamp', not both")
-        vhost = vhost_of(request)
+        vhost = await vhost_of(request)
         topic = request.path_params["topic"]
         if offset == "latest":
             offset = topics.partition(vhost, topic, partition).stream.next_offset
@@ -122,6 +157,7 @@ def create_app(broker: Broker) -> Starlette:
             offset=offset if isinstance(offset, int) else None,
             timestamp_ms=timestamp,
             limit=limit,
+            max_bytes=max_bytes,
         )
         next_offset = (
             records[-1].offset + 1
@@ -138,7 +174,7 @@ def create_app(broker: Broker) -> Starlette:
         )
 
     async def offsets(request: Request) -> Response:
-        vhost = vhost_of(request)
+        vhost = await vhost_of(request)
         topic = request.path_params["topic"]
         found: list[dict[str, int | str | None]] = [
             {
@@ -160,7 +196,7 @@ def create_app(broker: Broker) -> Starlette:
     async def group(request: Request) -> Response:
         topic = request.path_params["topic"]
         name = request.path_params["group"]
-        found = topics.group(vhost_of(request), topic, name)
+        found = topics.group(await vhost_of(request), topic, name)
         return JSONResponse(
             {
                 "topic": topic,
@@ -187,9 +223,14 @@ def create_app(broker: Broker) -> Starlette:
         assert isinstance(exc, HTTPException)
         return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
 
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.exception("HTTP %s %s failed", request.method, request.url.path, exc_info=exc)
+        return error(500, f"{request.method} {request.url.path}: internal error (in the log)")
+
     handlers: Mapping[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         TopicError: topic_error,
         HTTPException: http_error,
+        Exception: internal_error,
     }
     return Starlette(
         routes=[
@@ -237,12 +278,23 @@ def _address(bind: str) -> Address:
 # -- JSON in -----------------------------------------------------------------------------------
 
 
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 async def _json_object(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    declared = request.headers.get("content-length", "0")
+    if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
+        raise TopicError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_REQUEST_BYTES:
+            raise TopicError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
     if not raw:
         return {}
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constants)
     except ValueError as exc:
         raise TopicError(400, f"the request body is not JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -279,19 +331,16 @@ def _timestamp(value: str) -> int:
         return int(value)
     except ValueError:
         pass
-    try:
-        moment = datetime.datetime.fromisoformat(value)
-    except ValueError:
+    moment = clock.parse_iso_time(value)
+    if moment is None:
         raise TopicError(
             400,
             f"'timestamp' must be milliseconds since the epoch or an ISO-8601 time (got {value!r})",
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.UTC)
+        )
     return int(moment.timestamp() * 1000)
 
 
-def _producer_record(raw: object) -> ProducerRecord:
+def _producer_record(raw: object, max_size: int) -> ProducerRecord:
     if not isinstance(raw, dict):
         raise TopicError(400, "a record must be a JSON object with a 'value'")
     value = raw.get("value")
@@ -301,7 +350,7 @@ def _producer_record(raw: object) -> ProducerRecord:
         )
     encoding = raw.get("encoding", "utf-8")
     if encoding == "utf-8":
-        body = value.encode()
+        body = _utf8(value, "value")
     elif encoding == "base64":
         try:
             body = base64.b64decode(value, validate=True)
@@ -309,8 +358,10 @@ def _producer_record(raw: object) -> ProducerRecord:
             raise TopicError(400, f"'value' is not valid base64: {exc}") from None
     else:
         raise TopicError(400, f"'encoding' must be 'utf-8' or 'base64' (got {encoding!r})")
+    if len(body) > max_size:
+        raise TopicError(413, f"a value is limited to {max_size} bytes (got {len(body)})")
     key = raw.get("key", "")
-    if not isinstance(key, str) or len(key.encode()) > 255:
+    if not isinstance(key, str) or len(_utf8(key, "key")) > 255:
         raise TopicError(400, "'key' must be a string of at most 255 bytes (a routing key)")
     partition = raw.get("partition")
     if partition is not None:
@@ -319,14 +370,27 @@ def _producer_record(raw: object) -> ProducerRecord:
     return ProducerRecord(body, key, headers, partition)
 
 
+def _utf8(text: str, name: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise TopicError(400, f"'{name}' is not valid Unicode text") from None
+
+
 def _field_table(value: object, name: str) -> FieldTable:
     if not isinstance(value, dict):
         raise TopicError(400, f"'{name}' must be a JSON object")
-    return {str(k): _field_value(v, name) for k, v in value.items()}
+    for key in value:
+        if len(_utf8(key, name)) > 255:
+            raise TopicError(400, f"'{name}': a name is limited to 255 bytes ({key[:20]!r}...)")
+    return {k: _field_value(v, name) for k, v in value.items()}
 
 
 def _field_value(value: object, name: str) -> FieldValue:
-    if value is None or isinstance(value, str | bool | float):
+    if isinstance(value, str):
+        _utf8(value, name)
+        return value
+    if value is None or isinstance(value, bool | float):
         return value
     if isinstance(value, int):
         if not -(2**63) <= value < 2**63:
@@ -359,15 +423,16 @@ def _record_json(record: ConsumerRecord) -> dict[str, Any]:
 
 
 def _json_value(value: FieldValue) -> Any:
-    if isinstance(value, bool) or value is None or isinstance(value, str | float):
+    if isinstance(value, bool) or value is None:
         return value
+    if isinstance(value, str):  # undecodable text (kept by surrogateescape) is shown replaced
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
     if isinstance(value, int):
         return int(value)
-    if isinstance(value, bytes | bytearray):
-        try:
-            return bytes(value).decode()
-        except UnicodeDecodeError:
-            return base64.b64encode(value).decode()
+    if isinstance(value, bytes | bytearray):  # a byte array ('x'): unambiguous, in base64
+        return {"bytes": base64.b64encode(value).decode()}
     if isinstance(value, datetime.datetime):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
