@@ -82,6 +82,8 @@ class Segment:
         self.dirty = False  # written since the last sync
         self._read_pos = -1  # read-ahead cache: file position of _read_buf
         self._read_buf = b""
+        # Where the last walk stopped: (least offset, file position) of the next record.
+        self._hint = (-1, 0)
 
     # -- appending ---------------------------------------------------------------------------
 
@@ -195,9 +197,14 @@ class Segment:
                 yield item
 
     def _walk_from(self, offset: int) -> Iterator[Record | RecordError]:
-        """``_walk`` from the last index entry at or before ``offset``."""
+        """``_walk`` from the last index entry at or before ``offset``, or from where the last
+        walk stopped if that is closer (sequential reads then decode each record once)."""
         i = bisect_right(self._index_offsets, offset - self.base_offset) - 1
-        return self._walk(*self._entry(i))
+        pos, least = self._entry(i)
+        hint_least, hint_pos = self._hint
+        if least <= hint_least <= offset:
+            pos, least = hint_pos, hint_least
+        return self._walk(pos, least)
 
     def _walk(self, pos: int, least: int) -> Iterator[Record | RecordError]:
         """The records from byte ``pos`` (where a record with offset ``least`` or more starts)
@@ -216,9 +223,10 @@ class Segment:
                     return
                 pos, least = resume
                 continue
-            yield record
             pos += record.size
             least = record.offset + 1
+            self._hint = (least, pos)
+            yield record
 
     def _resync(self, pos: int, least: int) -> tuple[int, int] | None:
         """After a damaged record at byte ``pos`` (whose offset is ``least`` or more): the
@@ -427,6 +435,7 @@ class Segment:
             pos, self.next_offset = file_size, max(expected, end_offset)
         self.size = self.written = pos
         self._read_pos, self._read_buf = -1, b""
+        self._hint = (-1, 0)
         # Rewrite both index files from what the scan found.
         os.ftruncate(self._index_fd, 0)
         os.ftruncate(self._time_fd, 0)
