@@ -116,3 +116,32 @@ class Assignment(RuleBasedStateMachine):
 
 
 TestAssignment = Assignment.TestCase
+
+
+def test_a_member_on_some_partitions_gets_one_of_them() -> None:
+    """B reads p-0 and p-1; A comes for p-0 only: A gets p-0, B keeps p-1 (not B both)."""
+    group = ConsumerGroup("g")
+    revoked: list[Consumer] = []
+    p0, p1 = Partition("p-0", group, revoked), Partition("p-1", group, revoked)
+    a, b = Member(), Member()
+
+    def consume(member: Member, partition: Partition) -> Consumer:
+        consumer = Consumer(
+            "t",
+            partition,
+            member,
+            no_ack=False,
+            exclusive=False,
+            prefetch_count=1,
+            arguments={},  # type: ignore[arg-type]
+        )
+        group.join(partition, consumer)  # type: ignore[arg-type]
+        return consumer
+
+    b0, b1 = consume(b, p0), consume(b, p1)
+    group.rebalance()
+    assert (p0.reader, p1.reader) == (b0, b1)
+    a0 = consume(a, p0)
+    group.rebalance()
+    assert (p0.reader, p1.reader) == (a0, b1)
+    assert revoked == [b0]

@@ -103,14 +103,16 @@ def test_three_members_split_six_partitions_and_rebalance(
     tqbroker_thread: RunningBroker, channel: BlockingChannel
 ) -> None:
     declare_partitioned(channel)
-    members = [Member(tqbroker_thread.url) for _ in range(3)]
-    settle(members)
+    members = [Member(tqbroker_thread.url) for _ in range(2)]  # together: one rebalance
+    settle(members, 0.6)
+    members.append(Member(tqbroker_thread.url))  # later: takes a partition from each
+    settle(members, 0.6)
     publish(channel, 600)
     pump(members, 600)
     owned = [m.partitions for m in members]
     assert [len(p) for p in owned] == [2, 2, 2]  # each partition read by exactly one member
     assert set().union(*owned) == set(range(PARTITIONS))
-    # Joining took partitions from earlier members: their consumers there were cancelled.
+    # The late joiner took partitions from the others: their consumers there were cancelled.
     assert members[0].cancelled
     assert members[1].cancelled
     assert not members[2].cancelled
@@ -212,8 +214,9 @@ def test_a_partition_nobody_stands_by_for_waits_at_its_commit(
 ) -> None:
     declare_partitioned(channel)
     first = Member(tqbroker_thread.url, rejoin=False)
+    settle([first], 0.6)
     second = Member(tqbroker_thread.url)
-    settle([first, second])
+    settle([first, second], 0.6)
     assert len(first.cancelled) == 3  # revoked, and it does not consume them again
     second.close()  # now three partitions have no consumer of the group
     publish(channel, 120)

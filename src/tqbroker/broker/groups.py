@@ -12,9 +12,11 @@ Responsibilities:
   is told its new reader (``StreamQueue.assign``); a member that loses a partition while still
   there has its consumer on it cancelled (``basic.cancel``, as Kafka revokes a partition; a
   client that wants to stand by for it again consumes it again);
-- ``ConsumerGroups``: a vhost's groups by name, and the task that rebalances them. Rebalances
-  wait for the current batch of work: a channel that closes with consumers on six partitions
-  leaves once, not six times (each step of that would move partitions for nothing).
+- ``ConsumerGroups``: a vhost's groups by name, and the task that rebalances them. A rebalance
+  waits until joins and leaves pause for ``REBALANCE_DELAY`` seconds (``MAX_REBALANCE_DELAY`` at
+  most): a client that cancels its consumers on six partitions one after another (pika does,
+  on close) leaves once, not six times — each step of that would move partitions for nothing,
+  even onto the member that is leaving.
 
 What a group has read is kept by each partition (``StreamQueue``): its committed offset, which
 moves with the owner's acks and is stored durably with the stream.
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from .stream import StreamQueue
 
 GROUP_ARGUMENT = "x-stream-group"
+REBALANCE_DELAY = 0.2
+MAX_REBALANCE_DELAY = 2.0
 
 
 def natural_key(queue: StreamQueue) -> list[int | str]:
@@ -101,7 +105,12 @@ class ConsumerGroup:
 
     def _assignment(self) -> dict[StreamQueue, Consumer]:
         """Which consumer reads each partition: sticky and balanced (see the module doc)."""
-        partitions = sorted(self.subscriptions, key=natural_key)
+        # Partitions with the fewest members to choose from first: a member on only some
+        # partitions then gets one of those rather than nothing.
+        partitions = sorted(
+            self.subscriptions,
+            key=lambda q: (len({c.channel for c in self.subscriptions[q]}), natural_key(q)),
+        )
         if not partitions:
             return {}
         floor, extra = divmod(len(partitions), len(self._members))
@@ -183,5 +192,12 @@ class ConsumerGroups:
     async def run(self) -> None:
         while True:
             await self._wakeup.wait()
+            with trio.move_on_after(MAX_REBALANCE_DELAY):
+                while True:  # until joins and leaves pause
+                    self._wakeup = trio.Event()
+                    with trio.move_on_after(REBALANCE_DELAY) as quiet:
+                        await self._wakeup.wait()
+                    if quiet.cancelled_caught:
+                        break
             self._wakeup = trio.Event()
             self._rebalance_pending()
