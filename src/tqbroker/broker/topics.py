@@ -11,8 +11,11 @@ Responsibilities:
 - produce records: a key picks the partition through the topic's exchange, exactly as an AMQP
   publish with that routing key would; wait until they are durable (a publisher confirm's
   guarantee); say where each landed (partition, offset);
-- read a partition from an offset or a timestamp; the offsets of each partition (earliest,
-  latest, first at or after a time); a consumer group's committed offsets and lag.
+- idempotent producers: a write with a producer id and sequence is applied once (the last
+  sequence is stored with the topic's first partition);
+- read a partition from an offset or a timestamp, as records or as a columnar ``ReadBatch``
+  (``recordbatch.py``); the offsets of each partition (earliest, latest, first at or after a
+  time); a consumer group's committed offsets and lag.
 
 Failures are ``TopicError``s carrying an HTTP status (404 unknown topic, 400 bad request, 409
 conflicting declaration, 503 storage that cannot write).
@@ -20,6 +23,7 @@ conflicting declaration, 503 storage that cannot write).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import attrs
@@ -29,6 +33,7 @@ from ..model import Message
 from ..protocol.codec import FieldTable
 from ..protocol.errors import AMQPError, ReplyCode
 from ..protocol.methods import BasicProperties
+from ..recordbatch import BinaryColumn, ReadBatch, encode_headers
 from .groups import natural_key
 from .stream import StreamQueue
 from .vhost import VirtualHost
@@ -192,11 +197,20 @@ def _bound(vhost: VirtualHost, topic: str) -> list[StreamQueue]:
 
 
 async def produce(
-    vhost: VirtualHost, topic: str, records: Sequence[ProducerRecord]
-) -> list[tuple[int, int]]:
+    vhost: VirtualHost,
+    topic: str,
+    records: Sequence[ProducerRecord],
+    *,
+    producer: tuple[str, int] | None = None,
+) -> list[tuple[int, int]] | None:
     """Append the records; once they are durable, return where each landed: (partition,
-    offset)."""
+    offset). With ``producer`` (id, sequence), a sequence not above the last one applied for
+    that id writes nothing and returns None (a retried or replayed write)."""
     found = partitions(vhost, topic)
+    if producer is not None:
+        last = found[0].stream.producers.get(producer[0])
+        if last is not None and producer[1] <= last:
+            return None
     index = {queue: n for n, queue in enumerate(found)}
     exchange = vhost.exchanges.get(topic)
     waits = []
@@ -222,6 +236,8 @@ async def produce(
             raise TopicError(503, f"topic '{topic}': partition storage cannot write")
         waits.extend(tickets)
         landed.append((index[target], offset))
+    if producer is not None:  # durable with the records: the same flush writes both
+        found[0].stream.record_producer(*producer)
     for flusher, ticket in waits:
         if not await flusher.wait(ticket):
             raise TopicError(503, f"topic '{topic}': the write could not be made durable")
@@ -281,6 +297,52 @@ def read(
         position = record.offset + 1
         size += len(message.body)
     return records
+
+
+def read_batch(
+    vhost: VirtualHost,
+    topic: str,
+    partition_index: int,
+    *,
+    offset: int,
+    end: int | None,
+    max_bytes: int,
+    headers: bool,
+) -> ReadBatch:
+    """Records of a partition from ``offset`` (clamped to what is there) up to ``end``
+    (exclusive; None: the log end) as columns, stopping once the values add up to
+    ``max_bytes`` (at least one record when there is one)."""
+    if not 1 <= max_bytes <= MAX_READ_BYTES:
+        raise TopicError(400, f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
+    stream = partition(vhost, topic, partition_index).stream
+    stop = stream.next_offset if end is None else min(end, stream.next_offset)
+    position = max(offset, stream.first_offset)
+    offsets, timestamps = array("q"), array("q")
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    header_json: list[bytes] = []
+    size = 0
+    while position < stop and size < max_bytes:
+        record = stream.read_from(position)
+        if record is None or record.offset >= stop:
+            break
+        message = record.message
+        offsets.append(record.offset)
+        timestamps.append(message.timestamp_ms)
+        keys.append(message.routing_key.encode("utf-8", "surrogateescape"))
+        values.append(message.body)
+        if headers:
+            header_json.append(encode_headers(message.properties.headers))
+        size += len(message.body)
+        position = record.offset + 1
+    return ReadBatch(
+        max(position, offset),
+        offsets,
+        timestamps,
+        BinaryColumn.of(keys),
+        BinaryColumn.of(values),
+        BinaryColumn.of(header_json) if headers else None,
+    )
 
 
 def offsets(vhost: VirtualHost, topic: str) -> list[PartitionOffsets]:

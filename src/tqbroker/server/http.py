@@ -4,7 +4,10 @@ inside the broker's nursery. The management API will extend this same app.
 Responsibilities:
 - the routes and their JSON (``GET /health``; ``PUT /topics/{topic}`` declares a partitioned
   stream; ``POST``/``GET /topics/{topic}/messages``; ``GET /topics/{topic}/offsets``;
-  ``GET /topics/{topic}/groups/{group}``), each a thin translation to ``broker.topics``;
+  ``GET /topics/{topic}/groups/{group}``; the columnar bulk ``GET
+  /topics/{topic}/partitions/{p}/records`` and ``POST /topics/{topic}/records``, in
+  ``recordbatch.py``'s formats, for the Spark data source), each a thin translation to
+  ``broker.topics``;
 - HTTP Basic authentication against the broker's users (``loopback_only`` users from loopback
   only), and the user's vhost permissions; ``/health`` is open;
 - values travel as text (``"encoding": "utf-8"``, the default) or base64
@@ -26,11 +29,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import datetime
-import decimal
 import json
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
@@ -51,11 +51,13 @@ from ..broker.broker import Broker
 from ..broker.topics import ConsumerRecord, ProducerRecord, TopicError
 from ..broker.vhost import VirtualHost
 from ..protocol.codec import FieldTable, FieldValue
+from ..recordbatch import decode_write, encode_read, json_value
 
 log = logging.getLogger("tqbroker.http")
 
 Address = tuple[str, int]
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
+RECORDS_MEDIA_TYPE = "application/x-tqbroker-records"
 DEFAULT_READ_BYTES = 1024 * 1024
 _REASONS = {
     400: "bad_request",
@@ -134,6 +136,7 @@ def create_app(broker: Broker) -> Starlette:
             raise TopicError(400, "'records' must be a non-empty list of records")
         records = [_producer_record(r, broker.config.max_message_size) for r in raw]
         landed = await topics.produce(vhost, request.path_params["topic"], records)
+        assert landed is not None  # no producer id: never a duplicate
         results = [{"partition": p, "offset": o} for p, o in landed]
         return JSONResponse(results[0] if single else {"offsets": results}, status_code=201)
 
@@ -172,6 +175,65 @@ def create_app(broker: Broker) -> Starlette:
                 "next_offset": next_offset,
             }
         )
+
+    async def read_records(request: Request) -> Response:
+        """The columnar bulk read (``recordbatch.ReadBatch``)."""
+        query = request.query_params
+        vhost = await vhost_of(request)
+        batch = topics.read_batch(
+            vhost,
+            request.path_params["topic"],
+            _integer(request.path_params["partition"], "partition"),
+            offset=_integer(query.get("offset", "0"), "offset"),
+            end=_integer(query["end"], "end") if "end" in query else None,
+            max_bytes=_integer(query.get("max_bytes", str(DEFAULT_READ_BYTES)), "max_bytes"),
+            headers=query.get("headers", "false") == "true",
+        )
+        return Response(encode_read(batch), media_type=RECORDS_MEDIA_TYPE)
+
+    async def write_records(request: Request) -> Response:
+        """The columnar bulk write (``recordbatch.WriteBatch``), idempotent with a producer
+        id and sequence."""
+        vhost = await vhost_of(request)
+        producer = None
+        if "x-producer-id" in request.headers:
+            sequence = _integer(request.headers.get("x-producer-sequence"), "x-producer-sequence")
+            producer = (request.headers["x-producer-id"], sequence)
+        try:
+            batch = decode_write(await _body(request))
+        except ValueError as exc:
+            raise TopicError(400, f"not a valid TQW1 body: {exc}") from None
+        limit = broker.config.max_message_size
+        records = []
+        for i in range(len(batch)):
+            value = batch.values[i]
+            if len(value) > limit:
+                raise TopicError(413, f"a value is limited to {limit} bytes (got {len(value)})")
+            raw_headers = batch.headers[i]
+            try:
+                key = batch.keys[i].decode()
+                headers = (
+                    json.loads(raw_headers, parse_constant=_no_constants) if raw_headers else {}
+                )
+            except ValueError as exc:
+                raise TopicError(400, f"record {i}: {exc}") from None
+            if len(batch.keys[i]) > 255:
+                raise TopicError(400, f"record {i}: a key is limited to 255 bytes")
+            partition = batch.partitions[i]
+            records.append(
+                ProducerRecord(
+                    value,
+                    key,
+                    _field_table(headers, "headers"),
+                    partition if partition >= 0 else None,
+                )
+            )
+        landed = await topics.produce(
+            vhost, request.path_params["topic"], records, producer=producer
+        )
+        if landed is None:
+            return JSONResponse({"duplicate": True})
+        return JSONResponse({"count": len(landed)}, status_code=201)
 
     async def offsets(request: Request) -> Response:
         vhost = await vhost_of(request)
@@ -239,6 +301,8 @@ def create_app(broker: Broker) -> Starlette:
             Route("/topics/{topic}/messages", produce, methods=["POST"]),
             Route("/topics/{topic}/messages", consume, methods=["GET"]),
             Route("/topics/{topic}/offsets", offsets),
+            Route("/topics/{topic}/records", write_records, methods=["POST"]),
+            Route("/topics/{topic}/partitions/{partition}/records", read_records),
             Route("/topics/{topic}/groups/{group}", group),
         ],
         exception_handlers=handlers,
@@ -282,7 +346,8 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-async def _json_object(request: Request) -> dict[str, Any]:
+async def _body(request: Request) -> bytes:
+    """The request body, at most ``MAX_REQUEST_BYTES`` (413)."""
     declared = request.headers.get("content-length", "0")
     if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
         raise TopicError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
@@ -291,6 +356,11 @@ async def _json_object(request: Request) -> dict[str, Any]:
         raw += chunk
         if len(raw) > MAX_REQUEST_BYTES:
             raise TopicError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
+    return bytes(raw)
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    raw = await _body(request)
     if not raw:
         return {}
     try:
@@ -416,29 +486,7 @@ def _record_json(record: ConsumerRecord) -> dict[str, Any]:
         "offset": record.offset,
         "timestamp": record.timestamp_ms,
         "key": record.key,
-        "headers": {k: _json_value(v) for k, v in record.headers.items()},
+        "headers": json_value(record.headers),
         "value": value,
         "encoding": encoding,
     }
-
-
-def _json_value(value: FieldValue) -> Any:
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, str):  # undecodable text (kept by surrogateescape) is shown replaced
-        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, bytes | bytearray):  # a byte array ('x'): unambiguous, in base64
-        return {"bytes": base64.b64encode(value).decode()}
-    if isinstance(value, datetime.datetime):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, list | tuple):
-        return [_json_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json_value(v) for k, v in value.items()}
-    return str(value)

@@ -9,8 +9,8 @@ Responsibilities:
 - the flush protocol the log backend's flushes drive (``begin_flush`` / ``close`` / ``abandon``),
   like ``LogQueueStore``'s, without ack state: readers keep their own positions;
 - stored positions, made durable by the next flush: ``offsets`` by consumer tag (server-side
-  offset tracking) and ``group_offsets`` by consumer group (the group's committed offset on
-  this stream);
+  offset tracking), ``group_offsets`` by consumer group (the group's committed offset on
+  this stream) and ``producers`` by producer id (the last sequence of an idempotent producer);
 - compaction, Kafka's ``cleanup.policy=compact`` (``Compaction``): ``compaction_work`` plans a
   pass and returns the blocking work, which writes compacted copies of the closed segments
   (the latest record of each key kept, offsets unchanged, so segments get gaps) in a scratch
@@ -109,6 +109,8 @@ class LogStream:
         self.offsets: dict[str, int] = {}
         # Consumer groups: the committed offset (the next one to read) of each group, by name.
         self.group_offsets: dict[str, int] = {}
+        # Idempotent producers (HTTP bulk writes): the last sequence applied, by producer id.
+        self.producers: dict[str, int] = {}
         self._offsets_dirty = False
         self._lock = threading.Lock()
         self.abandoned = False
@@ -131,6 +133,7 @@ class LogStream:
         self._synced_upto = recovery_point
         self.offsets = _positions(state.get("offsets"))
         self.group_offsets = _positions(state.get("groups"))
+        self.producers = _positions(state.get("producers"))
 
     # -- reading and writing -----------------------------------------------------------------
 
@@ -161,14 +164,20 @@ class LogStream:
 
     def store_offset(self, consumer_tag: str, offset: int) -> None:
         """Remember where a tracked consumer goes on (durable after the next flush)."""
-        if self.offsets.get(consumer_tag) != offset:
-            self.offsets[consumer_tag] = offset
-            self._offsets_dirty = True
+        self._remember(self.offsets, consumer_tag, offset)
 
     def commit_group_offset(self, group: str, offset: int) -> None:
         """Remember a consumer group's committed offset (durable after the next flush)."""
-        if self.group_offsets.get(group) != offset:
-            self.group_offsets[group] = offset
+        self._remember(self.group_offsets, group, offset)
+
+    def record_producer(self, producer: str, sequence: int) -> None:
+        """Remember the last sequence applied for an idempotent producer (durable after the
+        next flush, with the records it wrote)."""
+        self._remember(self.producers, producer, sequence)
+
+    def _remember(self, table: dict[str, int], name: str, value: int) -> None:
+        if table.get(name) != value:
+            table[name] = value
             self._offsets_dirty = True
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
@@ -282,6 +291,7 @@ class LogStream:
             "recovery_point": synced_upto,
             "offsets": dict(self.offsets),
             "groups": dict(self.group_offsets),
+            "producers": dict(self.producers),
         }
         offsets_dirty, self._offsets_dirty = self._offsets_dirty, False
         retired, self._retired = self._retired, []
