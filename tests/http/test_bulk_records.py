@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -22,7 +21,6 @@ from tqbroker.recordbatch import (
     encode_read,
     encode_write,
 )
-from tqbroker.testing import RunningBroker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,14 +68,6 @@ def write_body(
             BinaryColumn.of(headers),
         )
     )
-
-
-@pytest.fixture
-def http(tqbroker_thread: RunningBroker) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=tqbroker_thread.http_url, auth=("guest", "guest"), timeout=10
-    ) as client:
-        yield client
 
 
 def read(http: httpx.Client, topic: str, partition: int, **params: object) -> ReadBatch:

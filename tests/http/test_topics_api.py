@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,14 +18,6 @@ from tqbroker.protocol.methods import BasicProperties
 from tqbroker.testing import RunningBroker
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def http(tqbroker_thread: RunningBroker) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=tqbroker_thread.http_url, auth=("guest", "guest"), timeout=10
-    ) as client:
-        yield client
 
 
 def declare(http: httpx.Client, topic: str = "orders", partitions: int = 3) -> None:
