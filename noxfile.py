@@ -73,3 +73,12 @@ def bench_streams(session: nox.Session) -> None:
     msg/s; asserts nothing): ``nox -s bench-streams -- --count 100000``."""
     session.install("-e", ".")
     session.run("python", "benchmarks/streams.py", *session.posargs)
+
+
+@nox.session(name="bench-spark")
+def bench_spark(session: nox.Session) -> None:
+    """The Spark data source: batch read and sink rates, 1M records of 100 bytes, in a local
+    SparkSession (prints rows/s; asserts nothing; needs Java 17+):
+    ``nox -s bench-spark -- --count 100000``."""
+    session.install("-e", ".[spark]")
+    session.run("python", "benchmarks/spark.py", *session.posargs)

@@ -1,0 +1,277 @@
+"""Bulk bodies to and from Arrow: a ``TQR1`` fetch becomes a ``pyarrow.RecordBatch`` in Spark's
+Kafka schema without a loop per record (the columns are wrapped with ``Array.from_buffers``),
+and the sink's Arrow batches become ``TQW1`` bodies the same way.
+
+Responsibilities:
+- ``read_schema`` / ``READ_DDL``: the source's schema, equal to what Spark expects for it
+  (``to_arrow_schema(schema, timezone="UTC")``): ``partition`` int32, ``timestamp``
+  ``timestamp[us, tz=UTC]``, headers as ``list<element: struct<key, value>>``;
+- ``decode_fetch``: a ``TQR1`` body as a ``Fetched`` (the batch, the offsets it holds, where to
+  go on); an empty routing key becomes a null ``key`` (Kafka's keyless record);
+- ``encode_write``: value, key, partition and headers columns as a ``TQW1`` body, checked
+  (keys are routing keys: UTF-8, at most 255 bytes).
+
+Header values: the broker's headers are AMQP field tables, Kafka's are bytes. Reading, a string
+becomes its UTF-8 bytes, a byte array (``{"bytes": <base64>}`` in the broker's JSON) its bytes,
+null stays null and anything else (numbers, booleans, lists, tables) its JSON text. Writing, a
+value that is UTF-8 text is sent as a string, other bytes as ``{"bytes": <base64>}`` (which
+reads back as the same bytes).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..recordbatch import READ_MAGIC, WRITE_MAGIC
+
+# Kafka's timestampType: 0 CreateTime, 1 LogAppendTime. The broker stamps a message when it
+# receives it, so every record's timestamp is a log-append time.
+LOG_APPEND_TIME = 1
+MAX_KEY_BYTES = 255
+
+_READ_HEAD = struct.Struct("<4sIq")
+_WRITE_HEAD = struct.Struct("<4sI")
+
+_BASE_DDL = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int"
+)
+HEADERS_DDL = "headers array<struct<key: string, value: binary>>"
+
+_HEADER_STRUCT = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+_HEADERS_TYPE = pa.list_(pa.field("element", _HEADER_STRUCT))
+
+
+def read_ddl(include_headers: bool) -> str:
+    return f"{_BASE_DDL}, {HEADERS_DDL}" if include_headers else _BASE_DDL
+
+
+def read_schema(include_headers: bool) -> pa.Schema:
+    fields = [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+    ]
+    if include_headers:
+        fields.append(pa.field("headers", _HEADERS_TYPE))
+    return pa.schema(fields)
+
+
+@dataclass
+class Fetched:
+    batch: pa.RecordBatch
+    offsets: np.ndarray[Any, np.dtype[np.int64]]  # the records' offsets, ascending
+    next_offset: int  # where to continue reading
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def decode_fetch(body: bytes, topic: str, partition: int, *, include_headers: bool) -> Fetched:
+    """A ``TQR1`` body (``ValueError`` if it breaks the layout) as an Arrow batch."""
+    if len(body) < _READ_HEAD.size:
+        raise ValueError("not a TQR1 body: too short")
+    magic, count, next_offset = _READ_HEAD.unpack_from(body)
+    if magic != READ_MAGIC:
+        raise ValueError(f"not a TQR1 body (magic {bytes(magic)!r})")
+    buffer = pa.py_buffer(body)
+    at = _READ_HEAD.size
+    if at + 16 * count > len(body):
+        raise ValueError("the TQR1 body ends inside the offsets")
+    offsets = np.frombuffer(body, dtype="<i8", count=count, offset=at)
+    offset_column = pa.Array.from_buffers(pa.int64(), count, [None, buffer.slice(at, 8 * count)])
+    at += 8 * count
+    timestamps_ms = np.frombuffer(body, dtype="<i8", count=count, offset=at)
+    at += 8 * count
+    micros = pa.py_buffer(timestamps_ms * 1000)
+    timestamp_column = pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), count, [None, micros])
+    keys, at = _binary(body, buffer, at, count, empty_is_null=True)
+    values, at = _binary(body, buffer, at, count, empty_is_null=False)
+    columns = [
+        keys,
+        values,
+        _constant_string(topic, count),
+        pa.array(np.full(count, partition, dtype=np.int32)),
+        offset_column,
+        timestamp_column,
+        pa.array(np.full(count, LOG_APPEND_TIME, dtype=np.int32)),
+    ]
+    if include_headers:
+        raw_headers, at = _binary(body, buffer, at, count, empty_is_null=False)
+        columns.append(_headers(raw_headers))
+    batch = pa.RecordBatch.from_arrays(columns, schema=read_schema(include_headers))
+    return Fetched(batch, offsets, int(next_offset))
+
+
+def _binary(
+    body: bytes, buffer: pa.Buffer, at: int, count: int, *, empty_is_null: bool
+) -> tuple[pa.Array, int]:
+    """The binary column at ``at``: ``i32 offsets[count + 1]`` then the bytes."""
+    end = at + 4 * (count + 1)
+    if end > len(body):
+        raise ValueError("the TQR1 body ends inside a column's offsets")
+    ends = np.frombuffer(body, dtype="<i4", count=count + 1, offset=at)
+    size = int(ends[-1])
+    if ends[0] != 0 or size < 0 or end + size > len(body):
+        raise ValueError("a TQR1 column's offsets are out of bounds")
+    if (buffer.address + at) % 4:  # Arrow wants aligned offsets: copy the (small) array
+        offsets_buffer = pa.py_buffer(ends.copy())
+    else:
+        offsets_buffer = buffer.slice(at, 4 * (count + 1))
+    validity = None
+    if empty_is_null and count:
+        present = np.diff(ends) > 0
+        if not present.all():
+            validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+    array = pa.Array.from_buffers(
+        pa.binary(), count, [validity, offsets_buffer, buffer.slice(end, size)]
+    )
+    array.validate(full=True)  # offsets that never decrease, within the data
+    return array, end + size
+
+
+def _constant_string(text: str, count: int) -> pa.Array:
+    raw = text.encode()
+    offsets = np.arange(count + 1, dtype=np.int32) * len(raw)
+    return pa.Array.from_buffers(
+        pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(raw * count)]
+    )
+
+
+def _headers(raw: pa.Array) -> pa.Array:
+    """Each record's header JSON as a list of (key, value bytes); null for no headers."""
+    names: list[str] = []
+    values: list[bytes | None] = []
+    ends = [0]
+    missing = []
+    for item in raw.to_pylist():
+        table = json.loads(item) if item else None
+        if table:
+            for name, value in table.items():
+                names.append(name)
+                values.append(_header_bytes(value))
+        missing.append(not table)
+        ends.append(len(names))
+    entries = pa.StructArray.from_arrays(
+        [pa.array(names, pa.string()), pa.array(values, pa.binary())], fields=list(_HEADER_STRUCT)
+    )
+    return pa.ListArray.from_arrays(
+        pa.array(ends, pa.int32()), entries, type=_HEADERS_TYPE, mask=pa.array(missing)
+    )
+
+
+def _header_bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, dict) and list(value) == ["bytes"] and isinstance(value["bytes"], str):
+        return base64.b64decode(value["bytes"])
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def encode_write(
+    values: pa.Array,
+    keys: pa.Array | None = None,
+    partitions: pa.Array | None = None,
+    headers: pa.Array | None = None,
+) -> bytes:
+    """The rows as a ``TQW1`` body. ``values`` and ``keys`` are string or binary (null: empty;
+    a null or empty key lets the topic choose by round robin), ``partitions`` integers (null or
+    negative: the key decides), ``headers`` Kafka's ``array<struct<key, value>>``. Raises
+    ``ValueError`` naming the column for a key that is not a routing key."""
+    count = len(values)
+    parts = [_WRITE_HEAD.pack(WRITE_MAGIC, count)]
+    if partitions is None:
+        parts.append(np.full(count, -1, dtype="<i4").tobytes())
+    else:
+        filled = pc.fill_null(partitions.cast(pa.int64()), -1)
+        chosen = filled.to_numpy(zero_copy_only=False)
+        parts.append(np.where(chosen < 0, -1, chosen).astype("<i4").tobytes())
+    if keys is None:
+        parts.append(np.zeros(count + 1, dtype="<i4").tobytes())
+    else:
+        parts.extend(_binary_parts(_checked_keys(keys)))
+    parts.extend(_binary_parts(values))
+    if headers is None or headers.null_count == count:
+        parts.append(np.zeros(count + 1, dtype="<i4").tobytes())
+    else:
+        parts.extend(_binary_parts(pa.array(_header_json(headers), pa.binary())))
+    return b"".join(parts)
+
+
+def value_sizes(values: pa.Array) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The byte length of each value (0 for null), to cut a batch into request-sized chunks."""
+    lengths = pc.fill_null(pc.binary_length(values), 0)
+    result: np.ndarray[Any, np.dtype[np.int64]] = lengths.to_numpy(zero_copy_only=False).astype(
+        np.int64
+    )
+    return result
+
+
+def _checked_keys(keys: pa.Array) -> pa.Array:
+    if pa.types.is_binary(keys.type) or pa.types.is_large_binary(keys.type):
+        try:
+            keys.cast(pa.large_string())  # validates UTF-8
+        except pa.ArrowInvalid:
+            raise ValueError(
+                "column 'key' must hold UTF-8 text (a key is an AMQP routing key)"
+            ) from None
+    if len(keys) and (pc.max(pc.binary_length(keys)).as_py() or 0) > MAX_KEY_BYTES:
+        raise ValueError(
+            f"column 'key': a key is at most {MAX_KEY_BYTES} bytes (an AMQP routing key)"
+        )
+    return keys
+
+
+def _binary_parts(array: pa.Array) -> tuple[bytes, bytes]:
+    """``i32 offsets[count + 1]`` (from 0) and the bytes of a string or binary column."""
+    if not pa.types.is_binary(array.type):
+        array = array.cast(pa.binary())  # string: a view; large types: 32-bit offsets
+    if array.null_count:
+        array = pc.fill_null(array, pa.scalar(b"", pa.binary()))
+    count = len(array)
+    _validity, offsets_buffer, data_buffer = array.buffers()
+    if offsets_buffer is None:  # an empty array may have no buffers
+        return np.zeros(count + 1, dtype="<i4").tobytes(), b""
+    ends = np.frombuffer(offsets_buffer, dtype="<i4", count=count + 1, offset=4 * array.offset)
+    start, stop = int(ends[0]), int(ends[-1])
+    data = b"" if data_buffer is None else memoryview(data_buffer)[start:stop].tobytes()
+    return (ends - start).astype("<i4").tobytes(), data
+
+
+def _header_json(headers: pa.Array) -> list[bytes]:
+    encoded = []
+    for row in headers.to_pylist():
+        table: dict[str, Any] = {}
+        for entry in row or ():
+            name, value = entry["key"], entry["value"]
+            if name is None:
+                raise ValueError("column 'headers': a header needs a key")
+            table[name] = _header_json_value(value)
+        encoded.append(json.dumps(table, separators=(",", ":")).encode() if table else b"")
+    return encoded
+
+
+def _header_json_value(value: bytes | str | None) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return {"bytes": base64.b64encode(value).decode()}

@@ -1,0 +1,260 @@
+"""The ``tqbroker`` sink, batch and streaming: Arrow batches in, bulk ``TQW1`` writes out.
+
+Responsibilities:
+- ``sink_columns``: Kafka's sink contract — ``value`` (string or binary) required; ``key``
+  (string or binary), ``headers`` (``array<struct<key, value>>``) and ``partition`` (int)
+  optional; ``topic`` (string) unless the ``topic`` option is set (the option wins);
+- ``write_rows`` (executors): rows grouped by topic, cut into requests of about
+  ``writeChunkBytes``, sent in order (each waits until the broker made it durable), so a task's
+  rows land in their order; keys pick partitions on the broker exactly as AMQP publishes do;
+- idempotence: each task writes as producer ``spark:<sink>:<task partition>`` with sequence
+  ``(batch id << 32) + request number``; the broker applies a producer's sequence once, so a
+  retried task or a micro-batch replayed after a restart writes nothing twice (as long as the
+  replay gives the task the same rows in the same order, which a deterministic query does).
+
+The sink id of a streaming query is the ``sinkId`` option, else derived from its checkpoint
+location, so it survives restarts. A batch job's producers are new per job: retried tasks are
+not written twice, a job run again is (at least once, as Kafka's sink).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+)
+
+from ._arrow import encode_write, value_sizes
+from ._client import client_for
+from ._options import OptionError, SinkOptions
+
+BATCH_SEQUENCE_SHIFT = 32
+
+
+@dataclass(frozen=True)
+class SinkColumns:
+    """Where the sink's columns are in the written rows (None: absent)."""
+
+    value: int
+    key: int | None = None
+    topic: int | None = None
+    partition: int | None = None
+    headers: int | None = None
+
+
+@dataclass
+class WriteResult(WriterCommitMessage):
+    """What a task wrote: records, requests, and requests the broker had already applied."""
+
+    records: int = 0
+    requests: int = 0
+    duplicates: int = 0
+    topics: list[str] = field(default_factory=list)
+
+
+def sink_columns(schema: StructType, options: SinkOptions) -> SinkColumns:
+    """Find and check the sink's columns (``OptionError`` naming the column otherwise)."""
+    index = {f.name.lower(): n for n, f in enumerate(schema.fields)}
+    types = {f.name.lower(): f.dataType for f in schema.fields}
+    text = (StringType, BinaryType)
+
+    def column(name: str, allowed: tuple[type[DataType], ...], what: str) -> int | None:
+        if name not in index:
+            return None
+        if not isinstance(types[name], allowed):
+            raise OptionError(
+                f"the tqbroker sink's column '{name}' must be {what} "
+                f"(got {types[name].simpleString()})"
+            )
+        return index[name]
+
+    value = column("value", text, "string or binary")
+    if value is None:
+        raise OptionError(
+            "the tqbroker sink needs a 'value' column (string or binary); got columns "
+            + ", ".join(f.name for f in schema.fields)
+        )
+    topic = column("topic", (StringType,), "string")
+    if options.topic is not None:
+        topic = None  # the option wins, as with Kafka
+    elif topic is None:
+        raise OptionError("the tqbroker sink needs the 'topic' option or a 'topic' column (string)")
+    headers = column("headers", (ArrayType,), "array<struct<key: string, value: binary>>")
+    if headers is not None:
+        element = types["headers"]
+        assert isinstance(element, ArrayType)
+        inner = element.elementType
+        if not (
+            isinstance(inner, StructType)
+            and [f.name for f in inner.fields] == ["key", "value"]
+            and isinstance(inner.fields[0].dataType, StringType)
+            and isinstance(inner.fields[1].dataType, text)
+        ):
+            raise OptionError(
+                "the tqbroker sink's column 'headers' must be "
+                f"array<struct<key: string, value: binary>> (got {element.simpleString()})"
+            )
+    return SinkColumns(
+        value=value,
+        key=column("key", text, "string or binary"),
+        topic=topic,
+        partition=column("partition", (IntegerType, ShortType, LongType), "an integer"),
+        headers=headers,
+    )
+
+
+def stream_sink_id(options: SinkOptions, raw_options: dict[str, str]) -> str:
+    """The ``sinkId`` option, else a digest of the checkpoint location (stable across
+    restarts), else a fresh id (writes then are at least once across restarts)."""
+    if options.sink_id:
+        return options.sink_id
+    checkpoint = raw_options.get("checkpointlocation")
+    if checkpoint:
+        return hashlib.sha256(checkpoint.encode()).hexdigest()[:24]
+    return uuid.uuid4().hex
+
+
+class BatchWriter(DataSourceArrowWriter):
+    def __init__(self, options: SinkOptions, columns: SinkColumns) -> None:
+        self.options = options
+        self.columns = columns
+        self.job = uuid.uuid4().hex  # made on the driver: every task attempt shares it
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        context = TaskContext.get()
+        producer = None
+        if self.options.idempotent and context is not None:
+            producer = f"spark:{self.job}:{context.partitionId()}"
+        return write_rows(self.options, self.columns, iterator, producer, 0)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Every record is durable already: each request returned once it was."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Records written by tasks that finished stay (streams are append-only)."""
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: SinkOptions, columns: SinkColumns, sink_id: str) -> None:
+        self.options = options
+        self.columns = columns
+        self.sink_id = sink_id
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        context = TaskContext.get()
+        producer, base = None, 0
+        if self.options.idempotent and context is not None:
+            batch_id = context.getLocalProperty("streaming.sql.batchId")
+            if batch_id is not None and batch_id.isdigit():
+                producer = f"spark:{self.sink_id}:{context.partitionId()}"
+                base = int(batch_id) << BATCH_SEQUENCE_SHIFT
+        return write_rows(self.options, self.columns, iterator, producer, base)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Every record is durable already: each request returned once it was."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing to undo: a replay of this batch skips what was written (idempotence)."""
+
+
+def write_rows(
+    options: SinkOptions,
+    columns: SinkColumns,
+    batches: Iterator[pa.RecordBatch],
+    producer: str | None,
+    sequence_base: int,
+) -> WriteResult:
+    """Write the rows in order, in requests of about ``options.chunk_bytes``."""
+    client = client_for(options.connection)
+    result = WriteResult()
+    pending: dict[str, list[pa.RecordBatch]] = {}
+    pending_bytes: dict[str, int] = {}
+
+    def flush(topic: str) -> None:
+        table = pa.Table.from_batches(pending.pop(topic)).combine_chunks()
+        pending_bytes.pop(topic)
+        rows = table.to_batches()[0] if table.num_rows else None
+        if rows is None:
+            return
+        values = rows.column(columns.value)
+        sizes = value_sizes(values) + 16  # per-record overhead in the body
+        ends = np.cumsum(sizes)
+        start = 0
+        while start < rows.num_rows:
+            before = int(ends[start - 1]) if start else 0
+            stop = int(np.searchsorted(ends, before + options.chunk_bytes, side="right"))
+            stop = max(stop, start + 1)
+            piece = rows.slice(start, stop - start)
+            body = encode_write(
+                piece.column(columns.value),
+                _column(piece, columns.key),
+                _column(piece, columns.partition),
+                _column(piece, columns.headers),
+            )
+            sequence = None
+            if producer is not None:
+                sequence = (producer, sequence_base + result.requests)
+            written = client.produce(topic, body, sequence)
+            result.requests += 1
+            if written is None:
+                result.duplicates += 1
+            result.records += piece.num_rows
+            start = stop
+
+    try:
+        for batch in batches:
+            for topic, rows in _by_topic(batch, columns, options):
+                if topic not in result.topics:
+                    result.topics.append(topic)
+                pending.setdefault(topic, []).append(rows)
+                size = int(pc.sum(pc.binary_length(rows.column(columns.value))).as_py() or 0)
+                pending_bytes[topic] = pending_bytes.get(topic, 0) + size
+                if pending_bytes[topic] >= options.chunk_bytes:
+                    flush(topic)
+        for topic in list(pending):
+            flush(topic)
+    except ValueError as exc:  # a column the broker cannot take: say which
+        raise OptionError(f"the tqbroker sink cannot write these rows: {exc}") from None
+    return result
+
+
+def _column(batch: pa.RecordBatch, index: int | None) -> pa.Array | None:
+    return None if index is None else batch.column(index)
+
+
+def _by_topic(
+    batch: pa.RecordBatch, columns: SinkColumns, options: SinkOptions
+) -> list[tuple[str, pa.RecordBatch]]:
+    if options.topic is not None:
+        return [(options.topic, batch)]
+    assert columns.topic is not None
+    topics = batch.column(columns.topic)
+    if topics.null_count:
+        raise OptionError(
+            "the tqbroker sink's column 'topic' is null in some rows (fill it, or set the "
+            "'topic' option)"
+        )
+    distinct = pc.unique(topics).to_pylist()
+    if len(distinct) == 1:
+        return [(distinct[0], batch)]
+    return [(topic, batch.filter(pc.equal(topics, topic))) for topic in distinct]
