@@ -137,7 +137,7 @@ def run_spark_job(http: str, checkpoint: str) -> None:
         .start()
     )
     query.awaitTermination()
-    rows = sum(p["numOutputRows"] for p in query.recentProgress if p.get("numOutputRows"))
+    rows = sum(max(0, p["sink"].get("numOutputRows", 0)) for p in query.recentProgress)
     print(f"the Spark job wrote {rows} window results to '{RESULTS}'")
     spark.stop()
 

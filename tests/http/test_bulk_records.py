@@ -84,7 +84,7 @@ def test_bulk_write_routes_by_key_and_bulk_read_returns_columns(http: httpx.Clie
     body = write_body(values, keys, [-1] * 59 + [2], [b""] * 59 + [b'{"trace": "t"}'])
     response = http.post("/topics/bulk/records", content=body)
     assert response.status_code == 201
-    assert response.json() == {"count": 60}
+    assert response.json() == {"count": 60, "skipped": 0}
     got: dict[int, ReadBatch] = {p: read(http, "bulk", p, headers="true") for p in range(3)}
     for n in range(59):  # keyed records went where the partitioner sends them, in order
         batch = got[partition_for(keys[n], 3)]
@@ -114,20 +114,30 @@ def test_ranges_and_byte_budget(http: httpx.Client) -> None:
     assert past.next_offset == 50
 
 
-def test_idempotent_producer_writes_a_sequence_once(http: httpx.Client) -> None:
+def test_idempotent_producer_writes_each_sequence_once_however_it_is_cut(
+    http: httpx.Client,
+) -> None:
     http.put("/topics/once", json={"partitions": 2})
-    body = write_body([b"a", b"b"], [b"k1", b"k2"], [-1, -1], [b"", b""])
-    headers = {"x-producer-id": "query-1/task-0", "x-producer-sequence": "7"}
-    assert http.post("/topics/once/records", content=body, headers=headers).status_code == 201
-    again = http.post("/topics/once/records", content=body, headers=headers)
+
+    def post(values: list[bytes], first: int) -> httpx.Response:
+        body = write_body(values, [b"k"] * len(values), [-1] * len(values), [b""] * len(values))
+        headers = {"x-producer-id": "query-1/task-0", "x-producer-sequence": str(first)}
+        return http.post("/topics/once/records", content=body, headers=headers)
+
+    assert post([b"r7", b"r8"], 7).json() == {"count": 2, "skipped": 0}  # records 7 and 8
+    again = post([b"r7", b"r8"], 7)  # a retry
     assert again.status_code == 200
-    assert again.json() == {"duplicate": True}
-    older = {**headers, "x-producer-sequence": "6"}
-    assert http.post("/topics/once/records", content=body, headers=older).json()["duplicate"]
-    newer = {**headers, "x-producer-sequence": "8"}
-    assert http.post("/topics/once/records", content=body, headers=newer).status_code == 201
-    total = sum(len(read(http, "once", p)) for p in range(2))
-    assert total == 4
+    assert again.json()["duplicate"]
+    # A replay cut differently: 6..9 — 7 and 8 are skipped, 6 is older (skipped), 9 is new.
+    assert post([b"r6", b"r7", b"r8", b"r9"], 6).json() == {"count": 1, "skipped": 3}
+    assert post([b"r10"], 10).status_code == 201
+    values = sorted(v for p in range(2) for v in read_values(http, "once", p))
+    assert values == [b"r10", b"r7", b"r8", b"r9"]
+
+
+def read_values(http: httpx.Client, topic: str, partition: int) -> list[bytes]:
+    batch = read(http, topic, partition)
+    return [batch.values[i] for i in range(len(batch))]
 
 
 def test_bad_bulk_requests(http: httpx.Client) -> None:

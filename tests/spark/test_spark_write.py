@@ -4,6 +4,7 @@ a replayed micro-batch is not written twice, and bad input gives clear errors.""
 
 from __future__ import annotations
 
+import shutil
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -133,7 +134,7 @@ def test_streaming_write_lands_in_order_and_a_replayed_batch_is_not_written_twic
     topics.produce("events-in", [{"key": f"k{i % 17}", "value": f"e{i}"} for i in range(2000)])
     checkpoint = tmp_path / "checkpoint"
 
-    def run() -> list[int]:
+    def run(chunk_bytes: str = "4000") -> list[int]:
         source = (
             spark.readStream.format("tqbroker")
             .option("tqbroker.url", broker.http_url)
@@ -147,6 +148,7 @@ def test_streaming_write_lands_in_order_and_a_replayed_batch_is_not_written_twic
             .writeStream.format("tqbroker")
             .option("tqbroker.url", broker.http_url)
             .option("topic", "events-out")
+            .option("writeChunkBytes", chunk_bytes)
             .option("checkpointLocation", str(checkpoint))
             .trigger(availableNow=True)
             .start()
@@ -163,11 +165,17 @@ def test_streaming_write_lands_in_order_and_a_replayed_batch_is_not_written_twic
     assert by_key(written) == by_key(inputs)  # each key's events in their order
 
     # Forget that the last batch was committed: the restarted query runs it again, and the
-    # broker drops what the sink had written for it (same producer, same sequences).
+    # broker skips what the sink had written for it (same producer, same row sequences), even
+    # though the replay cuts the rows into requests differently.
     commits = [p for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
     last = max(commits, key=lambda p: int(p.name))
     last.unlink()
     (last.parent / f".{last.name}.crc").unlink(missing_ok=True)
-    replayed = run()
+    replayed = run(chunk_bytes="1000000")
     assert sum(replayed) > 0, "the last batch was not replayed"
     assert len(topics.read_all("events-out")) == 2000
+
+    # A new query at the same path (the checkpoint deleted) is a new sink: it writes again.
+    shutil.rmtree(checkpoint)
+    assert sum(run()) == 2000
+    assert len(topics.read_all("events-out")) == 4000

@@ -11,8 +11,10 @@ Responsibilities:
 - produce records: a key picks the partition through the topic's exchange, exactly as an AMQP
   publish with that routing key would; wait until they are durable (a publisher confirm's
   guarantee); say where each landed (partition, offset);
-- idempotent producers: a write with a producer id and sequence is applied once (the last
-  sequence is stored with the topic's first partition);
+- idempotent producers: each record of a write with a producer id has a sequence number (the
+  write's first one, then one more per record); records whose sequence the producer already
+  wrote are skipped, so a retried or replayed write lands once however it is cut into requests
+  (the next sequence expected is stored with the topic's first partition);
 - read a partition from an offset or a timestamp, as records or as a columnar ``ReadBatch``
   (``recordbatch.py``); the offsets of each partition (earliest, latest, first at or after a
   time); a consumer group's committed offsets and lag.
@@ -41,6 +43,7 @@ from .vhost import VirtualHost
 PARTITION_EXCHANGE_TYPE = "x-key-partition"
 MAX_READ = 10_000
 MAX_READ_BYTES = 64 * 1024 * 1024
+MAX_BATCH_RECORDS = 50_000
 
 
 class TopicError(Exception):
@@ -204,17 +207,26 @@ async def produce(
     producer: tuple[str, int] | None = None,
 ) -> list[tuple[int, int]] | None:
     """Append the records; once they are durable, return where each landed: (partition,
-    offset). With ``producer`` (id, sequence), a sequence not above the last one applied for
-    that id writes nothing and returns None (a retried or replayed write)."""
+    offset). With ``producer`` (id, sequence of the first record), records whose sequence is
+    below the next one that producer's writes expect are skipped (written before); None if
+    every record was."""
     found = partitions(vhost, topic)
+    for record in records:  # before anything is written
+        if record.partition is not None:
+            partition(vhost, topic, record.partition)
+    skip = 0
+    expected = None
     if producer is not None:
-        last = found[0].stream.producers.get(producer[0])
-        if last is not None and producer[1] <= last:
+        expected = found[0].stream.producers.get(producer[0])
+        if expected is not None and producer[1] < expected:
+            skip = min(len(records), expected - producer[1])
+        if skip == len(records):
             return None
     index = {queue: n for n, queue in enumerate(found)}
     exchange = vhost.exchanges.get(topic)
     waits = []
     landed: list[tuple[int, int]] = []
+    records = records[skip:]
     messages = [_message(exchange.name if exchange is not None else "", r) for r in records]
     for record, message in zip(records, messages, strict=True):
         properties = message.properties
@@ -237,7 +249,8 @@ async def produce(
         waits.extend(tickets)
         landed.append((index[target], offset))
     if producer is not None:  # durable with the records: the same flush writes both
-        found[0].stream.record_producer(*producer)
+        following = producer[1] + skip + len(records)
+        found[0].stream.record_producer(producer[0], max(following, expected or 0))
     for flusher, ticket in waits:
         if not await flusher.wait(ticket):
             raise TopicError(503, f"topic '{topic}': the write could not be made durable")
@@ -310,8 +323,9 @@ def read_batch(
     headers: bool,
 ) -> ReadBatch:
     """Records of a partition from ``offset`` (clamped to what is there) up to ``end``
-    (exclusive; None: the log end) as columns, stopping once the values add up to
-    ``max_bytes`` (at least one record when there is one)."""
+    (exclusive; None: the log end) as columns, stopping once keys and values add up to
+    ``max_bytes`` (at least one record when there is one) or at ``MAX_BATCH_RECORDS`` records
+    (a bounded pause of the event loop)."""
     if not 1 <= max_bytes <= MAX_READ_BYTES:
         raise TopicError(400, f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
     stream = partition(vhost, topic, partition_index).stream
@@ -322,18 +336,19 @@ def read_batch(
     values: list[bytes] = []
     header_json: list[bytes] = []
     size = 0
-    while position < stop and size < max_bytes:
+    while position < stop and size < max_bytes and len(offsets) < MAX_BATCH_RECORDS:
         record = stream.read_from(position)
         if record is None or record.offset >= stop:
             break
         message = record.message
         offsets.append(record.offset)
         timestamps.append(message.timestamp_ms)
-        keys.append(message.routing_key.encode("utf-8", "surrogateescape"))
+        key = message.routing_key.encode("utf-8", "surrogateescape")
+        keys.append(key)
         values.append(message.body)
         if headers:
             header_json.append(encode_headers(message.properties.headers))
-        size += len(message.body)
+        size += len(key) + len(message.body)
         position = record.offset + 1
     return ReadBatch(
         max(position, offset),

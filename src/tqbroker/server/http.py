@@ -193,7 +193,7 @@ def create_app(broker: Broker) -> Starlette:
 
     async def write_records(request: Request) -> Response:
         """The columnar bulk write (``recordbatch.WriteBatch``), idempotent with a producer
-        id and sequence."""
+        id and the sequence of its first record."""
         vhost = await vhost_of(request)
         producer = None
         if "x-producer-id" in request.headers:
@@ -232,8 +232,9 @@ def create_app(broker: Broker) -> Starlette:
             vhost, request.path_params["topic"], records, producer=producer
         )
         if landed is None:
-            return JSONResponse({"duplicate": True})
-        return JSONResponse({"count": len(landed)}, status_code=201)
+            return JSONResponse({"duplicate": True, "count": 0, "skipped": len(records)})
+        skipped = len(records) - len(landed)
+        return JSONResponse({"count": len(landed), "skipped": skipped}, status_code=201)
 
     async def offsets(request: Request) -> Response:
         vhost = await vhost_of(request)

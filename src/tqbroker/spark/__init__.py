@@ -85,7 +85,7 @@ class TqbrokerDataSource(DataSource):
         # Kafka's sink does.
         options = sink_options(self.options)
         columns = sink_columns(schema, options)
-        return StreamWriter(options, columns, stream_sink_id(options, lower_keys(self.options)))
+        return StreamWriter(options, columns, stream_sink_id(options))
 
 
 TqBrokerDataSource = TqbrokerDataSource  # the spelling of the design notes

@@ -202,6 +202,8 @@ def encode_write(
     else:
         filled = pc.fill_null(partitions.cast(pa.int64()), -1)
         chosen = filled.to_numpy(zero_copy_only=False)
+        if len(chosen) and chosen.max() > np.iinfo(np.int32).max:
+            raise ValueError(f"a partition number is out of range ({int(chosen.max())})")
         parts.append(np.where(chosen < 0, -1, chosen).astype("<i4").tobytes())
     if keys is None:
         parts.append(np.zeros(count + 1, dtype="<i4").tobytes())

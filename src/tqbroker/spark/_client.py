@@ -105,8 +105,9 @@ class Client:
     def produce(
         self, topic: str, body: bytes, producer: tuple[str, int] | None = None
     ) -> int | None:
-        """Write a ``TQW1`` body; once durable, return how many records it held. With
-        ``producer`` (id, sequence) a repeated sequence writes nothing and returns None."""
+        """Write a ``TQW1`` body; once durable, return how many of its records were written.
+        With ``producer`` (id, sequence of the first record), records that producer already
+        wrote are skipped; None if all were."""
         headers = {"content-type": RECORDS_MEDIA_TYPE}
         if producer is not None:
             headers["x-producer-id"] = producer[0]

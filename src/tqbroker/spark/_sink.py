@@ -7,19 +7,20 @@ Responsibilities:
 - ``write_rows`` (executors): rows grouped by topic, cut into requests of about
   ``writeChunkBytes``, sent in order (each waits until the broker made it durable), so a task's
   rows land in their order; keys pick partitions on the broker exactly as AMQP publishes do;
-- idempotence: each task writes as producer ``spark:<sink>:<task partition>`` with sequence
-  ``(batch id << 32) + request number``; the broker applies a producer's sequence once, so a
-  retried task or a micro-batch replayed after a restart writes nothing twice (as long as the
-  replay gives the task the same rows in the same order, which a deterministic query does).
+- idempotence: each task writes as producer ``spark:<sink>:<task partition>``, its n-th row of
+  a topic with sequence ``(batch id << 32) + n``; the broker skips the rows whose sequence the
+  producer already wrote, so a retried task or a micro-batch replayed after a restart writes
+  nothing twice however its rows are cut into requests (as long as the replay gives the task
+  the same rows in the same order, which a deterministic query over the same offsets does).
 
-The sink id of a streaming query is the ``sinkId`` option, else derived from its checkpoint
-location, so it survives restarts. A batch job's producers are new per job: retried tasks are
-not written twice, a job run again is (at least once, as Kafka's sink).
+The sink of a streaming query is named by the ``sinkId`` option, else by the query's id (kept
+in its checkpoint, so it survives restarts, and new for a new checkpoint). A batch job's
+producers are new per job: retried tasks are not written twice, a job run again is (at least
+once, as Kafka's sink).
 """
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ from ._client import client_for
 from ._options import OptionError, SinkOptions
 
 BATCH_SEQUENCE_SHIFT = 32
+# A request body stays well under the broker's 64 MiB limit: bigger pieces are halved.
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -123,15 +126,9 @@ def sink_columns(schema: StructType, options: SinkOptions) -> SinkColumns:
     )
 
 
-def stream_sink_id(options: SinkOptions, raw_options: dict[str, str]) -> str:
-    """The ``sinkId`` option, else a digest of the checkpoint location (stable across
-    restarts), else a fresh id (writes then are at least once across restarts)."""
-    if options.sink_id:
-        return options.sink_id
-    checkpoint = raw_options.get("checkpointlocation")
-    if checkpoint:
-        return hashlib.sha256(checkpoint.encode()).hexdigest()[:24]
-    return uuid.uuid4().hex
+def stream_sink_id(options: SinkOptions) -> str | None:
+    """The ``sinkId`` option (None: the query's id, known on the executors)."""
+    return options.sink_id or None
 
 
 class BatchWriter(DataSourceArrowWriter):
@@ -155,7 +152,7 @@ class BatchWriter(DataSourceArrowWriter):
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, options: SinkOptions, columns: SinkColumns, sink_id: str) -> None:
+    def __init__(self, options: SinkOptions, columns: SinkColumns, sink_id: str | None) -> None:
         self.options = options
         self.columns = columns
         self.sink_id = sink_id
@@ -165,8 +162,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
         producer, base = None, 0
         if self.options.idempotent and context is not None:
             batch_id = context.getLocalProperty("streaming.sql.batchId")
-            if batch_id is not None and batch_id.isdigit():
-                producer = f"spark:{self.sink_id}:{context.partitionId()}"
+            sink = self.sink_id or context.getLocalProperty("sql.streaming.queryId")
+            if sink and batch_id is not None and batch_id.isdigit():
+                producer = f"spark:{sink}:{context.partitionId()}"
                 base = int(batch_id) << BATCH_SEQUENCE_SHIFT
         return write_rows(self.options, self.columns, iterator, producer, base)
 
@@ -189,6 +187,28 @@ def write_rows(
     result = WriteResult()
     pending: dict[str, list[pa.RecordBatch]] = {}
     pending_bytes: dict[str, int] = {}
+    rows_sent: dict[str, int] = {}  # per topic: the sequence of a row is base + its index
+
+    def send(topic: str, piece: pa.RecordBatch) -> None:
+        body = encode_write(
+            piece.column(columns.value),
+            _column(piece, columns.key),
+            _column(piece, columns.partition),
+            _column(piece, columns.headers),
+        )
+        if len(body) > MAX_REQUEST_BYTES and piece.num_rows > 1:  # big keys or headers
+            half = piece.num_rows // 2
+            send(topic, piece.slice(0, half))
+            send(topic, piece.slice(half))
+            return
+        sent = rows_sent.get(topic, 0)
+        sequence = None if producer is None else (producer, sequence_base + sent)
+        written = client.produce(topic, body, sequence)
+        rows_sent[topic] = sent + piece.num_rows
+        result.requests += 1
+        if written is None:
+            result.duplicates += 1
+        result.records += piece.num_rows
 
     def flush(topic: str) -> None:
         table = pa.Table.from_batches(pending.pop(topic)).combine_chunks()
@@ -196,29 +216,16 @@ def write_rows(
         rows = table.to_batches()[0] if table.num_rows else None
         if rows is None:
             return
-        values = rows.column(columns.value)
-        sizes = value_sizes(values) + 16  # per-record overhead in the body
+        sizes = value_sizes(rows.column(columns.value)) + 16  # per-record overhead in the body
+        if columns.key is not None:
+            sizes += value_sizes(rows.column(columns.key))
         ends = np.cumsum(sizes)
         start = 0
         while start < rows.num_rows:
             before = int(ends[start - 1]) if start else 0
             stop = int(np.searchsorted(ends, before + options.chunk_bytes, side="right"))
             stop = max(stop, start + 1)
-            piece = rows.slice(start, stop - start)
-            body = encode_write(
-                piece.column(columns.value),
-                _column(piece, columns.key),
-                _column(piece, columns.partition),
-                _column(piece, columns.headers),
-            )
-            sequence = None
-            if producer is not None:
-                sequence = (producer, sequence_base + result.requests)
-            written = client.produce(topic, body, sequence)
-            result.requests += 1
-            if written is None:
-                result.duplicates += 1
-            result.records += piece.num_rows
+            send(topic, rows.slice(start, stop - start))
             start = stop
 
     try:

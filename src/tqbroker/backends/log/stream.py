@@ -10,7 +10,8 @@ Responsibilities:
   like ``LogQueueStore``'s, without ack state: readers keep their own positions;
 - stored positions, made durable by the next flush: ``offsets`` by consumer tag (server-side
   offset tracking), ``group_offsets`` by consumer group (the group's committed offset on
-  this stream) and ``producers`` by producer id (the last sequence of an idempotent producer);
+  this stream) and ``producers`` by producer id (the next sequence an idempotent producer's
+  writes expect);
 - compaction, Kafka's ``cleanup.policy=compact`` (``Compaction``): ``compaction_work`` plans a
   pass and returns the blocking work, which writes compacted copies of the closed segments
   (the latest record of each key kept, offsets unchanged, so segments get gaps) in a scratch
@@ -109,7 +110,7 @@ class LogStream:
         self.offsets: dict[str, int] = {}
         # Consumer groups: the committed offset (the next one to read) of each group, by name.
         self.group_offsets: dict[str, int] = {}
-        # Idempotent producers (HTTP bulk writes): the last sequence applied, by producer id.
+        # Idempotent producers (HTTP bulk writes): the next sequence expected, by producer id.
         self.producers: dict[str, int] = {}
         self._offsets_dirty = False
         self._lock = threading.Lock()
@@ -171,8 +172,8 @@ class LogStream:
         self._remember(self.group_offsets, group, offset)
 
     def record_producer(self, producer: str, sequence: int) -> None:
-        """Remember the last sequence applied for an idempotent producer (durable after the
-        next flush, with the records it wrote)."""
+        """Remember the next sequence an idempotent producer's writes expect (durable after
+        the next flush, with the records it wrote)."""
         self._remember(self.producers, producer, sequence)
 
     def _remember(self, table: dict[str, int], name: str, value: int) -> None:
