@@ -54,7 +54,18 @@ def generate(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks (print numbers; assert nothing): ``nox -s bench -- --queued 1000000``."""
+    """The benchmark suite against RabbitMQ (started on loopback when installed; tqbroker alone
+    otherwise), one table of medians (prints numbers; asserts nothing): ``nox -s bench``,
+    ``nox -s bench -- --smoke``, ``nox -s bench -- --rabbitmq-url amqp://... --json out.json``.
+    See docs/performance.md."""
+    session.install("-e", ".[plugins]")
+    session.run("python", "benchmarks/suite.py", *session.posargs)
+
+
+@nox.session(name="bench-storage")
+def bench_storage(session: nox.Session) -> None:
+    """Storage benchmarks against the disk's own limits (print numbers; assert nothing):
+    ``nox -s bench-storage -- --queued 1000000``."""
     session.install("-e", ".")
     session.run("python", "benchmarks/storage.py", *session.posargs)
 
