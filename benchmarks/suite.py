@@ -124,15 +124,15 @@ class Target:
 
     def fresh(self) -> contextlib.AbstractContextManager[Target]:
         """An empty broker of the same kind for a memory measurement (this one if it cannot)."""
-        raise NotImplementedError
+        return contextlib.nullcontext(self)
 
     def crash(self) -> None:
-        """kill -9 the broker."""
-        raise NotImplementedError
+        """kill -9 the broker (only where ``can_restart``: a broker started here)."""
+        raise RuntimeError(f"{self.name} was not started here: it cannot be crashed")
 
     def restart(self) -> None:
         """Start the broker again on the same data after ``crash()`` (it may not be up yet)."""
-        raise NotImplementedError
+        raise RuntimeError(f"{self.name} was not started here: it cannot be restarted")
 
     def after_restart(self) -> None:
         """Called once it answers again (finds the new process)."""
@@ -217,10 +217,6 @@ class ExternalTarget(Target):
             self.notes.append("its process is unknown: no broker CPU or memory figures")
         self.notes.append("memory is the growth of a running broker (not a fresh one)")
         self.notes.append("unclean recovery not measured (the suite did not start it)")
-
-    @contextlib.contextmanager
-    def fresh(self) -> Iterator[Target]:
-        yield self
 
 
 class RabbitMQTarget(Target):

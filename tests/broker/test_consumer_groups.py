@@ -38,6 +38,21 @@ class Member:
     """A channel (only its identity matters to the group)."""
 
 
+def consume(group: ConsumerGroup, member: Member, partition: Partition) -> Consumer:
+    """``member`` consumes ``partition`` in ``group`` (a rebalance gives it partitions)."""
+    consumer = Consumer(
+        "t",
+        partition,  # type: ignore[arg-type]
+        member,  # type: ignore[arg-type]
+        no_ack=False,
+        exclusive=False,
+        prefetch_count=1,
+        arguments={},
+    )
+    group.join(partition, consumer)  # type: ignore[arg-type]
+    return consumer
+
+
 class Assignment(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -47,17 +62,7 @@ class Assignment(RuleBasedStateMachine):
         self.members: list[Member] = []
 
     def _consume(self, member: Member, partition: Partition) -> Consumer:
-        consumer = Consumer(
-            "t",
-            partition,
-            member,
-            no_ack=False,
-            exclusive=False,
-            prefetch_count=1,
-            arguments={},  # type: ignore[arg-type]
-        )
-        self.group.join(partition, consumer)  # type: ignore[arg-type]
-        return consumer
+        return consume(self.group, member, partition)
 
     def _join(self, member: Member, partitions: list[Partition]) -> None:
         for partition in partitions:
@@ -125,23 +130,10 @@ def test_a_member_on_some_partitions_gets_one_of_them() -> None:
     p0, p1 = Partition("p-0", group, revoked), Partition("p-1", group, revoked)
     a, b = Member(), Member()
 
-    def consume(member: Member, partition: Partition) -> Consumer:
-        consumer = Consumer(
-            "t",
-            partition,
-            member,
-            no_ack=False,
-            exclusive=False,
-            prefetch_count=1,
-            arguments={},  # type: ignore[arg-type]
-        )
-        group.join(partition, consumer)  # type: ignore[arg-type]
-        return consumer
-
-    b0, b1 = consume(b, p0), consume(b, p1)
+    b0, b1 = consume(group, b, p0), consume(group, b, p1)
     group.rebalance()
     assert (p0.reader, p1.reader) == (b0, b1)
-    a0 = consume(a, p0)
+    a0 = consume(group, a, p0)
     group.rebalance()
     assert (p0.reader, p1.reader) == (a0, b1)
     assert revoked == [b0]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tqbroker.recordbatch import BinaryColumn, ReadBatch, decode_write, encode_read
@@ -232,6 +232,9 @@ def read_body(values: list[bytes], keys: list[bytes], headers: list[bytes] | Non
     )
 
 
+# No deadline: the first examples pay for pyarrow's lazy set-up, and this module runs while a
+# SparkSession's JVM may still be busy on the same two cores.
+@settings(deadline=None)
 @given(st.lists(st.tuples(st.binary(max_size=9), st.text(max_size=5)), max_size=30))
 def test_fetched_bodies_become_arrow_batches_in_kafkas_schema(
     records: list[tuple[bytes, str]],

@@ -111,6 +111,9 @@ class GroupCursor:
 
 
 class StreamQueue(Queue):
+    """A stream queue: an append-only log on the log backend that consumers read from their
+    own positions (or their group's), never removing anything (see the module doc)."""
+
     def __init__(
         self,
         vhost: str,

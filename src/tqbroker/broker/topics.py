@@ -44,6 +44,8 @@ PARTITION_EXCHANGE_TYPE = "x-key-partition"
 MAX_READ = 10_000
 MAX_READ_BYTES = 64 * 1024 * 1024
 MAX_BATCH_RECORDS = 50_000
+_PERSISTENT = BasicProperties(delivery_mode=2)
+_PERSISTENT_RAW = _PERSISTENT.encode()
 
 
 class TopicError(Exception):
@@ -119,9 +121,13 @@ def partitions(vhost: VirtualHost, topic: str) -> list[StreamQueue]:
 
 def partition(vhost: VirtualHost, topic: str, index: int) -> StreamQueue:
     found = partitions(vhost, topic)
-    if not 0 <= index < len(found):
-        raise TopicError(404, f"topic '{topic}' has partitions 0..{len(found) - 1}, not {index}")
+    _check_partition(topic, index, len(found))
     return found[index]
+
+
+def _check_partition(topic: str, index: int, count: int) -> None:
+    if not 0 <= index < count:
+        raise TopicError(404, f"topic '{topic}' has partitions 0..{count - 1}, not {index}")
 
 
 def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -> bool:
@@ -213,7 +219,7 @@ async def produce(
     found = partitions(vhost, topic)
     for record in records:  # before anything is written
         if record.partition is not None:
-            partition(vhost, topic, record.partition)
+            _check_partition(topic, record.partition, len(found))
     skip = 0
     expected = None
     if producer is not None:
@@ -227,11 +233,12 @@ async def produce(
     waits = []
     landed: list[tuple[int, int]] = []
     records = records[skip:]
-    messages = [_message(exchange.name if exchange is not None else "", r) for r in records]
+    source, now_ms = (exchange.name if exchange is not None else ""), clock.now_ms()
+    messages = [_message(source, r, now_ms) for r in records]
     for record, message in zip(records, messages, strict=True):
         properties = message.properties
         if record.partition is not None:
-            destinations = [partition(vhost, topic, record.partition)]
+            destinations = [found[record.partition]]
         elif exchange is not None:
             destinations = [
                 d for d in vhost.route_keys(exchange, [record.key], properties) if d in index
@@ -257,14 +264,17 @@ async def produce(
     return landed
 
 
-def _message(exchange: str, record: ProducerRecord) -> Message:
-    """The message a record becomes (``TopicError`` 400 if its headers cannot be encoded)."""
-    properties = BasicProperties(headers=dict(record.headers) or None, delivery_mode=2)
+def _message(exchange: str, record: ProducerRecord, now_ms: int) -> Message:
+    """The message a record becomes (``TopicError`` 400 if its headers cannot be encoded).
+    Records without headers share one encoding of their (persistent) properties."""
+    if not record.headers:
+        return Message(exchange, record.key, _PERSISTENT_RAW, record.value, _PERSISTENT, now_ms)
+    properties = BasicProperties(headers=dict(record.headers), delivery_mode=2)
     try:
         raw = properties.encode()
     except (ValueError, OverflowError) as exc:
         raise TopicError(400, f"cannot encode the headers: {exc}") from None
-    return Message(exchange, record.key, raw, record.value, properties, clock.now_ms())
+    return Message(exchange, record.key, raw, record.value, properties, now_ms)
 
 
 def read(

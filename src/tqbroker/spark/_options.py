@@ -210,22 +210,24 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
     )
 
 
+def _by_timestamp(opts: Mapping[str, str], prefix: str) -> OffsetSpec | None:
+    """``{prefix}Timestamp`` (one time for every partition), else ``{prefix}OffsetsByTimestamp``
+    (per partition), in Kafka's precedence; None when neither is given."""
+    name = f"{prefix}Timestamp"
+    if name.lower() in opts:
+        return OffsetSpec("timestamp", name, timestamp=_timestamp(opts[name.lower()], name))
+    name = f"{prefix}OffsetsByTimestamp"
+    if name.lower() in opts:
+        per_partition = _partition_json(opts[name.lower()], name, minimum=0)
+        return OffsetSpec("timestamps", name, per_partition=per_partition)
+    return None
+
+
 def _starting(opts: Mapping[str, str], *, streaming: bool) -> OffsetSpec:
     # Kafka's precedence: startingTimestamp > startingOffsetsByTimestamp > startingOffsets.
-    if "startingtimestamp" in opts:
-        return OffsetSpec(
-            "timestamp",
-            "startingTimestamp",
-            timestamp=_timestamp(opts["startingtimestamp"], "startingTimestamp"),
-        )
-    if "startingoffsetsbytimestamp" in opts:
-        return OffsetSpec(
-            "timestamps",
-            "startingOffsetsByTimestamp",
-            per_partition=_partition_json(
-                opts["startingoffsetsbytimestamp"], "startingOffsetsByTimestamp", minimum=0
-            ),
-        )
+    by_time = _by_timestamp(opts, "starting")
+    if by_time is not None:
+        return by_time
     raw = opts.get("startingoffsets", "latest" if streaming else "earliest").strip()
     if raw.lower() == "earliest":
         return OffsetSpec("earliest", "startingOffsets")
@@ -251,20 +253,9 @@ def _ending(opts: Mapping[str, str], *, streaming: bool) -> OffsetSpec | None:
                 f"option '{given[0]}' applies to batch queries only (a stream has no end)"
             )
         return None
-    if "endingtimestamp" in opts:
-        return OffsetSpec(
-            "timestamp",
-            "endingTimestamp",
-            timestamp=_timestamp(opts["endingtimestamp"], "endingTimestamp"),
-        )
-    if "endingoffsetsbytimestamp" in opts:
-        return OffsetSpec(
-            "timestamps",
-            "endingOffsetsByTimestamp",
-            per_partition=_partition_json(
-                opts["endingoffsetsbytimestamp"], "endingOffsetsByTimestamp", minimum=0
-            ),
-        )
+    by_time = _by_timestamp(opts, "ending")
+    if by_time is not None:
+        return by_time
     raw = opts.get("endingoffsets", "latest").strip()
     if raw.lower() == "latest":
         return OffsetSpec("latest", "endingOffsets")
