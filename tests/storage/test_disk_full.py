@@ -352,19 +352,22 @@ def fill_completely(tmpfs: Path) -> Path:
 
 
 def test_failed_checkpoint_write_is_retried_once_space_is_back(tmpfs: Path) -> None:
-    """The records reach the file, then the checkpoint (``state.cbor``) cannot be written: the
-    flush fails, and the backend must still want a flush so that the flusher's retry makes it
-    healthy again once there is space (otherwise it refuses publishes until a restart)."""
+    """An ack makes the next flush rewrite the checkpoint (``state.cbor``), which cannot be
+    written: the flush fails, and the backend must still want a flush so that the flusher's
+    retry makes it healthy again once there is space (otherwise it refuses publishes until a
+    restart)."""
     backend = LogBackend()
     backend.open(tmpfs / "data")
     store = backend.open_queue("/", "q")
     properties = BasicProperties(delivery_mode=2).encode()
-    store.push(Message("", "q", properties, b"first"), persistent=True)
+    for body in (b"first", b"second"):
+        store.push(Message("", "q", properties, body), persistent=True)
     work = backend.begin_flush()
     assert work is not None
     work()
-    store.push(Message("", "q", properties, b"second"), persistent=True)
-    store.log.write_out()  # the record is in the file; only the checkpoint is left to write
+    popped = store.pop()
+    assert popped is not None and popped[1].body == b"first"
+    store.ack(popped[0])  # only the checkpoint is left to write
     filler = fill_completely(tmpfs)
 
     work = backend.begin_flush()
@@ -384,5 +387,5 @@ def test_failed_checkpoint_write_is_retried_once_space_is_back(tmpfs: Path) -> N
     backend.open(tmpfs / "data")
     store = backend.open_queue("/", "q")
     entries = [store.pop(), store.pop()]
-    assert [e[1].body if e else None for e in entries] == [b"first", b"second"]
+    assert [e[1].body if e else None for e in entries] == [b"second", None]
     backend.close()

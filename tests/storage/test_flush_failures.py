@@ -30,7 +30,7 @@ def test_failed_fdatasync_nacks_and_no_later_publish_is_acked(
 
         real_sync = segment_module.Segment.sync
 
-        def failing_sync(self: segment_module.Segment) -> None:
+        def failing_sync(self: segment_module.Segment, *, indexes: bool = True) -> None:
             raise OSError(errno.EIO, "injected I/O error")
 
         monkeypatch.setattr(segment_module.Segment, "sync", failing_sync)
@@ -72,9 +72,9 @@ def test_tx_commit_ok_waits_for_the_fsync_and_fails_the_channel_if_it_fails(
 ) -> None:
     real_sync = segment_module.Segment.sync
 
-    def slow_sync(self: segment_module.Segment) -> None:
+    def slow_sync(self: segment_module.Segment, *, indexes: bool = True) -> None:
         time.sleep(0.5)
-        real_sync(self)
+        real_sync(self, indexes=indexes)
 
     monkeypatch.setattr(segment_module.Segment, "sync", slow_sync)
     with running_broker(BrokerConfig(port=0, data_dir=tmp_path)) as b:
@@ -86,7 +86,7 @@ def test_tx_commit_ok_waits_for_the_fsync_and_fails_the_channel_if_it_fails(
         ch.tx_commit()
         assert time.monotonic() - started >= 0.4  # commit-ok came after the fsync
 
-        def failing_sync(self: segment_module.Segment) -> None:
+        def failing_sync(self: segment_module.Segment, *, indexes: bool = True) -> None:
             raise OSError(errno.EIO, "injected I/O error")
 
         monkeypatch.setattr(segment_module.Segment, "sync", failing_sync)
@@ -109,7 +109,7 @@ def test_basic_get_on_a_failed_backend_answers_instead_of_hanging(
         for i in range(20):
             ch.basic_publish("", "g", b"%d" % i, PERSISTENT)
 
-        def failing_sync(self: segment_module.Segment) -> None:
+        def failing_sync(self: segment_module.Segment, *, indexes: bool = True) -> None:
             raise OSError(errno.EIO, "injected I/O error")
 
         monkeypatch.setattr(segment_module.Segment, "sync", failing_sync)

@@ -114,10 +114,10 @@ def test_deleting_a_queue_while_its_flush_is_in_flight(
     real_sync = Segment.sync
     started = threading.Event()
 
-    def slow_sync(self: Segment) -> None:
+    def slow_sync(self: Segment, *, indexes: bool = True) -> None:
         started.set()
         time.sleep(0.3)
-        real_sync(self)
+        real_sync(self, indexes=indexes)
 
     backend = LogBackend()
     backend.open(tmp_path)

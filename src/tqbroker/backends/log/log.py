@@ -117,6 +117,7 @@ class Log:
         self._segment_created_ms = 0
         self.corrupt_records = 0
         self.sync_failed = False  # an fdatasync failed: nothing written since can be trusted
+        self._directory_dirty = False  # a segment was created since the last sync
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -176,9 +177,11 @@ class Log:
             self._roll(offset)
 
     def _roll(self, base_offset: int) -> None:
-        # The old segment's buffered records are written out by the next ``write_out``.
+        # The old segment's buffered records are written out by the next ``write_out``; the
+        # next sync makes the new files' directory entries durable.
         self._add(Segment(self.directory, base_offset, self.index_interval_bytes))
         self._segment_created_ms = _now_ms()
+        self._directory_dirty = True
 
     # -- appending and reading ---------------------------------------------------------------
 
@@ -290,19 +293,30 @@ class Log:
                 segment.write_out()
 
     def sync_work(self) -> Callable[[], None] | None:
-        """Write out what is buffered and return the fsync work for every segment written
-        since the last call (None if nothing)."""
+        """Write out what is buffered and return the fsync work (None if nothing): the record
+        file of every segment written since the last call, the indexes of sealed segments
+        not synced since they were written (an active segment's are rebuilt by the rescan
+        after a crash), and the directory when a segment was created (its entries)."""
         self.write_out()
-        dirty = [s for s in self.segments if s.dirty]
-        if not dirty:
+        active = self.segments[-1]
+        work: list[tuple[Segment, bool]] = []
+        for segment in self.segments:
+            indexes = segment.index_dirty and segment is not active
+            if segment.dirty or indexes:
+                work.append((segment, indexes))
+                segment.dirty = False
+                if indexes:
+                    segment.index_dirty = False
+        directory, self._directory_dirty = self._directory_dirty, False
+        if not work and not directory:
             return None
-        for segment in dirty:
-            segment.dirty = False
 
         def sync() -> None:
             try:
-                for segment in dirty:
-                    segment.sync()
+                for segment, indexes in work:
+                    segment.sync(indexes=indexes)
+                if directory:
+                    fsync_dir(self.directory)
             except OSError:
                 # After a failed fdatasync the kernel may have dropped the dirty pages: a retry
                 # could "succeed" over lost data. The log stops taking durable writes.

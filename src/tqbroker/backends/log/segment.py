@@ -17,7 +17,8 @@ Responsibilities:
   ``install`` moves a compacted copy, written as a segment of its own elsewhere, over the files
   of the segment it replaces.
 
-The segment never fsyncs by itself; ``sync`` (run by the flusher's worker thread) does. File
+The segment never fsyncs by itself; ``sync`` (run by the flusher's worker thread) does, the
+record file alone while the segment is active, the indexes too once it is sealed. File
 descriptors stay open for the segment's life so that reads never race a close.
 """
 
@@ -79,7 +80,8 @@ class Segment:
         self._time_buffer = bytearray()
         self._time_written = 0
         self._since_index = 0
-        self.dirty = False  # written since the last sync
+        self.dirty = False  # records written since the last sync
+        self.index_dirty = False  # index entries written since the last sync of the indexes
         self._read_pos = -1  # read-ahead cache: file position of _read_buf
         self._read_buf = b""
         # Where the last walk stopped: (least offset, file position) of the next record.
@@ -136,19 +138,23 @@ class Segment:
                 self._index_fd, bytes(self._index_buffer), self._index_written
             )
             self._index_buffer.clear()
-            self.dirty = True
+            self.index_dirty = True
         if self._time_buffer:
             self._time_written += os.pwrite(
                 self._time_fd, bytes(self._time_buffer), self._time_written
             )
             self._time_buffer.clear()
-            self.dirty = True
+            self.index_dirty = True
 
-    def sync(self) -> None:
-        """fdatasync the record file and both indexes (worker thread)."""
+    def sync(self, *, indexes: bool = True) -> None:
+        """fdatasync the record file and (with ``indexes``) both indexes (worker thread). The
+        active segment's group commits sync the record file alone: recovery rebuilds the
+        indexes of every segment it rescans, and a segment is synced with its indexes once it
+        is sealed, before a recovery point can pass it."""
         os.fdatasync(self._fd)
-        os.fdatasync(self._index_fd)
-        os.fdatasync(self._time_fd)
+        if indexes:
+            os.fdatasync(self._index_fd)
+            os.fdatasync(self._time_fd)
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -95,6 +95,7 @@ class LogQueueStore:
         self.directory = directory
         self.log = log
         self._synced_upto = 0  # offsets below are fsync'd (the recovery point)
+        self._recovery_written = 0  # the recovery point of the checkpoint on disk
         self.head = 0
         self.settled = RangeSet()
         self.transient = RangeSet()  # offsets of transient messages (dropped at restart)
@@ -163,6 +164,7 @@ class LogQueueStore:
         self._reserve_target = max(self.cursor, self.delivered_reserved) + RESERVE_WINDOW
         self._synced_upto = recovery_point if not clean else end
         self._write_state(self._state(self._reserve_target), fsync=True)
+        self._recovery_written = self._synced_upto
         self.delivered_reserved = self._reserve_target
         self._ready = (end - self.head) - sum(
             min(b, end) - max(a, self.head) for a, b in self.settled.as_list() if a < end
@@ -368,8 +370,14 @@ class LogQueueStore:
             self.log.write_out()
             sync = None
         self._obsolete.extend(self.log.delete_segments_below(self.head))
-        if sync is None and not self._state_dirty and not self._obsolete:
-            return None
+        # A commit that only appended leaves the checkpoint alone (one fdatasync per group
+        # commit) until the recovery point would pass a sealed segment: only then does it
+        # spare the rescan of that segment after a crash.
+        sealed_past = (
+            sync is not None and self.log.segments[-1].base_offset > self._recovery_written
+        )
+        if not (self._state_dirty or self._obsolete or sealed_past):
+            return None if sync is None else self._sync_only(sync)
         self._state_dirty = False
         target = self._reserve_target
         synced_upto = self.log.next_offset if sync is not None else self._synced_upto
@@ -383,6 +391,7 @@ class LogQueueStore:
                     self._synced_upto = max(self._synced_upto, synced_upto)
                 # A wider delivery window is only valid once it is on disk, whatever the policy.
                 self._write_state(state, fsync=fsync or target > self.delivered_reserved)
+                self._recovery_written = max(self._recovery_written, synced_upto)
             except OSError:
                 # Nothing of this flush is durable: the next one must write the checkpoint
                 # (and delete the segments) again, so the backend keeps asking for a flush.
@@ -395,6 +404,15 @@ class LogQueueStore:
                         segment.delete()
             # Publish the reservation only once it is on disk.
             self.delivered_reserved = max(self.delivered_reserved, target)
+
+        return work
+
+    def _sync_only(self, sync: Callable[[], None]) -> Callable[[], None]:
+        synced_upto = self.log.next_offset
+
+        def work() -> None:
+            sync()
+            self._synced_upto = max(self._synced_upto, synced_upto)
 
         return work
 

@@ -105,6 +105,7 @@ class LogStream:
         self.directory = directory
         self.log = log
         self._synced_upto = 0
+        self._recovery_written = 0  # the recovery point in stream.cbor on disk
         self._obsolete: list[Segment] = []
         # Server-side offset tracking: the next offset each tracked consumer reads, by tag.
         self.offsets: dict[str, int] = {}
@@ -131,7 +132,7 @@ class LogStream:
             state = {}
         recovery_point = int(state.get("recovery_point", 0))
         self.log.open(recovery_point=recovery_point)
-        self._synced_upto = recovery_point
+        self._synced_upto = self._recovery_written = recovery_point
         self.offsets = _positions(state.get("offsets"))
         self.group_offsets = _positions(state.get("groups"))
         self.producers = _positions(state.get("producers"))
@@ -284,9 +285,22 @@ class LogStream:
         else:
             self.log.write_out()
             sync = None
-        if sync is None and not self._obsolete and not self._offsets_dirty and not self._retired:
-            return None
         synced_upto = self.log.next_offset if sync is not None else self._synced_upto
+        # A commit that only appended leaves stream.cbor alone (one fdatasync per group commit)
+        # until the recovery point would pass a sealed segment (sparing its rescan after a
+        # crash).
+        sealed_past = (
+            sync is not None and self.log.segments[-1].base_offset > self._recovery_written
+        )
+        if not (self._obsolete or self._offsets_dirty or self._retired or sealed_past):
+            if sync is None:
+                return None
+
+            def sync_only() -> None:
+                sync()
+                self._synced_upto = max(self._synced_upto, synced_upto)
+
+            return sync_only
         obsolete, self._obsolete = self._obsolete, []
         state = {
             "recovery_point": synced_upto,
@@ -311,6 +325,7 @@ class LogStream:
                         cbor2.dumps(state),
                         fsync=sync is not None or offsets_dirty,
                     )
+                    self._recovery_written = max(self._recovery_written, synced_upto)
                     if retired:
                         fsync_dir(self.directory)
                     for segment in obsolete:

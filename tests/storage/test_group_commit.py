@@ -1,0 +1,184 @@
+"""What one group commit of the ``log`` backend costs on disk, and that the cheaper commit keeps
+recovery exact: a commit that only appended fdatasyncs the active segment's record file alone
+(no index, no checkpoint rewrite); a sealed segment is synced with its indexes and the
+checkpoint written once before the recovery point passes it; a new segment's directory entry is
+made durable before its records are confirmed. Queues and streams alike."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tqbroker.backends.log import LogBackend
+from tqbroker.backends.log.log import Log
+from tqbroker.backends.log.store import LogQueueStore
+from tqbroker.backends.log.stream import LogStream
+from tqbroker.model import Message
+
+log_module = importlib.import_module("tqbroker.backends.log.log")  # the package's `log` is a logger
+PERSISTENT = b"\x10\x00\x02"  # flags: delivery-mode present; delivery-mode 2
+
+
+def message(n: int) -> Message:
+    return Message("", "q", PERSISTENT, b"%06d" % n + b"." * 200, timestamp_ms=1_700_000_000_000)
+
+
+class Syscalls:
+    """Counts the durability calls made while flushing."""
+
+    def __init__(self) -> None:
+        self.fdatasync: list[str] = []  # file names
+        self.fsync_dir: list[Path] = []
+        self.replaced: list[str] = []
+
+
+@pytest.fixture
+def syscalls(monkeypatch: pytest.MonkeyPatch) -> Syscalls:
+    seen = Syscalls()
+    real_fdatasync, real_replace = os.fdatasync, os.replace
+
+    def fdatasync(fd: int) -> None:
+        seen.fdatasync.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name)
+        real_fdatasync(fd)
+
+    def replace(src: str | Path, dst: str | Path) -> None:
+        seen.replaced.append(Path(dst).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(log_module, "fsync_dir", lambda path: seen.fsync_dir.append(path))
+    monkeypatch.setattr(os, "replace", replace)
+    return seen
+
+
+def flush(backend: LogBackend, seen: Syscalls | None = None) -> list[str]:
+    """One group commit; the names of the files it fdatasynced."""
+    if seen is not None:
+        seen.fdatasync.clear()
+        seen.fsync_dir.clear()
+        seen.replaced.clear()
+    work = backend.begin_flush()
+    if work is not None:
+        work()
+    return [] if seen is None else list(seen.fdatasync)
+
+
+Opener = Callable[[LogBackend], object]
+
+
+def open_queue(backend: LogBackend) -> object:
+    return backend.open_queue("/", "q")
+
+
+def open_stream(backend: LogBackend) -> object:
+    return backend.open_stream("/", "q")
+
+
+def append(store: object, n: int) -> None:
+    if isinstance(store, LogQueueStore):
+        store.push(message(n), persistent=True)
+    else:
+        assert isinstance(store, LogStream)
+        store.append(message(n))
+
+
+def segment_log(store: object) -> Log:
+    log = store.log  # type: ignore[attr-defined]
+    assert isinstance(log, Log)
+    return log
+
+
+@pytest.mark.parametrize("opener", [open_queue, open_stream], ids=["queue", "stream"])
+def test_an_append_only_commit_syncs_the_record_file_alone(
+    tmp_path: Path, syscalls: Syscalls, opener: Opener
+) -> None:
+    backend = LogBackend(segment_bytes=64 * 1024)
+    backend.open(tmp_path)
+    store = opener(backend)
+    append(store, 0)
+    flush(backend)  # the first commit makes the new segment's directory entry durable
+    for n in range(1, 20):
+        append(store, n)
+    assert flush(backend, syscalls) == ["00000000000000000000.log"]
+    assert syscalls.fsync_dir == []
+    assert syscalls.replaced == [], "the checkpoint was rewritten by an append-only commit"
+    backend.close()
+
+
+@pytest.mark.parametrize("opener", [open_queue, open_stream], ids=["queue", "stream"])
+def test_a_sealed_segment_gets_its_indexes_synced_and_the_checkpoint_passes_it(
+    tmp_path: Path, syscalls: Syscalls, opener: Opener
+) -> None:
+    backend = LogBackend(segment_bytes=8 * 1024, index_interval_bytes=1024)
+    backend.open(tmp_path)
+    store = opener(backend)
+    log = segment_log(store)
+    n = 0
+    while len(log.segments) == 1:
+        append(store, n)
+        n += 1
+        if n % 5 == 0:
+            flush(backend)
+    sealed, active = log.segments
+    append(store, n)
+    synced = flush(backend, syscalls)
+    base = f"{sealed.base_offset:020d}"
+    # The sealed segment: its indexes (and its record file if it had unwritten records).
+    assert {f"{base}.index", f"{base}.timeindex"} <= set(synced)
+    assert f"{active.base_offset:020d}.log" in synced
+    assert f"{active.base_offset:020d}.index" not in synced
+    assert syscalls.fsync_dir == [log.directory]  # the new segment's entries
+    assert len(syscalls.replaced) == 1  # the checkpoint, whose recovery point passes it
+    # Afterwards the active segment's commits are back to one fdatasync.
+    append(store, n + 1)
+    assert flush(backend, syscalls) == [f"{active.base_offset:020d}.log"]
+    assert syscalls.replaced == []
+    backend.close()
+
+
+def crash(backend: LogBackend) -> None:
+    """Stop without ``close``: what was written out stays, buffers are lost."""
+    for store in backend._stores.values():
+        store.log.close(clean=False)
+
+
+@pytest.mark.parametrize("opener", [open_queue, open_stream], ids=["queue", "stream"])
+def test_a_crash_after_append_only_commits_recovers_every_committed_record(
+    tmp_path: Path, opener: Opener
+) -> None:
+    """Many segments sealed by append-only commits, the active segment's index files wiped
+    (their pages were never synced), a crash: every committed record is read back, in order,
+    and appending continues after the last."""
+    backend = LogBackend(segment_bytes=4 * 1024, index_interval_bytes=512)
+    backend.open(tmp_path)
+    store = opener(backend)
+    for n in range(300):
+        append(store, n)
+        if n % 7 == 6:
+            flush(backend)
+    flush(backend)
+    log = segment_log(store)
+    assert len(log.segments) > 5
+    active = log.segments[-1]
+    crash(backend)
+    for path in (active.index_path, active.time_path):
+        path.write_bytes(b"\x00" * 24)  # lost pages read back as zeros
+    backend = LogBackend(segment_bytes=4 * 1024, index_interval_bytes=512)
+    backend.open(tmp_path)
+    store = opener(backend)
+    log = segment_log(store)
+    bodies = [record.message.body[:6] for record in log.records(0)]
+    assert bodies == [b"%06d" % n for n in range(300)]
+    assert log.next_offset == 300
+    for n in range(300):
+        record = log.read(n)
+        assert record is not None
+        assert record.message.body[:6] == b"%06d" % n
+    assert log.offset_for_timestamp(1_700_000_000_000) == 0
+    append(store, 300)
+    flush(backend)
+    backend.close()
