@@ -490,9 +490,9 @@ def test_confirm_waits_for_the_delayed_store_fsync(
     exchange's store; if that write fails it is nacked. Transient ones are confirmed at once."""
     real_sync = segment_module.Segment.sync
 
-    def slow_sync(self: segment_module.Segment) -> None:
+    def slow_sync(self: segment_module.Segment, *, indexes: bool = True) -> None:
         time.sleep(0.5)
-        real_sync(self)
+        real_sync(self, indexes=indexes)
 
     # The faults are injected into the log backend's segments: run on it whatever backend the
     # session tests (``nox -s backends`` sets the variable for every test broker).
@@ -512,7 +512,7 @@ def test_confirm_waits_for_the_delayed_store_fsync(
         ch.basic_publish("d", "k", b"persistent", persistent)
         assert time.monotonic() - started >= 0.4  # the ack came after the fsync
 
-        def failing_sync(self: segment_module.Segment) -> None:
+        def failing_sync(self: segment_module.Segment, *, indexes: bool = True) -> None:
             raise OSError(errno.EIO, "injected I/O error")
 
         monkeypatch.setattr(segment_module.Segment, "sync", failing_sync)
