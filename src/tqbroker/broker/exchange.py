@@ -3,6 +3,7 @@
 Responsibilities:
 - ``Exchange``: declared properties, the distinct bindings (source side), the plugin ``Router``
   that indexes them, and the exchanges/queues bound *to* it (``bound_by``) for clean deletes;
+- whether routing through it may be memoised (``cacheable``: its router opted in);
 - ``DefaultExchange``: the nameless direct exchange every queue is implicitly bound to by name.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import TypeAlias
 
-from ..plugins.spec import PropertyRouter, Router
+from ..plugins.spec import HoldingRouter, PropertyRouter, Router
 from ..protocol.codec import FieldTable, encode_table
 from ..protocol.methods import BasicProperties
 
@@ -35,6 +36,13 @@ class Exchange:
         self.type_name = type_name
         self.router = router
         self._property_router = router if isinstance(router, PropertyRouter) else None
+        # The vhost may memoise where a routing key goes through this exchange (until routing
+        # state changes) only if its router opted in (``cacheable = True``: the result depends on
+        # nothing but the routing key and the bindings; plugins.spec). Never for a router that
+        # holds messages. Read once: a router's promise does not change.
+        self.cacheable = getattr(router, "cacheable", False) is True and not isinstance(
+            router, HoldingRouter
+        )
         self.durable = durable
         self.auto_delete = auto_delete
         self.internal = internal
@@ -74,13 +82,18 @@ class Exchange:
 
 
 class DefaultExchange(Exchange):
-    """The default exchange ``""``: routes to the queue named by the routing key."""
+    """The default exchange ``""``: routes to the queue named by the routing key.
+
+    ``cacheable``: its result depends on the routing key and the set of queues, which is routing
+    state (the vhost forgets memoised routes when a queue comes or goes). The vhost routes a
+    publish to it directly, without the memo; it matters when it is an alternate exchange."""
 
     def __init__(self, queues: dict[str, Hashable], router: Router) -> None:
         super().__init__(
             "", "direct", router, durable=True, auto_delete=False, internal=False, arguments={}
         )
         self._queues = queues
+        self.cacheable = True
 
     def route(self, routing_key: str, properties: BasicProperties) -> Iterable[Hashable]:
         queue = self._queues.get(routing_key)

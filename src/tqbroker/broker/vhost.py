@@ -6,6 +6,11 @@ Responsibilities:
   redeclare 406, unknown exchange type 503);
 - routing a message through exchange-to-exchange bindings and alternate exchanges (a plain
   function call, no task);
+- the route memo: where a routing key goes from an exchange, kept while every exchange on the way
+  is ``cacheable`` (its router promises a result that depends only on the routing key and the
+  bindings: direct, fanout, topic; not headers, holding or per-call routers), forgotten as a whole
+  whenever routing state changes (a binding, an exchange or a queue comes or goes), and at most
+  ``ROUTE_MEMO_SIZE`` entries;
 - exclusive and auto-delete lifetimes;
 - dead-lettering: routing a queue's expired, rejected, dropped or over-limit messages to its
   dead-letter exchange (``x-death`` and cycles in ``deadletter``);
@@ -54,6 +59,10 @@ PREDECLARED: Final = (
 
 Spawn = Callable[[Callable[[], Any]], None]
 
+# The most (exchange, routing key) routes a vhost memoises; it forgets them all past that, so that
+# random routing keys cannot grow it without limit.
+ROUTE_MEMO_SIZE: Final = 10_000
+
 # RabbitMQ's direct reply-to pseudo-queue and the prefix of the names it hands out.
 REPLY_TO: Final = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX: Final = REPLY_TO + "."
@@ -92,6 +101,9 @@ class VirtualHost:
         # Called after a change to durable definitions (exchanges, queues, bindings).
         self._on_change = on_change
         self.queues: dict[str, Queue] = {}
+        # (exchange, routing key) -> where ``route`` sends it, for cacheable routes only: tuples,
+        # shared by every caller (never mutated). Cleared by ``_routing_changed``.
+        self._route_memo: dict[tuple[Exchange, str], tuple[Destination, ...]] = {}
         # Direct reply-to: "amq.rabbitmq.reply-to.<token>" -> the channel consuming replies.
         self.reply_consumers: dict[str, ReplyConsumer] = {}
         self.consumer_groups = ConsumerGroups(spawn)  # on streams (x-stream-group)
@@ -233,6 +245,7 @@ class VirtualHost:
             arguments=arguments,
         )
         self.exchanges[name] = exchange
+        self._routing_changed()  # it may be another exchange's alternate
         if durable:
             self._on_change()
         return exchange
@@ -289,6 +302,7 @@ class VirtualHost:
         exchange.bound_by.clear()
         if isinstance(exchange, HoldingExchange):
             exchange.holding_router.delete()  # its held messages go with it
+        self._routing_changed()  # after the last change: whatever routed meanwhile is forgotten
         if exchange.durable:
             self._on_change()
 
@@ -334,6 +348,7 @@ class VirtualHost:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED, str(exc)) from None
         if ref is not None:
             dest.bound_by.add(ref)
+            self._routing_changed()
             if source.durable and dest.durable:
                 self._on_change()
 
@@ -343,6 +358,7 @@ class VirtualHost:
         args_id = encode_table(arguments)
         if source.unbind(dest, routing_key, args_id):
             dest.bound_by.discard((source, routing_key, args_id))
+            self._routing_changed()
             self._maybe_auto_delete(source)
             if source.durable and dest.durable:
                 self._on_change()
@@ -397,6 +413,7 @@ class VirtualHost:
 
     def restore(self, definitions: Mapping[str, list[dict[str, Any]]]) -> None:
         """Recreate durable definitions saved by ``definitions`` (at startup)."""
+        self._routing_changed()
         for x in definitions.get("exchanges", []):
             if x["type"] not in self.exchange_types:
                 log.error(
@@ -439,6 +456,7 @@ class VirtualHost:
                 ref = source.bind(dest, b["routing_key"], b["arguments"])
                 if ref is not None:
                     dest.bound_by.add(ref)
+        self._routing_changed()
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -627,6 +645,7 @@ class VirtualHost:
         queue.on_unused = self._remove_queue
         queue.dead_letter = self._dead_letter
         self.queues[name] = queue
+        self._routing_changed()  # the default exchange (an alternate exchange, maybe) routes to it
         self._spawn(queue.run)
         return queue
 
@@ -695,6 +714,7 @@ class VirtualHost:
             source.unbind(queue, key, args_id)
             self._maybe_auto_delete(source)
         queue.bound_by.clear()
+        self._routing_changed()
         queue.cancel_consumers()
         queue.stop()
         for store_name in _store_names(queue.name, queue.arguments):
@@ -753,16 +773,23 @@ class VirtualHost:
 
     def route_keys(
         self, exchange: Exchange, keys: Sequence[str], properties: BasicProperties
-    ) -> list[Destination]:
+    ) -> Sequence[Destination]:
         """``route`` for each of ``keys`` (a routing key and its CC/BCC keys), each
-        destination once."""
+        destination once. The result may be a memoised tuple shared with later calls: read it,
+        never mutate it."""
         if len(keys) == 1:
             return self.route(exchange, keys[0], properties)
         found: dict[int, Destination] = {}
         for key in keys:
             for destination in self.route(exchange, key, properties):
                 found[id(destination)] = destination
-        return list(found.values())
+        return tuple(found.values())
+
+    def _routing_changed(self) -> None:
+        """Forget every memoised route: a binding, an exchange or a queue came or went (called
+        by every change of routing state, before anything routes again)."""
+        if self._route_memo:
+            self._route_memo.clear()
 
     def enqueue(
         self, destinations: Iterable[Destination], message: Message
@@ -791,18 +818,29 @@ class VirtualHost:
 
     def route(
         self, exchange: Exchange, routing_key: str, properties: BasicProperties
-    ) -> list[Destination]:
+    ) -> tuple[Destination, ...]:
         """The queues a message reaches, each once, following exchange-to-exchange bindings and
         alternate exchanges; and the ``Destination`` objects of exchange types that hold
-        messages (``plugins.spec``), which take the message to route it later."""
+        messages (``plugins.spec``), which take the message to route it later.
+
+        Memoised per (exchange, routing key) when every exchange whose router was asked is
+        ``cacheable`` (then the properties played no part), until ``_routing_changed``."""
         if exchange is self.default_exchange:
             queue = self.queues.get(routing_key)
-            return [queue] if queue is not None else []
+            return (queue,) if queue is not None else ()
+        memo = self._route_memo
+        if exchange.cacheable:
+            memoised = memo.get((exchange, routing_key))
+            if memoised is not None:
+                return memoised
+        cacheable = True
         queues: dict[int, Destination] = {}
         seen: set[Hashable] = {exchange}
         frontier = [exchange]
         while frontier:
             current = frontier.pop()
+            if not current.cacheable:
+                cacheable = False
             routed = False
             for dest in current.route(routing_key, properties):
                 routed = True
@@ -819,7 +857,12 @@ class VirtualHost:
                 if alternate is not None and alternate not in seen:
                     seen.add(alternate)
                     frontier.append(alternate)
-        return list(queues.values())
+        found = tuple(queues.values())
+        if cacheable:
+            if len(memo) >= ROUTE_MEMO_SIZE:
+                memo.clear()
+            memo[(exchange, routing_key)] = found
+        return found
 
 
 def _int_range(low: int, high: int | None = None) -> Callable[[FieldValue], str | None]:

@@ -14,6 +14,14 @@ keeps the set of bindings itself (so ``bind``/``unbind`` are called once per dis
 asks the router where a message goes. Routers run on the broker's thread for every publish: keep
 ``route`` fast and never block.
 
+A router whose result depends on nothing but the routing key and the exchange's bindings (not
+the headers, the properties, the time, a counter or chance) may say so with a class or instance
+attribute ``cacheable = True``, read once when its exchange is created: the broker then memoises
+where each routing key goes through the exchange and asks the router again only after a change
+to routing state (a binding, exchange or queue coming or going). Without the attribute (or with
+``False``) the router is asked on every publish, which is always correct. The built-in direct,
+fanout and topic routers are cacheable; headers is not; a ``HoldingRouter`` never is.
+
 A router that routes on message properties other than headers (``x-consistent-hash``'s
 ``hash-property``) implements ``PropertyRouter``: the broker then calls
 ``route_message(routing_key, properties)`` instead of ``route``.
@@ -55,7 +63,12 @@ Durability: TypeAlias = "tuple[Flusher, int] | None"
 
 
 class Router(Protocol):
-    """The bindings of one exchange, indexed for routing."""
+    """The bindings of one exchange, indexed for routing.
+
+    Optional, not part of the protocol's members (so that routers without it still match):
+    ``cacheable: bool``, ``False`` when absent. ``True`` promises that ``route`` (or
+    ``route_message``) returns the same destinations for the same routing key as long as no
+    ``bind``/``unbind`` happens: the broker may then skip calling it (module docstring)."""
 
     def bind(self, destination: Hashable, binding_key: str, arguments: FieldTable) -> None:
         """Add a binding. Raise ``ValueError`` to refuse it (the client gets 406)."""

@@ -232,6 +232,9 @@ class ConsistentHashRouter:
     def __init__(self, header: str | None = None, prop: str | None = None) -> None:
         self.header = header
         self.prop = prop
+        # Hashing the routing key, the destination depends only on it and the bindings: the
+        # vhost may memoise it (plugins.spec). Not when hashing a header or a property.
+        self.cacheable = header is None and prop is None
         # Each destination's weights in bind order; the first one counts. RabbitMQ likewise keeps
         # only the first binding between the exchange and a destination.
         self._weights: dict[Hashable, list[int]] = {}

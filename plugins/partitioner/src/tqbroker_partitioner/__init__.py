@@ -53,6 +53,10 @@ def partition_for(key: bytes, partitions: int) -> int:
 
 
 class KeyPartitionRouter:
+    # Not memoisable: the ``x-partition-key`` header overrides the routing key, and an empty key
+    # goes round-robin (a different partition each call).
+    cacheable = False
+
     def __init__(self) -> None:
         self._partitions: dict[int, Counter[Hashable]] = {}
         self._next = count()

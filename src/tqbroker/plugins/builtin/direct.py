@@ -9,6 +9,9 @@ from ...protocol.codec import FieldTable
 
 
 class DirectRouter:
+    # The result depends only on the routing key and the bindings: the vhost may memoise it.
+    cacheable = True
+
     def __init__(self) -> None:
         self._by_key: dict[str, Counter[Hashable]] = {}
 

@@ -9,6 +9,9 @@ from ...protocol.codec import FieldTable
 
 
 class FanoutRouter:
+    # The result depends only on the bindings: the vhost may memoise it.
+    cacheable = True
+
     def __init__(self) -> None:
         self._destinations: Counter[Hashable] = Counter()
 

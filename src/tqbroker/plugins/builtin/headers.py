@@ -29,6 +29,9 @@ def _matches(mode: str, wanted: list[tuple[str, FieldValue]], headers: FieldTabl
 
 
 class HeadersRouter:
+    # Routes on each message's headers: the vhost must ask every time.
+    cacheable = False
+
     def __init__(self) -> None:
         self._bindings: list[tuple[Hashable, str, list[tuple[str, FieldValue]]]] = []
 

@@ -22,6 +22,9 @@ class _Node:
 
 
 class TopicRouter:
+    # The result depends only on the routing key and the bindings: the vhost may memoise it.
+    cacheable = True
+
     def __init__(self) -> None:
         self._root = _Node()
 
