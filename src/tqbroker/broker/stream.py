@@ -44,7 +44,7 @@ import trio
 from .. import clock
 from ..backends.log.stream import Compaction, LogStream
 from ..model import Message
-from ..protocol.codec import FieldTable, FieldValue, Long
+from ..protocol.codec import FieldTable, FieldValue
 from ..protocol.errors import AMQPError, ReplyCode
 from .consumer import Consumer
 from .flusher import Flusher
@@ -230,10 +230,9 @@ class StreamQueue(Queue):
             consumer.unacked += 1
             if cursor is not None:
                 cursor.note(record.offset)
-            message = record.message
-            headers = message.properties.headers or {}
-            # Every delivery says where it is, as a long, as RabbitMQ sends it.
-            message = message.with_headers({**headers, "x-stream-offset": Long(record.offset)})
+            # Every delivery says where it is, as a long, as RabbitMQ sends it (spliced into the
+            # stored properties: the headers' order and encoding as with_headers gives them).
+            message = record.message.with_long_header("x-stream-offset", record.offset)
             consumer.channel.deliver(consumer, record.offset, message, False)
         return position
 

@@ -4,7 +4,8 @@ Responsibilities:
 - read/write of shortstr, longstr and field tables with RabbitMQ's errata type letters
   (``t b B s u I i l f d D S A T F V x``);
 - bounds: every length is checked against the bytes present before anything is allocated, nesting
-  is capped at ``MAX_TABLE_DEPTH``; failures raise ``DecodeError`` (never ``IndexError``).
+  is capped at ``MAX_TABLE_DEPTH``; failures raise ``DecodeError`` (never ``IndexError``);
+- ``add_long_header``: a header spliced into encoded basic properties, without decoding them.
 
 Python representation of field values: ``bool``, ``int``, ``float``, ``decimal.Decimal``, ``str``
 (``S``; invalid UTF-8 survives through ``surrogateescape``), ``bytes`` (``x``), ``datetime`` in UTC
@@ -204,6 +205,82 @@ def write_table(out: bytearray, table: Mapping[str, FieldValue]) -> None:
         write_shortstr(out, key)
         _write_value(out, value)
     U32.pack_into(out, start, len(out) - start - 4)
+
+
+# Basic content-header property flags before the headers table: content-type and
+# content-encoding, two shortstrs; then the headers; bit 0 says another flags word follows.
+_CONTENT_TYPE = 0x8000
+_CONTENT_ENCODING = 0x4000
+_HEADERS = 0x2000
+_MORE_FLAGS = 0x0001
+_LONG_VALUE = struct.Struct(">cq")
+# Header names as shortstrs, for the few names ``add_long_header`` is called with.
+_HEADER_KEYS: dict[str, bytes] = {}
+
+
+def add_long_header(
+    properties: bytes | bytearray | memoryview, name: str, value: int
+) -> bytes | None:
+    """Encoded basic properties (the flags word, then the properties present, in their order)
+    with the header ``name`` = ``value`` (a signed 64-bit ``l``, as ``Long`` encodes) added
+    at the end of the headers table, which is made if there is none. Every other byte stays
+    as it was, so for properties in our encoding this is exactly ``encode()`` of the decoded
+    properties with ``headers={**headers, name: Long(value)}``, without decoding or
+    re-encoding anything. None when it cannot be spliced and the caller must decode: ``name``
+    may already be in the table (its bytes occur in it: replacing is the decoder's job), a
+    continued flags word, or bytes that do not hold the properties they announce."""
+    if not isinstance(properties, bytes):
+        properties = bytes(properties)
+    size = len(properties)
+    if size < 2:
+        return None
+    flags = properties[0] << 8 | properties[1]
+    if flags & _MORE_FLAGS:
+        return None
+    pos = 2
+    if flags & _CONTENT_TYPE:
+        if pos >= size:
+            return None
+        pos += 1 + properties[pos]
+    if flags & _CONTENT_ENCODING:
+        if pos >= size:
+            return None
+        pos += 1 + properties[pos]
+    key = _HEADER_KEYS.get(name)
+    if key is None:
+        raw = name.encode("utf-8", "surrogateescape")
+        if len(raw) > 255:
+            raise ValueError(f"shortstr longer than 255 bytes: {name[:40]!r}...")
+        key = bytes((len(raw),)) + raw
+        if len(_HEADER_KEYS) < 16:
+            _HEADER_KEYS[name] = key
+    entry = key + _LONG_VALUE.pack(b"l", value)
+    if not flags & _HEADERS:
+        if pos > size:
+            return None
+        return b"".join(
+            (
+                U16.pack(flags | _HEADERS),
+                properties[2:pos],
+                U32.pack(len(entry)),
+                entry,
+                properties[pos:],
+            )
+        )
+    if pos + 4 > size:
+        return None
+    end = pos + 4 + U32.unpack_from(properties, pos)[0]
+    if end > size or properties.find(key, pos + 4, end) >= 0:
+        return None
+    return b"".join(
+        (
+            properties[:pos],
+            U32.pack(end - pos - 4 + len(entry)),
+            properties[pos + 4 : end],
+            entry,
+            properties[end:],
+        )
+    )
 
 
 def encode_table(table: Mapping[str, FieldValue]) -> bytes:

@@ -8,6 +8,12 @@ Responsibilities:
   the negotiated limits (channel_max, frame_max, heartbeat);
 - channel bookkeeping (open, closing, closed) and content assembly (publish + header + bodies),
   with the message size checked from the content header before any body byte is buffered;
+- a fast path for the common case, a buffer holding a whole well-formed publish (``_publish``:
+  the three or more frames parsed in one go, the method shared by every publish with the same
+  argument bytes); anything else, errors included, takes the frame-by-frame path;
+- ``check_properties``/``decode_properties``: a publish's property block validated exactly as
+  the decoder would, decoded only when needed, blocks without headers decoded once per distinct
+  bytes;
 - encoding what the server sends, updating the state as it goes.
 
 Usage, the h11 way::
@@ -24,6 +30,7 @@ Usage, the h11 way::
 from __future__ import annotations
 
 import enum
+import struct
 from typing import Final, NoReturn
 
 import attrs
@@ -42,6 +49,7 @@ from .frames import (
     encode_method,
 )
 from .methods import (
+    BasicProperties,
     BasicPublish,
     ChannelClose,
     ChannelCloseOk,
@@ -82,10 +90,13 @@ class MethodReceived:
     method: Method
 
 
-@attrs.frozen
+@attrs.define(unsafe_hash=True)
 class ContentReceived:
     """A complete ``basic.publish``: the method, the raw property bytes (flags word first, as
-    sent, so deliveries can forward them untouched) and the body."""
+    sent, so deliveries can forward them untouched) and the body.
+
+    Read-only by convention, not frozen: a frozen attrs ``__init__`` costs three times as much,
+    and one of these is made per published message."""
 
     channel: int
     method: BasicPublish
@@ -149,6 +160,10 @@ SEND_TRANSITIONS: Final[dict[tuple[State, type[Method]], State]] = {
 }
 
 
+# Looked up once (an enum member lookup costs more than a global's, on the hot path).
+_AWAIT_HEADER: Final = State.AWAIT_HEADER
+_OPEN: Final = State.OPEN
+
 # The largest body size a content header may announce at all (RabbitMQ's ?MAX_MSG_SIZE, 512 MiB):
 # beyond it the connection fails with 501, whatever max_message_size allows.
 MAX_BODY_SIZE: Final = 512 * 1024 * 1024
@@ -196,6 +211,9 @@ class ServerConnection:
         self._eof = False
         self._broken = False  # framing lost: read nothing more
         self._tuned = False
+        # The largest body the publish fast path takes (a larger one is an error, raised by the
+        # frame-by-frame path).
+        self._fast_body_max = min(limits.max_message_size, MAX_BODY_SIZE)
 
     # -- input -------------------------------------------------------------------------------
 
@@ -214,12 +232,17 @@ class ServerConnection:
         while True:
             if self._broken:
                 return EndOfStream() if self._eof else NEED_DATA
-            if self.state is State.AWAIT_HEADER:
+            state = self.state
+            if state is _AWAIT_HEADER:
                 return self._read_protocol_header()
             buf, pos = self._buf, self._pos
             if len(buf) - pos < 7:
                 return EndOfStream() if self._eof else NEED_DATA
             frame_type, channel, size = FRAME_HEAD.unpack_from(buf, pos)
+            if frame_type == FRAME_METHOD and state is _OPEN:
+                published = self._publish(buf, pos, channel, size)
+                if published is not None:
+                    return published
             limit = self.frame_max if self._tuned else self.limits.initial_frame_max
             if limit and size > limit:  # 0: no limit
                 self._broken = True
@@ -237,6 +260,90 @@ class ServerConnection:
             event = self._handle_frame(frame_type, channel, memoryview(buf)[pos + 7 : end])
             if event is not None:
                 return event
+
+    def _publish(self, buf: bytes, pos: int, channel: int, size: int) -> ContentReceived | None:
+        """The fast path: a complete, well-formed ``basic.publish`` + content header + body
+        frame(s) at ``pos`` on an open channel that owes no content, parsed in one go; None for
+        anything else (incomplete, unusual or wrong), which the frame-by-frame path then takes
+        from the method frame on, so every error is raised there exactly as without this."""
+        ch = self.channels.get(channel)
+        if ch is None or ch.closing or ch.method is not None:
+            return None
+        limit = self.frame_max if self._tuned else self.limits.initial_frame_max
+        if limit and size > limit:
+            return None
+        start = pos + 7
+        end = start + size  # the method frame's end marker
+        hpos = end + 1  # the content header frame
+        n = len(buf)
+        if (
+            size < 4
+            or hpos + 19 > n
+            or not buf.startswith(_PUBLISH_ID, start)
+            or buf[end] != FRAME_END
+        ):
+            return None
+        args = buf[start + 4 : end]
+        method = _PUBLISHES.get(args)
+        if method is None:
+            try:
+                decoded = decode_method(memoryview(buf)[start:end])
+            except DecodeError:
+                return None
+            assert isinstance(decoded, BasicPublish)
+            method = decoded
+            if len(_PUBLISHES) >= _PUBLISHES_MAX:
+                _PUBLISHES.clear()
+            _PUBLISHES[args] = method
+        kind, hchannel, hsize, class_id, weight, body_size = _HEADER_HEAD.unpack_from(buf, hpos)
+        hend = hpos + 7 + hsize
+        if (
+            kind != FRAME_HEADER
+            or hchannel != channel
+            or hsize < 14
+            or (limit and hsize > limit)
+            or hend >= n
+            or buf[hend] != FRAME_END
+            or class_id != 60
+            or weight != 0
+            or body_size > self._fast_body_max
+        ):
+            return None
+        bpos = hend + 1
+        if body_size == 0:
+            body = b""
+        else:
+            parts: list[bytes] | None = None
+            received = 0
+            while True:
+                if bpos + 7 > n:
+                    return None
+                kind, bchannel, bsize = FRAME_HEAD.unpack_from(buf, bpos)
+                bend = bpos + 7 + bsize
+                if (
+                    kind != FRAME_BODY
+                    or bchannel != channel
+                    or (limit and bsize > limit)
+                    or bend >= n
+                    or buf[bend] != FRAME_END
+                ):
+                    return None
+                received += bsize
+                if received == body_size and parts is None:
+                    body = buf[bpos + 7 : bend]
+                    bpos = bend + 1
+                    break
+                if received > body_size:
+                    return None
+                if parts is None:
+                    parts = []
+                parts.append(buf[bpos + 7 : bend])
+                bpos = bend + 1
+                if received == body_size:
+                    body = b"".join(parts)
+                    break
+        self._pos = bpos
+        return ContentReceived(channel, method, buf[hpos + 19 : hend], body)
 
     def _read_protocol_header(self) -> Event | NeedData:
         got = self._buf[self._pos : self._pos + 8]
@@ -519,6 +626,16 @@ class ServerConnection:
         return ch is not None and not ch.closing
 
 
+_PUBLISH_ID: Final = BasicPublish.INDEX.to_bytes(4, "big")
+# A content header frame's head and its fixed fields: frame type, channel, size; class, weight,
+# body size.
+_HEADER_HEAD: Final = struct.Struct(">BHIHHQ")
+# basic.publish arguments as sent -> the decoded method (frozen, so shared), so that a publisher
+# repeating its exchange and routing key costs a dict lookup, not a decode and an object. Bounded:
+# emptied when full.
+_PUBLISHES: dict[bytes, BasicPublish] = {}
+_PUBLISHES_MAX: Final = 1024
+
 _CONNECTION_CLOSE_ID = bytes((0, 10, 0, 50))
 _CONNECTION_CLOSE_OK_ID = bytes((0, 10, 0, 51))
 _CHANNEL_OPEN_ID = bytes((0, 20, 0, 10))
@@ -546,6 +663,107 @@ def _is_connection_close(frame_type: int, channel: int, payload: memoryview) -> 
         and channel == 0
         and payload[:4] in (_CONNECTION_CLOSE_ID, _CONNECTION_CLOSE_OK_ID)
     )
+
+
+# -- content-header properties on the publish path ----------------------------------------------
+
+# Property blocks without headers, as sent -> decoded, or None: valid, not decoded yet
+# (``check_properties`` found it valid, nobody asked for the decoded properties). Such properties
+# hold nothing mutable (strings and integers), so one decoded object serves every message with
+# the same bytes. Bounded: emptied when full; only blocks of at most _PROPERTIES_KEY_MAX bytes.
+_PROPERTIES: dict[bytes, BasicProperties | None] = {}
+_PROPERTIES_MAX: Final = 1024
+_PROPERTIES_KEY_MAX: Final = 256
+
+_HEADERS_FLAG: Final = 0x2000
+_REPLY_TO_FLAG: Final = 0x0200
+_EXPIRATION_FLAG: Final = 0x0100
+# Properties a publish must look at (reply-to, expiration), or that need a full decode to be
+# validated (headers: a field table), or that ``BasicProperties.decode`` refuses (continuation).
+_DECODE_FLAGS: Final = _HEADERS_FLAG | _REPLY_TO_FLAG | _EXPIRATION_FLAG | 0x0001
+# The other properties in wire order: flag, width (0: shortstr).
+_PLAIN_PROPERTIES: Final = (
+    (0x8000, 0),  # content-type
+    (0x4000, 0),  # content-encoding
+    (0x1000, 1),  # delivery-mode
+    (0x0800, 1),  # priority
+    (0x0400, 0),  # correlation-id
+    (0x0080, 0),  # message-id
+    (0x0040, 8),  # timestamp
+    (0x0020, 0),  # type
+    (0x0010, 0),  # user-id
+    (0x0008, 0),  # app-id
+    (0x0004, 0),  # cluster-id
+)
+_UNKNOWN: Final = BasicProperties()  # not in _PROPERTIES
+# flags word -> the widths of the properties present, in order.
+_PLANS: dict[int, tuple[int, ...]] = {}
+
+
+def decode_properties(raw: bytes) -> BasicProperties:
+    """``BasicProperties.decode`` (same result, same ``DecodeError``), memoised for property
+    blocks without headers."""
+    if type(raw) is not bytes:  # a bytearray or memoryview from a backend: not a dict key
+        return BasicProperties.decode(memoryview(raw))
+    properties = _PROPERTIES.get(raw)
+    if properties is None:
+        properties = BasicProperties.decode(memoryview(raw))
+        if properties.headers is None:
+            _remember(raw, properties)
+    return properties
+
+
+def _remember(raw: bytes, properties: BasicProperties | None) -> None:
+    if len(raw) <= _PROPERTIES_KEY_MAX:
+        if len(_PROPERTIES) >= _PROPERTIES_MAX:
+            _PROPERTIES.clear()
+        _PROPERTIES[raw] = properties
+
+
+def check_properties(raw: bytes) -> BasicProperties | None:
+    """Validate a published property block as ``BasicProperties.decode`` does (the same
+    ``DecodeError`` for a bad one), decoding it only when that is cheap or needed: the decoded
+    properties when they are memoised or carry headers, reply-to or expiration; otherwise None,
+    which means the block is valid and ``decode_properties`` will decode it whenever asked."""
+    properties = _PROPERTIES.get(raw, _UNKNOWN)
+    if properties is not _UNKNOWN:
+        return properties
+    if len(raw) >= 2:
+        flags = raw[0] << 8 | raw[1]
+        if not flags & _DECODE_FLAGS and _plain_properties_valid(raw, flags):
+            _remember(raw, None)
+            return None
+    return decode_properties(raw)  # raises what the decoder says
+
+
+def _plain_properties_valid(raw: bytes, flags: int) -> bool:
+    """Whether ``BasicProperties.decode`` accepts ``raw``, whose flags announce none of
+    ``_DECODE_FLAGS``, walking the bytes without building anything. Never True for a block the
+    decoder refuses (False may be pessimistic: the caller decodes then)."""
+    plan = _PLANS.get(flags)
+    if plan is None:
+        plan = _PLANS[flags] = tuple(w for flag, w in _PLAIN_PROPERTIES if flags & flag)
+    size = len(raw)
+    off = 2
+    for width in plan:
+        if width:
+            off += width
+            if off > size:
+                return False
+            continue
+        if off >= size:
+            return False
+        end = off + 1 + raw[off]
+        if end > size:
+            return False
+        text = raw[off + 1 : end]
+        if not text.isascii():
+            try:
+                text.decode()
+            except UnicodeDecodeError:
+                return False
+        off = end
+    return True
 
 
 def _decode(payload: memoryview) -> Method:
@@ -578,4 +796,6 @@ __all__ = [
     "ProtocolHeaderReceived",
     "ServerConnection",
     "State",
+    "check_properties",
+    "decode_properties",
 ]

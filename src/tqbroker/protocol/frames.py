@@ -6,7 +6,9 @@ Responsibilities:
 - ``encode_method``: one method frame;
 - the hot path: ``encode_delivery`` writes a whole ``basic.deliver`` / ``basic.get-ok`` /
   ``basic.return`` (method, content header, body frames) into one buffer with precompiled structs,
-  reusing the content-header properties exactly as the publisher sent them.
+  reusing the content-header properties exactly as the publisher sent them;
+  ``deliver_content`` / ``write_deliver_content``: a message's content-header and body-frame
+  heads encoded once per channel number and reused for each of its deliveries there.
 
 Decoding lives in ``connection.py``, which needs the connection state to judge a frame.
 """
@@ -34,7 +36,14 @@ HEARTBEAT_FRAME = FRAME_HEAD.pack(FRAME_HEARTBEAT, 0, 0) + FRAME_END_BYTE
 _METHOD_HEAD = struct.Struct(">BHIHH")  # frame head + class id + method id
 _CONTENT_HEAD = struct.Struct(">BHIHHQ")  # frame head + class id + weight + body size
 _DELIVER_TAIL = struct.Struct(">QB")  # delivery tag + redelivered bit
+# The end of the previous frame + the head of a content header frame (class id, weight, body
+# size), and the end of the content header frame + the head of a body frame: packed together,
+# one buffer append each.
+_END_CONTENT_HEAD = struct.Struct(">BBHIHHQ")
+_END_BODY_HEAD = struct.Struct(">BBHI")
 _BASIC = 60
+# The bytes of a ``deliver_content`` that are not the names or the properties.
+_DELIVER_CONTENT_OVERHEAD = _END_CONTENT_HEAD.size + _END_BODY_HEAD.size
 
 
 def encode_method(channel: int, method: Method) -> bytes:
@@ -57,8 +66,14 @@ def write_content(
 ) -> None:
     """Append a content header frame and the body frames (each at most ``frame_max``; 0 means no
     limit: one body frame)."""
-    out += _CONTENT_HEAD.pack(FRAME_HEADER, channel, 12 + len(properties), _BASIC, 0, len(body))
+    size = len(body)
+    out += _CONTENT_HEAD.pack(FRAME_HEADER, channel, 12 + len(properties), _BASIC, 0, size)
     out += properties
+    if size and (not frame_max or size <= frame_max - FRAME_OVERHEAD):  # one body frame
+        out += _END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, size)
+        out += body
+        out += FRAME_END_BYTE
+        return
     out += FRAME_END_BYTE
     chunk = frame_max - FRAME_OVERHEAD if frame_max else max(len(body), 1)
     for start in range(0, len(body), chunk):
@@ -82,13 +97,63 @@ def write_deliver(
     """Append a complete ``basic.deliver``. ``consumer_tag`` is a shortstr and ``names`` the
     exchange and routing key as two shortstrs (length bytes included), encoded by the caller once
     (``Message.encoded_names``) rather than per delivery."""
-    size = 4 + len(consumer_tag) + 9 + len(names)
-    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, size, _BASIC, 60)
+    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, 13 + len(consumer_tag) + len(names), _BASIC, 60)
     out += consumer_tag
     out += _DELIVER_TAIL.pack(delivery_tag, redelivered)
     out += names
+    size = len(body)
+    if size and (not frame_max or size <= frame_max - FRAME_OVERHEAD):  # one body frame
+        out += _END_CONTENT_HEAD.pack(
+            FRAME_END, FRAME_HEADER, channel, 12 + len(properties), _BASIC, 0, size
+        )
+        out += properties
+        out += _END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, size)
+        out += body
+        out += FRAME_END_BYTE
+        return
     out += FRAME_END_BYTE
     write_content(out, channel, properties, body, frame_max)
+
+
+def deliver_content(channel: int, names: bytes, properties: bytes, body_size: int) -> bytes:
+    """The part of a ``basic.deliver`` on ``channel`` from the exchange name up to the body, for
+    a body that fits one frame (not empty, at most ``frame_max - FRAME_OVERHEAD``): ``names``
+    (exchange and routing key, two shortstrs), the method frame's end, the content header
+    frame, the body frame's head. It depends on neither the consumer nor the delivery tag, so
+    a message delivered more than once on a channel number encodes it once
+    (``Message.deliver_content``); ``write_deliver_content`` appends it."""
+    return b"".join(
+        (
+            names,
+            _END_CONTENT_HEAD.pack(
+                FRAME_END, FRAME_HEADER, channel, 12 + len(properties), _BASIC, 0, body_size
+            ),
+            properties,
+            _END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, body_size),
+        )
+    )
+
+
+def write_deliver_content(
+    out: bytearray,
+    channel: int,
+    consumer_tag: bytes,
+    delivery_tag: int,
+    redelivered: bool,
+    content: bytes,
+    properties_size: int,
+    body: bytes,
+) -> None:
+    """Append a complete ``basic.deliver`` of a body that fits one frame, from the
+    ``deliver_content`` of its message for this ``channel`` (``properties_size``: the length
+    of the properties in it). The same bytes as ``write_deliver``."""
+    names_size = len(content) - properties_size - _DELIVER_CONTENT_OVERHEAD
+    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, 13 + len(consumer_tag) + names_size, _BASIC, 60)
+    out += consumer_tag
+    out += _DELIVER_TAIL.pack(delivery_tag, redelivered)
+    out += content
+    out += body
+    out += FRAME_END_BYTE
 
 
 def write_get_ok(

@@ -36,6 +36,7 @@ from ..broker.queue import NEEDS_FLUSH, Queue
 from ..broker.vhost import REPLY_TO, REPLY_TO_PREFIX, VirtualHost
 from ..model import Message
 from ..protocol import frames
+from ..protocol.connection import check_properties
 from ..protocol.errors import AMQPError, DecodeError, ReplyCode
 from ..protocol.methods import (
     AccessRequest,
@@ -94,6 +95,11 @@ log = logging.getLogger("tqbroker.channel")
 
 # (queue, message id, consumer or None for basic.get, Trio time of the delivery)
 Unacked = tuple[Queue, int, Consumer | None, float]
+
+# The headers property's bit (0x2000) in the first byte of the property flags.
+_HEADERS_FLAG_HIGH = 0x20
+# What the default exchange is routed with (it reads only the routing key).
+_NO_PROPERTIES = BasicProperties()
 
 
 def _server_name(prefix: str) -> str:
@@ -279,7 +285,15 @@ class Channel:
 
     # -- publishing --------------------------------------------------------------------------
 
-    def publish(self, method: BasicPublish, properties_raw: bytes, body: bytes) -> None:
+    def publish(
+        self,
+        method: BasicPublish,
+        properties_raw: bytes,
+        body: bytes,
+        timestamp_ms: int | None = None,
+    ) -> None:
+        """Route (or hold, in a transaction) a published message. ``timestamp_ms``: when it
+        arrived (``clock.now_ms()`` of the read that brought it; now if None)."""
         if method.immediate:
             raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true")
         exchange = self.vhost.get_exchange(method.exchange)
@@ -289,29 +303,35 @@ class Channel:
                 f"cannot publish to internal exchange '{exchange.name}' in vhost "
                 f"'{self.vhost.name}'",
             )
+        # Validated here as a full decode would (a bad block is refused before routing), but
+        # decoded only if memoised or needed (reply-to, expiration, headers); else None: the
+        # message decodes them if something asks.
         try:
-            properties = BasicProperties.decode(memoryview(properties_raw))
+            properties = check_properties(properties_raw)
         except DecodeError as exc:
             raise AMQPError(ReplyCode.FRAME_ERROR, f"cannot decode properties: {exc}") from None
-        if properties.reply_to == REPLY_TO:
-            if self.reply_tag is None or self.reply_address is None:
-                raise AMQPError(ReplyCode.PRECONDITION_FAILED, "fast reply consumer does not exist")
-            properties = attrs.evolve(properties, reply_to=self.reply_address)
-            properties_raw = properties.encode()
-        if properties.expiration is not None:
-            ttl = parse_expiration(properties.expiration)
-            if isinstance(ttl, str):
-                raise AMQPError(
-                    ReplyCode.PRECONDITION_FAILED,
-                    f"invalid expiration '{properties.expiration}': {ttl}",
-                )
+        if properties is not None:
+            if properties.reply_to == REPLY_TO:
+                if self.reply_tag is None or self.reply_address is None:
+                    raise AMQPError(
+                        ReplyCode.PRECONDITION_FAILED, "fast reply consumer does not exist"
+                    )
+                properties = attrs.evolve(properties, reply_to=self.reply_address)
+                properties_raw = properties.encode()
+            if properties.expiration is not None:
+                ttl = parse_expiration(properties.expiration)
+                if isinstance(ttl, str):
+                    raise AMQPError(
+                        ReplyCode.PRECONDITION_FAILED,
+                        f"invalid expiration '{properties.expiration}': {ttl}",
+                    )
         message = Message(
             method.exchange,
             method.routing_key,
             properties_raw,
             body,
             properties,
-            timestamp_ms=clock.now_ms(),
+            timestamp_ms=clock.now_ms() if timestamp_ms is None else timestamp_ms,
         )
         if self.tx is not None:
             self.tx.append((exchange, message, method.mandatory))
@@ -336,11 +356,23 @@ class Channel:
         if exchange is vhost.default_exchange and message.routing_key.startswith(REPLY_TO_PREFIX):
             routed = vhost.deliver_reply(message.routing_key, message)
         else:
-            # Sender-selected distribution: routed on CC and BCC keys too; BCC never delivered.
-            headers = message.properties.headers
-            queues = vhost.route_keys(exchange, message.routing_keys(bcc=True), message.properties)
-            if headers and "BCC" in headers:
-                message = message.with_headers({k: v for k, v in headers.items() if k != "BCC"})
+            if message.properties_raw[0] & _HEADERS_FLAG_HIGH:
+                # Sender-selected distribution: routed on CC and BCC keys too; BCC never
+                # delivered.
+                headers = message.properties.headers
+                queues = vhost.route_keys(
+                    exchange, message.routing_keys(bcc=True), message.properties
+                )
+                if headers and "BCC" in headers:
+                    message = message.with_headers({k: v for k, v in headers.items() if k != "BCC"})
+            else:
+                # No headers: no CC or BCC keys. The default exchange routes by the routing key
+                # alone, so properties a publish left undecoded stay so.
+                queues = vhost.route(
+                    exchange,
+                    message.routing_key,
+                    _NO_PROPERTIES if exchange is vhost.default_exchange else message.properties,
+                )
             waits, refused = vhost.enqueue(queues, message)
             # A destination that holds the message to route it later (x-delayed-message) is not
             # a route yet: a mandatory message reaching only such is returned, as in RabbitMQ.
@@ -680,18 +712,24 @@ class Channel:
         encoded_tag = self._tag_cache.get(consumer_tag)
         if encoded_tag is None:
             encoded_tag = self._tag_cache[consumer_tag] = frames.shortstr(consumer_tag)
-        frames.write_deliver(
-            self.connection.out,
+        connection = self.connection
+        out = connection.out
+        # The writer, once woken, sends what ``out`` holds until it is empty (every append to
+        # it wakes the writer): only the delivery that finds it empty needs to wake it, once
+        # per send rather than once per delivery.
+        idle = not out
+        # A message delivered again on this channel number (fanout, requeue) reuses its
+        # content frames' heads, encoded at its second delivery.
+        message.write_deliver(
+            out,
             self.number,
             encoded_tag,
             delivery_tag,
             redelivered,
-            message.encoded_names,
-            message.properties_raw,
-            message.body,
-            self.connection.protocol.frame_max,
+            connection.protocol.frame_max,
         )
-        self.connection.wake_writer()
+        if idle:
+            connection.wake_writer()
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         if self.consumers.pop(consumer.tag, None) is None:

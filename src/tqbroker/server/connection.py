@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .. import __version__
+from .. import __version__, clock
 from ..auth import MECHANISMS, User, is_loopback, parse_response
 from ..broker.vhost import VirtualHost
 from ..protocol.codec import FieldTable
@@ -282,6 +282,8 @@ class AMQPConnection:
                 self._timed_out()
                 return
             protocol.receive_data(data)
+            # Messages are stamped with when the read that brought them returned.
+            now_ms = clock.now_ms()
             while True:
                 try:
                     event = protocol.next_event()
@@ -292,18 +294,26 @@ class AMQPConnection:
                 except AMQPError as err:
                     self._fail(err)
                     continue
+                if isinstance(event, ContentReceived):  # most events: publishes first
+                    try:
+                        target = self.channels.get(event.channel)
+                        if target is None:
+                            target = self._channel(event.channel)  # raises
+                        target.publish(event.method, event.properties, event.body, now_ms)
+                    except AMQPError as err:
+                        publish = event.method
+                        err.on_method(event.channel, publish.CLASS_ID, publish.METHOD_ID)
+                        self._fail(err)
+                    continue  # a publish never ends the connection
                 if event is NEED_DATA:
                     break
                 if isinstance(event, EndOfStream):
                     return
                 try:
-                    if isinstance(event, ContentReceived):
-                        self._channel(event.channel).publish(
-                            event.method, event.properties, event.body
-                        )
-                    elif isinstance(event, MethodReceived):
+                    if isinstance(event, MethodReceived):
                         if event.channel == 0:
                             await self._connection_method(event.method)
+                            now_ms = clock.now_ms()  # it may have waited
                         else:
                             self._channel_method(event.channel, event.method)
                     elif isinstance(event, ProtocolHeaderReceived):

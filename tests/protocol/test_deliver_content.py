@@ -1,0 +1,101 @@
+"""A message's content frames encoded once and reused for its further deliveries
+(``Message.deliver_content`` + ``frames.write_deliver_content``) are the bytes that
+``frames.write_deliver`` writes for each delivery."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tqbroker.model import Message
+from tqbroker.protocol import frames
+from tqbroker.protocol.methods import BasicProperties
+
+from .strategies import basic_properties, shortstrs
+
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+frame_maxes = st.one_of(st.just(0), st.integers(9, 200), st.sampled_from([4096, 131072]))
+bodies = st.one_of(st.binary(max_size=300), st.just(b""))
+# (channel, consumer tag, delivery tag, redelivered, frame_max): a message's deliveries, on one
+# channel number or several, over connections with different frame sizes.
+deliveries = st.lists(
+    st.tuples(
+        st.sampled_from([1, 2, 65535]),
+        shortstrs,
+        st.integers(1, 2**64 - 1),
+        st.booleans(),
+        frame_maxes,
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+def deliver(out: bytearray, message: Message, delivery: tuple[int, str, int, bool, int]) -> None:
+    """What ``Channel._write_deliver`` does."""
+    channel, tag, delivery_tag, redelivered, frame_max = delivery
+    message.write_deliver(out, channel, frames.shortstr(tag), delivery_tag, redelivered, frame_max)
+
+
+def reference(message: Message, delivery: tuple[int, str, int, bool, int]) -> bytes:
+    """The delivery as the generic encoder writes it, from scratch."""
+    channel, tag, delivery_tag, redelivered, frame_max = delivery
+    out = bytearray()
+    names = frames.shortstr(message.exchange) + frames.shortstr(message.routing_key)
+    frames.write_deliver(
+        out,
+        channel,
+        frames.shortstr(tag),
+        delivery_tag,
+        redelivered,
+        names,
+        message.properties_raw,
+        message.body,
+        frame_max,
+    )
+    return bytes(out)
+
+
+@SETTINGS
+@given(shortstrs, shortstrs, basic_properties, bodies, deliveries)
+def test_reused_content_gives_the_same_bytes(
+    exchange: str,
+    routing_key: str,
+    properties: BasicProperties,
+    body: bytes,
+    sequence: list[tuple[int, str, int, bool, int]],
+) -> None:
+    raw = properties.encode()
+    message = Message(exchange, routing_key, raw, body)
+    out = bytearray(b"before")
+    expected = bytearray(b"before")
+    for delivery in sequence:
+        deliver(out, message, delivery)
+        expected += reference(message, delivery)
+    assert out == expected
+
+
+def test_content_is_kept_from_the_second_delivery_for_one_channel() -> None:
+    message = Message("ex", "rk", b"\x10\x00\x01", b"x" * 100)
+    out = bytearray()
+    tag = frames.shortstr("c")
+    message.write_deliver(out, 1, tag, 1, False, 4096)  # the first delivery: names only
+    assert message._encoded == b"\x02ex\x02rk"
+    assert message.encoded_names == b"\x02ex\x02rk"
+    message.write_deliver(out, 1, tag, 2, False, 4096)
+    kept = message._encoded
+    assert isinstance(kept, tuple)
+    assert kept[0] == 1
+    message.write_deliver(out, 1, tag, 3, True, 0)
+    assert message._encoded is kept  # reused
+    message.write_deliver(out, 2, tag, 4, False, 4096)  # another channel number: replaces it
+    assert isinstance(message._encoded, tuple)
+    assert message._encoded[0] == 2
+    message.write_deliver(out, 2, tag, 5, False, 100)  # several body frames: in full
+    assert message._encoded[0] == 2
+    assert message.encoded_names == b"\x02ex\x02rk"
+    empty = Message("ex", "rk", b"\x00\x00", b"")
+    for _ in range(3):  # an empty body has no body frame: always in full
+        empty.write_deliver(out, 1, tag, 6, False, 4096)
+    assert empty._encoded == b"\x02ex\x02rk"
