@@ -29,6 +29,8 @@ from .commands import add_commands, run_command
 from .config import BrokerConfig, ConfigError, load_config
 from .server.listener import serve
 
+GC_THRESHOLDS = (100_000, 50, 10)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -116,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     # The ~35,000 objects of the imported modules are never garbage: leaving them out of the
     # garbage collector's full collections shortens each pause by ~4 ms.
     gc.freeze()
+    # Nearly everything the broker allocates per message is freed by reference counting, but
+    # the default thresholds (700, 10, 10) run a collection every 700 allocations, walking the
+    # queued messages again and again: 15-21% of the broker's CPU under publish load. Rarer
+    # young collections (cycles still found, a little later) cut that to a few percent.
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         trio.run(run, config)
     except (OSError, StartupError, BaseExceptionGroup) as exc:
