@@ -249,7 +249,9 @@ class Log:
                 cached = self._cached.get(max(offset, segment.base_offset))
                 if cached is not None:
                     return parse_record(cached)
-            record = segment.read_from(offset, partial(self._damaged, segment))
+            record = segment.read_next(offset) or segment.read_from(
+                offset, partial(self._damaged, segment)
+            )
             if record is not None:
                 return record
         return None

@@ -177,10 +177,29 @@ class Segment:
             raise damaged[0]
         return None
 
+    def read_next(self, offset: int) -> Record | None:
+        """``read_from`` for a sequential reader, cheaply: the intact record where the last read
+        stopped if ``offset`` is where it stopped; None otherwise (or if that record is damaged:
+        ``read_from`` then finds it again and reports it)."""
+        hint_least, pos = self._hint
+        if offset != hint_least or pos >= self.size:
+            return None
+        try:
+            record = self._read_at(pos)
+        except RecordError:
+            return None
+        if record.offset < offset:
+            return None
+        self._hint = (record.offset + 1, pos + record.size)
+        return record
+
     def read_from(self, offset: int, on_damage: Callable[[RecordError], None]) -> Record | None:
         """The first intact record at or after ``offset`` (None: none in this segment). A
         damaged record met on the way, after every record below ``offset``, goes to
         ``on_damage`` and is stepped over."""
+        record = self.read_next(offset)
+        if record is not None:
+            return record
         damage: RecordError | None = None
         for item in self._walk_from(offset):
             if isinstance(item, RecordError):
