@@ -182,3 +182,35 @@ def test_a_crash_after_append_only_commits_recovers_every_committed_record(
     append(store, 300)
     flush(backend)
     backend.close()
+
+
+def test_a_segment_ending_at_the_recovery_point_is_rescanned_not_trusted(tmp_path: Path) -> None:
+    """A checkpoint written while a segment was still active (an offset stored) has its end as
+    recovery point; the next append rolls exactly there. The segment's indexes were not synced
+    yet, so after a crash before the next commit they cannot be trusted: a time index that lost
+    its tail must not hide the segment's newest timestamp."""
+    t0 = 1_700_000_000_000
+    backend = LogBackend(segment_bytes=16 * 240, index_interval_bytes=400)
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    log = segment_log(stream)
+    n = 0
+    while log.segments[-1].size + 250 <= 16 * 240:
+        stamp = t0 + (20_000 if n == 5 else n * 1000)  # the clock stepped back after offset 5
+        stream.append(Message("", "s", PERSISTENT, b"%06d" % n + b"." * 200, timestamp_ms=stamp))
+        n += 1
+    stream.store_offset("c", 1)  # makes the checkpoint necessary
+    flush(backend)
+    stream.append(message(n))  # rolls at the recovery point
+    assert [s.base_offset for s in log.segments] == [0, n]
+    first = log.segments[0]
+    assert first.max_timestamp == t0 + 20_000
+    crash(backend)
+    with open(first.time_path, "r+b") as f:
+        f.truncate(12)  # the unsynced time index kept only its first entry
+    backend = LogBackend(segment_bytes=16 * 240, index_interval_bytes=400)
+    backend.open(tmp_path)
+    log = segment_log(backend.open_stream("/", "s"))
+    assert log.segments[0].max_timestamp == t0 + 20_000
+    assert log.offset_for_timestamp(t0 + 20_000) == 5
+    backend.close()

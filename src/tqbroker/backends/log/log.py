@@ -136,7 +136,10 @@ class Log:
         for i, base in enumerate(bases):
             segment = Segment(self.directory, base, self.index_interval_bytes)
             next_base = bases[i + 1] if i + 1 < len(bases) else None
-            if clean or (next_base is not None and next_base <= recovery_point):
+            # Trusted: the segments a recovery point passed. One that ends exactly at it may
+            # have been the active segment when that checkpoint was written, its indexes not
+            # synced yet: rescanned.
+            if clean or (next_base is not None and next_base < recovery_point):
                 segment.load(next_base)
             elif not segment.scan():
                 self._add(segment)
@@ -148,6 +151,9 @@ class Log:
             fsync_dir(self.directory)
         if not self.segments:
             self._roll(0)
+        # After a crash recovery may have truncated or removed files: the first sync makes
+        # that durable before anything appended since is confirmed.
+        self._directory_dirty = self._directory_dirty or not clean
         self._segment_created_ms = _now_ms()
         return clean
 
@@ -326,6 +332,11 @@ class Log:
                 raise
 
         return sync
+
+    def segments_deleted(self) -> None:
+        """The caller deleted detached segments (worker thread): the next sync makes the
+        unlinks durable."""
+        self._directory_dirty = True
 
     def delete_segments_below(self, offset: int) -> list[Segment]:
         """Detach the segments whose every record is below ``offset`` (never the active one);

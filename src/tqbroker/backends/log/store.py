@@ -402,6 +402,8 @@ class LogQueueStore:
                 if not self.abandoned:  # the queue was deleted meanwhile: its files are gone
                     for segment in obsolete:
                         segment.delete()
+                    if obsolete:
+                        self.log.segments_deleted()
             # Publish the reservation only once it is on disk.
             self.delivered_reserved = max(self.delivered_reserved, target)
 

@@ -330,6 +330,8 @@ class LogStream:
                         fsync_dir(self.directory)
                     for segment in obsolete:
                         segment.delete()
+                    if obsolete:
+                        self.log.segments_deleted()
             except OSError:
                 self._obsolete[:0] = obsolete
                 self._offsets_dirty = self._offsets_dirty or offsets_dirty
