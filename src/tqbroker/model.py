@@ -137,51 +137,28 @@ class Message:
         body = self.body
         size = len(body)
         encoded = self._encoded
-        if isinstance(encoded, tuple):
-            if encoded[0] == channel and (not frame_max or size <= frame_max - FRAME_OVERHEAD):
-                _write_deliver_content(
+        one_frame = size and (not frame_max or size <= frame_max - FRAME_OVERHEAD)
+        if one_frame and isinstance(encoded, tuple) and encoded[0] == channel:
+            content = encoded[1]
+        else:
+            names = encoded if isinstance(encoded, bytes) else self._encode_names()
+            if encoded is None or not one_frame:  # the first delivery, or several body frames
+                if encoded is None:
+                    self._encoded = names
+                _write_deliver(
                     out,
                     channel,
                     consumer_tag,
                     delivery_tag,
                     redelivered,
-                    encoded[1],
-                    len(self.properties_raw),
+                    names,
+                    self.properties_raw,
                     body,
+                    frame_max,
                 )
                 return
-            names = self._encode_names()
-        elif encoded is None:  # the first delivery
-            names = self._encoded = self._encode_names()
-            _write_deliver(
-                out,
-                channel,
-                consumer_tag,
-                delivery_tag,
-                redelivered,
-                names,
-                self.properties_raw,
-                body,
-                frame_max,
-            )
-            return
-        else:
-            names = encoded
-        if not size or (frame_max and size > frame_max - FRAME_OVERHEAD):  # not in one frame
-            _write_deliver(
-                out,
-                channel,
-                consumer_tag,
-                delivery_tag,
-                redelivered,
-                names,
-                self.properties_raw,
-                body,
-                frame_max,
-            )
-            return
-        content = _deliver_content(channel, names, self.properties_raw, size)
-        self._encoded = (channel, content)
+            content = _deliver_content(channel, names, self.properties_raw, size)
+            self._encoded = (channel, content)
         _write_deliver_content(
             out,
             channel,
