@@ -141,10 +141,8 @@ class Message:
         if one_frame and isinstance(encoded, tuple) and encoded[0] == channel:
             content = encoded[1]
         else:
-            names = encoded if isinstance(encoded, bytes) else self._encode_names()
+            names = self.encoded_names  # kept from the first delivery on
             if encoded is None or not one_frame:  # the first delivery, or several body frames
-                if encoded is None:
-                    self._encoded = names
                 _write_deliver(
                     out,
                     channel,

@@ -268,15 +268,17 @@ async def vhost() -> AsyncIterator[VirtualHost]:
         nursery.cancel_scope.cancel()
 
 
-def declare_queue(vhost: VirtualHost, name: str) -> Queue:
+def declare_queue(
+    vhost: VirtualHost, name: str, *, exclusive: bool = False, owner: object = None
+) -> Queue:
     return vhost.declare_queue(
         name,
         passive=False,
         durable=False,
-        exclusive=False,
+        exclusive=exclusive,
         auto_delete=False,
         arguments={},
-        owner=None,
+        owner=owner,
     )
 
 
@@ -338,15 +340,7 @@ async def test_routing_changes_forget_the_memo(vhost: VirtualHost, change: str) 
     declare_queue(vhost, "q")
     declare_exchange(vhost, "x0", "fanout")
     vhost.bind_exchange("x0", "amq.topic", "t", {})
-    vhost.declare_queue(
-        "mine",
-        passive=False,
-        durable=False,
-        exclusive=True,
-        auto_delete=False,
-        arguments={},
-        owner=OWNER,
-    )
+    declare_queue(vhost, "mine", exclusive=True, owner=OWNER)
     vhost.bind_queue("mine", "amq.fanout", "", {}, OWNER)
     vhost.bind_queue("q", "amq.direct", "k", {}, None)
     route(vhost, "amq.direct", "k")

@@ -1,6 +1,6 @@
 """A message's content frames encoded once and reused for its further deliveries
-(``Message.deliver_content`` + ``frames.write_deliver_content``) are the bytes that
-``frames.write_deliver`` writes for each delivery."""
+(``Message.write_deliver``: ``frames.deliver_content`` + ``frames.write_deliver_content``) are
+the bytes that ``frames.write_deliver`` writes for each delivery."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def deliver_content(channel: int, names: bytes, properties: bytes, body_size: in
     (exchange and routing key, two shortstrs), the method frame's end, the content header
     frame, the body frame's head. It depends on neither the consumer nor the delivery tag, so
     a message delivered more than once on a channel number encodes it once
-    (``Message.deliver_content``); ``write_deliver_content`` appends it."""
+    (``Message.write_deliver``); ``write_deliver_content`` appends it."""
     return b"".join(
         (
             names,

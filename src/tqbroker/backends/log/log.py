@@ -300,6 +300,15 @@ class Log:
             if segment.pending:
                 segment.write_out()
 
+    @property
+    def needs_sync(self) -> bool:
+        """Whether ``sync_work`` has something to do: buffered or unsynced records, a sealed
+        segment's unsynced indexes, or directory entries (segments created or deleted)."""
+        active = self.segments[-1]
+        return self._directory_dirty or any(
+            s.pending or s.dirty or (s.index_dirty and s is not active) for s in self.segments
+        )
+
     def sync_work(self) -> Callable[[], None] | None:
         """Write out what is buffered and return the fsync work (None if nothing): the record
         file of every segment written since the last call, the indexes of sealed segments

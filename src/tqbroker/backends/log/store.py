@@ -358,7 +358,7 @@ class LogQueueStore:
 
     @property
     def needs_flush(self) -> bool:
-        return self._state_dirty or any(s.pending or s.dirty for s in self.log.segments)
+        return self._state_dirty or self.log.needs_sync
 
     def begin_flush(self, *, fsync: bool = True) -> Callable[[], None] | None:
         """Write out buffered records (may raise OSError) and return the blocking work: fsync

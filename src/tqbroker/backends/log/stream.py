@@ -272,9 +272,7 @@ class LogStream:
 
     @property
     def needs_flush(self) -> bool:
-        return self.log.next_offset > self._synced_upto or bool(
-            self._obsolete or self._offsets_dirty or self._retired
-        )
+        return self.log.needs_sync or bool(self._obsolete or self._offsets_dirty or self._retired)
 
     def begin_flush(self, *, fsync: bool = True) -> Callable[[], None] | None:
         """Write out buffered records; return the blocking work: fsync (unless ``fsync`` is
@@ -494,6 +492,7 @@ def _rewrite(
                 out.write_out()
         out.write_out()
         out.sync()
+        out.dirty = out.index_dirty = False  # private to this thread until installed: synced
     except FileNotFoundError:
         out.delete()
         return None
