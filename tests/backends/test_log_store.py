@@ -41,7 +41,7 @@ def opened(
 
 def crash(backend: LogBackend) -> None:
     """Stop without ``close``: what was written out stays, buffers are lost."""
-    for store in backend._stores.values():
+    for store in backend._stores():
         store.log.close(clean=False)
 
 

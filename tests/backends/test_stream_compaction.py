@@ -27,13 +27,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tqbroker.backends.log.format import Record
 from tqbroker.backends.log.log import COMPACTION_DIR, Log, RecordCache
-from tqbroker.backends.log.stream import Compaction, LogStream
+from tqbroker.backends.log.stream import LogStream
+from tqbroker.backends.streams import CompactionPolicy
+from tqbroker.broker.compaction import compaction_policy
 from tqbroker.model import Message
 from tqbroker.protocol.methods import BasicProperties
 
 T0 = 1_700_000_000_000
 GRACE = 1_000
-POLICY = Compaction(key_header="key", tombstone_grace_ms=GRACE)
+POLICY = compaction_policy(key_header="key", tombstone_grace_ms=GRACE)
 
 # What the model knows of a record: its key (None: no key header), body and timestamp.
 Entry = tuple[str | None, bytes, int]
@@ -75,7 +77,7 @@ def crash(stream: LogStream) -> None:
     stream.close_abandoned()
 
 
-def compact(stream: LogStream, policy: Compaction, now_ms: int) -> int | None:
+def compact(stream: LogStream, policy: CompactionPolicy, now_ms: int) -> int | None:
     work = stream.compaction_work(policy, now_ms)
     if work is None:
         return None
@@ -235,7 +237,7 @@ def test_the_latest_record_of_each_key_stays_at_its_offset(tmp_path: Path) -> No
         offsets[stream.append(message(key, body, T0 + n))] = (key, body)
     assert len(stream.log.segments) > 3
     active_base = stream.log.segments[-1].base_offset
-    removed = compact(stream, Compaction("key", tombstone_grace_ms=10**9), T0 + 30)
+    removed = compact(stream, compaction_policy("key", tombstone_grace_ms=10**9), T0 + 30)
     found = surviving(stream)
     assert removed == len(offsets) - len(found)
     assert removed > 0
@@ -269,7 +271,7 @@ def test_a_pass_is_due_when_a_segment_closed_or_the_policy_changed(tmp_path: Pat
     assert stream.compaction_work(POLICY, T0) is None
     stream.append(message("a", b"x" * 50, T0))  # no roll: the active segment grows
     assert stream.compaction_work(POLICY, T0) is None
-    assert stream.compaction_work(Compaction(key_header="other"), T0) is not None
+    assert stream.compaction_work(compaction_policy(key_header="other"), T0) is not None
     append_until_a_roll()
     assert compact(stream, POLICY, T0)
     stream.close()
@@ -298,7 +300,7 @@ def test_tombstones_stay_until_their_grace_is_over(tmp_path: Path) -> None:
     assert stream.compaction_work(POLICY, T0 + 10 * GRACE) is None
     # A tombstone in the active segment stays, however old: only closed segments are rewritten.
     late = stream.append(message("b", b"", T0))
-    assert compact(stream, Compaction("key", tombstone_grace_ms=0), T0 + 10 * GRACE) == 1
+    assert compact(stream, compaction_policy("key", tombstone_grace_ms=0), T0 + 10 * GRACE) == 1
     assert stream.read(other) is None
     assert stream.read(late) is not None
     stream.close()
@@ -317,11 +319,11 @@ def test_keys_by_routing_key_or_header(tmp_path: Path) -> None:
     no_header = append("k2", None)
     while len(stream.log.segments) < 2:
         append("k3", None)
-    assert compact(stream, Compaction(key_header="id"), T0) == 1
+    assert compact(stream, compaction_policy(key_header="id"), T0) == 1
     assert stream.read(by_bytes) is None
     assert [stream.read(o) is not None for o in (by_text, by_int, no_header)] == [True] * 3
     # By routing key: the latest of k1 (by_int) and of k2 (no_header) stay, by_text goes.
-    assert compact(stream, Compaction(), T0)
+    assert compact(stream, compaction_policy(), T0)
     assert stream.read(by_text) is None
     assert stream.read(by_int) is not None
     assert stream.read(no_header) is not None
@@ -395,7 +397,7 @@ def test_a_tombstone_stays_while_an_older_segment_cannot_be_compacted(tmp_path: 
     flush(stream)
     first = stream.log.segments[0]
     damage(stream, damaged)
-    assert compact(stream, Compaction("key", tombstone_grace_ms=0), T0 + 10) is not None
+    assert compact(stream, compaction_policy("key", tombstone_grace_ms=0), T0 + 10) is not None
     assert stream.log.segments[0] is first  # not rewritten
     assert stream.read(old) is not None
     assert stream.read(tombstone) is not None  # still the latest of "k"
@@ -417,7 +419,7 @@ def test_a_segment_retention_takes_meanwhile_is_skipped_and_deleted_at_once(
         stream.append(message(None, b"y" * 40, T0))
     flush(stream)
     first = stream.log.segments[0]
-    work = stream.compaction_work(Compaction("key", tombstone_grace_ms=0), T0)
+    work = stream.compaction_work(compaction_policy("key", tombstone_grace_ms=0), T0)
     assert work is not None
     result = work()
     total = sum(segment.size for segment in stream.log.segments)
@@ -492,7 +494,7 @@ def test_a_crash_at_every_step_of_the_swap_leaves_old_or_compacted_segments(
     stream, model = build(live)
     segments = stream.log.segments
     bounds = [(a.base_offset, b.base_offset) for a, b in pairwise(segments)]
-    policy = Compaction("key", tombstone_grace_ms=50)
+    policy = compaction_policy("key", tombstone_grace_ms=50)
     now = T0 + 100  # the early tombstones are past their grace, the late ones not
     removed = removed_by(model, segments[-1].base_offset, 50, now)
     work = stream.compaction_work(policy, now)
@@ -546,14 +548,15 @@ import sys
 from pathlib import Path
 
 from tqbroker.backends.log.log import Log
-from tqbroker.backends.log.stream import Compaction, LogStream
+from tqbroker.backends.log.stream import LogStream
+from tqbroker.broker.compaction import compaction_policy
 from tqbroker.model import Message
 from tqbroker.protocol.methods import BasicProperties
 
 directory = Path(sys.argv[1])
 stream = LogStream(directory, Log(directory, segment_bytes=1500, index_interval_bytes=100))
 stream.open()
-policy = Compaction("key", tombstone_grace_ms=40)
+policy = compaction_policy("key", tombstone_grace_ms=40)
 n = stream.next_offset
 print("ready", flush=True)
 while True:

@@ -142,7 +142,7 @@ def test_a_sealed_segment_gets_its_indexes_synced_and_the_checkpoint_passes_it(
 
 def crash(backend: LogBackend) -> None:
     """Stop without ``close``: what was written out stays, buffers are lost."""
-    for store in backend._stores.values():
+    for store in backend._stores():
         store.log.close(clean=False)
 
 

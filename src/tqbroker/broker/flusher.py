@@ -1,4 +1,5 @@
-"""Group commit: one task per durable backend that makes writes durable in batches.
+"""Group commit: one task per durable backend that makes writes durable in batches (the
+broker's ``plugins.spec.GroupCommit``).
 
 Responsibilities:
 - tickets: ``request()`` returns a number; once ``completed`` reaches it, everything written before
@@ -14,29 +15,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
 from ..backends.base import Backend
+from ..plugins.spec import FlushListener, GroupCommit
 
 if TYPE_CHECKING:
     from .queue import Queue
 
-log = logging.getLogger("tqbroker.flusher")
+log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
 POLL_SECONDS = 0.2
-
-
-class FlushListener(Protocol):
-    def flushed(self, flusher: Flusher) -> None:
-        """Tickets up to ``flusher.completed`` are durable."""
-        ...
-
-    def flush_failed(self, flusher: Flusher, upto: int) -> None:
-        """Tickets up to ``upto`` not yet completed will never be: refuse what waits on them."""
-        ...
 
 
 class Flusher:
@@ -48,6 +40,10 @@ class Flusher:
         self._listeners: set[FlushListener] = set()
         self._waiting_queues: set[Queue] = set()
         self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def healthy(self) -> bool:
+        return self.backend.healthy
 
     def request(self) -> int:
         """A ticket for everything written so far."""
@@ -137,11 +133,11 @@ class _Waiter:
         self.ok = True
         self.done = trio.Event()
 
-    def flushed(self, flusher: Flusher) -> None:
-        if flusher.completed >= self.ticket:
+    def flushed(self, commit: GroupCommit) -> None:
+        if commit.completed >= self.ticket:
             self.done.set()
 
-    def flush_failed(self, flusher: Flusher, upto: int) -> None:
+    def flush_failed(self, commit: GroupCommit, upto: int) -> None:
         if self.ticket <= upto:
             self.ok = False
             self.done.set()

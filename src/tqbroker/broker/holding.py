@@ -5,7 +5,7 @@ Responsibilities:
 - ``HoldingExchange``: an ``Exchange`` that keeps its router's context (and so which backend its
   store lives on, for the definitions file);
 - ``BrokerExchangeContext``: the exchange's own ``QueueStore`` under a reserved name (``amq.`` names
-  cannot be declared as queues), its flusher, spawning into the broker's nursery, and routing a
+  cannot be declared as queues), its group commit, spawning into the broker's nursery, and routing a
   held message through the exchange's bindings now.
 """
 
@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from ..backends.base import QueueStore
 from ..model import Message
-from ..plugins.spec import ExchangeType, HoldingRouter
+from ..plugins.spec import ExchangeType, GroupCommit, HoldingRouter
 from .exchange import Exchange
-from .flusher import Flusher
 
 if TYPE_CHECKING:
     from .vhost import VirtualHost
 
-log = logging.getLogger("tqbroker.holding")
+log = logging.getLogger(__name__)
 
 # A holding exchange's store is the queue store named STORE_PREFIX + exchange name: the vhost
 # refuses to declare queues whose names start with "amq.", and server-named ones are "amq.gen-".
@@ -91,7 +90,7 @@ class BrokerExchangeContext:
         return store
 
     @property
-    def flusher(self) -> Flusher | None:
+    def group_commit(self) -> GroupCommit | None:
         return self._vhost.flushers.get(self.backend_name)
 
     def delete_store(self) -> None:
@@ -100,7 +99,7 @@ class BrokerExchangeContext:
     def spawn(self, fn: Callable[[], Awaitable[object]]) -> None:
         self._spawn(fn)
 
-    def publish(self, message: Message) -> list[tuple[Flusher, int]]:
+    def publish(self, message: Message) -> list[tuple[GroupCommit, int]]:
         vhost, exchange = self._vhost, self._exchange
         if vhost.exchanges.get(exchange.name) is not exchange:
             return []  # deleted meanwhile

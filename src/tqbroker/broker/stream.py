@@ -42,11 +42,12 @@ import attrs
 import trio
 
 from .. import clock
-from ..backends.log.stream import Compaction, LogStream
+from ..backends.streams import CompactionPolicy, StreamLog
 from ..model import Message
 from ..protocol.codec import FieldTable, FieldValue
 from ..protocol.errors import AMQPError, ReplyCode
 from .consumer import Consumer
+from .compaction import compaction_policy
 from .flusher import Flusher
 from .groups import GROUP_ARGUMENT, ConsumerGroups
 from .queue import Durability, NeedsFlush, Queue
@@ -118,7 +119,7 @@ class StreamQueue(Queue):
         self,
         vhost: str,
         name: str,
-        stream: LogStream,
+        stream: StreamLog,
         *,
         arguments: FieldTable,
         flusher: Flusher | None,
@@ -169,7 +170,7 @@ class StreamQueue(Queue):
             self._apply_retention()
             self._dispatch()
 
-    async def _compact(self, policy: Compaction) -> None:
+    async def _compact(self, policy: CompactionPolicy) -> None:
         """Compact now and then, in a worker thread; deliveries go on meanwhile."""
         while True:
             await trio.sleep(RETENTION_CHECK_SECONDS)
@@ -423,7 +424,7 @@ class StreamQueue(Queue):
         return f"queue '{self.name}' in vhost '{self.vhost}'"
 
 
-def _compaction(arguments: FieldTable) -> Compaction | None:
+def _compaction(arguments: FieldTable) -> CompactionPolicy | None:
     """The compaction policy the arguments ask for (None: no compaction)."""
     policy = arguments.get("x-stream-cleanup-policy")
     if not isinstance(policy, str) or "compact" not in policy:
@@ -431,7 +432,7 @@ def _compaction(arguments: FieldTable) -> Compaction | None:
     header = arguments.get("x-stream-compaction-key-header")
     grace = arguments.get("x-stream-delete-retention")
     grace_ms = parse_interval(grace) if isinstance(grace, str) else None
-    return Compaction(
+    return compaction_policy(
         header if isinstance(header, str) else None,
         grace_ms if grace_ms is not None else DEFAULT_DELETE_RETENTION_MS,
     )

@@ -32,14 +32,14 @@ extensions; routers that do not need them (the built-in ones) are untouched and 
 - ``route`` may return, besides the queues and exchanges the broker bound, a ``Destination`` of
   the plugin's own: an object with ``publish(message) -> Durability`` and ``accepting``, the
   protocol queues implement. The broker hands it the message as it would a queue, and a publisher
-  confirm waits for the ``Durability`` it returns (a flusher ticket). Reaching only such
+  confirm waits for the ``Durability`` it returns (a ``GroupCommit`` ticket). Reaching only such
   destinations does not count as routed for ``mandatory``: the publisher gets ``basic.return``
   312 NO_ROUTE, as RabbitMQ's delayed-message exchange does; alternate exchanges are not used.
 - A router with an ``open(context)`` method (``HoldingRouter``) receives an ``ExchangeContext``
   when its exchange comes into being (declared, or restored at startup), and ``delete()`` when the
   exchange is deleted. The context names the exchange, opens the exchange's own ``QueueStore`` on
   the broker's storage (the durable backend for a durable exchange, memory otherwise) and gives
-  its flusher, spawns tasks in the broker's nursery, and routes a message through the exchange's
+  that backend's ``GroupCommit``, spawns supervised tasks in the broker's nursery, and routes a message through the exchange's
   bindings now (``publish``), which is how held messages leave.
 
 ``docs/plugins.md`` walks through writing such a type; ``plugins/delayed_message`` is one.
@@ -54,12 +54,59 @@ from ..protocol.codec import FieldTable
 
 if TYPE_CHECKING:
     from ..backends.base import QueueStore
-    from ..broker.flusher import Flusher
     from ..model import Message
     from ..protocol.methods import BasicProperties
 
-# What a publish must wait for before it may be confirmed: a flusher ticket, or nothing.
-Durability: TypeAlias = "tuple[Flusher, int] | None"
+
+class FlushListener(Protocol):
+    """Told when a ``GroupCommit``'s flushes complete or fail (``GroupCommit.listen``)."""
+
+    def flushed(self, commit: GroupCommit) -> None:
+        """Tickets up to ``commit.completed`` are durable."""
+        ...
+
+    def flush_failed(self, commit: GroupCommit, upto: int) -> None:
+        """Tickets up to ``upto`` not yet completed will never be: refuse what waits on them."""
+        ...
+
+
+class GroupCommit(Protocol):
+    """The group commit of one durable backend: many writes made durable by one flush.
+
+    ``request()`` returns a ticket; once ``completed`` reaches it, everything written to the
+    backend before the request is durable. All members are called on the broker's thread."""
+
+    @property
+    def completed(self) -> int:
+        """The highest ticket known durable (or given up: see ``FlushListener.flush_failed``)."""
+        ...
+
+    @property
+    def healthy(self) -> bool:
+        """False while the backend cannot write (after a failed write or flush)."""
+        ...
+
+    def request(self) -> int:
+        """A ticket for everything written so far; a flush runs soon."""
+        ...
+
+    def poke(self) -> None:
+        """Run a flush soon (a store ``wants_flush``)."""
+        ...
+
+    def call_after_flush(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the next flush has finished (successfully or not)."""
+        ...
+
+    def listen(self, listener: FlushListener) -> None:
+        """Tell ``listener`` of every flush from now on."""
+        ...
+
+    def unlisten(self, listener: FlushListener) -> None: ...
+
+
+# What a publish must wait for before it may be confirmed: a group-commit ticket, or nothing.
+Durability: TypeAlias = "tuple[GroupCommit, int] | None"
 
 
 class Router(Protocol):
@@ -155,12 +202,11 @@ class ExchangeContext(Protocol):
         ...
 
     @property
-    def flusher(self) -> Flusher | None:
-        """The group-commit flusher of the store's backend (``None``: the store is in memory).
-        After pushing a persistent message, ``(flusher, flusher.request())`` is the
-        ``Durability`` to return; ``flusher.backend.healthy`` says whether it can write;
-        ``flusher.poke()`` when the store ``wants_flush``; ``flusher.listen`` to hear of
-        flushes."""
+    def group_commit(self) -> GroupCommit | None:
+        """The group commit of the store's backend (``None``: the store is in memory). After
+        pushing a persistent message, ``(commit, commit.request())`` is the ``Durability`` to
+        return; ``commit.healthy`` says whether it can write; ``commit.poke()`` when the store
+        ``wants_flush``; ``commit.listen`` to hear of flushes."""
         ...
 
     def delete_store(self) -> None:
@@ -168,15 +214,17 @@ class ExchangeContext(Protocol):
         ...
 
     def spawn(self, fn: Callable[[], Awaitable[object]]) -> None:
-        """Start a task in the broker's nursery. It is cancelled when the broker stops; an
-        exception it raises stops the broker, so catch what you can handle."""
+        """Start a task in the broker's nursery, under its supervisor. It is cancelled when the
+        broker stops. An exception it raises is logged with its traceback and marks this
+        exchange failed (publishes to it are refused with 541 INTERNAL_ERROR until it is
+        deleted or the broker restarts); the rest of the broker keeps running."""
         ...
 
-    def publish(self, message: Message) -> list[tuple[Flusher, int]]:
+    def publish(self, message: Message) -> list[tuple[GroupCommit, int]]:
         """Route a message through the exchange's bindings as they are now (exchange-to-exchange
         bindings, alternate exchange and ``CC`` headers included) and enqueue it where it goes,
         as a publish to the exchange would, without ``mandatory`` or a confirm. Destinations that
-        refuse it (full, storage failing) drop it (logged). Returns the flusher tickets after
+        refuse it (full, storage failing) drop it (logged). Returns the group-commit tickets after
         which it is durable in the queues it reached; nothing if the exchange was deleted."""
         ...
 

@@ -38,8 +38,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from hashlib import blake2b
 from typing import Final, NamedTuple, TypeVar, cast
 
-from tqbroker.protocol.codec import FieldTable, FieldValue, encode_table
-from tqbroker.protocol.methods import BasicProperties
+from tqbroker.plugins import BasicProperties, FieldTable, FieldValue, encode_table
 
 PROPERTIES: Final = ("correlation_id", "message_id", "timestamp")
 MAX_WEIGHT: Final = 2**63 - 1

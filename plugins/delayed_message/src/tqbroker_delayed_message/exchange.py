@@ -45,18 +45,21 @@ import re
 import struct
 from collections import deque
 from collections.abc import Hashable, Iterable
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import trio
 
-from tqbroker import clock
-from tqbroker.model import Message
-from tqbroker.plugins.spec import ExchangeContext, HoldingRouter, Router
-
-if TYPE_CHECKING:
-    from tqbroker.broker.flusher import Flusher
-    from tqbroker.plugins.spec import Durability
-    from tqbroker.protocol.codec import FieldTable
+from tqbroker.plugins import (
+    Durability,
+    ExchangeContext,
+    FieldTable,
+    GroupCommit,
+    HoldingRouter,
+    Message,
+    Router,
+    now_ms,
+    to_trio,
+)
 
 log = logging.getLogger("tqbroker.delayed_message")
 
@@ -188,9 +191,9 @@ class DelayedMessages:
         self._context = context
         self._durable = context.durable
         self._store = context.open_store()
-        self._flusher = context.flusher
+        self._commit = context.group_commit
         # A store that survives restarts keeps each message's due time in an envelope.
-        self._enveloped = self._flusher is not None
+        self._enveloped = self._commit is not None
         # Ids break ties between equal due times in publish order.
         self._heap: list[tuple[int, int, str, str, bytes, bytes]] = []
         self._to_recover = self._store.ready_count  # what a previous run left, popped first
@@ -199,8 +202,8 @@ class DelayedMessages:
         self._acks: list[int] = []  # popped, delivered, not yet acked in the store
         self._acks_due = math.inf  # Trio time at which ``_acks`` go to the store
         # Delivered persistent messages waiting for their queues' flushes: (id, tickets).
-        self._awaiting: deque[tuple[int, list[tuple[Flusher, int]]]] = deque()
-        self._listening: set[Flusher] = set()
+        self._awaiting: deque[tuple[int, list[tuple[GroupCommit, int]]]] = deque()
+        self._listening: set[GroupCommit] = set()
         self._drain_scheduled = False
         self._deleted = False
         self._timer: trio.CancelScope | None = None  # the sleep until the next deadline
@@ -217,18 +220,18 @@ class DelayedMessages:
 
     @property
     def accepting(self) -> bool:
-        return self._flusher is None or self._flusher.backend.healthy
+        return self._commit is None or self._commit.healthy
 
     def publish(self, message: Message) -> Durability:
         properties = message.properties
         delay = min(max(parse_delay(properties.headers) or 0, 0), _MAX_DELAY)
-        due = min(clock.now_ms() + delay, _MAX_DUE)
+        due = min(now_ms() + delay, _MAX_DUE)
         # Delivered with x-delay negated, as RabbitMQ delivers it.
         raw = message.with_headers(
             {**(properties.headers or {}), DELAY_HEADER: -delay}
         ).properties_raw
-        flusher = self._flusher
-        persistent = self._durable and flusher is not None and properties.delivery_mode == 2
+        commit = self._commit
+        persistent = self._durable and commit is not None and properties.delivery_mode == 2
         body = message.body
         stored = Message(
             message.exchange,
@@ -241,10 +244,10 @@ class DelayedMessages:
             self._heap, (due, message_id, message.exchange, message.routing_key, raw, body)
         )
         self._drain()
-        self._rearm(clock.to_trio(due))
+        self._rearm(to_trio(due))
         if persistent:
-            assert flusher is not None
-            return flusher, flusher.request()
+            assert commit is not None
+            return commit, commit.request()
         return None
 
     # -- the store ---------------------------------------------------------------------------
@@ -260,9 +263,9 @@ class DelayedMessages:
                 log.error("exchange %r: cannot read a delayed message: %s", self.name, exc)
                 entry = None
             if entry is None:  # the store must flush first
-                if self._flusher is not None and not self._drain_scheduled:
+                if self._commit is not None and not self._drain_scheduled:
                     self._drain_scheduled = True
-                    self._flusher.call_after_flush(self._after_flush)
+                    self._commit.call_after_flush(self._after_flush)
                 break
             message_id, stored, _redelivered = entry
             self._popped = message_id
@@ -272,8 +275,8 @@ class DelayedMessages:
             elif message_id in self._ack_when_popped:
                 self._ack_when_popped.discard(message_id)
                 self._ack(message_id)
-        if store.wants_flush and self._flusher is not None:
-            self._flusher.poke()
+        if store.wants_flush and self._commit is not None:
+            self._commit.poke()
 
     def _after_flush(self) -> None:
         self._drain_scheduled = False
@@ -291,7 +294,7 @@ class DelayedMessages:
         _version, due = _ENVELOPE.unpack_from(body)
         entry = (due, message_id, stored.exchange, stored.routing_key, stored.properties_raw)
         heapq.heappush(self._heap, (*entry, bytes(body[_ENVELOPE.size :])))
-        self._rearm(clock.to_trio(due))
+        self._rearm(to_trio(due))
 
     def _ack(self, message_id: int) -> None:
         """Ack in the store with the next batch (once popped)."""
@@ -309,8 +312,8 @@ class DelayedMessages:
         store = self._store
         for message_id in acks:
             store.ack(message_id)
-        if store.wants_flush and self._flusher is not None:
-            self._flusher.poke()
+        if store.wants_flush and self._commit is not None:
+            self._commit.poke()
 
     # -- the timer ---------------------------------------------------------------------------
 
@@ -327,7 +330,7 @@ class DelayedMessages:
         try:
             with self._scope:
                 while True:
-                    due = clock.to_trio(self._heap[0][0]) if self._heap else math.inf
+                    due = to_trio(self._heap[0][0]) if self._heap else math.inf
                     with trio.CancelScope(deadline=min(due, self._acks_due)) as timer:
                         self._timer = timer
                         await trio.sleep_forever()
@@ -343,11 +346,11 @@ class DelayedMessages:
     async def _deliver_due(self) -> None:
         heap = self._heap
         batch = 0
-        while heap and clock.to_trio(heap[0][0]) <= trio.current_time():
+        while heap and to_trio(heap[0][0]) <= trio.current_time():
             _due, message_id, exchange, routing_key, raw, body = heapq.heappop(heap)
             # It enters its queues now: their TTLs count from here.
             self._deliver(
-                message_id, Message(exchange, routing_key, raw, body, None, clock.now_ms())
+                message_id, Message(exchange, routing_key, raw, body, None, now_ms())
             )
             batch += 1
             if batch == _BATCH:
@@ -363,15 +366,15 @@ class DelayedMessages:
             self._ack(message_id)
             return
         self._awaiting.append((message_id, waits))
-        for flusher, _ticket in waits:
-            if flusher not in self._listening:
-                self._listening.add(flusher)
-                flusher.listen(self)
+        for commit, _ticket in waits:
+            if commit not in self._listening:
+                self._listening.add(commit)
+                commit.listen(self)
 
     # -- FlushListener -----------------------------------------------------------------------
 
-    def flushed(self, flusher: Flusher) -> None:
-        still: deque[tuple[int, list[tuple[Flusher, int]]]] = deque()
+    def flushed(self, commit: GroupCommit) -> None:
+        still: deque[tuple[int, list[tuple[GroupCommit, int]]]] = deque()
         for message_id, waits in self._awaiting:
             if all(f.completed >= ticket for f, ticket in waits):
                 self._ack(message_id)
@@ -380,20 +383,20 @@ class DelayedMessages:
         self._awaiting = still
         self._stop_listening_if_idle()
 
-    def flush_failed(self, flusher: Flusher, upto: int) -> None:
+    def flush_failed(self, commit: GroupCommit, upto: int) -> None:
         """A queue's write failed: keep those messages in the store (they come back after a
         restart) rather than ack what may be lost."""
         self._awaiting = deque(
             (message_id, waits)
             for message_id, waits in self._awaiting
-            if not any(f is flusher and f.completed < t <= upto for f, t in waits)
+            if not any(f is commit and f.completed < t <= upto for f, t in waits)
         )
         self._stop_listening_if_idle()
 
     def _stop_listening_if_idle(self) -> None:
         if not self._awaiting:
-            for flusher in self._listening:
-                flusher.unlisten(self)
+            for commit in self._listening:
+                commit.unlisten(self)
             self._listening.clear()
 
     # -- deletion ----------------------------------------------------------------------------

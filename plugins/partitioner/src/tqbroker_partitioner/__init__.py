@@ -15,7 +15,7 @@ from collections.abc import Hashable, Iterable
 from itertools import count
 from typing import Final
 
-from tqbroker.protocol.codec import FieldTable
+from tqbroker.plugins import FieldTable
 
 SEED: Final = 0x9747B28C
 _M: Final = 0x5BD1E995

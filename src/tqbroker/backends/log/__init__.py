@@ -39,7 +39,7 @@ from .log import Log, RecordCache
 from .store import LogQueueStore
 from .stream import LogStream
 
-log = logging.getLogger("tqbroker.backends.log")
+log = logging.getLogger(__name__)
 
 FSYNC_POLICIES = ("batch", "interval:<ms>", "never")
 
@@ -61,7 +61,7 @@ def _queue_dir_name(vhost: str, queue: str) -> str:
 
 
 class LogBackend:
-    """Registered as the ``log`` backend."""
+    """Registered as the ``log`` backend: a ``Backend`` and a ``StreamBackend``."""
 
     name = "log"
     durable = True
@@ -80,11 +80,10 @@ class LogBackend:
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
         self.root = Path()
-        self._stores: dict[tuple[str, str], LogQueueStore | LogStream] = {}
+        self._queues: dict[tuple[str, str], LogQueueStore] = {}
+        self._streams: dict[tuple[str, str], LogStream] = {}
         self._trash: list[Path] = []
-        self._abandoned: list[
-            LogQueueStore | LogStream
-        ] = []  # deleted; files closed by the next flush
+        self._abandoned: list[LogQueueStore | LogStream] = []  # deleted; closed by the next flush
         # Hot records of all queues, served from memory while they are in an active segment.
         self.cache = RecordCache(cache_bytes)
         self._healthy = True
@@ -98,13 +97,14 @@ class LogBackend:
 
     def open_queue(self, vhost: str, queue: str) -> LogQueueStore:
         key = (vhost, queue)
-        store = self._stores.get(key)
+        store = self._queues.get(key)
         if store is None:
+            if key in self._streams:
+                raise ValueError(f"{queue!r} in vhost {vhost!r} is a stream")
             directory = self._directory(vhost, queue)
             store = LogQueueStore(directory, self._log(directory, self.segment_bytes))
             store.open()
-            self._stores[key] = store
-        assert isinstance(store, LogQueueStore), f"{queue!r} is a stream"
+            self._queues[key] = store
         return store
 
     def open_stream(
@@ -113,14 +113,18 @@ class LogBackend:
         """The log of a stream queue (``x-queue-type=stream``): created empty if new, recovered
         if it existed. ``delete_queue`` deletes it."""
         key = (vhost, stream)
-        store = self._stores.get(key)
+        store = self._streams.get(key)
         if store is None:
+            if key in self._queues:
+                raise ValueError(f"{stream!r} in vhost {vhost!r} is not a stream")
             directory = self._directory(vhost, stream)
             store = LogStream(directory, self._log(directory, segment_bytes or self.segment_bytes))
             store.open()
-            self._stores[key] = store
-        assert isinstance(store, LogStream), f"{stream!r} is not a stream"
+            self._streams[key] = store
         return store
+
+    def _stores(self) -> list[LogQueueStore | LogStream]:
+        return [*self._queues.values(), *self._streams.values()]
 
     def _directory(self, vhost: str, queue: str) -> Path:
         directory = self.root / _queue_dir_name(vhost, queue)
@@ -142,7 +146,9 @@ class LogBackend:
         """Move the queue's directory to the trash at once (durably: a queue redeclared later
         never sees the old messages) and remove it at the next flush. A flush in flight for
         the old queue writes nothing more (its store is abandoned under its state lock)."""
-        store = self._stores.pop((vhost, queue), None)
+        store: LogQueueStore | LogStream | None = self._queues.pop((vhost, queue), None)
+        if store is None:
+            store = self._streams.pop((vhost, queue), None)
         directory = self.root / _queue_dir_name(vhost, queue)
         if store is None and not directory.exists():
             return
@@ -160,7 +166,7 @@ class LogBackend:
     @property
     def needs_flush(self) -> bool:
         return bool(self._trash or self._abandoned) or any(
-            s.needs_flush for s in self._stores.values()
+            s.needs_flush for s in self._stores()
         )
 
     @property
@@ -168,7 +174,8 @@ class LogBackend:
         return self._healthy
 
     def begin_flush(self) -> Callable[[], None] | None:
-        if any(store.log.sync_failed for store in self._stores.values()):
+        stores = self._stores()
+        if any(store.log.sync_failed for store in stores):
             self._healthy = False
 
             def refuse() -> None:
@@ -185,7 +192,7 @@ class LogBackend:
         fsync = every is not None and now - self._last_fsync >= every
         if fsync:
             self._last_fsync = now
-        for store in self._stores.values():
+        for store in stores:
             try:
                 work = store.begin_flush(fsync=fsync)
             except OSError as exc:  # this store could not write; the others still flush
@@ -225,9 +232,10 @@ class LogBackend:
         for abandoned in self._abandoned:
             abandoned.close_abandoned()
         self._abandoned.clear()
-        for store in self._stores.values():
+        for store in self._stores():
             try:
                 store.close()
             except OSError as exc:  # that queue recovers uncleanly next time; close the rest
                 log.error("log backend: closing %s failed: %s", store.directory, exc)
-        self._stores.clear()
+        self._queues.clear()
+        self._streams.clear()

@@ -12,7 +12,7 @@ Responsibilities:
   offset tracking), ``group_offsets`` by consumer group (the group's committed offset on
   this stream) and ``producers`` by producer id (the next sequence an idempotent producer's
   writes expect);
-- compaction, Kafka's ``cleanup.policy=compact`` (``Compaction``): ``compaction_work`` plans a
+- compaction, Kafka's ``cleanup.policy=compact`` (``CompactionPolicy``): ``compaction_work`` plans a
   pass and returns the blocking work, which writes compacted copies of the closed segments
   (the latest record of each key kept, offsets unchanged, so segments get gaps) in a scratch
   directory; ``finish_compaction`` moves them over the originals on the Trio thread. Each
@@ -41,7 +41,7 @@ import cbor2
 
 from ...fsutil import atomic_write, fsync_dir
 from ...model import Message
-from ...protocol.errors import DecodeError
+from ..streams import CompactionPolicy
 from .format import FLAG_PERSISTENT, Record, RecordError
 from .log import COMPACTION_DIR, Log
 from .segment import Segment, read_file_records
@@ -51,33 +51,6 @@ log = logging.getLogger("tqbroker.backends.log")
 STATE_FILE = "stream.cbor"
 # A compacted copy is written out in chunks of this many bytes.
 WRITE_CHUNK = 1024 * 1024
-
-
-@attrs.frozen
-class Compaction:
-    """A compaction policy: keep only the latest record of each key.
-
-    The key of a record is its routing key, or with ``key_header`` the value of that header (a
-    string or a byte string, the same key either way); a record without that header (or with a
-    value of another type) has no key and is always kept. A record with an empty body is a
-    tombstone: the latest record of its key, it is kept until ``tombstone_grace_ms`` after its
-    timestamp (so that readers see the deletion), then removed with the rest (Kafka's
-    ``delete.retention.ms``, one day by default)."""
-
-    key_header: str | None = None
-    tombstone_grace_ms: int = 24 * 3600 * 1000
-
-    def key(self, message: Message) -> bytes | None:
-        if self.key_header is None:
-            return message.routing_key.encode()
-        try:
-            headers = message.properties.headers
-        except DecodeError:
-            return None
-        value = headers.get(self.key_header) if headers else None
-        if isinstance(value, str):
-            return value.encode("utf-8", "surrogateescape")
-        return value if isinstance(value, bytes) else None
 
 
 @attrs.frozen
@@ -93,7 +66,7 @@ class SegmentSwap:
 class CompactionResult:
     """What a compaction's work wrote, for ``LogStream.finish_compaction``."""
 
-    policy: Compaction
+    policy: CompactionPolicy
     planned: tuple[Segment, ...]  # the log's segments when the pass was planned
     swaps: tuple[SegmentSwap, ...]  # oldest first
     compacted_upto: int  # the base offset of the first segment this pass did not compact
@@ -119,7 +92,7 @@ class LogStream:
         # Segments replaced by compacted copies: closed by the next flush's work (a sync of
         # theirs may be in flight until then).
         self._retired: list[Segment] = []
-        self._compaction_policy: Compaction | None = None
+        self._compaction_policy: CompactionPolicy | None = None
         self._compacted_upto = -1
         self._tombstone_due_ms: int | None = None
 
@@ -196,7 +169,7 @@ class LogStream:
     # -- compaction --------------------------------------------------------------------------
 
     def compaction_work(
-        self, policy: Compaction, now_ms: int
+        self, policy: CompactionPolicy, now_ms: int
     ) -> Callable[[], CompactionResult] | None:
         """Plan a compaction pass; None when there is nothing to do (no segment closed since
         the last pass with the same policy, and no tombstone's grace over). Otherwise the work,
@@ -376,7 +349,7 @@ class _Source(NamedTuple):
 
 
 def _compact(
-    policy: Compaction,
+    policy: CompactionPolicy,
     now_ms: int,
     sources: Sequence[_Source],
     scratch: Path,
@@ -434,7 +407,7 @@ _Latest = dict[bytes, tuple[int, int | None]]
 
 
 def _latest_by_key(
-    policy: Compaction, sources: Sequence[_Source]
+    policy: CompactionPolicy, sources: Sequence[_Source]
 ) -> tuple[_Latest, list[int], set[int], set[int]]:
     """The latest record of every key; how many keyed records each segment has; the segments
     that are damaged (read up to the damage, left as they are) and those gone (retention
@@ -465,7 +438,7 @@ def _latest_by_key(
 
 
 def _rewrite(
-    policy: Compaction,
+    policy: CompactionPolicy,
     now_ms: int,
     source: _Source,
     latest: _Latest,
