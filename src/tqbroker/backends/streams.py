@@ -120,9 +120,7 @@ class StreamLog(Protocol):
         were dropped (removed for good at the next flush)."""
         ...
 
-    def compaction_work(
-        self, policy: CompactionPolicy, now_ms: int
-    ) -> Callable[[], Any] | None:
+    def compaction_work(self, policy: CompactionPolicy, now_ms: int) -> Callable[[], Any] | None:
         """Plan a compaction pass: None when there is nothing to do, else the blocking work
         (run in a worker thread; raises ``OSError``) whose result goes to
         ``finish_compaction``. One pass at a time; appends and reads go on meanwhile."""
@@ -140,7 +138,9 @@ class StreamBackend(Protocol):
 
     name: str
 
-    def open_stream(self, vhost: str, stream: str, *, segment_bytes: int | None = None) -> StreamLog:
+    def open_stream(
+        self, vhost: str, stream: str, *, segment_bytes: int | None = None
+    ) -> StreamLog:
         """The log of a stream: created empty if new, recovered if it existed (blocking work:
         the broker calls it from a worker thread). ``Backend.delete_queue`` deletes it.
         ``segment_bytes`` is the stream's ``x-stream-max-segment-size-bytes``, if given."""

@@ -25,9 +25,10 @@ from ..config import BrokerConfig
 from ..fsutil import atomic_write
 from ..plugins.loader import load_backends, load_exchange_types
 from .flusher import Flusher
+from .supervisor import Supervisor
 from .vhost import VirtualHost
 
-log = logging.getLogger("tqbroker.broker")
+log = logging.getLogger(__name__)
 
 DEFINITIONS_FILE = "definitions.cbor"
 
@@ -56,7 +57,7 @@ class Broker:
                 user.name, user.password, loopback_only=user.loopback_only, vhosts=user.vhosts
             )
         self.vhosts: dict[str, VirtualHost] = {}
-        self._nursery: trio.Nursery | None = None
+        self.supervisor = Supervisor()
         self._restoring = False
 
     def _new_vhost(self, name: str) -> VirtualHost:
@@ -71,9 +72,7 @@ class Broker:
         )
 
     def _spawn(self, fn: Callable[[], Awaitable[Any]]) -> None:
-        if self._nursery is None:
-            raise RuntimeError("the broker is not running")
-        self._nursery.start_soon(fn)
+        self.supervisor.spawn(_task_name(fn), fn)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Open storage, restore definitions, host the queue actors and flushers until
@@ -85,14 +84,13 @@ class Broker:
             log.debug("opened backend %s", name)
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
                 for flusher in self.flushers.values():
                     await nursery.start(flusher.run)
+                await nursery.start(self.supervisor.run)
                 self._restore()
                 task_status.started()
                 await trio.sleep_forever()
         finally:
-            self._nursery = None
             for name, backend in self.backends.items():
                 try:
                     backend.close()
@@ -152,3 +150,11 @@ class Broker:
             }
         )
         atomic_write(self.config.data_dir / DEFINITIONS_FILE, data)
+
+
+def _task_name(fn: Callable[[], Awaitable[Any]]) -> str:
+    """What a task is, for the log: its owner (a queue, an exchange's router) and method."""
+    owner = getattr(fn, "__self__", None)
+    described = getattr(owner, "name", None)
+    method = getattr(fn, "__qualname__", repr(fn))
+    return f"{method} of {described!r}" if described is not None else method

@@ -93,36 +93,53 @@ class Flusher:
                 continue
             self._wakeup = trio.Event()
             covering = self.requested
-            work = self.backend.begin_flush()
-            if work is not None:
-                try:
+            try:
+                work = self.backend.begin_flush()
+                if work is not None:
                     await trio.to_thread.run_sync(work)
-                except OSError as exc:
-                    # Every outstanding ticket fails, not only those this flush covered: records
-                    # written since may share the failed pages and must never be acked.
-                    failed = self.requested
-                    log.error("%s backend: flush failed: %s", self.backend.name, exc)
-                    for listener in list(self._listeners):
-                        listener.flush_failed(self, failed)
-                    self.completed = failed
-                    self._run_callbacks()
-                    await trio.sleep(RETRY_SECONDS)
-                    if self.backend.needs_flush:
-                        self._wakeup.set()
-                    continue
+            except Exception as exc:
+                # Every outstanding ticket fails, not only those this flush covered: records
+                # written since may share the failed pages and must never be acked. A bug in the
+                # backend (anything but OSError) fails the flush the same way, with a traceback.
+                failed = self.requested
+                log.error(
+                    "%s backend: flush failed: %s",
+                    self.backend.name,
+                    exc,
+                    exc_info=not isinstance(exc, OSError),
+                )
+                self._tell(lambda listener, upto=failed: listener.flush_failed(self, upto))
+                self.completed = failed
+                self._run_callbacks()
+                await trio.sleep(RETRY_SECONDS)
+                if self.backend.needs_flush:
+                    self._wakeup.set()
+                continue
             self.completed = covering
-            for listener in list(self._listeners):
-                listener.flushed(self)
+            self._tell(lambda listener: listener.flushed(self))
             if self._waiting_queues:
                 queues, self._waiting_queues = self._waiting_queues, set()
                 for queue in queues:
                     queue.wake()
             self._run_callbacks()
 
+    def _tell(self, call: Callable[[FlushListener], None]) -> None:
+        """Call every listener; one that raises (a bug) is logged and stops listening, and the
+        others are still told."""
+        for listener in list(self._listeners):
+            try:
+                call(listener)
+            except Exception:
+                log.exception("%s backend: a flush listener failed; dropping it", self.backend.name)
+                self._listeners.discard(listener)
+
     def _run_callbacks(self) -> None:
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
-            callback()
+            try:
+                callback()
+            except Exception:
+                log.exception("%s backend: an after-flush callback failed", self.backend.name)
 
 
 class _Waiter:

@@ -46,8 +46,8 @@ from ..backends.streams import CompactionPolicy, StreamLog
 from ..model import Message
 from ..protocol.codec import FieldTable, FieldValue
 from ..protocol.errors import AMQPError, ReplyCode
-from .consumer import Consumer
 from .compaction import compaction_policy
+from .consumer import Consumer
 from .flusher import Flusher
 from .groups import GROUP_ARGUMENT, ConsumerGroups
 from .queue import Durability, NeedsFlush, Queue

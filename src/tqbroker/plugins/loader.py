@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from ..backends.base import Backend
 from .spec import ExchangeType
 
-log = logging.getLogger("tqbroker.plugins")
+log = logging.getLogger(__name__)
 
 EXCHANGE_TYPES_GROUP = "tqbroker.exchange_types"
 BACKENDS_GROUP = "tqbroker.backends"
@@ -67,6 +67,15 @@ def load_plugins(
             continue
         found[ep.name] = plugin
     return found
+
+
+def distributions(group: str) -> dict[str, str]:
+    """The distribution that installs each plugin of ``group``, by name, whether or not it
+    loads (for error messages that say what to reinstall)."""
+    return {
+        ep.name: ep.dist.name if ep.dist is not None else "unknown distribution"
+        for ep in entry_points(group=group)
+    }
 
 
 def load_exchange_types() -> dict[str, ExchangeType]:

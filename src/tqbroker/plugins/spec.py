@@ -39,8 +39,8 @@ extensions; routers that do not need them (the built-in ones) are untouched and 
   when its exchange comes into being (declared, or restored at startup), and ``delete()`` when the
   exchange is deleted. The context names the exchange, opens the exchange's own ``QueueStore`` on
   the broker's storage (the durable backend for a durable exchange, memory otherwise) and gives
-  that backend's ``GroupCommit``, spawns supervised tasks in the broker's nursery, and routes a message through the exchange's
-  bindings now (``publish``), which is how held messages leave.
+  that backend's ``GroupCommit``, spawns supervised tasks in the broker's nursery, and routes a
+  message through the exchange's bindings now (``publish``), which is how held messages leave.
 
 ``docs/plugins.md`` walks through writing such a type; ``plugins/delayed_message`` is one.
 """

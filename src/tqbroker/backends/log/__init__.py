@@ -165,9 +165,7 @@ class LogBackend:
 
     @property
     def needs_flush(self) -> bool:
-        return bool(self._trash or self._abandoned) or any(
-            s.needs_flush for s in self._stores()
-        )
+        return bool(self._trash or self._abandoned) or any(s.needs_flush for s in self._stores())
 
     @property
     def healthy(self) -> bool:
