@@ -13,6 +13,7 @@ Responsibilities:
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -108,7 +109,7 @@ class Flusher:
                     exc,
                     exc_info=not isinstance(exc, OSError),
                 )
-                self._tell(lambda listener, upto=failed: listener.flush_failed(self, upto))
+                self._tell(functools.partial(_fail, commit=self, upto=failed))
                 self.completed = failed
                 self._run_callbacks()
                 await trio.sleep(RETRY_SECONDS)
@@ -140,6 +141,10 @@ class Flusher:
                 callback()
             except Exception:
                 log.exception("%s backend: an after-flush callback failed", self.backend.name)
+
+
+def _fail(listener: FlushListener, *, commit: GroupCommit, upto: int) -> None:
+    listener.flush_failed(commit, upto)
 
 
 class _Waiter:
