@@ -7,6 +7,7 @@ A plugin that fails to load or validate is logged and skipped; it never stops th
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
@@ -69,11 +70,12 @@ def load_plugins(
     return found
 
 
-def distributions(group: str) -> dict[str, str]:
-    """The distribution that installs each plugin of ``group``, by name, whether or not it
-    loads (for error messages that say what to reinstall)."""
+@functools.cache
+def distributions(group: str) -> Mapping[str, str]:
+    """The distribution (and version) that installs each plugin of ``group``, by name, whether
+    or not it loads: error messages say what to reinstall or fix. Read once per process."""
     return {
-        ep.name: ep.dist.name if ep.dist is not None else "unknown distribution"
+        ep.name: f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "unknown"
         for ep in entry_points(group=group)
     }
 
