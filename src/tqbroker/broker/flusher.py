@@ -16,11 +16,10 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from ..backends.base import Backend
 from ..plugins.spec import FlushListener, GroupCommit
 
 if TYPE_CHECKING:
@@ -32,8 +31,23 @@ RETRY_SECONDS = 1.0
 POLL_SECONDS = 0.2
 
 
+class Flushable(Protocol):
+    """What a flusher drives: a durable backend (``backends.base.Backend``), or the definitions
+    file."""
+
+    name: str
+
+    @property
+    def needs_flush(self) -> bool: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    def begin_flush(self) -> Callable[[], None] | None: ...
+
+
 class Flusher:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Flushable) -> None:
         self.backend = backend
         self.requested = 0
         self.completed = 0
