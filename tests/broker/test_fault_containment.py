@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pika
 import pika.exceptions
 import pytest
-from tests.canary import Canary
 
+from canary import Canary
 from tqbroker.backends.memory import MemoryQueueStore
 from tqbroker.plugins.loader import distributions
 from tqbroker.testing import RunningBroker, running_broker
