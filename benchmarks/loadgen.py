@@ -1,5 +1,5 @@
 """The load generator of the benchmark suite: worker processes driving a broker with the lean
-raw-socket client (``rawclient.py``), and probes of a process's CPU time and memory.
+raw-socket client (``rawclient.py``).
 
 Responsibilities:
 - jobs: picklable descriptions of what one worker process does (``Publish``, ``Consume``,
@@ -9,32 +9,27 @@ Responsibilities:
   every one is prepared, so that several cores generate load and no Python process is the limit;
   the result holds the wall time from the first start to the last finish, the CPU seconds the
   workers spent in their run steps (client CPU) and those the broker spent meanwhile (broker CPU,
-  from ``/proc``), and what each worker measured (latencies);
-- ``/proc`` probes: ``cpu_seconds(pid)`` (utime + stime, all threads), ``machine_cpu_seconds()``
-  (so that CPU used by anything else during a run shows), ``memory(pid)`` (RSS and its
-  anonymous/file parts), ``pid_listening_on(port)`` (which local process serves a port).
+  from ``/proc`` through ``procstats.py``), and what each worker measured (latencies).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
-import os
 import time
 import traceback
 from array import array
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
-from pathlib import Path
 from typing import Protocol
 
+from procstats import cpu_seconds, machine_cpu_seconds
 from rawclient import Endpoint, RawClient, publish_frames, stamp, stamp_offset
 
 from tqbroker.protocol.codec import FieldTable
 
 BODY_SIZE = 1024
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # -- jobs ------------------------------------------------------------------------------------
@@ -276,74 +271,3 @@ def _collect(
 def _outcome(payload: object) -> Outcome:
     assert isinstance(payload, Outcome)
     return payload
-
-
-# -- /proc probes ----------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of process ``pid`` (all its threads); None if unknown/gone."""
-    if pid is None:
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime: fields 14 and 15
-
-
-def machine_cpu_seconds() -> float:
-    """Busy CPU seconds of the whole machine since boot, all cores (``/proc/stat``: user,
-    nice, system, irq, softirq, steal)."""
-    with open("/proc/stat") as stat:
-        fields = stat.readline().split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / _CLK_TCK
-
-
-@dataclass(frozen=True)
-class Memory:
-    """A process's resident memory, bytes: total, anonymous (heap) and file-backed parts."""
-
-    rss: int
-    anon: int
-    file: int
-
-
-def memory(pid: int) -> Memory:
-    values: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile"):
-            values[key] = int(rest.split()[0]) * 1024
-    return Memory(values.get("VmRSS", 0), values.get("RssAnon", 0), values.get("RssFile", 0))
-
-
-def pid_listening_on(port: int) -> int | None:
-    """The local process with a TCP socket listening on ``port`` (None if not found or not
-    ours to see): the socket's inode from ``/proc/net/tcp*``, then the ``/proc/*/fd`` holding
-    it."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            local, state, inode = parts[1], parts[3], parts[9]
-            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{inode}]")
-    if not inodes:
-        return None
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            for fd in (proc / "fd").iterdir():
-                if os.readlink(fd) in inodes:
-                    return int(proc.name)
-        except OSError:
-            continue
-    return None

@@ -23,7 +23,7 @@ import time
 import urllib.parse
 from array import array
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from tqbroker.protocol.codec import FieldTable
 from tqbroker.protocol.frames import (
@@ -181,11 +181,19 @@ class RawClient:
     def send(self, channel: int, method: Method) -> None:
         self.sock.sendall(encode_method(channel, method))
 
-    def _recv(self) -> None:
+    def _receive(self) -> bytes:
+        """The next bytes from the broker (``ConnectionError`` once it closed the connection)."""
         chunk = self.sock.recv(RECV_SIZE)
         if not chunk:
             raise ConnectionError("the broker closed the connection")
-        self.buf += chunk
+        return chunk
+
+    def _refused(self, pos: int) -> NoReturn:
+        """The method frame at ``pos`` of the buffer closes the channel or the connection, or
+        nacks a publish: raise ``BrokerError`` saying so."""
+        del self.buf[:pos]
+        self.read_method()  # raises for a close
+        raise BrokerError("the broker nacked a publish")
 
     def read_frame(self) -> tuple[int, bytes]:
         """The next frame: its type and payload."""
@@ -197,7 +205,7 @@ class RawClient:
                     payload = bytes(buf[7 : 7 + size])
                     del buf[: 8 + size]
                     return frame_type, payload
-            self._recv()
+            self.buf += self._receive()
 
     def read_method(self) -> Method:
         """The next method frame, decoded (content and heartbeat frames before it are skipped);
@@ -328,10 +336,7 @@ class RawClient:
             if burst > 0:
                 sock.sendall(blob[: burst * size])
                 sent += burst
-            chunk = sock.recv(RECV_SIZE)
-            if not chunk:
-                raise ConnectionError("the broker closed the connection")
-            buf += chunk
+            buf += self._receive()
             pos, end = 0, len(buf)
             while pos + 7 <= end:
                 frame_type, _channel, length = head.unpack_from(buf, pos)
@@ -344,9 +349,7 @@ class RawClient:
                         tag -= base
                         confirmed = tag if multiple & 1 else max(confirmed, tag)
                     elif ids == _BASIC_NACK or ids in _FATAL:
-                        del buf[:pos]
-                        self.read_method()  # raises for a close
-                        raise BrokerError("the broker nacked a publish")
+                        self._refused(pos)
                 pos += 8 + length
             del buf[:pos]
         self._published += count
@@ -380,9 +383,7 @@ class RawClient:
         arrived = 0
         stamp = _STAMP.unpack_from
         while received < count:
-            chunk = sock.recv(RECV_SIZE)
-            if not chunk:
-                raise ConnectionError("the broker closed the connection")
+            chunk = self._receive()
             if stamps is not None:
                 arrived = time.perf_counter_ns()
             buf += chunk
@@ -403,8 +404,7 @@ class RawClient:
                             sock.sendall(encode_method(CHANNEL, BasicAck(last_tag, True)))
                             unacked = 0
                     elif ids in _FATAL:
-                        del buf[:pos]
-                        self.read_method()  # raises
+                        self._refused(pos)
                 elif frame_type == 3 and want_body and stamps is not None:
                     stamps.append(arrived - stamp(buf, pos + 7)[0])
                     want_body = False

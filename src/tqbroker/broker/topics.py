@@ -19,12 +19,15 @@ Responsibilities:
   (``recordbatch.py``); the offsets of each partition (earliest, latest, first at or after a
   time); a consumer group's committed offsets and lag.
 
-Failures are ``TopicError``s carrying an HTTP status (404 unknown topic, 400 bad request, 409
-conflicting declaration, 503 storage that cannot write).
+Failures are ``TopicError``s, one subclass per kind: ``NotFound`` (no such topic, partition or
+group), ``InvalidRequest`` (arguments out of range, a record that cannot be written),
+``Conflict`` (a declaration that contradicts what exists) and ``Unavailable`` (storage that
+cannot write). What a caller makes of them (an HTTP status, an exit code) is its business.
 """
 
 from __future__ import annotations
 
+import logging
 from array import array
 from collections.abc import Sequence
 
@@ -40,6 +43,8 @@ from .groups import natural_key
 from .stream import StreamQueue
 from .vhost import VirtualHost
 
+log = logging.getLogger(__name__)
+
 PARTITION_EXCHANGE_TYPE = "x-key-partition"
 MAX_READ = 10_000
 MAX_READ_BYTES = 64 * 1024 * 1024
@@ -49,10 +54,27 @@ _PERSISTENT_RAW = _PERSISTENT.encode()
 
 
 class TopicError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    """A topic operation that cannot be done; ``message`` says why (for the user)."""
+
+    def __init__(self, message: str) -> None:
         super().__init__(message)
-        self.status = status
         self.message = message
+
+
+class NotFound(TopicError):
+    """No such topic, partition or consumer group."""
+
+
+class InvalidRequest(TopicError):
+    """Arguments out of range, or a record that cannot be written."""
+
+
+class Conflict(TopicError):
+    """A declaration that contradicts what exists."""
+
+
+class Unavailable(TopicError):
+    """Storage that cannot write, or cannot make a write durable."""
 
 
 @attrs.frozen
@@ -94,7 +116,7 @@ class GroupPartition:
 
 
 def partitions(vhost: VirtualHost, topic: str) -> list[StreamQueue]:
-    """The topic's partitions in order (``TopicError`` 404 if there is no such topic)."""
+    """The topic's partitions in order (``NotFound`` if there is no such topic)."""
     exchange = vhost.exchanges.get(topic)
     if exchange is not None:
         bound = [
@@ -112,8 +134,7 @@ def partitions(vhost: VirtualHost, topic: str) -> list[StreamQueue]:
     queue = vhost.queues.get(topic)
     if isinstance(queue, StreamQueue):
         return [queue]
-    raise TopicError(
-        404,
+    raise NotFound(
         f"no topic '{topic}' in vhost '{vhost.name}' (no stream queue or "
         "exchange bound to stream queues has that name)",
     )
@@ -127,7 +148,7 @@ def partition(vhost: VirtualHost, topic: str, index: int) -> StreamQueue:
 
 def _check_partition(topic: str, index: int, count: int) -> None:
     if not 0 <= index < count:
-        raise TopicError(404, f"topic '{topic}' has partitions 0..{count - 1}, not {index}")
+        raise NotFound(f"topic '{topic}' has partitions 0..{count - 1}, not {index}")
 
 
 def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -> bool:
@@ -135,16 +156,14 @@ def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -
     ``x-`` arguments, such as ``x-max-age``); True if it was created, False if it existed
     as asked."""
     if not 1 <= count <= 1000:
-        raise TopicError(400, f"partitions must be between 1 and 1000 (got {count})")
+        raise InvalidRequest(f"partitions must be between 1 and 1000 (got {count})")
     if PARTITION_EXCHANGE_TYPE not in vhost.exchange_types:
-        raise TopicError(
-            400,
+        raise InvalidRequest(
             f"partitioned topics need the {PARTITION_EXCHANGE_TYPE} exchange type: install "
             "tqbroker-partitioner (plugins/partitioner)",
         )
     if not topic or "/" in topic or len(f"{topic}-{count - 1}".encode()) > 255:
-        raise TopicError(
-            400,
+        raise InvalidRequest(
             "a topic name must be non-empty, without '/', and short enough for its "
             "partitions' queue names (255 bytes)",
         )
@@ -162,9 +181,7 @@ def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -
                 existing.type_name != PARTITION_EXCHANGE_TYPE
                 or [q.name for q in _bound(vhost, topic)] != names
             ):
-                raise TopicError(
-                    409, f"topic '{topic}' exists with another shape than {count} partitions"
-                )
+                raise Conflict(f"topic '{topic}' exists with another shape than {count} partitions")
             return False
         for name in names:
             _declare_stream(vhost, name, queue_arguments)
@@ -180,9 +197,8 @@ def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -
         for n, name in enumerate(names):
             vhost.bind_queue(name, topic, str(n), {}, None)
     except AMQPError as exc:
-        raise TopicError(
-            409 if exc.code == ReplyCode.PRECONDITION_FAILED else 400, exc.text
-        ) from None
+        failed = Conflict if exc.code == ReplyCode.PRECONDITION_FAILED else InvalidRequest
+        raise failed(exc.text) from None
     return True
 
 
@@ -201,7 +217,7 @@ def _declare_stream(vhost: VirtualHost, name: str, arguments: FieldTable) -> Non
 def _bound(vhost: VirtualHost, topic: str) -> list[StreamQueue]:
     try:
         return partitions(vhost, topic)
-    except TopicError:
+    except NotFound:
         return []
 
 
@@ -246,13 +262,13 @@ async def produce(
         else:
             destinations = found
         if not destinations:
-            raise TopicError(400, f"topic '{topic}' routes key {record.key!r} to no partition")
+            raise InvalidRequest(f"topic '{topic}' routes key {record.key!r} to no partition")
         target = destinations[0]
         assert isinstance(target, StreamQueue)
         offset = target.stream.next_offset
         tickets, refused = vhost.enqueue([target], message)
         if refused:
-            raise TopicError(503, f"topic '{topic}': partition storage cannot write")
+            raise Unavailable(f"topic '{topic}': partition storage cannot write")
         waits.extend(tickets)
         landed.append((index[target], offset))
     if producer is not None:  # durable with the records: the same flush writes both
@@ -260,12 +276,12 @@ async def produce(
         found[0].stream.record_producer(producer[0], max(following, expected or 0))
     for flusher, ticket in waits:
         if not await flusher.wait(ticket):
-            raise TopicError(503, f"topic '{topic}': the write could not be made durable")
+            raise Unavailable(f"topic '{topic}': the write could not be made durable")
     return landed
 
 
 def _message(exchange: str, record: ProducerRecord, now_ms: int) -> Message:
-    """The message a record becomes (``TopicError`` 400 if its headers cannot be encoded).
+    """The message a record becomes (``InvalidRequest`` if its headers cannot be encoded).
     Records without headers share one encoding of their (persistent) properties."""
     if not record.headers:
         return Message(exchange, record.key, _PERSISTENT_RAW, record.value, _PERSISTENT, now_ms)
@@ -273,7 +289,7 @@ def _message(exchange: str, record: ProducerRecord, now_ms: int) -> Message:
     try:
         raw = properties.encode()
     except (ValueError, OverflowError) as exc:
-        raise TopicError(400, f"cannot encode the headers: {exc}") from None
+        raise InvalidRequest(f"cannot encode the headers: {exc}") from None
     return Message(exchange, record.key, raw, record.value, properties, now_ms)
 
 
@@ -291,9 +307,9 @@ def read(
     from the first record at or after ``timestamp_ms``; from the earliest by default. Stops
     once the values add up to ``max_bytes`` (at least one record is returned)."""
     if not 1 <= limit <= MAX_READ:
-        raise TopicError(400, f"limit must be between 1 and {MAX_READ} (got {limit})")
+        raise InvalidRequest(f"limit must be between 1 and {MAX_READ} (got {limit})")
     if not 1 <= max_bytes <= MAX_READ_BYTES:
-        raise TopicError(400, f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
+        raise InvalidRequest(f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
     stream = partition(vhost, topic, partition_index).stream
     if timestamp_ms is not None:
         position = stream.offset_for_timestamp(timestamp_ms)
@@ -337,7 +353,7 @@ def read_batch(
     ``max_bytes`` (at least one record when there is one) or at ``MAX_BATCH_RECORDS`` records
     (a bounded pause of the event loop)."""
     if not 1 <= max_bytes <= MAX_READ_BYTES:
-        raise TopicError(400, f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
+        raise InvalidRequest(f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
     stream = partition(vhost, topic, partition_index).stream
     stop = stream.next_offset if end is None else min(end, stream.next_offset)
     position = max(offset, stream.first_offset)
@@ -388,8 +404,8 @@ def offsets_for_timestamp(vhost: VirtualHost, topic: str, timestamp_ms: int) -> 
 
 
 def group(vhost: VirtualHost, topic: str, name: str) -> list[GroupPartition]:
-    """A consumer group's position on each partition (``TopicError`` 404 if the group never
-    read this topic)."""
+    """A consumer group's position on each partition (``NotFound`` if the group never read
+    this topic)."""
     found = partitions(vhost, topic)
     live = vhost.consumer_groups.groups.get(name)
     owners = live.owners if live is not None else {}
@@ -405,5 +421,5 @@ def group(vhost: VirtualHost, topic: str, name: str) -> list[GroupPartition]:
             )
         )
     if live is None and all(p.committed is None for p in result):
-        raise TopicError(404, f"no consumer group '{name}' on topic '{topic}'")
+        raise NotFound(f"no consumer group '{name}' on topic '{topic}'")
     return result

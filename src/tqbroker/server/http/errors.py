@@ -1,0 +1,98 @@
+"""HTTP errors: every failure answered as JSON, ``{"error": <reason>, "message": <what to fix>}``,
+with a 4xx (or 503) status; unknown paths and methods too, and a 500 for a bug.
+
+Responsibilities:
+- ``RequestError``: a request the HTTP layer itself refuses (credentials, permissions, a body
+  too large or malformed), with its status;
+- the status of each ``broker.topics`` failure: ``NotFound`` 404, ``InvalidRequest`` 400,
+  ``Conflict`` 409, ``Unavailable`` 503;
+- ``EXCEPTION_HANDLERS``: the app's handlers for those, for Starlette's own ``HTTPException``
+  and for anything else (a 500, logged with its traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ...broker.topics import Conflict, InvalidRequest, NotFound, TopicError, Unavailable
+
+log = logging.getLogger(__name__)
+
+_REASONS = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    500: "internal_error",
+    503: "unavailable",
+}
+_TOPIC_STATUSES: dict[type[TopicError], int] = {
+    NotFound: 404,
+    InvalidRequest: 400,
+    Conflict: 409,
+    Unavailable: 503,
+}
+
+
+class RequestError(Exception):
+    """A request refused by the HTTP layer, with the status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error(status: int, message: str) -> JSONResponse:
+    """The JSON error response (a 401 asks for Basic credentials)."""
+    headers = {"www-authenticate": 'Basic realm="tqbroker"'} if status == 401 else None
+    return JSONResponse(
+        {"error": _REASONS.get(status, "error"), "message": message},
+        status_code=status,
+        headers=headers,
+    )
+
+
+def topic_status(exc: TopicError) -> int:
+    """The HTTP status of a ``broker.topics`` failure."""
+    for kind, status in _TOPIC_STATUSES.items():
+        if isinstance(exc, kind):
+            return status
+    return 400
+
+
+async def _request_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestError)
+    return error(exc.status, exc.message)
+
+
+async def _topic_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, TopicError)
+    return error(topic_status(exc), exc.message)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("HTTP %s %s failed", request.method, request.url.path, exc_info=exc)
+    return error(500, f"{request.method} {request.url.path}: internal error (in the log)")
+
+
+EXCEPTION_HANDLERS: Mapping[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    RequestError: _request_error,
+    TopicError: _topic_error,
+    HTTPException: _http_error,
+    Exception: _internal_error,
+}

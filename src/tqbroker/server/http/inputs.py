@@ -1,0 +1,170 @@
+"""What a request carries, read and checked: its body (at most ``MAX_REQUEST_BYTES``, 413),
+JSON, integer parameters, offsets, timestamps and the records of a JSON produce.
+
+Values travel as text (``"encoding": "utf-8"``, the default) or base64 (``"encoding":
+"base64"``); timestamps are milliseconds since the epoch or ISO-8601; header values become
+field-table values (64-bit integers, names of at most 255 bytes). Bad input is a
+``RequestError`` (400, or 413 for sizes).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from typing import Any
+
+from starlette.datastructures import QueryParams
+from starlette.requests import Request
+
+from ... import clock
+from ...broker.topics import ProducerRecord
+from ...protocol.codec import FieldTable, FieldValue
+from .errors import RequestError
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+DEFAULT_READ_BYTES = 1024 * 1024  # as Kafka's max.partition.fetch.bytes
+
+
+def no_constants(name: str) -> Any:
+    """``json.loads``'s ``parse_constant``: NaN and the infinities are not JSON numbers."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, at most ``MAX_REQUEST_BYTES`` (413)."""
+    declared = request.headers.get("content-length", "0")
+    if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
+        raise RequestError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_REQUEST_BYTES:
+            raise RequestError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
+    return bytes(raw)
+
+
+async def json_object(request: Request) -> dict[str, Any]:
+    """The body as a JSON object (an empty body is ``{}``)."""
+    raw = await read_body(request)
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw, parse_constant=no_constants)
+    except ValueError as exc:
+        raise RequestError(400, f"the request body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    return body
+
+
+def integer(value: object, name: str) -> int:
+    """An integer parameter ``name``, from a JSON integer or a decimal string."""
+    if isinstance(value, bool):
+        raise RequestError(400, f"'{name}' must be an integer (got {value!r})")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise RequestError(400, f"'{name}' must be an integer (got {value!r})")
+
+
+def max_bytes(query: QueryParams) -> int:
+    """A read's ``max_bytes`` of values (``DEFAULT_READ_BYTES`` unless the query says)."""
+    return integer(query.get("max_bytes", str(DEFAULT_READ_BYTES)), "max_bytes")
+
+
+def start_offset(value: str | None) -> int | str | None:
+    """Where a read starts: an offset >= 0, ``earliest``, ``latest`` or None (not given)."""
+    if value is None or value in ("earliest", "latest"):
+        return value
+    offset = integer(value, "offset")
+    if offset < 0:
+        raise RequestError(400, f"'offset' must be >= 0, 'earliest' or 'latest' (got {value})")
+    return offset
+
+
+def timestamp(value: str) -> int:
+    """Milliseconds since the epoch, from an integer or an ISO-8601 time (UTC if it says no
+    zone)."""
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    moment = clock.parse_iso_time(value)
+    if moment is None:
+        raise RequestError(
+            400,
+            f"'timestamp' must be milliseconds since the epoch or an ISO-8601 time (got {value!r})",
+        )
+    return int(moment.timestamp() * 1000)
+
+
+def producer_record(raw: object, max_size: int) -> ProducerRecord:
+    """A record of a JSON produce (a value of at most ``max_size`` bytes)."""
+    if not isinstance(raw, dict):
+        raise RequestError(400, "a record must be a JSON object with a 'value'")
+    value = raw.get("value")
+    if not isinstance(value, str):
+        raise RequestError(
+            400, 'a record needs a \'value\' string (text, or base64 with "encoding": "base64")'
+        )
+    encoding = raw.get("encoding", "utf-8")
+    if encoding == "utf-8":
+        body = _utf8(value, "value")
+    elif encoding == "base64":
+        try:
+            body = base64.b64decode(value, validate=True)
+        except binascii.Error as exc:
+            raise RequestError(400, f"'value' is not valid base64: {exc}") from None
+    else:
+        raise RequestError(400, f"'encoding' must be 'utf-8' or 'base64' (got {encoding!r})")
+    if len(body) > max_size:
+        raise RequestError(413, f"a value is limited to {max_size} bytes (got {len(body)})")
+    key = raw.get("key", "")
+    if not isinstance(key, str) or len(_utf8(key, "key")) > 255:
+        raise RequestError(400, "'key' must be a string of at most 255 bytes (a routing key)")
+    partition = raw.get("partition")
+    if partition is not None:
+        partition = integer(partition, "partition")
+    headers = field_table(raw.get("headers", {}), "headers")
+    return ProducerRecord(body, key, headers, partition)
+
+
+def _utf8(text: str, name: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise RequestError(400, f"'{name}' is not valid Unicode text") from None
+
+
+def field_table(value: object, name: str) -> FieldTable:
+    if not isinstance(value, dict):
+        raise RequestError(400, f"'{name}' must be a JSON object")
+    for key in value:
+        if len(_utf8(key, name)) > 255:
+            raise RequestError(400, f"'{name}': a name is limited to 255 bytes ({key[:20]!r}...)")
+    return {k: _field_value(v, name) for k, v in value.items()}
+
+
+def _field_value(value: object, name: str) -> FieldValue:
+    if isinstance(value, str):
+        _utf8(value, name)
+        return value
+    if value is None or isinstance(value, bool | float):
+        return value
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            raise RequestError(400, f"'{name}': {value} does not fit in 64 bits")
+        return value
+    if isinstance(value, list):
+        return [_field_value(v, name) for v in value]
+    if isinstance(value, dict):
+        return field_table(value, name)
+    raise RequestError(400, f"'{name}': unsupported value {value!r}")

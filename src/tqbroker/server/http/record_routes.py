@@ -1,0 +1,100 @@
+"""The columnar bulk routes of topics, for the Spark data source: records in
+``recordbatch.py``'s binary formats rather than JSON.
+
+Responsibilities:
+- ``GET /topics/{topic}/partitions/{p}/records``: a ``ReadBatch`` of one partition from an
+  offset up to an optional end, at most ``max_bytes`` of keys and values, headers on request;
+- ``POST /topics/{topic}/records``: a ``WriteBatch`` produced in one go, each record checked
+  as a JSON produce checks it (value size 413, key and header names of at most 255 bytes,
+  headers a JSON object); idempotent with an ``x-producer-id`` and the
+  ``x-producer-sequence`` of its first record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ...broker import topics
+from ...broker.topics import ProducerRecord
+from ...recordbatch import WriteBatch, decode_write, encode_read
+from . import inputs
+from .auth import broker_of, vhost_of
+from .errors import RequestError
+
+log = logging.getLogger(__name__)
+
+RECORDS_MEDIA_TYPE = "application/x-tqbroker-records"
+
+
+async def read_records(request: Request) -> Response:
+    """The columnar bulk read (``recordbatch.ReadBatch``)."""
+    query = request.query_params
+    vhost = await vhost_of(request)
+    batch = topics.read_batch(
+        vhost,
+        request.path_params["topic"],
+        inputs.integer(request.path_params["partition"], "partition"),
+        offset=inputs.integer(query.get("offset", "0"), "offset"),
+        end=inputs.integer(query["end"], "end") if "end" in query else None,
+        max_bytes=inputs.max_bytes(query),
+        headers=query.get("headers", "false") == "true",
+    )
+    return Response(encode_read(batch), media_type=RECORDS_MEDIA_TYPE)
+
+
+async def write_records(request: Request) -> Response:
+    """The columnar bulk write (``recordbatch.WriteBatch``), idempotent with a producer
+    id and the sequence of its first record."""
+    vhost = await vhost_of(request)
+    producer = _producer(request)
+    try:
+        batch = decode_write(await inputs.read_body(request))
+    except ValueError as exc:
+        raise RequestError(400, f"not a valid TQW1 body: {exc}") from None
+    records = _records(batch, broker_of(request).config.max_message_size)
+    landed = await topics.produce(vhost, request.path_params["topic"], records, producer=producer)
+    if landed is None:
+        return JSONResponse({"duplicate": True, "count": 0, "skipped": len(records)})
+    skipped = len(records) - len(landed)
+    return JSONResponse({"count": len(landed), "skipped": skipped}, status_code=201)
+
+
+def _producer(request: Request) -> tuple[str, int] | None:
+    """The idempotent producer's id and the sequence of the write's first record, if any."""
+    if "x-producer-id" not in request.headers:
+        return None
+    sequence = inputs.integer(request.headers.get("x-producer-sequence"), "x-producer-sequence")
+    return request.headers["x-producer-id"], sequence
+
+
+def _records(batch: WriteBatch, limit: int) -> list[ProducerRecord]:
+    """The batch's records, each checked (values of at most ``limit`` bytes)."""
+    records = []
+    for i in range(len(batch)):
+        value = batch.values[i]
+        if len(value) > limit:
+            raise RequestError(413, f"a value is limited to {limit} bytes (got {len(value)})")
+        raw_headers = batch.headers[i]
+        try:
+            key = batch.keys[i].decode()
+            headers = (
+                json.loads(raw_headers, parse_constant=inputs.no_constants) if raw_headers else {}
+            )
+        except ValueError as exc:
+            raise RequestError(400, f"record {i}: {exc}") from None
+        if len(batch.keys[i]) > 255:
+            raise RequestError(400, f"record {i}: a key is limited to 255 bytes")
+        partition = batch.partitions[i]
+        records.append(
+            ProducerRecord(
+                value,
+                key,
+                inputs.field_table(headers, "headers"),
+                partition if partition >= 0 else None,
+            )
+        )
+    return records

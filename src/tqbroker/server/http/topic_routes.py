@@ -1,0 +1,159 @@
+"""The JSON routes of topics: declare, produce, consume, offsets and consumer groups.
+
+Responsibilities: each route reads its request (``inputs``), finds the vhost (``auth``) in the
+same order as ever (so that the same bad request gets the same error), calls
+``broker.topics`` and answers JSON; a record's value travels as UTF-8 text when it is, else as
+base64, and its header values as ``recordbatch.json_value`` renders them. A read is at most
+``max_bytes`` of values (1 MiB by default, as Kafka's ``max.partition.fetch.bytes``).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ...broker import topics
+from ...broker.topics import ConsumerRecord
+from ...recordbatch import json_value
+from . import inputs
+from .auth import broker_of, vhost_of
+from .errors import RequestError
+
+log = logging.getLogger(__name__)
+
+
+async def declare_topic(request: Request) -> Response:
+    """``PUT /topics/{topic}``: a partitioned stream, 201 if created, 200 if it was there."""
+    body = await inputs.json_object(request)
+    count = inputs.integer(body.get("partitions", 1), "partitions")
+    arguments = inputs.field_table(body.get("arguments", {}), "arguments")
+    topic = request.path_params["topic"]
+    created = topics.declare(await vhost_of(request), topic, count, arguments)
+    return JSONResponse(
+        {"topic": topic, "partitions": count, "created": created},
+        status_code=201 if created else 200,
+    )
+
+
+async def produce(request: Request) -> Response:
+    """``POST /topics/{topic}/messages``: one record, or ``{"records": [...]}``; where each
+    landed once durable."""
+    vhost = await vhost_of(request)
+    body = await inputs.json_object(request)
+    single = "records" not in body
+    raw = [body] if single else body["records"]
+    if not isinstance(raw, list) or not raw:
+        raise RequestError(400, "'records' must be a non-empty list of records")
+    max_size = broker_of(request).config.max_message_size
+    records = [inputs.producer_record(r, max_size) for r in raw]
+    landed = await topics.produce(vhost, request.path_params["topic"], records)
+    assert landed is not None  # no producer id: never a duplicate
+    results = [{"partition": p, "offset": o} for p, o in landed]
+    return JSONResponse(results[0] if single else {"offsets": results}, status_code=201)
+
+
+async def consume(request: Request) -> Response:
+    """``GET /topics/{topic}/messages``: records of one partition from an offset (a number,
+    ``earliest`` or ``latest``) or a timestamp, and the offset to read next."""
+    query = request.query_params
+    partition = inputs.integer(query.get("partition", "0"), "partition")
+    limit = inputs.integer(query.get("limit", "100"), "limit")
+    max_bytes = inputs.max_bytes(query)
+    offset = inputs.start_offset(query.get("offset"))
+    timestamp = inputs.timestamp(query["timestamp"]) if "timestamp" in query else None
+    if offset is not None and timestamp is not None:
+        raise RequestError(400, "give 'offset' or 'timestamp', not both")
+    vhost = await vhost_of(request)
+    topic = request.path_params["topic"]
+    if offset == "latest":
+        offset = topics.partition(vhost, topic, partition).stream.next_offset
+    records = topics.read(
+        vhost,
+        topic,
+        partition,
+        offset=offset if isinstance(offset, int) else None,
+        timestamp_ms=timestamp,
+        limit=limit,
+        max_bytes=max_bytes,
+    )
+    next_offset = (
+        records[-1].offset + 1
+        if records
+        else topics.partition(vhost, topic, partition).stream.next_offset
+    )
+    return JSONResponse(
+        {
+            "topic": topic,
+            "partition": partition,
+            "messages": [_record_json(r) for r in records],
+            "next_offset": next_offset,
+        }
+    )
+
+
+async def offsets(request: Request) -> Response:
+    """``GET /topics/{topic}/offsets``: each partition's earliest and latest offsets (and with
+    ``timestamp``, its first offset at or after that time)."""
+    vhost = await vhost_of(request)
+    topic = request.path_params["topic"]
+    found: list[dict[str, int | str | None]] = [
+        {
+            "partition": o.partition,
+            "queue": o.queue,
+            "earliest": o.earliest,
+            "latest": o.latest,
+        }
+        for o in topics.offsets(vhost, topic)
+    ]
+    if "timestamp" in request.query_params:
+        timestamp = inputs.timestamp(request.query_params["timestamp"])
+        for entry, offset in zip(
+            found, topics.offsets_for_timestamp(vhost, topic, timestamp), strict=True
+        ):
+            entry["timestamp"] = offset
+    return JSONResponse({"topic": topic, "partitions": found})
+
+
+async def group(request: Request) -> Response:
+    """``GET /topics/{topic}/groups/{group}``: a consumer group's position and lag on each
+    partition."""
+    topic = request.path_params["topic"]
+    name = request.path_params["group"]
+    found = topics.group(await vhost_of(request), topic, name)
+    return JSONResponse(
+        {
+            "topic": topic,
+            "group": name,
+            "partitions": [
+                {
+                    "partition": p.partition,
+                    "committed": p.committed,
+                    "latest": p.latest,
+                    "lag": p.lag,
+                    "reader": p.reader,
+                }
+                for p in found
+            ],
+            "lag": sum(p.lag or 0 for p in found),
+        }
+    )
+
+
+def _record_json(record: ConsumerRecord) -> dict[str, Any]:
+    try:
+        value, encoding = record.value.decode(), "utf-8"
+    except UnicodeDecodeError:
+        value, encoding = base64.b64encode(record.value).decode(), "base64"
+    return {
+        "partition": record.partition,
+        "offset": record.offset,
+        "timestamp": record.timestamp_ms,
+        "key": record.key,
+        "headers": json_value(record.headers),
+        "value": value,
+        "encoding": encoding,
+    }
