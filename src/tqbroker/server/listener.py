@@ -2,7 +2,7 @@
 
 Responsibilities:
 - start the broker (queue actors), bind the AMQP listeners and start the HTTP API
-  (``server/http.py``), then report the bound addresses (``Listening``) through the Trio start
+  (``server/http/``), then report the bound addresses (``Listening``) through the Trio start
   protocol;
 - a nursery per connection, under a handler nursery owned here;
 - graceful shutdown when ``shutdown`` is set: stop accepting, ask every client to leave
