@@ -1,33 +1,66 @@
-"""Developer tasks. ``nox`` runs tests, lint and typecheck; ``nox -s tests -- -m slow`` runs the
-slow tests; ``nox -s generate`` regenerates the protocol module from the AMQP spec."""
+"""Developer tasks. ``nox`` runs lint, tests, backends and typecheck; ``nox -s tests -- -m slow``
+runs the slow tests; ``nox -s generate`` regenerates the protocol module from the AMQP spec.
+
+``tests``, ``backends`` and ``typecheck`` share one environment, ``.nox/dev``: the heavy test
+dependencies (pyspark, pyarrow, pandas, celery, rocksdict) and mypy are installed once per run,
+from ``requirements/dev.txt`` (this checkout's distributions, editable)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import nox
 
-nox.options.sessions = ["tests", "backends", "lint", "typecheck"]
+nox.options.sessions = ["lint", "tests", "backends", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
 
 RUFF = "ruff==0.17.6"  # the same pin as the test extra: generated code is formatted with it
+DEV_ENV = Path(__file__).resolve().parent / ".nox" / "dev"
+_dev_env_ready = False  # pip has brought .nox/dev up to date during this run of nox
 
 
-@nox.session
+def dev_env(session: nox.Session) -> tuple[str, dict[str, str]]:
+    """The shared environment's interpreter and the variables to run it with: created when
+    missing (by virtualenv, as nox makes its own, for the interpreter running nox), brought up
+    to date by pip once per run."""
+    global _dev_env_ready
+    python = DEV_ENV / "bin" / "python"
+    if not python.exists():
+        session.run(sys.executable, "-m", "virtualenv", "--quiet", str(DEV_ENV), external=True)
+    if not _dev_env_ready:
+        pip = [str(python), "-m", "pip", "install", "--quiet"]
+        session.run(*pip, "-r", "requirements/dev.txt", external=True)
+        _dev_env_ready = True
+    path = os.pathsep.join([str(DEV_ENV / "bin"), os.environ.get("PATH", "")])
+    return str(python), {"VIRTUAL_ENV": str(DEV_ENV), "PATH": path}
+
+
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The test suite (slow tests excluded unless asked for with ``-- -m slow``); durable queues
     on the default ``log`` backend."""
-    session.install("-e", ".[test]")
+    python, env = dev_env(session)
     args = session.posargs or ["-m", "not slow"]
-    session.run("pytest", "-p", "no:cacheprovider", *args)
+    session.run(python, "-m", "pytest", "-p", "no:cacheprovider", *args, env=env, external=True)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 @nox.parametrize("backend", ["rocksdb"])
 def backends(session: nox.Session, backend: str) -> None:
     """The client-facing and storage suites again with durable queues on another backend."""
-    session.install("-e", ".[test]")
+    python, env = dev_env(session)
     args = session.posargs or ["-m", "not slow", "tests/interop", "tests/storage", "tests/plugins"]
-    env = {"TQBROKER_TEST_DURABLE_BACKEND": backend}
-    session.run("pytest", "-p", "no:cacheprovider", *args, env=env)
+    env["TQBROKER_TEST_DURABLE_BACKEND"] = backend
+    session.run(python, "-m", "pytest", "-p", "no:cacheprovider", *args, env=env, external=True)
+
+
+@nox.session(venv_backend="none")
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package, the sibling distributions, tools, examples and benchmarks."""
+    python, env = dev_env(session)
+    session.run(python, "-m", "mypy", env=env, external=True)
 
 
 @nox.session
@@ -36,13 +69,6 @@ def lint(session: nox.Session) -> None:
     session.install(RUFF)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-
-
-@nox.session
-def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the package, tools and examples."""
-    session.install("-e", ".[test]", "mypy>=1.10")
-    session.run("mypy")
 
 
 @nox.session
@@ -58,7 +84,7 @@ def bench(session: nox.Session) -> None:
     otherwise), one table of medians (prints numbers; asserts nothing): ``nox -s bench``,
     ``nox -s bench -- --smoke``, ``nox -s bench -- --rabbitmq-url amqp://... --json out.json``.
     See docs/performance.md."""
-    session.install("-e", ".[plugins]")
+    session.install("-r", "requirements/broker.txt")
     session.run("python", "benchmarks/suite.py", *session.posargs)
 
 
@@ -74,7 +100,8 @@ def bench_storage(session: nox.Session) -> None:
 def bench_delayed(session: nox.Session) -> None:
     """Delayed delivery with 100,000 pending (prints lateness; asserts nothing):
     ``nox -s bench-delayed -- --durable-backend rocksdb``."""
-    session.install("-e", ".[delayed-message,rocksdb]", "pika>=1.3")
+    siblings = ["-e", "plugins/delayed_message", "-e", "backends/rocksdb"]
+    session.install("-e", ".[delayed-message,rocksdb]", *siblings, "pika>=1.3")
     session.run("python", "benchmarks/delayed.py", *session.posargs)
 
 

@@ -2,7 +2,14 @@
 
 The broker runs in the app's nursery (``nursery.start(tqbroker.serve, config)`` returns once it is
 listening); the app then uses aio-pika, an asyncio client, through trio-asyncio to publish a few
-messages and consume them back. Run it: ``python examples/embedded.py``.
+messages and consume them back.
+
+Install (from the checkout's root; the ``asyncio`` extra brings trio-asyncio and aio-pika)::
+
+    python3 -m pip install -e ".[asyncio]"
+
+and run it: ``python3 examples/embedded.py`` (AMQP on an ephemeral port of 127.0.0.1, data in
+``./tqbroker-data``).
 """
 
 from __future__ import annotations

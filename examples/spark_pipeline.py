@@ -9,15 +9,20 @@
    each trigger writes the whole result table);
 3. the results are read back with the command line: ``python -m tqbroker consume``.
 
+Needs Java 17+ and, from the checkout's root (the partitioner plugin makes partitioned
+topics; pika publishes, httpx declares the topics)::
+
+    python3 -m pip install -e ".[spark,partitioner]" -e plugins/partitioner pika httpx
+
 Run it against a local broker (AMQP on 5672, HTTP on 15672, guest/guest)::
 
-    python -m tqbroker &                      # if none is running
-    python examples/spark_pipeline.py
+    python3 -m tqbroker &                      # if none is running
+    python3 examples/spark_pipeline.py
 
-or let it start a broker of its own for the run: ``python examples/spark_pipeline.py
---start-broker``. Needs Java 17+ and ``pip install tqbroker[spark] pika``. Running it again
-publishes more events; the job resumes from its checkpoint (``--checkpoint``) and reads only
-the new ones.
+or let it start a broker of its own for the run, on ephemeral ports of 127.0.0.1, with its
+data and the job's checkpoint in a temporary directory: ``python3 examples/spark_pipeline.py
+--start-broker``. Against a running broker, running it again publishes more events; the job
+resumes from its checkpoint (``--checkpoint``) and reads only the new ones.
 """
 
 from __future__ import annotations
@@ -43,18 +48,18 @@ USERS = ["alice", "bob", "carol", "dave", "erin"]
 
 
 @contextmanager
-def broker_addresses(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    """The AMQP URL and HTTP API address: the ones given, or a broker of our own."""
+def broker_addresses(args: argparse.Namespace) -> Iterator[tuple[str, str, str]]:
+    """The AMQP URL, the HTTP API address and the job's checkpoint: the ones given, or a broker
+    of our own with a new checkpoint (both in a temporary directory, removed afterwards)."""
     if not args.start_broker:
-        yield args.amqp, args.http
+        yield args.amqp, args.http, args.checkpoint
         return
     from tqbroker.testing import start_broker_process
 
-    with (
-        tempfile.TemporaryDirectory(prefix="tqbroker-example-") as data_dir,
-        start_broker_process(Path(data_dir), durable_backend="log") as broker,
-    ):
-        yield broker.url, f"http://{broker.host}:{broker.http_port}"
+    with tempfile.TemporaryDirectory(prefix="tqbroker-example-") as scratch:
+        data_dir, checkpoint = Path(scratch) / "data", Path(scratch) / "checkpoint"
+        with start_broker_process(data_dir, durable_backend="log") as broker:
+            yield broker.url, f"http://{broker.host}:{broker.http_port}", str(checkpoint)
 
 
 def declare_topics(http: str) -> None:
@@ -160,15 +165,13 @@ def main() -> None:
     parser.add_argument(
         "--checkpoint",
         default=str(Path(tempfile.gettempdir()) / "tqbroker-spark-pipeline-checkpoint"),
+        help="the job's checkpoint against a running broker (--start-broker makes a new one)",
     )
     parser.add_argument(
         "--start-broker", action="store_true", help="run a broker of our own for the run"
     )
     args = parser.parse_args()
-    with broker_addresses(args) as (amqp, http):
-        checkpoint = args.checkpoint
-        if args.start_broker:  # a new broker: a new checkpoint
-            checkpoint = tempfile.mkdtemp(prefix="tqbroker-pipeline-checkpoint-")
+    with broker_addresses(args) as (amqp, http, checkpoint):
         declare_topics(http)
         publish_events(amqp, args.events)
         run_spark_job(http, checkpoint)

@@ -15,10 +15,9 @@ The public API::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__ as __version__
 from .config import BrokerConfig as BrokerConfig
 from .config import UserConfig as UserConfig
 from .model import Message as Message

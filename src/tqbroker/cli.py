@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import trio
 
-from . import __version__
+from ._version import __version__
 from .backends.log import parse_fsync_policy
 from .broker.broker import StartupError
 from .commands import add_commands, run_command

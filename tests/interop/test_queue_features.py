@@ -221,20 +221,22 @@ def test_ttl_counts_from_the_original_publish_across_a_restart() -> None:
         with running_broker(config) as broker:
             connection = pika.BlockingConnection(pika.URLParameters(broker.url))
             ch = connection.channel()
-            ch.queue_declare("ttl", durable=True, arguments={"x-message-ttl": 1500})
+            ch.queue_declare("ttl", durable=True, arguments={"x-message-ttl": 2000})
             ch.queue_declare("prio", durable=True, arguments={"x-max-priority": 3})
             ch.confirm_delivery()
             ch.basic_publish("", "ttl", b"expires", props(True))
+            published = time.monotonic()  # confirmed: the broker took its arrival time before
             for body, priority in ((b"a", 0), (b"c", 3), (b"b", 2)):
                 ch.basic_publish("", "prio", body, props(True, priority=priority))
             connection.close()
-        published = time.monotonic()
+        # Down for a while: a TTL counted again from the restart would run past the check below.
+        time.sleep(max(0.0, published + 0.8 - time.monotonic()))
         with running_broker(config) as broker:
             connection = pika.BlockingConnection(pika.URLParameters(broker.url))
             ch = connection.channel()
             assert [body for body, _ in drain(ch, "prio")] == [b"c", b"b", b"a"]
             assert ch.queue_declare("ttl", passive=True).method.message_count == 1
-            time.sleep(max(0.0, 1.7 - (time.monotonic() - published)))
+            time.sleep(max(0.0, published + 2.4 - time.monotonic()))
             assert ch.queue_declare("ttl", passive=True).method.message_count == 0
             connection.close()
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pika
 import pytest
 
 from tqbroker.testing import RunningBroker
@@ -18,6 +19,20 @@ pytestmark = pytest.mark.timeout(90)
 def command(broker: RunningBroker, *args: str) -> list[str]:
     line = [sys.executable, "-m", "tqbroker", *args, "--http", broker.http_url]
     return [*line, "--url", broker.url] if args[0] == "consume" else line
+
+
+def wait_for_consumers(broker: RunningBroker, *queues: str, timeout: float = 60) -> None:
+    """Until each of ``queues`` has a consumer: a consumer process has subscribed (however long
+    its start took on a busy machine)."""
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        channel = connection.channel()
+        deadline = time.monotonic() + timeout
+        while not all(channel.queue_declare(q, passive=True).method.consumer_count for q in queues):
+            assert time.monotonic() < deadline, f"no consumer on {queues} within {timeout} s"
+            time.sleep(0.05)
+    finally:
+        connection.close()
 
 
 def tool(broker: RunningBroker, *args: str, stdin: str | bytes = "", timeout: float = 30) -> str:
@@ -61,7 +76,7 @@ def test_consume_next_waits_for_new_messages(tqbroker_thread: RunningBroker) -> 
     tool(tqbroker_thread, "produce", "live", stdin="old\n")
     reader = command(tqbroker_thread, "consume", "live", "-n", "2")
     with subprocess.Popen(reader, stdout=subprocess.PIPE, text=True) as consumer:
-        time.sleep(1.5)  # it subscribes at "next"
+        wait_for_consumers(tqbroker_thread, "live-0", "live-1")  # it subscribes at "next"
         tool(tqbroker_thread, "produce", "live", stdin="new1\nnew2\n")
         out, _ = consumer.communicate(timeout=30)
     assert sorted(out.split()) == ["new1", "new2"]
@@ -99,9 +114,12 @@ def test_a_group_member_takes_back_what_a_leaving_member_had(
     """The CLI re-consumes a revoked partition (it asks for basic.cancel notifications), so
     when the member that took it leaves, it reads it again."""
     tool(tqbroker_thread, "create-topic", "shared", "--partitions", "2")
-    stays = command(tqbroker_thread, "consume", "shared", "--group", "g", "--idle", "6")
+    # It stops once it has all 20 (or after 30 s without one: the assertion says what it had).
+    stays = command(
+        tqbroker_thread, "consume", "shared", "--group", "g", "-n", "20", "--idle", "30"
+    )
     with subprocess.Popen(stays, stdout=subprocess.PIPE, text=True) as first:
-        time.sleep(1.5)
+        wait_for_consumers(tqbroker_thread, "shared-0", "shared-1")
         tool(tqbroker_thread, "consume", "shared", "--group", "g", "--idle", "1.5")  # joins, leaves
         tool(tqbroker_thread, "produce", "shared", stdin="".join(f"s{n}\n" for n in range(20)))
         out, _ = first.communicate(timeout=60)

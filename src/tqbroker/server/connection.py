@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .. import __version__, clock
+from .. import clock
+from .._version import __version__
 from ..auth import MECHANISMS, User, is_loopback, parse_response
 from ..broker.vhost import VirtualHost
 from ..protocol.codec import FieldTable
