@@ -27,12 +27,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "spark: needs a local SparkSession and Java (deselect with -m 'not spark')"
-    )
-
-
 def _java() -> str | None:
     home = os.environ.get("JAVA_HOME")
     if home and (Path(home) / "bin" / "java").exists():
