@@ -51,9 +51,6 @@ STATEFUL_CASES = CaseList()
 _case = STATEFUL_CASES.case
 
 
-# --- the state machine -----------------------------------------------------------------------
-
-
 def stateful_settings(
     max_examples: int | None = None, stateful_step_count: int | None = None
 ) -> settings:
