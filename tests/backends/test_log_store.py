@@ -122,7 +122,7 @@ def test_time_index_finds_the_first_record_at_or_after_with_timestamps_out_of_or
         expected = next((n for n, stamp in enumerate(stamps) if stamp >= t), len(stamps))
         assert log.offset_for_timestamp(t) == expected, t
     for segment in log.segments:  # the time index is strictly increasing
-        assert list(segment._time_stamps) == sorted(set(segment._time_stamps))
+        assert list(segment.time_index.keys) == sorted(set(segment.time_index.keys))
     log.close(clean=True)
 
 

@@ -131,7 +131,7 @@ def transient_keys(keys: list[bytes]) -> list[bytes]:
 
 def live_keys(backend: RocksDBBackend, begin: bytes, end: bytes) -> list[bytes]:
     """The keys in ``[begin, end)`` of an open backend's database."""
-    db = backend._db
+    db = backend.writer._db
     assert db is not None
     out: list[bytes] = []
     for key in db.keys(from_key=begin):
@@ -370,9 +370,9 @@ def test_transient_bodies_leave_memory_once_flushed(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert store._pending == {}
     assert len(store._runs) == 2  # one run of consecutive transient ids: [1, 20001)
-    assert not backend._ops
-    assert not backend._sealed
-    assert not backend._done
+    assert not backend.writer.ops
+    assert not backend.writer._sealed
+    assert not backend.writer._done
     assert sum(isinstance(o, Message) for o in gc.get_objects()) <= messages_before
     # 20 MiB of bodies; what is left is a few dicts' spare capacity (about 0.3 MiB), and it does
     # not grow with the count (kept in memory, the bodies took 23 MiB).
@@ -408,9 +408,9 @@ def test_transient_writes_cost_no_fsync_of_their_own(
     backend = opened(tmp_path)
     store = backend.open_queue("/", "q")
     flush(backend)  # the registry entry and the first reservation
-    assert backend._db is not None
-    db = _SyncCountingDb(backend._db)
-    monkeypatch.setattr(backend, "_db", db)
+    assert backend.writer._db is not None
+    db = _SyncCountingDb(backend.writer._db)
+    monkeypatch.setattr(backend.writer, "_db", db)
     for n in range(100):
         store.push(message(n), persistent=False)
     assert backend.needs_flush  # they must leave memory...
@@ -623,8 +623,8 @@ def test_a_vanished_record_is_skipped_and_ready_bytes_heals(tmp_path: Path) -> N
     store.requeue(first[0])
     flush(backend)
     assert not backend.needs_flush  # takes in the flush: bodies are read from RocksDB now
-    assert backend._db is not None
-    backend._db.delete(message_key(queue_prefix(store.qid), ids[0]))
+    assert backend.writer._db is not None
+    backend.writer._db.delete(message_key(queue_prefix(store.qid), ids[0]))
     peeked = store.peek()
     assert peeked is not None
     assert peeked[0] == ids[1]
@@ -762,7 +762,7 @@ store.ack(popped[2])  # not flushed: may come back
 unflushed = [store.push(msg(n), persistent=True) for n in range(105, 110)]
 state = {
     "flushed": flushed, "transient": transient, "unflushed": unflushed, "popped": popped,
-    "reserved": store._reserve_target,  # every reservation made was flushed: durable
+    "reserved": store.reservation.target,  # every reservation made was flushed: durable
 }
 state_file.write_text(json.dumps(state))
 os.kill(os.getpid(), signal.SIGKILL)

@@ -231,7 +231,7 @@ def test_missing_garbage_or_orphan_indexes_are_rebuilt(
     sync(log)
     bases = [s.base_offset for s in log.segments]
     assert len(bases) >= 4
-    assert all(len(s._index_offsets) >= 3 for s in log.segments[:-1])
+    assert all(len(s.offset_index.keys) >= 3 for s in log.segments[:-1])
     samples = timestamp_samples(expected, rng)
     assert_log_holds(log, expected)
     reads_before = [as_expected(log.read(offset)) for offset in range(-1, len(expected) + 2)]

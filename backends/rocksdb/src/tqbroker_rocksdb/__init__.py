@@ -1,11 +1,12 @@
 """A durable tqbroker storage backend on RocksDB (through rocksdict).
 
-Registered under the entry-point group ``tqbroker.backends`` as ``rocksdb``. See ``backend.py``
-for the design (key layout, flushes, delivery reservations) and ``codec.py`` for the encodings.
+Registered under the entry-point group ``tqbroker.backends`` as ``rocksdb``. The design (key
+layout, flushes, delivery reservations) is in docs/storage-format.md, "RocksDB backend".
 """
 
 from __future__ import annotations
 
-from .backend import RocksDBBackend, RocksDBQueueStore
+from .backend import RocksDBBackend
+from .store import RocksDBQueueStore
 
 __all__ = ["RocksDBBackend", "RocksDBQueueStore"]

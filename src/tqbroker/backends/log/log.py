@@ -30,6 +30,7 @@ from pathlib import Path
 from ...fsutil import fsync_dir
 from ...model import Message
 from .format import Record, RecordError, encode_record, parse_record
+from .recovery import load_segment, scan_segment
 from .segment import Segment
 
 log = logging.getLogger("tqbroker.backends.log")
@@ -140,8 +141,8 @@ class Log:
             # have been the active segment when that checkpoint was written, its indexes not
             # synced yet: rescanned.
             if clean or (next_base is not None and next_base < recovery_point):
-                segment.load(next_base)
-            elif not segment.scan():
+                load_segment(segment, next_base)
+            elif not scan_segment(segment):
                 self._add(segment)
                 self._drop_after(i, bases)
                 break

@@ -4,15 +4,13 @@ Responsibilities:
 - files named by the segment's 20-digit base offset, as Kafka names them;
 - records with strictly increasing offsets: consecutive as appended, with gaps once compacted;
 - buffered appends (``append`` adds to a buffer, ``write_out`` writes it with one ``pwrite``);
-- the sparse offset index (one entry per ``index_interval_bytes`` of records) and the time index
-  (the greatest timestamp so far at those entries, so monotonic whatever the record timestamps),
-  kept in memory as arrays and appended to their files;
+- its two ``SparseIndex``es (``index.py``): the offset index (one entry per
+  ``index_interval_bytes`` of records) and the time index (the greatest timestamp so far at those
+  entries, so monotonic whatever the record timestamps);
 - reads by offset: index lookup, then a forward scan (records not yet written out are read from
   the buffer); a damaged record (a flipped bit) is stepped over, so only that one is lost; and
   every intact record from an offset on, in order;
-- recovery: ``scan`` validates every record, truncates the torn tail at the first bad length or
-  CRC and rebuilds both indexes; ``load`` trusts the files of a clean shutdown but checks every
-  index entry against the record header it points at;
+- the primitives recovery (``recovery.py``) rebuilds a segment with;
 - compaction's side: ``read_file_records`` reads a snapshot of a record file in a worker thread;
   ``install`` moves a compacted copy, written as a segment of its own elsewhere, over the files
   of the segment it replaces.
@@ -27,8 +25,6 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import struct
-from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,11 +38,11 @@ from .format import (
     RecordError,
     decode_record,
 )
+from .index import SparseIndex
 
-log = logging.getLogger("tqbroker.backends.log")
+log = logging.getLogger(__name__)
 
 READ_AHEAD = 64 * 1024
-RECORD_START = struct.Struct(">IIQQ")  # length, crc, offset, timestamp_ms
 # Past a damaged record, how many offsets ahead the search for the next intact one looks.
 RESYNC_RECORDS = 16
 
@@ -61,25 +57,23 @@ class Segment:
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         self.log_path = directory / segment_name(base_offset, ".log")
-        self.index_path = directory / segment_name(base_offset, ".index")
-        self.time_path = directory / segment_name(base_offset, ".timeindex")
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._time_fd = os.open(self.time_path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Offset index: relative offset -> file position; time index: timestamp -> relative
+        # offset.
+        self.offset_index = SparseIndex(
+            directory / segment_name(base_offset, ".index"), INDEX_ENTRY, "I", "I"
+        )
+        self.time_index = SparseIndex(
+            directory / segment_name(base_offset, ".timeindex"), TIME_ENTRY, "Q", "I"
+        )
         self.size = 0  # bytes of records in the file plus the buffer
         self.written = 0  # bytes of records already in the file
         self.next_offset = base_offset
         self.max_timestamp = -1
         self._buffer = bytearray()
-        self._index_offsets = array("I")  # relative offsets
-        self._index_positions = array("I")
-        self._index_buffer = bytearray()
-        self._index_written = 0
-        self._time_stamps = array("Q")
-        self._time_offsets = array("I")
-        self._time_buffer = bytearray()
-        self._time_written = 0
-        self._since_index = 0
+        # Bytes of records since the last offset-index entry; ``index_interval_bytes`` while
+        # there is none, so that the first record gets one.
+        self._since_index = index_interval_bytes
         self.dirty = False  # records written since the last sync
         self.index_dirty = False  # index entries written since the last sync of the indexes
         self._read_pos = -1  # read-ahead cache: file position of _read_buf
@@ -87,11 +81,19 @@ class Segment:
         # Where the last walk stopped: (least offset, file position) of the next record.
         self._hint = (-1, 0)
 
+    @property
+    def index_path(self) -> Path:
+        return self.offset_index.path
+
+    @property
+    def time_path(self) -> Path:
+        return self.time_index.path
+
     # -- appending ---------------------------------------------------------------------------
 
     def append(self, offset: int, timestamp_ms: int, record: bytes) -> None:
         self.max_timestamp = max(self.max_timestamp, timestamp_ms)
-        if self._since_index >= self.index_interval_bytes or not self._index_offsets:
+        if self._since_index >= self.index_interval_bytes:
             self._add_index_entry(offset - self.base_offset, self.size)
         self._buffer += record
         self.size += len(record)
@@ -103,13 +105,10 @@ class Segment:
         index gets the greatest timestamp so far, as Kafka's does, and only when it grew: it
         stays strictly increasing even when record timestamps are not, and every record before
         an entry's offset has a timestamp at or below the entry's."""
-        self._index_offsets.append(relative)
-        self._index_positions.append(position)
-        self._index_buffer += INDEX_ENTRY.pack(relative, position)
-        if not self._time_stamps or self.max_timestamp > self._time_stamps[-1]:
-            self._time_stamps.append(self.max_timestamp)
-            self._time_offsets.append(relative)
-            self._time_buffer += TIME_ENTRY.pack(self.max_timestamp, relative)
+        self.offset_index.append(relative, position)
+        stamps = self.time_index.keys
+        if not stamps or self.max_timestamp > stamps[-1]:
+            self.time_index.append(self.max_timestamp, relative)
         self._since_index = 0
 
     @property
@@ -133,17 +132,9 @@ class Segment:
             self.written += len(data)
             self._buffer.clear()
             self.dirty = True
-        if self._index_buffer:
-            self._index_written += os.pwrite(
-                self._index_fd, bytes(self._index_buffer), self._index_written
-            )
-            self._index_buffer.clear()
+        if self.offset_index.write_out():
             self.index_dirty = True
-        if self._time_buffer:
-            self._time_written += os.pwrite(
-                self._time_fd, bytes(self._time_buffer), self._time_written
-            )
-            self._time_buffer.clear()
+        if self.time_index.write_out():
             self.index_dirty = True
 
     def sync(self, *, indexes: bool = True) -> None:
@@ -153,8 +144,8 @@ class Segment:
         is sealed, before a recovery point can pass it."""
         os.fdatasync(self._fd)
         if indexes:
-            os.fdatasync(self._index_fd)
-            os.fdatasync(self._time_fd)
+            self.offset_index.sync()
+            self.time_index.sync()
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -162,7 +153,8 @@ class Segment:
         """File position and offset of index entry ``i`` (-1: the start of the segment)."""
         if i < 0:
             return 0, self.base_offset
-        return self._index_positions[i], self.base_offset + self._index_offsets[i]
+        index = self.offset_index
+        return index.values[i], self.base_offset + index.keys[i]
 
     def read(self, offset: int) -> Record | None:
         """The record with ``offset``, or None if the segment does not hold it. Raises
@@ -185,7 +177,7 @@ class Segment:
         if offset != hint_least or pos >= self.size:
             return None
         try:
-            record = self._read_at(pos)
+            record = self.read_at(pos)
         except RecordError:
             return None
         if record.offset < offset:
@@ -224,8 +216,7 @@ class Segment:
     def _walk_from(self, offset: int) -> Iterator[Record | RecordError]:
         """``_walk`` from the last index entry at or before ``offset``, or from where the last
         walk stopped if that is closer (sequential reads then decode each record once)."""
-        i = bisect_right(self._index_offsets, offset - self.base_offset) - 1
-        pos, least = self._entry(i)
+        pos, least = self._entry(self.offset_index.find(offset - self.base_offset))
         hint_least, hint_pos = self._hint
         if least <= hint_least <= offset:
             pos, least = hint_pos, hint_least
@@ -235,15 +226,15 @@ class Segment:
         """The records from byte ``pos`` (where a record with offset ``least`` or more starts)
         to the end, the append buffer included. A damaged record (or one whose offset is not
         above the one before) yields a ``RecordError`` instead, and the walk goes on at the next
-        intact record (see ``_resync``)."""
+        intact record (see ``resync``)."""
         while pos < self.size:
             try:
-                record = self._read_at(pos)
+                record = self.read_at(pos)
                 if record.offset < least:
                     raise RecordError(f"offset {record.offset} where {least} or more belongs")
             except RecordError as exc:
                 yield RecordError(f"byte {pos}: {exc}")
-                resume = self._resync(pos, least)
+                resume = self.resync(pos, least)
                 if resume is None:
                     return
                 pos, least = resume
@@ -253,7 +244,7 @@ class Segment:
             self._hint = (least, pos)
             yield record
 
-    def _resync(self, pos: int, least: int) -> tuple[int, int] | None:
+    def resync(self, pos: int, least: int) -> tuple[int, int] | None:
         """After a damaged record at byte ``pos`` (whose offset is ``least`` or more): the
         position and offset of the next intact record. That is where the damaged record's
         length says, unless the length field is what was damaged: then the next records are
@@ -263,10 +254,9 @@ class Segment:
         None if the file ends first."""
         if pos >= self.written:
             return None  # the append buffer is never damaged
-        j = bisect_right(self._index_positions, pos)
-        limit, limit_offset = (
-            self._entry(j) if j < len(self._index_positions) else (self.written, None)
-        )
+        positions = self.offset_index.values
+        j = bisect_right(positions, pos)
+        limit, limit_offset = self._entry(j) if j < len(positions) else (self.written, None)
         end = min(limit, self.written)
         head = os.pread(self._fd, 4, pos)
         if len(head) == 4:
@@ -292,12 +282,12 @@ class Segment:
     def _intact_at(self, pos: int, least: int) -> int | None:
         """The offset of the intact record at byte ``pos`` if it is ``least`` or more."""
         try:
-            offset = self._read_at(pos).offset
+            offset = self.read_at(pos).offset
         except RecordError:
             return None
         return offset if offset >= least else None
 
-    def _read_at(self, pos: int) -> Record:
+    def read_at(self, pos: int) -> Record:
         if pos >= self.written:
             # Not written out yet (perhaps because writing fails: a full disk): read it from
             # the append buffer rather than write it out, which could raise OSError.
@@ -329,158 +319,69 @@ class Segment:
         Damaged records are stepped over."""
         if self.max_timestamp < timestamp_ms:
             return None
-        i = bisect_right(self._time_stamps, timestamp_ms - 1) - 1
-        j = bisect_right(self._index_offsets, self._time_offsets[i]) - 1 if i >= 0 else -1
+        i = self.time_index.find(timestamp_ms - 1)
+        j = self.offset_index.find(self.time_index.values[i]) if i >= 0 else -1
         for item in self._walk(*self._entry(j)):
             if isinstance(item, Record) and item.timestamp_ms >= timestamp_ms:
                 return item.offset
         return None
 
-    # -- recovery ----------------------------------------------------------------------------
+    # -- recovery's side (``recovery.py``) --------------------------------------------------
 
-    def load(self, end_offset: int | None = None) -> None:
-        """Trust the files (clean shutdown): size from the file, indexes from their files;
-        rebuild the indexes if they look wrong. ``end_offset``: the segment is sealed and
-        holds the offsets below it (the next segment's base)."""
+    def adopt_file(self) -> int:
+        """Take the record file as it is: its length is the size, all of it written; returns
+        it."""
         self.size = self.written = os.fstat(self._fd).st_size
-        if not self._load_indexes() or not self._indexes_agree() or not self._tail_consistent():
-            self.scan(truncate=False, end_offset=end_offset)
+        return self.size
 
-    def _load_indexes(self) -> bool:
-        raw = os.pread(self._index_fd, os.fstat(self._index_fd).st_size, 0)
-        times = os.pread(self._time_fd, os.fstat(self._time_fd).st_size, 0)
-        if len(raw) % INDEX_ENTRY.size or len(times) % TIME_ENTRY.size:
-            return False
-        offsets, positions = array("I"), array("I")
-        for relative, position in INDEX_ENTRY.iter_unpack(raw):
-            if position >= self.size or (offsets and relative <= offsets[-1]):
-                return False
-            offsets.append(relative)
-            positions.append(position)
-        stamps, time_offsets = array("Q"), array("I")
-        for stamp, relative in TIME_ENTRY.iter_unpack(times):
-            if stamps and stamp <= stamps[-1]:
-                return False
-            stamps.append(stamp)
-            time_offsets.append(relative)
-        self._index_offsets, self._index_positions = offsets, positions
-        self._time_stamps, self._time_offsets = stamps, time_offsets
-        self._index_written, self._time_written = len(raw), len(times)
-        return True
+    def map_records(self) -> mmap.mmap:
+        """A read-only map of the record file's first ``size`` bytes (``size`` > 0)."""
+        return mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ)
 
-    def _indexes_agree(self) -> bool:
-        """Every offset-index entry points at the header of the record it names; every
-        time-index entry goes with an offset-index entry (they are written together, the first
-        record always getting both) and holds at least that record's timestamp (the greatest
-        timestamp so far)."""
-        if not self._index_offsets or not self._time_stamps:
-            return not self._index_offsets and not self._time_stamps
-        base = self.base_offset
-        positions = dict(zip(self._index_offsets, self._index_positions, strict=True))
-        with mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ) as view:
-            for relative, position in positions.items():
-                if position + RECORD_START.size > self.size:
-                    return False
-                _length, _crc, offset, _stamp = RECORD_START.unpack_from(view, position)
-                if offset != base + relative:
-                    return False
-            for stamp, relative in zip(self._time_stamps, self._time_offsets, strict=True):
-                at = positions.get(relative)
-                if at is None or RECORD_START.unpack_from(view, at)[3] > stamp:
-                    return False
-        return True
+    def reset_indexes(self) -> None:
+        """Forget both indexes and the greatest timestamp, before a scan finds them again."""
+        self.offset_index.clear()
+        self.time_index.clear()
+        self._since_index = self.index_interval_bytes
+        self.max_timestamp = -1
 
-    def _tail_consistent(self) -> bool:
-        """Walk from the last index entry to the end: every record valid, ending exactly at
-        the file size. Sets next_offset and max_timestamp."""
-        if self.size == 0:
-            return not self._index_offsets
-        if not self._index_offsets:
-            return False
-        pos = self._index_positions[-1]
-        expected = self.base_offset + self._index_offsets[-1]
-        try:
-            while pos < self.size:
-                record = self._read_at(pos)
-                if record.offset < expected:
-                    return False
-                self.max_timestamp = max(self.max_timestamp, record.timestamp_ms)
-                expected = record.offset + 1
-                pos += record.size
-        except RecordError:
-            return False
-        self.next_offset = expected
-        self._since_index = self.size - self._index_positions[-1]
-        if self._time_stamps:
-            self.max_timestamp = max(self.max_timestamp, self._time_stamps[-1])
-        return pos == self.size
+    def index_record(self, record: Record, position: int) -> None:
+        """Count a record found by a scan at ``position``, as ``append`` counts one."""
+        self.max_timestamp = max(self.max_timestamp, record.timestamp_ms)
+        if self._since_index >= self.index_interval_bytes:
+            self._add_index_entry(record.offset - self.base_offset, position)
+        self._since_index += record.size
 
-    def scan(self, *, truncate: bool = True, end_offset: int | None = None) -> bool:
-        """Validate every record from the start and rebuild both indexes. At the first invalid
-        record, ``truncate`` cuts the file there (a torn tail); otherwise (rebuilding the
-        indexes of a trusted file) the scan steps over it and goes on. Returns False if any
-        record was invalid. ``end_offset`` as for ``load``."""
-        file_size = os.fstat(self._fd).st_size
-        self.size = self.written = file_size
-        self._reset_indexes()
-        pos, expected = 0, self.base_offset
-        intact = True
-        while pos < file_size:
-            try:
-                record = self._read_at(pos)
-                if record.offset < expected:
-                    raise RecordError(f"offset {record.offset}, expected {expected} or more")
-            except RecordError as exc:
-                log.warning("%s: invalid record at byte %d (%s)", self.log_path, pos, exc)
-                intact = False
-                resume = None if truncate else self._resync(pos, expected)
-                if resume is None:
-                    break
-                log.warning(
-                    "%s: stepping over it: offset %d follows at byte %d",
-                    self.log_path,
-                    resume[1],
-                    resume[0],
-                )
-                pos, expected = resume
-                self._since_index = self.index_interval_bytes  # index the record after it
-                continue
-            self.max_timestamp = max(self.max_timestamp, record.timestamp_ms)
-            if self._since_index >= self.index_interval_bytes or not self._index_offsets:
-                self._add_index_entry(record.offset - self.base_offset, pos)
-            self._since_index += record.size
-            pos += record.size
-            expected = record.offset + 1
-        self.next_offset = expected
-        if not intact and truncate:
-            log.warning("%s: truncating the torn tail at byte %d", self.log_path, pos)
-            os.ftruncate(self._fd, pos)
-        elif pos < file_size and end_offset is not None:
-            # A sealed segment ends with damaged records: keep them (reads report them).
-            pos, self.next_offset = file_size, max(expected, end_offset)
-        self.size = self.written = pos
+    def index_next_record(self) -> None:
+        """The next record a scan counts gets an index entry (it follows a damaged one)."""
+        self._since_index = self.index_interval_bytes
+
+    def resume(self, next_offset: int, max_timestamp: int) -> None:
+        """The loaded indexes hold and the records after the last entry end at ``next_offset``:
+        appends go on from there."""
+        self.next_offset = next_offset
+        self.max_timestamp = max_timestamp
+        self._since_index = self.size - self.offset_index.values[-1]
+
+    def finish_scan(self, end: int, next_offset: int, *, cut: bool) -> None:
+        """A scan found the records up to byte ``end`` (``cut``: cut the file there) and the
+        next offset: adopt that and rewrite both index files from what it found."""
+        self.next_offset = next_offset
+        if cut:
+            os.ftruncate(self._fd, end)
+        self.size = self.written = end
         self._read_pos, self._read_buf = -1, b""
         self._hint = (-1, 0)
-        # Rewrite both index files from what the scan found.
-        os.ftruncate(self._index_fd, 0)
-        os.ftruncate(self._time_fd, 0)
-        self._index_written = self._time_written = 0
+        self.offset_index.rewrite()
+        self.time_index.rewrite()
         self.write_out()
-        return intact
-
-    def _reset_indexes(self) -> None:
-        self._index_offsets, self._index_positions = array("I"), array("I")
-        self._time_stamps, self._time_offsets = array("Q"), array("I")
-        self._index_buffer.clear()
-        self._time_buffer.clear()
-        self._since_index = 0
-        self.max_timestamp = -1
 
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        for fd in (self._fd, self._index_fd, self._time_fd):
-            os.close(fd)
+        os.close(self._fd)
+        self.offset_index.close()
+        self.time_index.close()
 
     def delete(self) -> None:
         self.close()
@@ -510,7 +411,7 @@ class Segment:
         ):
             os.replace(source, target)
         self.directory = directory
-        self.log_path, self.index_path, self.time_path = paths
+        self.log_path, self.offset_index.path, self.time_index.path = paths
 
 
 def read_file_records(path: Path, size: int) -> Iterator[tuple[Record, bytes]]:

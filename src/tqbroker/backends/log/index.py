@@ -1,0 +1,102 @@
+"""A sparse index file of a log segment: the offset index and the time index are both one.
+
+Responsibilities: entries ``(key, value)`` with strictly increasing keys, kept in memory as two
+arrays (``keys``, ``values``: bisected by readers), appended to a buffer and written to the
+index file with one ``pwrite`` (``write_out``), fsync'd on demand (``sync``); loading the file
+back (``load``, which refuses a file that is not a valid index); rewriting it from scratch
+(``clear``, the entries found again, ``rewrite``). Entry layouts: ``format.INDEX_ENTRY`` (offset
+index: relative offset -> file position), ``format.TIME_ENTRY`` (time index: greatest timestamp
+so far -> relative offset).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from array import array
+from bisect import bisect_right
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class SparseIndex:
+    """One index file of a segment, its descriptor open for the segment's life."""
+
+    __slots__ = (
+        "_buffer",
+        "_entry",
+        "_fd",
+        "_key_type",
+        "_value_type",
+        "_written",
+        "keys",
+        "path",
+        "values",
+    )
+
+    def __init__(self, path: Path, entry: struct.Struct, key_type: str, value_type: str) -> None:
+        self.path = path
+        self._entry = entry
+        self._key_type = key_type
+        self._value_type = value_type
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.keys = array(key_type)
+        self.values = array(value_type)
+        self._buffer = bytearray()
+        self._written = 0  # bytes of entries in the file
+
+    def append(self, key: int, value: int) -> None:
+        """Add an entry (its key above every key so far); written out by ``write_out``."""
+        self.keys.append(key)
+        self.values.append(value)
+        self._buffer += self._entry.pack(key, value)
+
+    def find(self, key: int) -> int:
+        """The index of the last entry whose key is at or below ``key`` (-1: none)."""
+        return bisect_right(self.keys, key) - 1
+
+    def write_out(self) -> bool:
+        """Write the buffered entries to the file (page cache, no fsync); return whether there
+        were any."""
+        if not self._buffer:
+            return False
+        self._written += os.pwrite(self._fd, bytes(self._buffer), self._written)
+        self._buffer.clear()
+        return True
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def load(self, value_limit: int | None = None) -> bool:
+        """Read the entries back from the file; False (the index left as it was) if it is not a
+        valid index: a partial entry, keys not strictly increasing, or (with ``value_limit``) a
+        value at or above it."""
+        raw = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
+        if len(raw) % self._entry.size:
+            return False
+        keys, values = array(self._key_type), array(self._value_type)
+        for key, value in self._entry.iter_unpack(raw):
+            if (keys and key <= keys[-1]) or (value_limit is not None and value >= value_limit):
+                return False
+            keys.append(key)
+            values.append(value)
+        self.keys, self.values = keys, values
+        self._written = len(raw)
+        return True
+
+    def clear(self) -> None:
+        """Forget every entry in memory (the file is left alone until ``rewrite``)."""
+        self.keys, self.values = array(self._key_type), array(self._value_type)
+        self._buffer.clear()
+
+    def rewrite(self) -> None:
+        """Empty the file: every entry in memory is written again by the next ``write_out``."""
+        os.ftruncate(self._fd, 0)
+        self._written = 0
+        entries = zip(self.keys, self.values, strict=True)
+        self._buffer[:] = b"".join(self._entry.pack(key, value) for key, value in entries)
+
+    def close(self) -> None:
+        os.close(self._fd)
