@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from tqbroker.model import Message
+from tqbroker.backends import Message
 
 from .codec import (
     EPOCH_SHIFT,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import struct
 
-from tqbroker.model import Message
+from tqbroker.backends import Message
 
 FORMAT_VERSION = b"2"  # 2: records carry the message timestamp
 

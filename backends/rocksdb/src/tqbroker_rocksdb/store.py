@@ -17,7 +17,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable
 
-from tqbroker.model import Message
+from tqbroker.backends import Message
 
 from .codec import (
     decode_record,

@@ -28,7 +28,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from tqbroker.model import Message
+from tqbroker.backends import Message
 
 from .codec import encode_record, is_transient_key, unpack_u64
 
