@@ -5,6 +5,7 @@ Responsibilities:
   ``_take_frame``, which checks a frame's size against the frame limit from its head, before any
   payload is buffered, and its end marker; framing lost (a bad size or end marker) stops all
   reading;
+- ``decode_method_frame``: a method frame payload decoded, or the AMQPError RabbitMQ answers;
 - the layout sizes and the method ids as they appear on the wire, for peeking at frames.
 
 ``ServerConnection`` inherits the reader rather than holding one, so the hot path reads the buffer
@@ -17,9 +18,9 @@ import logging
 from typing import Final
 
 from ._events import NEED_DATA, EndOfStream, NeedData
-from .errors import AMQPError, ReplyCode
+from .errors import AMQPError, DecodeError, ReplyCode, UnknownMethodError
 from .frames import FRAME_END, FRAME_HEAD, FRAME_METHOD
-from .methods import ConnectionClose, ConnectionCloseOk, Method
+from .methods import ConnectionClose, ConnectionCloseOk, Method, decode_method
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,24 @@ def is_connection_close(frame_type: int, channel: int, payload: memoryview) -> b
         and channel == 0
         and payload[:METHOD_IDS_SIZE] in _CONNECTION_CLOSE_IDS
     )
+
+
+def decode_method_frame(payload: memoryview) -> Method:
+    """The method in a method frame payload: unknown ids are a 503, bad arguments a 501."""
+    try:
+        return decode_method(payload)
+    except UnknownMethodError as exc:
+        raise AMQPError(ReplyCode.COMMAND_INVALID, str(exc)) from None
+    except DecodeError as exc:
+        # Name the method that failed to decode, as RabbitMQ does, when the ids are there.
+        class_id, method_id = (
+            (payload[0] << 8 | payload[1], payload[2] << 8 | payload[3])
+            if len(payload) >= METHOD_IDS_SIZE
+            else (0, 0)
+        )
+        raise AMQPError(
+            ReplyCode.FRAME_ERROR, str(exc), class_id=class_id, method_id=method_id
+        ) from None
 
 
 class FrameReader:

@@ -39,7 +39,14 @@ from ._events import (
     ProtocolHeaderReceived,
 )
 from ._fastpath import FastPath
-from ._framing import FRAME_HEAD_SIZE, METHOD_IDS_SIZE, FrameReader, is_connection_close, wire_ids
+from ._framing import (
+    FRAME_HEAD_SIZE,
+    METHOD_IDS_SIZE,
+    FrameReader,
+    decode_method_frame,
+    is_connection_close,
+    wire_ids,
+)
 from ._state import (
     CHANNEL_RECEIVE_TRANSITIONS,
     CHANNEL_SEND_TRANSITIONS,
@@ -51,14 +58,7 @@ from ._state import (
     State,
     content_owed,
 )
-from .errors import (
-    AMQPError,
-    BadProtocolHeader,
-    DecodeError,
-    LocalProtocolError,
-    ReplyCode,
-    UnknownMethodError,
-)
+from .errors import AMQPError, BadProtocolHeader, LocalProtocolError, ReplyCode
 from .frames import (
     FRAME_BODY,
     FRAME_HEAD,
@@ -79,7 +79,6 @@ from .methods import (
     ConnectionClose,
     ConnectionTuneOk,
     Method,
-    decode_method,
 )
 
 log = logging.getLogger(__name__)
@@ -184,7 +183,7 @@ class ServerConnection(FrameReader):
         if channel == 0:
             if frame_type != FRAME_METHOD:
                 raise AMQPError(ReplyCode.UNEXPECTED_FRAME, "content frame on channel 0")
-            return self._connection_method(_decode(payload))
+            return self._connection_method(decode_method_frame(payload))
         if self.state is not State.OPEN:
             raise AMQPError(
                 ReplyCode.UNEXPECTED_FRAME,
@@ -249,7 +248,7 @@ class ServerConnection(FrameReader):
             and payload[:METHOD_IDS_SIZE] not in _CLOSING_CHANNEL_READS
         ):
             return None
-        method = _decode(payload)
+        method = decode_method_frame(payload)
         if isinstance(method, ChannelOpen):
             if channel > self.channel_max:
                 raise AMQPError(
@@ -366,23 +365,6 @@ def _refuse_tune(name: str, value: int, relation: str, limit: int) -> NoReturn:
         class_id=ConnectionTuneOk.CLASS_ID,
         method_id=ConnectionTuneOk.METHOD_ID,
     )
-
-
-def _decode(payload: memoryview) -> Method:
-    try:
-        return decode_method(payload)
-    except UnknownMethodError as exc:
-        raise AMQPError(ReplyCode.COMMAND_INVALID, str(exc)) from None
-    except DecodeError as exc:
-        # Name the method that failed to decode, as RabbitMQ does, when the ids are there.
-        class_id, method_id = (
-            (payload[0] << 8 | payload[1], payload[2] << 8 | payload[3])
-            if len(payload) >= METHOD_IDS_SIZE
-            else (0, 0)
-        )
-        raise AMQPError(
-            ReplyCode.FRAME_ERROR, str(exc), class_id=class_id, method_id=method_id
-        ) from None
 
 
 __all__ = [
