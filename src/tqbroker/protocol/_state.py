@@ -115,7 +115,7 @@ CHANNEL_SEND_TRANSITIONS: Final[ChannelTransitions] = {
     (ChannelState.OPEN, ChannelFlowOk): ChannelState.OPEN,
     (ChannelState.OPEN, ChannelClose): ChannelState.CLOSING,
     (ChannelState.CLOSING, ChannelClose): ChannelState.CLOSING,
-    # The peer closed it first (its close-ok crossed our error): nothing left to close.
+    # Closed before our error was sent (a flusher or timer failing it late): nothing to close.
     (ChannelState.CLOSED, ChannelClose): ChannelState.CLOSED,
     (ChannelState.OPEN, ChannelCloseOk): ChannelState.CLOSED,
     # Both sides sent channel.close: ours still waits for the peer's close-ok.
