@@ -45,6 +45,7 @@ from ._framing import (
     FrameReader,
     decode_method_frame,
     is_connection_close,
+    unpack_frame_head,
     wire_ids,
 )
 from ._state import (
@@ -61,7 +62,6 @@ from ._state import (
 from .errors import AMQPError, BadProtocolHeader, LocalProtocolError, ReplyCode
 from .frames import (
     FRAME_BODY,
-    FRAME_HEAD,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
@@ -86,6 +86,8 @@ log = logging.getLogger(__name__)
 # Looked up once (an enum member lookup costs more than a global's, on the hot path).
 _AWAIT_HEADER: Final = State.AWAIT_HEADER
 _OPEN: Final = State.OPEN
+_CLOSING_STATES: Final = frozenset((State.CLOSING, State.CLOSED))  # we sent connection.close
+_FRAME_TYPES: Final = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY))  # besides heartbeat
 _CHANNEL_OPEN: Final = ChannelState.OPEN
 _CHANNEL_CLOSING: Final = ChannelState.CLOSING
 _CHANNEL_CLOSED: Final = ChannelState.CLOSED
@@ -140,7 +142,7 @@ class ServerConnection(FrameReader):
             buf, pos = self._buf, self._pos
             if len(buf) - pos < FRAME_HEAD_SIZE:
                 return self._need_data()
-            frame_type, channel, size = FRAME_HEAD.unpack_from(buf, pos)
+            frame_type, channel, size = unpack_frame_head(buf, pos)
             if frame_type == FRAME_METHOD and state is _OPEN:
                 fastpath = self._fastpath
                 published = fastpath.publish(buf, pos, channel, size)
@@ -167,9 +169,7 @@ class ServerConnection(FrameReader):
         return ProtocolHeaderReceived()
 
     def _handle_frame(self, frame_type: int, channel: int, payload: memoryview) -> Event | None:
-        if self.state in (State.CLOSING, State.CLOSED) and not is_connection_close(
-            frame_type, channel, payload
-        ):
+        if self.state in _CLOSING_STATES and not is_connection_close(frame_type, channel, payload):
             return None  # after we sent connection.close only close and close-ok count
         if frame_type == FRAME_HEARTBEAT:
             if channel:
@@ -177,14 +177,14 @@ class ServerConnection(FrameReader):
             if payload:
                 raise AMQPError(ReplyCode.FRAME_ERROR, "heartbeat frame with a payload")
             return None
-        if frame_type not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
+        if frame_type not in _FRAME_TYPES:
             self._broken = True
             raise AMQPError(ReplyCode.FRAME_ERROR, f"unknown frame type {frame_type}")
         if channel == 0:
             if frame_type != FRAME_METHOD:
                 raise AMQPError(ReplyCode.UNEXPECTED_FRAME, "content frame on channel 0")
             return self._connection_method(decode_method_frame(payload))
-        if self.state is not State.OPEN:
+        if self.state is not _OPEN:
             raise AMQPError(
                 ReplyCode.UNEXPECTED_FRAME,
                 f"frame on channel {channel} before the connection is open",
