@@ -5,7 +5,9 @@ committed module differs from what the spec generates (tests run this).
 
 Each AMQP method becomes a frozen attrs class with its wire layout unrolled into straight-line
 ``encode_arguments``/``decode_arguments`` code (no per-field metadata walk at run time), and the
-basic content-header properties become ``BasicProperties``.
+basic content-header properties become ``BasicProperties``. The class ids (``BASIC_CLASS_ID``) and
+the property flag bits (``HEADERS_FLAG``, and ``PROPERTY_LAYOUT``: name, flag, type in wire order)
+become constants, so no other module retypes them.
 """
 
 from __future__ import annotations
@@ -173,6 +175,32 @@ def render_method(m: Method) -> str:
     return "\n".join(out)
 
 
+def render_constants(methods: list[Method], props: list[Field]) -> str:
+    """Class id constants, property flag constants and the property layout."""
+    out = ["", "", "# Class ids."]
+    seen: set[str] = set()
+    for m in methods:
+        if m.class_name not in seen:
+            seen.add(m.class_name)
+            out.append(f"{m.class_name.upper()}_CLASS_ID: Final = {m.class_id}")
+    out += [
+        "",
+        "# Basic content-header property flags: the first property is bit 15 of the flags word,",
+        "# and bit 0 says another flags word follows.",
+    ]
+    for i, f in enumerate(props):
+        out.append(f"{f.name.upper()}_FLAG: Final = 0x{1 << (15 - i):04X}")
+    out += [
+        "CONTINUATION_FLAG: Final = 0x0001",
+        "",
+        "# The properties in wire order: name, flag, AMQP type.",
+        "PROPERTY_LAYOUT: Final[tuple[tuple[str, int, str], ...]] = (",
+    ]
+    out += [f'    ("{f.name}", {f.name.upper()}_FLAG, "{f.type}"),' for f in props]
+    out.append(")")
+    return "\n".join(out)
+
+
 def render_properties(props: list[Field]) -> str:
     out = [
         "",
@@ -247,13 +275,14 @@ Every method is a frozen attrs class with ``CLASS_ID``, ``METHOD_ID``, ``INDEX``
 method), ``NAME`` and ``HAS_CONTENT``; ``encode_arguments`` appends its arguments to a bytearray and
 ``decode_arguments`` reads them from a memoryview, which they must fill exactly (raising
 ``struct.error``/``IndexError``/``DecodeError`` on bad bytes, which ``decode_method`` turns into a
-``DecodeError`` naming the method).
+``DecodeError`` naming the method). ``*_CLASS_ID`` are the class ids, ``*_FLAG`` the basic
+content-header property flag bits and ``PROPERTY_LAYOUT`` the properties in wire order.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import attrs
 
@@ -326,7 +355,13 @@ def render(text: str) -> str:
     methods, props = parse_spec(text)
     body = "".join(render_method(m) for m in methods)
     entries = "\n".join(f"    {m.py_name}.INDEX: {m.py_name}," for m in methods)
-    source = HEADER + body + render_properties(props) + FOOTER.format(entries=entries)
+    source = (
+        HEADER
+        + render_constants(methods, props)
+        + body
+        + render_properties(props)
+        + FOOTER.format(entries=entries)
+    )
     formatted = subprocess.run(
         [sys.executable, "-m", "ruff", "format", "--stdin-filename", str(OUTPUT), "-"],
         input=source,

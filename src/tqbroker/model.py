@@ -17,12 +17,12 @@ from __future__ import annotations
 import attrs
 
 from .protocol.codec import FieldTable, Long, add_long_header
-from .protocol.connection import decode_properties
 from .protocol.frames import FRAME_OVERHEAD
 from .protocol.frames import deliver_content as _deliver_content
 from .protocol.frames import write_deliver as _write_deliver
 from .protocol.frames import write_deliver_content as _write_deliver_content
 from .protocol.methods import BasicProperties
+from .protocol.properties import decode_properties
 
 
 class Message:

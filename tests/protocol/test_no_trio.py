@@ -1,7 +1,8 @@
-"""The protocol package is sans-IO: nothing in it imports trio."""
+"""The protocol package is sans-IO: nothing in it imports trio, nor the rest of tqbroker."""
 
 from __future__ import annotations
 
+import ast
 import json
 import pkgutil
 import subprocess
@@ -48,12 +49,28 @@ def trio_modules_after_import(*, isolated: bool) -> list[str]:
 
 def test_the_package_has_the_expected_modules() -> None:
     assert set(MODULES) >= {
+        "tqbroker.protocol._events",
+        "tqbroker.protocol._fastpath",
+        "tqbroker.protocol._framing",
+        "tqbroker.protocol._state",
         "tqbroker.protocol.codec",
         "tqbroker.protocol.connection",
         "tqbroker.protocol.errors",
         "tqbroker.protocol.frames",
         "tqbroker.protocol.methods",
+        "tqbroker.protocol.properties",
     }
+
+
+def test_protocol_modules_import_only_their_own_package() -> None:
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level in (0, 1), (path, node.module)  # no ``..``
+                assert node.level or not (node.module or "").startswith("tqbroker"), path
+            elif isinstance(node, ast.Import):
+                assert not any(alias.name.startswith("tqbroker") for alias in node.names), path
 
 
 def test_protocol_modules_do_not_import_trio() -> None:

@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 
 from rawamqp import RawAMQP, body_frame, content_header
 from tqbroker.config import BrokerConfig
-from tqbroker.protocol import connection as protocol
 from tqbroker.protocol import methods as m
+from tqbroker.protocol import properties as protocol
+from tqbroker.protocol._fastpath import PUBLISHES_MAX, FastPath
 from tqbroker.protocol.connection import (
+    MAX_BODY_SIZE,
     NEED_DATA,
     BadProtocolHeader,
     ContentReceived,
@@ -26,12 +28,11 @@ from tqbroker.protocol.connection import (
     Limits,
     ServerConnection,
     State,
-    check_properties,
-    decode_properties,
 )
 from tqbroker.protocol.errors import AMQPError, DecodeError
 from tqbroker.protocol.frames import HEARTBEAT_FRAME, encode_method, write_content
 from tqbroker.protocol.methods import BasicProperties
+from tqbroker.protocol.properties import check_properties, decode_properties
 from tqbroker.testing import RunningBroker, running_broker
 
 from .strategies import basic_properties, field_tables
@@ -40,11 +41,32 @@ from .test_connection import Server, client_handshake, frame, names, random_fram
 LIMITS = Limits(channel_max=8, frame_max=4096, heartbeat=30, max_message_size=500)
 
 
+class NoFastPath(FastPath):
+    """A fast path that takes nothing."""
+
+    __slots__ = ()
+
+    def publish(self, buf: bytes, pos: int, channel: int, size: int) -> ContentReceived | None:
+        return None
+
+
 class FrameByFrame(ServerConnection):
     """The connection without its fast path: every frame through the general code."""
 
-    def _publish(self, buf: bytes, pos: int, channel: int, size: int) -> ContentReceived | None:
-        return None
+    def __init__(self, limits: Limits) -> None:
+        super().__init__(limits)
+        self._fastpath = NoFastPath(self.channels, self._frame_limit, 0)
+
+
+class CountingFastPath(FastPath):
+    """The fast path, counting the publishes it took."""
+
+    __slots__ = ()
+
+    def publish(self, buf: bytes, pos: int, channel: int, size: int) -> ContentReceived | None:
+        event = super().publish(buf, pos, channel, size)
+        Counting.fast += event is not None
+        return event
 
 
 class Counting(ServerConnection):
@@ -52,10 +74,10 @@ class Counting(ServerConnection):
 
     fast = 0
 
-    def _publish(self, buf: bytes, pos: int, channel: int, size: int) -> ContentReceived | None:
-        event = super()._publish(buf, pos, channel, size)
-        Counting.fast += event is not None
-        return event
+    def __init__(self, limits: Limits) -> None:
+        super().__init__(limits)
+        body_max = min(limits.max_message_size, MAX_BODY_SIZE)
+        self._fastpath = CountingFastPath(self.channels, self._frame_limit, body_max)
 
 
 def run(stream: bytes, cuts: list[int], *, fast: bool) -> tuple[list[Any], bytes]:
@@ -203,19 +225,11 @@ def test_a_stream_of_publishes_takes_the_fast_path() -> None:
         2, 1, struct.pack(">HHQ", 60, 0, 0) + b"\x00\x00"
     )
     server = Server(Limits(frame_max=4096))
+    server.conn = Counting(server.limits)
     server.feed(client_handshake(frame_max=4096) + encode_method(1, m.ChannelOpen()))
-    calls = 0
-    original = server.conn._publish
-
-    def counting(*args: Any) -> ContentReceived | None:
-        nonlocal calls
-        event = original(*args)
-        calls += event is not None
-        return event
-
-    server.conn._publish = counting  # type: ignore[method-assign,assignment]
+    Counting.fast = 0
     events = server.feed(bytes(one) * 3 + bytes(multi) + empty)
-    assert calls == 5
+    assert Counting.fast == 5
     assert events == [
         ContentReceived(1, m.BasicPublish(0, "amq.direct", "rk"), props, b"x" * 100)
     ] * 3 + [
@@ -235,7 +249,7 @@ def test_repeated_publish_arguments_share_one_method() -> None:
         write_content(out, 1, b"\x00\x00", b"body", 4096)
     first, second = server.feed(bytes(out))
     assert first.method is second.method
-    assert len(protocol._PUBLISHES) <= protocol._PUBLISHES_MAX
+    assert len(server.conn._fastpath._publishes) <= PUBLISHES_MAX
 
 
 # -- properties: check_properties and decode_properties agree with BasicProperties.decode --------

@@ -18,9 +18,10 @@ from typing import Final
 
 from ..backends.base import QueueStore
 from ..model import Message
+from ..protocol.methods import PRIORITY_FLAG
 
-# Bit of the first property-flags byte that says ``priority`` is present (0x0800 of the word).
-_PRIORITY_FLAG: Final = 0x08
+# Bit of the first property-flags byte that says ``priority`` is present.
+_PRIORITY_FLAG: Final = PRIORITY_FLAG >> 8
 # A character no client sends in a queue name in practice: it keeps level stores apart from
 # user queues.
 _LEVEL_SEPARATOR: Final = "\x00priority="

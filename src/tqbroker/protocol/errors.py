@@ -7,6 +7,9 @@ Responsibilities:
   I/O layer turns it into ``channel.close`` or ``connection.close``.
 - ``DecodeError``: raised by the codec on bytes that do not parse; the frame layer turns it into a
   501 FRAME_ERROR.
+- ``BadProtocolHeader``: the peer does not speak AMQP 0-9-1;
+- ``LocalProtocolError``: our own side tried to send something its state forbids (a bug here,
+  never the peer's doing).
 """
 
 from __future__ import annotations
@@ -60,6 +63,15 @@ class DecodeError(ValueError):
 
 class UnknownMethodError(DecodeError):
     """A method frame whose class and method ids name no method (a 503 COMMAND_INVALID)."""
+
+
+class BadProtocolHeader(Exception):
+    """The first bytes were not ``AMQP 0-9-1``: send ``PROTOCOL_HEADER`` and close the socket."""
+
+
+class LocalProtocolError(Exception):
+    """The server tried to send a method that the connection or channel state does not allow
+    (h11's name for the same thing): a bug in the caller, not an error to report to the peer."""
 
 
 class AMQPError(Exception):

@@ -10,14 +10,15 @@ Responsibilities:
   ``deliver_content`` / ``write_deliver_content``: a message's content-header and body-frame
   heads encoded once per channel number and reused for each of its deliveries there.
 
-Decoding lives in ``connection.py``, which needs the connection state to judge a frame.
+Decoding lives in ``connection.py`` (and ``_framing.py``, ``_fastpath.py``), which needs the
+connection state to judge a frame.
 """
 
 from __future__ import annotations
 
 import struct
 
-from .methods import Method
+from .methods import BASIC_CLASS_ID, Method
 
 FRAME_METHOD = 1
 FRAME_HEADER = 2
@@ -34,14 +35,13 @@ FRAME_HEAD = struct.Struct(">BHI")
 HEARTBEAT_FRAME = FRAME_HEAD.pack(FRAME_HEARTBEAT, 0, 0) + FRAME_END_BYTE
 
 _METHOD_HEAD = struct.Struct(">BHIHH")  # frame head + class id + method id
-_CONTENT_HEAD = struct.Struct(">BHIHHQ")  # frame head + class id + weight + body size
+CONTENT_HEAD = struct.Struct(">BHIHHQ")  # frame head + class id + weight + body size
 _DELIVER_TAIL = struct.Struct(">QB")  # delivery tag + redelivered bit
 # The end of the previous frame + the head of a content header frame (class id, weight, body
 # size), and the end of the content header frame + the head of a body frame: packed together,
 # one buffer append each.
 _END_CONTENT_HEAD = struct.Struct(">BBHIHHQ")
 _END_BODY_HEAD = struct.Struct(">BBHI")
-_BASIC = 60
 # The bytes of a ``deliver_content`` that are not the names or the properties.
 _DELIVER_CONTENT_OVERHEAD = _END_CONTENT_HEAD.size + _END_BODY_HEAD.size
 
@@ -67,7 +67,7 @@ def write_content(
     """Append a content header frame and the body frames (each at most ``frame_max``; 0 means no
     limit: one body frame)."""
     size = len(body)
-    out += _CONTENT_HEAD.pack(FRAME_HEADER, channel, 12 + len(properties), _BASIC, 0, size)
+    out += CONTENT_HEAD.pack(FRAME_HEADER, channel, 12 + len(properties), BASIC_CLASS_ID, 0, size)
     out += properties
     if size and (not frame_max or size <= frame_max - FRAME_OVERHEAD):  # one body frame
         out += _END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, size)
@@ -97,14 +97,16 @@ def write_deliver(
     """Append a complete ``basic.deliver``. ``consumer_tag`` is a shortstr and ``names`` the
     exchange and routing key as two shortstrs (length bytes included), encoded by the caller once
     (``Message.encoded_names``) rather than per delivery."""
-    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, 13 + len(consumer_tag) + len(names), _BASIC, 60)
+    out += _METHOD_HEAD.pack(
+        FRAME_METHOD, channel, 13 + len(consumer_tag) + len(names), BASIC_CLASS_ID, 60
+    )
     out += consumer_tag
     out += _DELIVER_TAIL.pack(delivery_tag, redelivered)
     out += names
     size = len(body)
     if size and (not frame_max or size <= frame_max - FRAME_OVERHEAD):  # one body frame
         out += _END_CONTENT_HEAD.pack(
-            FRAME_END, FRAME_HEADER, channel, 12 + len(properties), _BASIC, 0, size
+            FRAME_END, FRAME_HEADER, channel, 12 + len(properties), BASIC_CLASS_ID, 0, size
         )
         out += properties
         out += _END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, size)
@@ -126,7 +128,7 @@ def deliver_content(channel: int, names: bytes, properties: bytes, body_size: in
         (
             names,
             _END_CONTENT_HEAD.pack(
-                FRAME_END, FRAME_HEADER, channel, 12 + len(properties), _BASIC, 0, body_size
+                FRAME_END, FRAME_HEADER, channel, 12 + len(properties), BASIC_CLASS_ID, 0, body_size
             ),
             properties,
             _END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, body_size),
@@ -148,7 +150,9 @@ def write_deliver_content(
     ``deliver_content`` of its message for this ``channel`` (``properties_size``: the length
     of the properties in it). The same bytes as ``write_deliver``."""
     names_size = len(content) - properties_size - _DELIVER_CONTENT_OVERHEAD
-    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, 13 + len(consumer_tag) + names_size, _BASIC, 60)
+    out += _METHOD_HEAD.pack(
+        FRAME_METHOD, channel, 13 + len(consumer_tag) + names_size, BASIC_CLASS_ID, 60
+    )
     out += consumer_tag
     out += _DELIVER_TAIL.pack(delivery_tag, redelivered)
     out += content
@@ -171,7 +175,7 @@ def write_get_ok(
     """Append a complete ``basic.get-ok``."""
     ex, rk = shortstr(exchange), shortstr(routing_key)
     size = 4 + 9 + len(ex) + len(rk) + 4
-    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, size, _BASIC, 71)
+    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, size, BASIC_CLASS_ID, 71)
     out += _DELIVER_TAIL.pack(delivery_tag, redelivered)
     out += ex
     out += rk
@@ -194,7 +198,7 @@ def write_return(
     """Append a complete ``basic.return``."""
     text, ex, rk = shortstr(reply_text), shortstr(exchange), shortstr(routing_key)
     size = 4 + 2 + len(text) + len(ex) + len(rk)
-    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, size, _BASIC, 50)
+    out += _METHOD_HEAD.pack(FRAME_METHOD, channel, size, BASIC_CLASS_ID, 50)
     out += struct.pack(">H", reply_code)
     out += text
     out += ex

@@ -5,13 +5,14 @@ Every method is a frozen attrs class with ``CLASS_ID``, ``METHOD_ID``, ``INDEX``
 method), ``NAME`` and ``HAS_CONTENT``; ``encode_arguments`` appends its arguments to a bytearray and
 ``decode_arguments`` reads them from a memoryview, which they must fill exactly (raising
 ``struct.error``/``IndexError``/``DecodeError`` on bad bytes, which ``decode_method`` turns into a
-``DecodeError`` naming the method).
+``DecodeError`` naming the method). ``*_CLASS_ID`` are the class ids, ``*_FLAG`` the basic
+content-header property flag bits and ``PROPERTY_LAYOUT`` the properties in wire order.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import attrs
 
@@ -54,6 +55,53 @@ class Method:
     @classmethod
     def decode_arguments(cls, buf: memoryview, off: int) -> Method:
         raise NotImplementedError  # every generated subclass overrides this
+
+
+# Class ids.
+CONNECTION_CLASS_ID: Final = 10
+CHANNEL_CLASS_ID: Final = 20
+ACCESS_CLASS_ID: Final = 30
+EXCHANGE_CLASS_ID: Final = 40
+QUEUE_CLASS_ID: Final = 50
+BASIC_CLASS_ID: Final = 60
+CONFIRM_CLASS_ID: Final = 85
+TX_CLASS_ID: Final = 90
+
+# Basic content-header property flags: the first property is bit 15 of the flags word,
+# and bit 0 says another flags word follows.
+CONTENT_TYPE_FLAG: Final = 0x8000
+CONTENT_ENCODING_FLAG: Final = 0x4000
+HEADERS_FLAG: Final = 0x2000
+DELIVERY_MODE_FLAG: Final = 0x1000
+PRIORITY_FLAG: Final = 0x0800
+CORRELATION_ID_FLAG: Final = 0x0400
+REPLY_TO_FLAG: Final = 0x0200
+EXPIRATION_FLAG: Final = 0x0100
+MESSAGE_ID_FLAG: Final = 0x0080
+TIMESTAMP_FLAG: Final = 0x0040
+TYPE_FLAG: Final = 0x0020
+USER_ID_FLAG: Final = 0x0010
+APP_ID_FLAG: Final = 0x0008
+CLUSTER_ID_FLAG: Final = 0x0004
+CONTINUATION_FLAG: Final = 0x0001
+
+# The properties in wire order: name, flag, AMQP type.
+PROPERTY_LAYOUT: Final[tuple[tuple[str, int, str], ...]] = (
+    ("content_type", CONTENT_TYPE_FLAG, "shortstr"),
+    ("content_encoding", CONTENT_ENCODING_FLAG, "shortstr"),
+    ("headers", HEADERS_FLAG, "table"),
+    ("delivery_mode", DELIVERY_MODE_FLAG, "octet"),
+    ("priority", PRIORITY_FLAG, "octet"),
+    ("correlation_id", CORRELATION_ID_FLAG, "shortstr"),
+    ("reply_to", REPLY_TO_FLAG, "shortstr"),
+    ("expiration", EXPIRATION_FLAG, "shortstr"),
+    ("message_id", MESSAGE_ID_FLAG, "shortstr"),
+    ("timestamp", TIMESTAMP_FLAG, "timestamp"),
+    ("type", TYPE_FLAG, "shortstr"),
+    ("user_id", USER_ID_FLAG, "shortstr"),
+    ("app_id", APP_ID_FLAG, "shortstr"),
+    ("cluster_id", CLUSTER_ID_FLAG, "shortstr"),
+)
 
 
 @attrs.frozen

@@ -36,9 +36,9 @@ from ..broker.queue import NEEDS_FLUSH, Queue
 from ..broker.vhost import REPLY_TO, REPLY_TO_PREFIX, VirtualHost
 from ..model import Message
 from ..protocol import frames
-from ..protocol.connection import check_properties
 from ..protocol.errors import AMQPError, DecodeError, ReplyCode
 from ..protocol.methods import (
+    HEADERS_FLAG,
     AccessRequest,
     AccessRequestOk,
     BasicAck,
@@ -87,6 +87,7 @@ from ..protocol.methods import (
     TxSelect,
     TxSelectOk,
 )
+from ..protocol.properties import check_properties
 
 if TYPE_CHECKING:
     from .connection import AMQPConnection
@@ -96,8 +97,8 @@ log = logging.getLogger("tqbroker.channel")
 # (queue, message id, consumer or None for basic.get, Trio time of the delivery)
 Unacked = tuple[Queue, int, Consumer | None, float]
 
-# The headers property's bit (0x2000) in the first byte of the property flags.
-_HEADERS_FLAG_HIGH = 0x20
+# The headers property's bit in the first byte of the property flags.
+_HEADERS_FLAG_HIGH = HEADERS_FLAG >> 8
 # What the default exchange is routed with (it reads only the routing key).
 _NO_PROPERTIES = BasicProperties()
 
