@@ -25,6 +25,7 @@ from ..fsutil import atomic_write
 from ..protocol.errors import AMQPError
 from .arguments import QueueArguments
 from .exchange import Exchange
+from .exchange_types import new_exchange
 from .holding import HoldingExchange
 from .queue import Queue
 from .vhost import VirtualHost
@@ -94,7 +95,8 @@ def restore(vhost: VirtualHost, definitions: Mapping[str, list[dict[str, Any]]])
             )
             continue
         try:
-            vhost.exchanges[x["name"]] = vhost.create_exchange(
+            vhost.exchanges[x["name"]] = new_exchange(
+                vhost,
                 x["name"],
                 x["type"],
                 durable=True,

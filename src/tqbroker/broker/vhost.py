@@ -3,14 +3,15 @@
 Responsibilities:
 - lookups, and declare / delete / bind / unbind for exchanges and queues with RabbitMQ's checks
   and reply codes (reserved ``amq.`` names 403, missing entities 404, exclusive queues 405,
-  inequivalent redeclare 406, unknown exchange type 503); the queue arguments' rules are
-  ``broker/arguments.py``'s, checked here once, typed once (``QueueArguments``);
+  inequivalent redeclare 406, unknown exchange type 503); queue arguments are checked and typed
+  (``QueueArguments``) here, once, by ``broker/arguments.py``'s rules;
 - exclusive and auto-delete lifetimes;
 - the ``QueueHost`` of its queues: dead-lettering (``deadletter.dead_letter``), deleting a queue
   nobody uses.
 
 Routing is ``broker/routing.py``'s, direct reply-to ``broker/reply_to.py``'s, durable
-definitions ``broker/definitions.py``'s, where messages are stored ``broker/storage.py``'s.
+definitions ``broker/definitions.py``'s, where messages are stored ``broker/storage.py``'s;
+exchange types make exchanges in ``broker/exchange_types.py``.
 All synchronous, on the broker's Trio thread; queue actors start through ``spawn``.
 """
 
@@ -24,7 +25,7 @@ from typing import Any, NoReturn
 
 from ..backends.base import Backend
 from ..model import Message
-from ..plugins.spec import ExchangeType, HoldingRouter
+from ..plugins.spec import ExchangeType
 from ..protocol.codec import FieldTable, encode_table
 from ..protocol.errors import AMQPError, ReplyCode
 from .arguments import (
@@ -37,9 +38,10 @@ from .arguments import (
 from .classic import ClassicQueue
 from .deadletter import Reason, dead_letter
 from .exchange import PREDECLARED, DefaultExchange, Exchange
+from .exchange_types import new_exchange
 from .flusher import Flusher
 from .groups import ConsumerGroups
-from .holding import BrokerExchangeContext, HoldingExchange
+from .holding import HoldingExchange
 from .queue import Queue
 from .reply_to import ReplyTo
 from .routing import Routing
@@ -69,7 +71,7 @@ class VirtualHost:
         self.flushers = flushers
         self.durable_backend = durable_backend
         self.storage = QueueStorage(name, backends, durable_backend)
-        self._spawn = spawn
+        self.spawn = spawn  # starts a task in the broker's nursery
         # Called after a change to durable definitions (exchanges, queues, bindings).
         self._on_change = on_change
         self.queues: dict[str, Queue] = {}
@@ -88,8 +90,14 @@ class VirtualHost:
         self.deliver_reply = reply_to.deliver
         for name_, type_name in PREDECLARED:
             if type_name in exchange_types:
-                self.exchanges[name_] = self.create_exchange(
-                    name_, type_name, durable=True, auto_delete=False, internal=False, arguments={}
+                self.exchanges[name_] = new_exchange(
+                    self,
+                    name_,
+                    type_name,
+                    durable=True,
+                    auto_delete=False,
+                    internal=False,
+                    arguments={},
                 )
 
     # -- lookups -----------------------------------------------------------------------------
@@ -124,51 +132,6 @@ class VirtualHost:
         )
 
     # -- exchanges ---------------------------------------------------------------------------
-
-    def create_exchange(
-        self,
-        name: str,
-        type_name: str,
-        *,
-        durable: bool,
-        auto_delete: bool,
-        internal: bool,
-        arguments: FieldTable,
-        store_backend: str | None = None,
-        restoring: bool = False,
-    ) -> Exchange:
-        exchange_type = self.exchange_types[type_name]
-        try:
-            exchange_type.validate(arguments)
-        except ValueError as exc:
-            raise AMQPError(ReplyCode.PRECONDITION_FAILED, str(exc)) from None
-        router = exchange_type.create_router(arguments)
-        holding = isinstance(router, HoldingRouter)
-        exchange = (HoldingExchange if holding else Exchange)(
-            name,
-            type_name,
-            router,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
-        if not isinstance(exchange, HoldingExchange) or not isinstance(router, HoldingRouter):
-            return exchange
-        # An exchange type that holds messages: its router gets a context (plugins.spec).
-        exchange.context = BrokerExchangeContext(
-            self, exchange, spawn=self._spawn, store_backend=store_backend, restoring=restoring
-        )
-        try:
-            router.open(exchange.context)
-        except ValueError as exc:
-            raise AMQPError(ReplyCode.PRECONDITION_FAILED, str(exc)) from None
-        except OSError as exc:
-            raise AMQPError(
-                ReplyCode.RESOURCE_ERROR,
-                f"cannot open the storage of exchange '{name}' in vhost '{self.name}': {exc}",
-            ) from None
-        return exchange
 
     def declare_exchange(
         self,
@@ -212,7 +175,8 @@ class VirtualHost:
                 ReplyCode.ACCESS_REFUSED,
                 f"exchange name '{name}' contains reserved prefix 'amq.*'",
             )
-        exchange = self.create_exchange(
+        exchange = new_exchange(
+            self,
             name,
             type_name,
             durable=durable,
@@ -425,7 +389,7 @@ class VirtualHost:
             ) from None
         self.queues[name] = queue
         self.routing.changed()  # the default exchange (an alternate exchange, maybe) routes to it
-        self._spawn(queue.run)
+        self.spawn(queue.run)
         return queue
 
     def bind_queue(
