@@ -16,9 +16,10 @@ import trio.testing
 
 from tqbroker import clock
 from tqbroker.backends.memory import MemoryBackend
+from tqbroker.broker.classic import EXPIRE_BATCH
 from tqbroker.broker.consumer import Consumer
 from tqbroker.broker.deadletter import parse_expiration
-from tqbroker.broker.queue import EXPIRE_BATCH, Queue, QueueFull
+from tqbroker.broker.queue import Queue, QueueFull
 from tqbroker.broker.vhost import VirtualHost
 from tqbroker.model import Message
 from tqbroker.plugins.loader import load_exchange_types

@@ -6,22 +6,40 @@ import pytest
 import trio
 
 from tqbroker.backends.memory import MemoryQueueStore
-from tqbroker.broker.queue import ClassicQueue
+from tqbroker.broker.arguments import QueueArguments
+from tqbroker.broker.classic import ClassicQueue
+from tqbroker.broker.deadletter import Reason
+from tqbroker.broker.queue import Queue
+from tqbroker.model import Message
+
+
+class Host:
+    """Records when the queue asks to be deleted as unused."""
+
+    def __init__(self) -> None:
+        self.expired: list[float] = []
+
+    def dead_letter(self, queue: Queue, message: Message, reason: Reason) -> None:
+        pass
+
+    def queue_unused(self, queue: Queue) -> None:
+        self.expired.append(trio.current_time())
 
 
 def make_queue(arguments: dict[str, object]) -> tuple[ClassicQueue, list[float]]:
+    host = Host()
     queue = ClassicQueue(
         "/",
         "q",
         MemoryQueueStore(),
+        host=host,
+        backend_name="memory",
         durable=False,
         exclusive_owner=None,
         auto_delete=False,
-        arguments=arguments,  # type: ignore[arg-type]
+        arguments=QueueArguments.parse(arguments),  # type: ignore[arg-type]
     )
-    expired: list[float] = []
-    queue.on_unused = lambda _q: expired.append(trio.current_time())
-    return queue, expired
+    return queue, host.expired
 
 
 async def test_x_expires_fires_after_the_unused_period(autojump_clock: trio.abc.Clock) -> None:

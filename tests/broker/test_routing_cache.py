@@ -18,9 +18,11 @@ import trio
 from pika.adapters.blocking_connection import BlockingChannel
 
 from tqbroker.backends.memory import MemoryBackend
+from tqbroker.broker.definitions import restore
 from tqbroker.broker.exchange import Exchange
 from tqbroker.broker.queue import Queue
-from tqbroker.broker.vhost import ROUTE_MEMO_SIZE, VirtualHost
+from tqbroker.broker.routing import ROUTE_MEMO_SIZE
+from tqbroker.broker.vhost import VirtualHost
 from tqbroker.plugins.loader import load_exchange_types
 from tqbroker.plugins.spec import ExchangeType, Router
 from tqbroker.protocol.codec import FieldTable
@@ -295,7 +297,7 @@ def declare_exchange(vhost: VirtualHost, name: str, kind: str, **arguments: Any)
 
 
 def memo(vhost: VirtualHost) -> dict[tuple[Exchange, str], tuple[Any, ...]]:
-    return vhost._route_memo
+    return vhost.routing.memo
 
 
 def route(vhost: VirtualHost, exchange: str, *keys: str, **headers: Any) -> list[str]:
@@ -330,7 +332,7 @@ CHANGES: dict[str, Any] = {
     "delete exchange": lambda v: v.delete_exchange("x0", if_unused=False),
     "bind exchange": lambda v: v.bind_exchange("x0", "amq.direct", "k", {}),
     "unbind exchange": lambda v: v.unbind_exchange("x0", "amq.topic", "t", {}),
-    "restore": lambda v: v.restore({}),
+    "restore": lambda v: restore(v, {}),
     "exclusive queue closed": lambda v: v.connection_closed(OWNER),
 }
 

@@ -15,11 +15,24 @@ import trio
 from tqbroker import clock
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.stream import LogStream
+from tqbroker.broker.arguments import QueueArguments, parse_interval
 from tqbroker.broker.consumer import Consumer
-from tqbroker.broker.stream import StreamQueue, parse_interval
+from tqbroker.broker.deadletter import Reason
+from tqbroker.broker.queue import Queue
+from tqbroker.broker.stream import StreamQueue
 from tqbroker.model import Message
 from tqbroker.protocol.errors import AMQPError, ReplyCode
 from tqbroker.protocol.methods import BasicProperties
+
+
+class NoHost:
+    """A stream is never dead-lettered from nor unused: its host is never asked."""
+
+    def dead_letter(self, queue: Queue, message: Message, reason: Reason) -> None:
+        raise AssertionError("a stream does not dead-letter")
+
+    def queue_unused(self, queue: Queue) -> None:
+        raise AssertionError("a stream is not auto-deleted")
 
 
 @pytest.fixture
@@ -41,7 +54,14 @@ async def test_max_age_drops_old_segments_on_the_clock(
 ) -> None:
     async with trio.open_nursery() as nursery:
         stream = backend.open_stream("/", "s")
-        queue = StreamQueue("/", "s", stream, arguments={"x-max-age": "1D"}, flusher=None)
+        queue = StreamQueue(
+            "/",
+            "s",
+            stream,
+            host=NoHost(),
+            arguments=QueueArguments.parse({"x-max-age": "1D"}),
+            flusher=None,
+        )
         nursery.start_soon(queue.run)
         append(queue, 30)  # several segments of ~2 kB
         await trio.sleep(12 * 3600)
@@ -71,7 +91,14 @@ def test_invalid_intervals(text: str) -> None:
 async def test_offset_tracking_needs_a_consumer_tag(backend: LogBackend) -> None:
     """pika and aio-pika always send a tag; a client that lets the broker choose one cannot
     resume under it, so tracking without a tag is refused."""
-    queue = StreamQueue("/", "s", backend.open_stream("/", "s"), arguments={}, flusher=None)
+    queue = StreamQueue(
+        "/",
+        "s",
+        backend.open_stream("/", "s"),
+        host=NoHost(),
+        arguments=QueueArguments(),
+        flusher=None,
+    )
     tracking = {"x-stream-automatic-offset-tracking": True}
     with pytest.raises(AMQPError) as refused:
         queue.check_consumer("", no_ack=False, prefetch_count=10, arguments=tracking)
@@ -109,7 +136,9 @@ async def test_compaction_keeps_the_latest_per_key_and_drops_tombstones_after_gr
     async with trio.open_nursery() as nursery:
         stream = backend.open_stream("/", "c")
         arguments = {"x-stream-cleanup-policy": "compact", "x-stream-delete-retention": "1h"}
-        queue = StreamQueue("/", "c", stream, arguments=arguments, flusher=None)
+        queue = StreamQueue(
+            "/", "c", stream, host=NoHost(), arguments=QueueArguments.parse(arguments), flusher=None
+        )
         nursery.start_soon(queue.run)
         pad = b"." * 200
         # Offsets 0..59: six keys, ten values each; 60: a tombstone for k0; then more of k5
@@ -142,7 +171,12 @@ async def test_a_reader_steps_over_compacted_offsets(
     async with trio.open_nursery() as nursery:
         stream = backend.open_stream("/", "r")
         queue = StreamQueue(
-            "/", "r", stream, arguments={"x-stream-cleanup-policy": "compact"}, flusher=None
+            "/",
+            "r",
+            stream,
+            host=NoHost(),
+            arguments=QueueArguments.parse({"x-stream-cleanup-policy": "compact"}),
+            flusher=None,
         )
         nursery.start_soon(queue.run)
         append_keyed(queue, [("same", b"%06d" % n + b"." * 200) for n in range(40)])

@@ -4,9 +4,9 @@ actors and flushers.
 Responsibilities:
 - load exchange types and storage backends through their entry points; open the backends in the
   data directory and run one flusher (group commit) per durable backend;
-- durable definitions: vhosts' durable exchanges, queues and bindings are written to
-  ``<data_dir>/definitions.cbor`` atomically (temp file, fsync, rename, directory fsync) before the
-  declaring client gets its ``*-ok``, and restored at startup;
+- durable definitions: vhosts' durable exchanges, queues and bindings are written
+  (``broker/definitions.py``) before the declaring client gets its ``*-ok``, and restored at
+  startup, refusing to start when that would lose messages;
 - own the nursery in which every queue actor and flusher runs (``run`` follows the Trio start
   protocol); close the backends cleanly when it ends.
 """
@@ -17,20 +17,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import cbor2
 import trio
 
 from ..auth import UserStore
 from ..config import BrokerConfig
-from ..fsutil import atomic_write
 from ..plugins.loader import load_backends, load_exchange_types
+from .definitions import load_definitions, missing_backend, restore, save_definitions
 from .flusher import Flusher
 from .supervisor import Supervisor
 from .vhost import VirtualHost
 
 log = logging.getLogger(__name__)
-
-DEFINITIONS_FILE = "definitions.cbor"
 
 
 class StartupError(RuntimeError):
@@ -100,25 +97,10 @@ class Broker:
     # -- definitions -------------------------------------------------------------------------
 
     def _restore(self) -> None:
-        stored = self._load_definitions()
-        for vhost, definitions in stored.get("definitions", {}).items():
-            for queue in definitions.get("queues", []):
-                if queue["backend"] not in self.backends:
-                    # Recreating it elsewhere would orphan its messages for good.
-                    raise StartupError(
-                        f"durable queue {queue['name']!r} in vhost {vhost!r} is stored on the "
-                        f"{queue['backend']!r} backend, which is not loaded; install or fix it "
-                        "(refusing to start rather than lose its messages)"
-                    )
-            for exchange in definitions.get("exchanges", []):
-                # An exchange type that holds messages keeps them in a store of its own.
-                backend = exchange.get("store_backend")
-                if backend is not None and backend not in self.backends:
-                    raise StartupError(
-                        f"durable exchange {exchange['name']!r} in vhost {vhost!r} holds its "
-                        f"messages on the {backend!r} backend, which is not loaded; install or "
-                        "fix it (refusing to start rather than lose its messages)"
-                    )
+        stored = load_definitions(self.config.data_dir)
+        problem = missing_backend(stored, self.backends)
+        if problem is not None:
+            raise StartupError(problem)
         names = list(self.config.vhosts) + [
             v for v in stored.get("vhosts", []) if v not in self.config.vhosts
         ]
@@ -126,30 +108,16 @@ class Broker:
         try:
             for name in names:
                 vhost = self.vhosts[name] = self._new_vhost(name)
-                vhost.restore(stored.get("definitions", {}).get(name, {}))
+                restore(vhost, stored.get("definitions", {}).get(name, {}))
         finally:
             self._restoring = False
         self.save_definitions()
 
-    def _load_definitions(self) -> dict[str, Any]:
-        path = self.config.data_dir / DEFINITIONS_FILE
-        try:
-            loaded = cbor2.loads(path.read_bytes())
-        except FileNotFoundError:
-            return {}
-        return loaded if isinstance(loaded, dict) else {}
-
     def save_definitions(self) -> None:
-        """Write the durable definitions of every vhost, atomically and durably."""
+        """Write the durable definitions of every vhost (not while restoring them)."""
         if self._restoring:
             return
-        data = cbor2.dumps(
-            {
-                "vhosts": list(self.vhosts),
-                "definitions": {name: v.definitions() for name, v in self.vhosts.items()},
-            }
-        )
-        atomic_write(self.config.data_dir / DEFINITIONS_FILE, data)
+        save_definitions(self.config.data_dir, self.vhosts)
 
 
 def _task_name(fn: Callable[[], Awaitable[Any]]) -> str:

@@ -8,13 +8,17 @@ Responsibilities:
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Protocol
 
 from ..model import Message
 from ..protocol.codec import FieldTable
+from .arguments import ConsumerArguments
 
 if TYPE_CHECKING:
     from .queue import Queue
+
+log = logging.getLogger(__name__)
 
 
 class DeliveryChannel(Protocol):
@@ -65,11 +69,11 @@ class Consumer:
         self.exclusive = exclusive
         self.prefetch_count = prefetch_count  # 0 = unlimited
         self.arguments = arguments
-        priority = arguments.get("x-priority", 0)
-        # RabbitMQ's consumer priority: higher first; the channel validated it is an int.
-        self.priority = priority if isinstance(priority, int) else 0
-        timeout = arguments.get("x-consumer-timeout")  # ms; overrides the queue's and broker's
-        self.timeout_ms = timeout if isinstance(timeout, int) else None
+        # RabbitMQ's consumer priority (higher first) and x-consumer-timeout (ms; overrides
+        # the queue's and the broker's), checked by ``arguments.check_consumer_arguments``.
+        parsed = ConsumerArguments.parse(arguments)
+        self.priority = parsed.priority
+        self.timeout_ms = parsed.timeout_ms
         self.unacked = 0
 
     def has_capacity(self) -> bool:

@@ -11,21 +11,33 @@ Responsibilities:
   ``expiration`` property removed (so it cannot expire again), ``CC`` dropped when the queue sets
   a dead-letter routing key;
 - cycle detection: a message that would come back to a queue it was dead-lettered from is dropped
-  there unless a consumer rejected it somewhere along the cycle.
+  there unless a consumer rejected it somewhere along the cycle;
+- ``dead_letter``: routing a queue's expired, rejected, dropped or over-limit message to its
+  dead-letter exchange (the vhost calls it for its queues, through ``QueueHost``).
 
-Pure functions over ``Message``; the vhost routes the copies.
+Pure functions over ``Message``, but for ``dead_letter``, which routes the copy.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import re
-from typing import Final, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final, Literal
 
 import attrs
 
+from .. import clock
 from ..model import Message
 from ..protocol.codec import FieldTable, FieldValue
+
+if TYPE_CHECKING:
+    from .exchange import Exchange
+    from .queue import Queue
+    from .routing import Routing
+
+log = logging.getLogger(__name__)
 
 Reason = Literal["rejected", "expired", "maxlen", "delivery_limit"]
 
@@ -109,6 +121,43 @@ def dead_lettered(
         properties,
         timestamp_ms=now_ms,
     )
+
+
+def dead_letter(
+    queue: Queue,
+    message: Message,
+    reason: Reason,
+    *,
+    exchanges: Mapping[str, Exchange],
+    routing: Routing,
+) -> None:
+    """Route a message ``queue`` dead-letters to its dead-letter exchange, as RabbitMQ does:
+    with the queue's dead-letter routing key, else the message's own keys (and ``CC``); not to
+    queues that would close a cycle without a rejection; at most once (no confirm waits on it,
+    and a target that refuses it drops it)."""
+    arguments = queue.arguments
+    assert arguments.dead_letter_exchange is not None
+    exchange = exchanges.get(arguments.dead_letter_exchange)
+    if exchange is None:  # RabbitMQ drops it too
+        log.debug(
+            "queue %r: dead-letter exchange %r missing", queue.name, arguments.dead_letter_exchange
+        )
+        return
+    copy = dead_lettered(
+        message,
+        queue=queue.name,
+        reason=reason,
+        exchange=exchange.name,
+        routing_key=arguments.dead_letter_routing_key,
+        now_ms=clock.now_ms(),
+    )
+    targets = []
+    for target in routing.route_keys(exchange, copy.routing_keys(), copy.properties):
+        if is_cycle(copy, target.name):
+            log.debug("dead-letter cycle through queue %r: message dropped", target.name)
+        else:
+            targets.append(target)
+    routing.enqueue(targets, copy)
 
 
 def is_cycle(message: Message, target_queue: str) -> bool:

@@ -4,17 +4,30 @@ Responsibilities:
 - ``Exchange``: declared properties, the distinct bindings (source side), the plugin ``Router``
   that indexes them, and the exchanges/queues bound *to* it (``bound_by``) for clean deletes;
 - whether routing through it may be memoised (``cacheable``: its router opted in);
-- ``DefaultExchange``: the nameless direct exchange every queue is implicitly bound to by name.
+- ``DefaultExchange``: the nameless direct exchange every queue is implicitly bound to by name
+  (its router routes by queue name and takes no bindings).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
-from typing import TypeAlias
+import logging
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Final, TypeAlias
 
 from ..plugins.spec import HoldingRouter, PropertyRouter, Router
 from ..protocol.codec import FieldTable, encode_table
 from ..protocol.methods import BasicProperties
+
+log = logging.getLogger(__name__)
+
+# The exchanges every vhost has from the start (when their type is installed).
+PREDECLARED: Final = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
 
 # (source exchange, routing key, encoded arguments): how a destination remembers a binding to it.
 BindingRef: TypeAlias = tuple["Exchange", str, bytes]
@@ -88,13 +101,38 @@ class DefaultExchange(Exchange):
     state (the vhost forgets memoised routes when a queue comes or goes). The vhost routes a
     publish to it directly, without the memo; it matters when it is an alternate exchange."""
 
-    def __init__(self, queues: dict[str, Hashable], router: Router) -> None:
+    def __init__(self, queues: Mapping[str, Hashable]) -> None:
         super().__init__(
-            "", "direct", router, durable=True, auto_delete=False, internal=False, arguments={}
+            "",
+            "direct",
+            _QueueByName(queues),
+            durable=True,
+            auto_delete=False,
+            internal=False,
+            arguments={},
         )
         self._queues = queues
-        self.cacheable = True
 
     def route(self, routing_key: str, properties: BasicProperties) -> Iterable[Hashable]:
+        queue = self._queues.get(routing_key)
+        return (queue,) if queue is not None else ()
+
+
+class _QueueByName:
+    """The default exchange's router: the queue named by the routing key. Nothing binds to the
+    default exchange (the vhost refuses it with 403 before asking)."""
+
+    cacheable = True
+
+    def __init__(self, queues: Mapping[str, Hashable]) -> None:
+        self._queues = queues
+
+    def bind(self, destination: Hashable, binding_key: str, arguments: FieldTable) -> None:
+        raise ValueError("operation not permitted on the default exchange")
+
+    def unbind(self, destination: Hashable, binding_key: str, arguments: FieldTable) -> None:
+        raise ValueError("operation not permitted on the default exchange")
+
+    def route(self, routing_key: str, headers: FieldTable | None) -> Iterable[Hashable]:
         queue = self._queues.get(routing_key)
         return (queue,) if queue is not None else ()

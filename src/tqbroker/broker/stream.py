@@ -25,8 +25,9 @@ Responsibilities:
   or the ``x-stream-compaction-key-header`` header — is kept; tombstones, empty bodies, go
   ``x-stream-delete-retention`` after they were written, one day by default), checked as often
   as retention, run in a worker thread while deliveries go on (offsets never change: readers
-  step over what compaction removed);
-- ``parse_interval``: RabbitMQ's interval strings (``7D``, ``12h``; units Y M D h m s).
+  step over what compaction removed).
+
+The stream's arguments are read from its typed ``QueueArguments`` (``broker/arguments.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-import re
 from collections import deque
 from typing import Final
 
@@ -46,33 +46,16 @@ from ..backends.streams import CompactionPolicy, StreamLog
 from ..model import Message
 from ..protocol.codec import FieldTable, FieldValue
 from ..protocol.errors import AMQPError, ReplyCode
+from .arguments import QueueArguments, parse_interval
 from .compaction import compaction_policy
 from .consumer import Consumer
 from .flusher import Flusher
 from .groups import GROUP_ARGUMENT, ConsumerGroups
-from .queue import Durability, NeedsFlush, Queue
+from .queue import Durability, NeedsFlush, Queue, QueueHost
 
-log = logging.getLogger("tqbroker.stream")
+log = logging.getLogger(__name__)
 
 RETENTION_CHECK_SECONDS: Final = 60.0
-DEFAULT_DELETE_RETENTION_MS: Final = 24 * 3600 * 1000  # Kafka's delete.retention.ms
-_INTERVAL: Final = re.compile(r"([0-9]+)([YMDhms])")
-_UNIT_SECONDS: Final = {
-    "Y": 365 * 86400,
-    "M": 30 * 86400,
-    "D": 86400,
-    "h": 3600,
-    "m": 60,
-    "s": 1,
-}
-
-
-def parse_interval(value: str) -> int | None:
-    """Milliseconds in a RabbitMQ interval string (``"7D"``, ``"1h"``), or None if invalid."""
-    match = _INTERVAL.fullmatch(value)
-    if match is None:
-        return None
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)] * 1000
 
 
 @attrs.define
@@ -121,13 +104,16 @@ class StreamQueue(Queue):
         name: str,
         stream: StreamLog,
         *,
-        arguments: FieldTable,
+        host: QueueHost,
+        arguments: QueueArguments,
         flusher: Flusher | None,
         groups: ConsumerGroups | None = None,
     ) -> None:
         super().__init__(
             vhost,
             name,
+            host=host,
+            backend_name="log",
             durable=True,
             exclusive_owner=None,
             auto_delete=False,
@@ -135,11 +121,8 @@ class StreamQueue(Queue):
             flusher=flusher,
         )
         self.stream = stream
-        self.backend_name = "log"
-        max_bytes = arguments.get("x-max-length-bytes")
-        self.max_bytes = max_bytes if isinstance(max_bytes, int) else None
-        max_age = arguments.get("x-max-age")
-        self.max_age_ms = parse_interval(max_age) if isinstance(max_age, str) else None
+        self.max_bytes = arguments.max_length_bytes
+        self.max_age_ms = arguments.max_age_ms
         self.compaction = _compaction(arguments)
         self.compactions = 0  # compaction passes finished
         self._positions: dict[Consumer, int] = {}  # the next offset each consumer reads
@@ -424,18 +407,15 @@ class StreamQueue(Queue):
         return f"queue '{self.name}' in vhost '{self.vhost}'"
 
 
-def _compaction(arguments: FieldTable) -> CompactionPolicy | None:
+def _compaction(arguments: QueueArguments) -> CompactionPolicy | None:
     """The compaction policy the arguments ask for (None: no compaction)."""
-    policy = arguments.get("x-stream-cleanup-policy")
-    if not isinstance(policy, str) or "compact" not in policy:
+    policy = arguments.cleanup_policy
+    if policy is None or "compact" not in policy:
         return None
-    header = arguments.get("x-stream-compaction-key-header")
-    grace = arguments.get("x-stream-delete-retention")
-    grace_ms = parse_interval(grace) if isinstance(grace, str) else None
-    return compaction_policy(
-        header if isinstance(header, str) else None,
-        grace_ms if grace_ms is not None else DEFAULT_DELETE_RETENTION_MS,
-    )
+    grace_ms = arguments.delete_retention_ms
+    if grace_ms is None:
+        return compaction_policy(arguments.compaction_key_header)
+    return compaction_policy(arguments.compaction_key_header, grace_ms)
 
 
 def _tracks_offset(arguments: FieldTable) -> bool:

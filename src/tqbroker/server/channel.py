@@ -33,7 +33,8 @@ from ..broker.deadletter import parse_expiration
 from ..broker.exchange import Exchange
 from ..broker.flusher import Flusher
 from ..broker.queue import NEEDS_FLUSH, Queue
-from ..broker.vhost import REPLY_TO, REPLY_TO_PREFIX, VirtualHost
+from ..broker.reply_to import REPLY_TO, REPLY_TO_PREFIX
+from ..broker.vhost import VirtualHost
 from ..model import Message
 from ..protocol import frames
 from ..protocol.errors import AMQPError, DecodeError, ReplyCode
@@ -759,7 +760,7 @@ class Channel:
         self._pending_commits.clear()
         self.reply_tag = None
         if self.reply_address is not None:
-            self.vhost.reply_consumers.pop(self.reply_address, None)
+            self.vhost.unregister_reply_consumer(self.reply_address)
 
 
 def _settle_one(entry: Unacked, settlement: bool | None) -> None:

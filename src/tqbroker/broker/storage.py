@@ -1,0 +1,85 @@
+"""Where a vhost's queues keep their messages.
+
+Responsibilities:
+- the backend of a new queue: transient and exclusive queues in memory, durable ones on the
+  durable backend, ``x-queue-backend`` overriding; streams on the log backend;
+- the stores behind a queue: one backend store, or one per priority level for an
+  ``x-max-priority`` queue (``PriorityStore``); a stream's log; opening and deleting them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from ..backends.base import Backend, QueueStore
+from ..backends.log import LogBackend
+from ..backends.log.stream import LogStream
+from ..protocol.errors import AMQPError, ReplyCode
+from .arguments import STREAM, QueueArguments
+from .priority import PriorityStore, level_store_names
+
+log = logging.getLogger(__name__)
+
+
+class QueueStorage:
+    """The backends of one vhost, as its queues use them."""
+
+    def __init__(self, vhost: str, backends: Mapping[str, Backend], durable_backend: str) -> None:
+        self.vhost = vhost
+        self.backends = backends
+        self.durable_backend = durable_backend
+
+    def check_stream_backend(self, name: str) -> None:
+        """A stream queue needs the log backend (406 without it)."""
+        if not hasattr(self.backends.get("log"), "open_stream"):
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"stream queue '{name}' in vhost '{self.vhost}' needs the log backend",
+            )
+
+    def backend_for(
+        self, name: str, *, durable: bool, exclusive: bool, arguments: QueueArguments
+    ) -> str:
+        """Transient and exclusive queues live in memory, durable ones on the durable backend;
+        the ``x-queue-backend`` argument overrides. Streams live on the log backend."""
+        if arguments.kind == STREAM:
+            return "log"
+        chosen = arguments.backend
+        if chosen is None:
+            return self.durable_backend if durable and not exclusive else "memory"
+        if not isinstance(chosen, str) or chosen not in self.backends:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"invalid arg 'x-queue-backend' for queue '{name}' in vhost '{self.vhost}': "
+                f"unknown backend {chosen!r} (installed: {', '.join(sorted(self.backends))})",
+            )
+        return chosen
+
+    def open_stream(self, backend_name: str, name: str, arguments: QueueArguments) -> LogStream:
+        backend = self.backends[backend_name]
+        assert isinstance(backend, LogBackend)
+        return backend.open_stream(self.vhost, name, segment_bytes=arguments.segment_bytes)
+
+    def open_store(self, backend_name: str, name: str, arguments: QueueArguments) -> QueueStore:
+        """The queue's store: one backend store, or one per level for a priority queue."""
+        backend = self.backends[backend_name]
+        names = store_names(name, arguments)
+        if len(names) == 1:
+            return backend.open_queue(self.vhost, name)
+        return PriorityStore([backend.open_queue(self.vhost, n) for n in names])
+
+    def delete_stores(self, backend_name: str, name: str, arguments: QueueArguments) -> None:
+        """Delete what the queue stored (on a durable backend: also what a queue of that name
+        left there before)."""
+        backend = self.backends[backend_name]
+        for store_name in store_names(name, arguments):
+            backend.delete_queue(self.vhost, store_name)
+
+
+def store_names(queue: str, arguments: QueueArguments) -> list[str]:
+    """The backend stores of a queue: its name, plus one per level above 0 for a priority
+    queue."""
+    if arguments.priority_levels > 0:
+        return level_store_names(queue, arguments.priority_levels)
+    return [queue]
