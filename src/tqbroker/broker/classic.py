@@ -28,11 +28,12 @@ import trio
 from .. import clock
 from ..backends.base import QueueStore
 from ..model import Message
+from ..plugins.spec import Durability
 from .arguments import QueueArguments
 from .consumer import Consumer
 from .deadletter import Reason, message_ttl
 from .flusher import Flusher
-from .queue import NEEDS_FLUSH, Durability, NeedsFlush, Queue, QueueFull, QueueHost
+from .queue import NEEDS_FLUSH, NeedsFlush, Queue, QueueFull, QueueHost
 
 log = logging.getLogger(__name__)
 

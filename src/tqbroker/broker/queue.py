@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 import trio
 
 from ..model import Message
+from ..plugins.spec import Durability
 from ..protocol.codec import FieldTable
 from .arguments import QueueArguments
 from .consumer import Consumer
@@ -44,9 +45,6 @@ class NeedsFlush(enum.Enum):
 
 
 NEEDS_FLUSH: Final = NeedsFlush.NEEDS_FLUSH
-
-# What a publish must wait for before it may be confirmed: a flusher ticket, or nothing.
-Durability = tuple[Flusher, int] | None
 
 
 class QueueHost(Protocol):

@@ -21,10 +21,9 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Final, cast
 
 from ..model import Message
-from ..plugins.spec import Destination
+from ..plugins.spec import Destination, GroupCommit
 from ..protocol.methods import BasicProperties
 from .exchange import DefaultExchange, Exchange
-from .flusher import Flusher
 from .queue import Queue, QueueFull
 
 log = logging.getLogger(__name__)
@@ -121,11 +120,11 @@ class Routing:
     @staticmethod
     def enqueue(
         destinations: Iterable[Destination], message: Message
-    ) -> tuple[list[tuple[Flusher, int]], bool]:
+    ) -> tuple[list[tuple[GroupCommit, int]], bool]:
         """Hand a routed message to each destination; return the flusher tickets a publisher
         confirm waits for, and whether a destination refused it (full with reject-publish, or
         its storage cannot write: the publish is nacked; the others keep it)."""
-        waits: list[tuple[Flusher, int]] = []
+        waits: list[tuple[GroupCommit, int]] = []
         refused = False
         for destination in destinations:
             if not destination.accepting:

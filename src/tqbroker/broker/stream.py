@@ -44,6 +44,7 @@ import trio
 from .. import clock
 from ..backends.streams import CompactionPolicy, StreamLog
 from ..model import Message
+from ..plugins.spec import Durability
 from ..protocol.codec import FieldTable, FieldValue
 from ..protocol.errors import AMQPError, ReplyCode
 from .arguments import QueueArguments, parse_interval
@@ -51,7 +52,7 @@ from .compaction import compaction_policy
 from .consumer import Consumer
 from .flusher import Flusher
 from .groups import GROUP_ARGUMENT, ConsumerGroups
-from .queue import Durability, NeedsFlush, Queue, QueueHost
+from .queue import NeedsFlush, Queue, QueueHost
 
 log = logging.getLogger(__name__)
 

@@ -98,6 +98,11 @@ class GroupCommit(Protocol):
         """Run ``callback`` once the next flush has finished (successfully or not)."""
         ...
 
+    async def wait(self, ticket: int) -> bool:
+        """Wait until ``ticket`` is durable (True) or its flush failed (False), for a caller
+        that can wait (a task); on the broker's thread, listen instead."""
+        ...
+
     def listen(self, listener: FlushListener) -> None:
         """Tell ``listener`` of every flush from now on."""
         ...
