@@ -59,6 +59,7 @@ async def test_max_age_drops_old_segments_on_the_clock(
             "s",
             stream,
             host=NoHost(),
+            backend_name="log",
             arguments=QueueArguments.parse({"x-max-age": "1D"}),
             flusher=None,
         )
@@ -96,6 +97,7 @@ async def test_offset_tracking_needs_a_consumer_tag(backend: LogBackend) -> None
         "s",
         backend.open_stream("/", "s"),
         host=NoHost(),
+        backend_name="log",
         arguments=QueueArguments(),
         flusher=None,
     )
@@ -137,7 +139,13 @@ async def test_compaction_keeps_the_latest_per_key_and_drops_tombstones_after_gr
         stream = backend.open_stream("/", "c")
         arguments = {"x-stream-cleanup-policy": "compact", "x-stream-delete-retention": "1h"}
         queue = StreamQueue(
-            "/", "c", stream, host=NoHost(), arguments=QueueArguments.parse(arguments), flusher=None
+            "/",
+            "c",
+            stream,
+            host=NoHost(),
+            backend_name="log",
+            arguments=QueueArguments.parse(arguments),
+            flusher=None,
         )
         nursery.start_soon(queue.run)
         pad = b"." * 200
@@ -175,6 +183,7 @@ async def test_a_reader_steps_over_compacted_offsets(
             "r",
             stream,
             host=NoHost(),
+            backend_name="log",
             arguments=QueueArguments.parse({"x-stream-cleanup-policy": "compact"}),
             flusher=None,
         )

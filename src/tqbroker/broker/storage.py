@@ -2,7 +2,9 @@
 
 Responsibilities:
 - the backend of a new queue: transient and exclusive queues in memory, durable ones on the
-  durable backend, ``x-queue-backend`` overriding; streams on the log backend;
+  durable backend, ``x-queue-backend`` overriding; streams on a backend that can hold them
+  (``StreamBackend``): the one ``x-queue-backend`` names, else the durable backend if it can,
+  else the first installed one that can (the built-in ``log`` backend does);
 - the stores behind a queue: one backend store, or one per priority level for an
   ``x-max-priority`` queue (``PriorityStore``); a stream's log; opening and deleting them.
 """
@@ -13,8 +15,7 @@ import logging
 from collections.abc import Mapping
 
 from ..backends.base import Backend, QueueStore
-from ..backends.log import LogBackend
-from ..backends.log.stream import LogStream
+from ..backends.streams import StreamBackend, StreamLog
 from ..protocol.errors import AMQPError, ReplyCode
 from .arguments import STREAM, QueueArguments
 from .priority import PriorityStore, level_store_names
@@ -30,21 +31,36 @@ class QueueStorage:
         self.backends = backends
         self.durable_backend = durable_backend
 
-    def check_stream_backend(self, name: str) -> None:
-        """A stream queue needs the log backend (406 without it)."""
-        if not hasattr(self.backends.get("log"), "open_stream"):
+    def stream_backend(self, name: str, arguments: QueueArguments) -> str:
+        """The backend a stream queue lives on (406 when no installed backend holds streams,
+        or when ``x-queue-backend`` names one that does not)."""
+        chosen = arguments.backend
+        if chosen is not None:
+            if isinstance(chosen, str) and isinstance(self.backends.get(chosen), StreamBackend):
+                return chosen
             raise AMQPError(
                 ReplyCode.PRECONDITION_FAILED,
-                f"stream queue '{name}' in vhost '{self.vhost}' needs the log backend",
+                f"invalid arg 'x-queue-backend' for queue '{name}' in vhost '{self.vhost}': "
+                f"backend {chosen!r} cannot hold streams",
             )
+        capable = [n for n, b in self.backends.items() if isinstance(b, StreamBackend)]
+        if self.durable_backend in capable:
+            return self.durable_backend
+        if not capable:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"stream queue '{name}' in vhost '{self.vhost}' needs a storage backend that "
+                "holds streams (such as log)",
+            )
+        return "log" if "log" in capable else capable[0]
 
     def backend_for(
         self, name: str, *, durable: bool, exclusive: bool, arguments: QueueArguments
     ) -> str:
         """Transient and exclusive queues live in memory, durable ones on the durable backend;
-        the ``x-queue-backend`` argument overrides. Streams live on the log backend."""
+        the ``x-queue-backend`` argument overrides. Streams: ``stream_backend``."""
         if arguments.kind == STREAM:
-            return "log"
+            return self.stream_backend(name, arguments)
         chosen = arguments.backend
         if chosen is None:
             return self.durable_backend if durable and not exclusive else "memory"
@@ -56,9 +72,10 @@ class QueueStorage:
             )
         return chosen
 
-    def open_stream(self, backend_name: str, name: str, arguments: QueueArguments) -> LogStream:
+    def open_stream(self, backend_name: str, name: str, arguments: QueueArguments) -> StreamLog:
         backend = self.backends[backend_name]
-        assert isinstance(backend, LogBackend)
+        if not isinstance(backend, StreamBackend):  # stream_backend chose it: never
+            raise TypeError(f"backend {backend_name!r} cannot hold streams")
         return backend.open_stream(self.vhost, name, segment_bytes=arguments.segment_bytes)
 
     def open_store(self, backend_name: str, name: str, arguments: QueueArguments) -> QueueStore:

@@ -96,7 +96,7 @@ class GroupCursor:
 
 
 class StreamQueue(Queue):
-    """A stream queue: an append-only log on the log backend that consumers read from their
+    """A stream queue: an append-only log (``StreamLog``) that consumers read from their
     own positions (or their group's), never removing anything (see the module doc)."""
 
     def __init__(
@@ -106,6 +106,7 @@ class StreamQueue(Queue):
         stream: StreamLog,
         *,
         host: QueueHost,
+        backend_name: str,
         arguments: QueueArguments,
         flusher: Flusher | None,
         groups: ConsumerGroups | None = None,
@@ -114,7 +115,7 @@ class StreamQueue(Queue):
             vhost,
             name,
             host=host,
-            backend_name="log",
+            backend_name=backend_name,
             durable=True,
             exclusive_owner=None,
             auto_delete=False,

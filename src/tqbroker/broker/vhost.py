@@ -309,7 +309,7 @@ class VirtualHost:
             arguments=arguments,
         )
         if kind == STREAM:
-            self.storage.check_stream_backend(name)
+            self.storage.stream_backend(name, QueueArguments.parse(arguments))
         existing = self.queues.get(name)
         if existing is not None:
             existing.touch()
@@ -365,6 +365,7 @@ class VirtualHost:
                     name,
                     self.storage.open_stream(backend_name, name, arguments),
                     host=self,
+                    backend_name=backend_name,
                     arguments=arguments,
                     flusher=flusher,
                     groups=self.consumer_groups,
