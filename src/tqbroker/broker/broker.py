@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import trio
 
@@ -24,7 +23,7 @@ from ..config import BrokerConfig
 from ..plugins.loader import load_backends, load_exchange_types
 from .definitions import load_definitions, missing_backend, restore, save_definitions
 from .flusher import Flusher
-from .supervisor import Supervisor
+from .supervisor import FailureHandler, Supervisor
 from .vhost import VirtualHost
 
 log = logging.getLogger(__name__)
@@ -68,8 +67,10 @@ class Broker:
             on_change=self.save_definitions,
         )
 
-    def _spawn(self, fn: Callable[[], Awaitable[Any]]) -> None:
-        self.supervisor.spawn(_task_name(fn), fn)
+    def _spawn(
+        self, fn: Callable[[], Awaitable[object]], *, on_failure: FailureHandler | None = None
+    ) -> None:
+        self.supervisor.spawn(_task_name(fn), fn, on_failure=on_failure)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Open storage, restore definitions, host the queue actors and flushers until
@@ -120,7 +121,7 @@ class Broker:
         save_definitions(self.config.data_dir, self.vhosts)
 
 
-def _task_name(fn: Callable[[], Awaitable[Any]]) -> str:
+def _task_name(fn: Callable[[], Awaitable[object]]) -> str:
     """What a task is, for the log: its owner (a queue, an exchange's router) and method."""
     owner = getattr(fn, "__self__", None)
     described = getattr(owner, "name", None)

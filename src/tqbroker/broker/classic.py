@@ -330,7 +330,7 @@ class ClassicQueue(Queue):
             self.flusher.poke()
             # Wait for the flush only while it can succeed; a backend that cannot write (after
             # a failed fsync it stays so until restart) answers get-empty rather than hanging.
-            if entry is None and self.store.ready_count and self.flusher.backend.healthy:
+            if entry is None and self.store.ready_count and self.flusher.healthy:
                 return NEEDS_FLUSH
         return entry
 

@@ -16,7 +16,9 @@ from typing import Final, TypeAlias
 
 from ..plugins.spec import HoldingRouter, PropertyRouter, Router
 from ..protocol.codec import FieldTable, encode_table
+from ..protocol.errors import AMQPError, ReplyCode
 from ..protocol.methods import BasicProperties
+from .plugin_errors import exchange_type_failed
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ class Exchange:
         type_name: str,
         router: Router,
         *,
+        vhost: str,
         durable: bool,
         auto_delete: bool,
         internal: bool,
@@ -47,7 +50,10 @@ class Exchange:
     ) -> None:
         self.name = name
         self.type_name = type_name
+        self.vhost = vhost
         self.router = router
+        # Why the exchange failed (a task of its router raised); None while it works.
+        self.failure: str | None = None
         self._property_router = router if isinstance(router, PropertyRouter) else None
         # The vhost may memoise where a routing key goes through this exchange (until routing
         # state changes) only if its router opted in (``cacheable = True``: the result depends on
@@ -72,7 +78,12 @@ class Exchange:
         args_id = encode_table(arguments)
         if (destination, key, args_id) in self.bindings:
             return None
-        self.router.bind(destination, key, arguments)
+        try:
+            self.router.bind(destination, key, arguments)
+        except ValueError:
+            raise  # a refusal (406)
+        except Exception as exc:
+            raise self._plugin_failed("bind", exc) from exc
         self.bindings[(destination, key, args_id)] = arguments
         self.had_binding = True
         return (self, key, args_id)
@@ -82,13 +93,37 @@ class Exchange:
         arguments = self.bindings.pop((destination, key, args_id), None)
         if arguments is None:
             return False
-        self.router.unbind(destination, key, arguments)
+        try:
+            self.router.unbind(destination, key, arguments)
+        except Exception as exc:
+            raise self._plugin_failed("unbind", exc) from exc
         return True
 
     def route(self, routing_key: str, properties: BasicProperties) -> Iterable[Hashable]:
-        if self._property_router is not None:
-            return self._property_router.route_message(routing_key, properties)
-        return self.router.route(routing_key, properties.headers)
+        """Where the router sends a message (541 naming the exchange type if it raises, or if
+        the exchange failed)."""
+        if self.failure is not None:
+            raise AMQPError(
+                ReplyCode.INTERNAL_ERROR,
+                f"exchange '{self.name}' in vhost '{self.vhost}' failed ({self.failure}); "
+                "delete it to recover",
+                hard=False,
+            )
+        try:
+            if self._property_router is not None:
+                return self._property_router.route_message(routing_key, properties)
+            return self.router.route(routing_key, properties.headers)
+        except Exception as exc:
+            raise self._plugin_failed("route", exc) from exc
+
+    def fail(self, error: BaseException) -> None:
+        """A task of the router failed: refuse publishes (541) until the exchange is deleted."""
+        self.failure = f"{type(error).__name__}: {error}"
+
+    def _plugin_failed(self, call: str, exc: Exception) -> AMQPError:
+        return exchange_type_failed(
+            exc, type_name=self.type_name, call=call, exchange=self.name, vhost=self.vhost
+        )
 
     def __repr__(self) -> str:
         return f"Exchange({self.name!r}, {self.type_name!r})"
@@ -101,11 +136,12 @@ class DefaultExchange(Exchange):
     state (the vhost forgets memoised routes when a queue comes or goes). The vhost routes a
     publish to it directly, without the memo; it matters when it is an alternate exchange."""
 
-    def __init__(self, queues: Mapping[str, Hashable]) -> None:
+    def __init__(self, vhost: str, queues: Mapping[str, Hashable]) -> None:
         super().__init__(
             "",
             "direct",
             _QueueByName(queues),
+            vhost=vhost,
             durable=True,
             auto_delete=False,
             internal=False,

@@ -20,6 +20,7 @@ from ..protocol.codec import FieldTable
 from ..protocol.errors import AMQPError, ReplyCode
 from .exchange import Exchange
 from .holding import BrokerExchangeContext, HoldingExchange
+from .plugin_errors import exchange_type_failed
 
 if TYPE_CHECKING:
     from .vhost import VirtualHost
@@ -42,16 +43,25 @@ def new_exchange(
     """A new exchange of ``vhost`` (``store_backend`` and ``restoring``: a holding exchange
     reopened at startup, where its store was)."""
     exchange_type = vhost.exchange_types[type_name]
+
+    def failed(call: str, exc: Exception) -> AMQPError:
+        return exchange_type_failed(
+            exc, type_name=type_name, call=call, exchange=name, vhost=vhost.name
+        )
+
     try:
         exchange_type.validate(arguments)
+        router = exchange_type.create_router(arguments)
     except ValueError as exc:
         raise AMQPError(ReplyCode.PRECONDITION_FAILED, str(exc)) from None
-    router = exchange_type.create_router(arguments)
+    except Exception as exc:
+        raise failed("declare", exc) from exc
     holding = isinstance(router, HoldingRouter)
     exchange = (HoldingExchange if holding else Exchange)(
         name,
         type_name,
         router,
+        vhost=vhost.name,
         durable=durable,
         auto_delete=auto_delete,
         internal=internal,
@@ -72,4 +82,6 @@ def new_exchange(
             ReplyCode.RESOURCE_ERROR,
             f"cannot open the storage of exchange '{name}' in vhost '{vhost.name}': {exc}",
         ) from None
+    except Exception as exc:
+        raise failed("open", exc) from exc
     return exchange

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from ..backends.base import QueueStore
 from ..model import Message
 from ..plugins.spec import ExchangeType, GroupCommit, HoldingRouter
 from .exchange import Exchange
+from .supervisor import Spawn
 
 if TYPE_CHECKING:
     from .vhost import VirtualHost
@@ -48,7 +49,7 @@ class BrokerExchangeContext:
         vhost: VirtualHost,
         exchange: HoldingExchange,
         *,
-        spawn: Callable[[Callable[[], Any]], None],
+        spawn: Spawn,
         store_backend: str | None,
         restoring: bool,
     ) -> None:
@@ -97,7 +98,12 @@ class BrokerExchangeContext:
         self._vhost.backends[self.backend_name].delete_queue(self._vhost.name, self.store_name)
 
     def spawn(self, fn: Callable[[], Awaitable[object]]) -> None:
-        self._spawn(fn)
+        self._spawn(fn, on_failure=self._failed)
+
+    def _failed(self, error: BaseException) -> None:
+        """A task of the exchange's router failed: the exchange refuses publishes from now on."""
+        self._exchange.fail(error)
+        self._vhost.routing.changed()
 
     def publish(self, message: Message) -> list[tuple[GroupCommit, int]]:
         vhost, exchange = self._vhost, self._exchange

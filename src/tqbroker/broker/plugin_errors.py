@@ -2,9 +2,9 @@
 
 Every call the broker makes into a plugin (a router's ``route``/``bind``/``unbind``, an exchange
 type's ``validate``/``create_router``, a backend's ``open_*``/``delete_queue``) is wrapped: an
-unexpected exception is logged with its traceback and becomes a 541 INTERNAL_ERROR for the client
-that caused the call, naming the plugin and the distribution that installs it. The broker and
-every other client go on.
+unexpected exception is logged with its traceback and becomes a 541 INTERNAL_ERROR that closes the
+channel that caused the call, naming the plugin and the distribution that installs it. The
+connection, the broker and every other client go on.
 """
 
 from __future__ import annotations
@@ -50,4 +50,5 @@ def _failed(exc: Exception, plugin: str, distribution: str, doing: str) -> AMQPE
     return AMQPError(
         ReplyCode.INTERNAL_ERROR,
         f"{plugin} (from {distribution}) failed in {doing}: {type(exc).__name__}: {exc}",
+        hard=False,  # the channel that made the call closes; its connection goes on
     )

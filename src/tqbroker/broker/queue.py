@@ -24,6 +24,7 @@ import trio
 from ..model import Message
 from ..plugins.spec import Durability
 from ..protocol.codec import FieldTable
+from ..protocol.errors import AMQPError, ReplyCode
 from .arguments import QueueArguments
 from .consumer import Consumer
 from .deadletter import Reason
@@ -91,6 +92,8 @@ class Queue(abc.ABC):
         self.consumers: list[Consumer] = []
         self.bound_by: set[BindingRef] = set()
         self.deleted = False
+        # Why the queue failed (its actor or its store raised); None while it works.
+        self.failure: str | None = None
         self.consumer_timeout_ms: int | None = None  # x-consumer-timeout, where the kind has it
         self._had_consumer = False
         self._last_used = trio.current_time()
@@ -151,8 +154,30 @@ class Queue(abc.ABC):
 
     @property
     def accepting(self) -> bool:
-        """False while the queue's durable backend cannot write (publishes are refused)."""
-        return self.flusher is None or self.flusher.backend.healthy
+        """False while the queue's durable backend cannot write, or once the queue failed
+        (publishes are refused: nacked)."""
+        return self.failure is None and (self.flusher is None or self.flusher.healthy)
+
+    def fail(self, error: BaseException) -> None:
+        """A bug in the queue's actor or store: stop delivering, cancel the consumers
+        (``basic.cancel``) and refuse publishes (nack), consumes and gets (541) until the queue
+        is deleted. The rest of the broker goes on."""
+        if self.failure is not None:
+            return
+        self.failure = f"{type(error).__name__}: {error}"
+        log.error("queue '%s' in vhost '%s' failed: %s", self.name, self.vhost, self.failure)
+        self.stop()
+        self.cancel_consumers()
+
+    def check_usable(self) -> None:
+        """541 for a ``basic.consume`` or ``basic.get`` on a failed queue."""
+        if self.failure is not None:
+            raise AMQPError(
+                ReplyCode.INTERNAL_ERROR,
+                f"queue '{self.name}' in vhost '{self.vhost}' failed ({self.failure}); "
+                "delete it to recover",
+                hard=False,
+            )
 
     # -- consumers ---------------------------------------------------------------------------
 
@@ -180,7 +205,8 @@ class Queue(abc.ABC):
             self.host.queue_unused(self)
 
     def cancel_consumers(self) -> None:
-        """The queue is deleted: drop its consumers and tell their channels (``basic.cancel``)."""
+        """The queue is deleted or failed: drop its consumers and tell their channels
+        (``basic.cancel``)."""
         for consumer in list(self.consumers):
             self.consumers.remove(consumer)
             consumer.channel.consumer_cancelled(consumer)

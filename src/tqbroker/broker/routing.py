@@ -139,6 +139,13 @@ class Routing:
                 log.error("queue %r refused a message: %s", destination.name, exc)
                 refused = True
                 continue
+            except Exception as exc:  # a bug in the queue's store or an exchange type's
+                refused = True
+                if isinstance(destination, Queue):
+                    destination.fail(exc)
+                else:
+                    log.exception("destination %r failed to take a message", destination.name)
+                continue
             if durability is not None:
                 waits.append(durability)
         return waits, refused

@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
 log = logging.getLogger(__name__)
 
 FailureHandler = Callable[[BaseException], None]
+
+
+class Spawn(Protocol):
+    """Starts a supervised task: ``spawn(fn, on_failure=...)``."""
+
+    def __call__(
+        self, fn: Callable[[], Awaitable[object]], *, on_failure: FailureHandler | None = None
+    ) -> None: ...
 
 
 class Supervisor:

@@ -21,7 +21,7 @@ import base64
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from ..backends.base import Backend
 from ..model import Message
@@ -47,10 +47,9 @@ from .reply_to import ReplyTo
 from .routing import Routing
 from .storage import QueueStorage
 from .stream import StreamQueue
+from .supervisor import Spawn
 
 log = logging.getLogger(__name__)
-
-Spawn = Callable[[Callable[[], Any]], None]
 
 
 class VirtualHost:
@@ -76,7 +75,7 @@ class VirtualHost:
         self._on_change = on_change
         self.queues: dict[str, Queue] = {}
         self.consumer_groups = ConsumerGroups(spawn)  # on streams (x-stream-group)
-        self.default_exchange = DefaultExchange(self.queues)
+        self.default_exchange = DefaultExchange(name, self.queues)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
         self.routing = Routing(self.exchanges, self.queues, self.default_exchange)
         # The publish path calls these straight (bound once: no delegation per message).
@@ -390,7 +389,7 @@ class VirtualHost:
             ) from None
         self.queues[name] = queue
         self.routing.changed()  # the default exchange (an alternate exchange, maybe) routes to it
-        self.spawn(queue.run)
+        self.spawn(queue.run, on_failure=queue.fail)
         return queue
 
     def bind_queue(
