@@ -24,7 +24,7 @@ import trio
 
 from ._version import __version__
 from .backends.log import parse_fsync_policy
-from .broker.broker import StartupError
+from .broker.definitions import StartupError
 from .commands import add_commands, run_command
 from .config import BrokerConfig, ConfigError, load_config
 from .server.listener import serve
@@ -51,6 +51,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--fsync",
         help="log backend: batch (default: fsync before confirming), interval:<ms>, or never",
+    )
+    parser.add_argument(
+        "--keep-unloadable-definitions",
+        action="store_true",
+        default=None,
+        help="start even if a stored exchange's type does not load or a stored queue's "
+        "arguments no longer validate, keeping them dormant (default: refuse to start)",
     )
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -94,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             ("port", args.port),
             ("data_dir", args.data_dir),
             ("durable_backend", args.durable_backend),
+            ("keep_unloadable_definitions", args.keep_unloadable_definitions),
         )
         if value is not None
     }

@@ -58,6 +58,9 @@ class BrokerConfig:
     # (RabbitMQ's consumer_timeout, 30 minutes by default); a queue's x-consumer-timeout
     # overrides; None disables.
     consumer_timeout_ms: int | None = 30 * 60 * 1000
+    # A stored exchange whose type does not load, or a stored queue whose arguments no longer
+    # validate, stops the start; True keeps it dormant instead (written back unchanged).
+    keep_unloadable_definitions: bool = False
 
 
 class ConfigError(Exception):

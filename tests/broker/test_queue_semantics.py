@@ -55,7 +55,7 @@ async def vhost() -> AsyncIterator[VirtualHost]:
             backends={"memory": MemoryBackend()},
             flushers={},
             durable_backend="memory",
-            spawn=nursery.start_soon,
+            spawn=lambda fn, on_failure=None: nursery.start_soon(fn),
         )
         nursery.cancel_scope.cancel()
 

@@ -15,22 +15,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
 from ..auth import UserStore
 from ..config import BrokerConfig
 from ..plugins.loader import load_backends, load_exchange_types
-from .definitions import load_definitions, missing_backend, restore, save_definitions
+from .definitions import (
+    StartupError,
+    Unrestorable,
+    load_definitions,
+    missing_backend,
+    refusal,
+    restore,
+    save_definitions,
+    unrestorable,
+)
 from .flusher import Flusher
 from .supervisor import FailureHandler, Supervisor
 from .vhost import VirtualHost
 
 log = logging.getLogger(__name__)
-
-
-class StartupError(RuntimeError):
-    """The broker cannot start as configured; the message says why."""
 
 
 class Broker:
@@ -77,6 +83,9 @@ class Broker:
         cancelled; then close the backends cleanly."""
         data_dir = self.config.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
+        # Checked before any backend opens: a refused start leaves the data directory as it is.
+        stored = load_definitions(data_dir)
+        dormant = self._check_definitions(stored)
         for name, backend in self.backends.items():
             backend.open(data_dir)
             log.debug("opened backend %s", name)
@@ -85,7 +94,7 @@ class Broker:
                 for flusher in self.flushers.values():
                     await nursery.start(flusher.run)
                 await nursery.start(self.supervisor.run)
-                self._restore()
+                self._restore(stored, dormant)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -97,11 +106,20 @@ class Broker:
 
     # -- definitions -------------------------------------------------------------------------
 
-    def _restore(self) -> None:
-        stored = load_definitions(self.config.data_dir)
+    def _check_definitions(self, stored: dict[str, Any]) -> list[Unrestorable]:
+        """What of the stored definitions must stay dormant; ``StartupError`` when restoring
+        them would lose messages or topology (unless ``keep_unloadable_definitions``)."""
         problem = missing_backend(stored, self.backends)
         if problem is not None:
             raise StartupError(problem)
+        found = unrestorable(stored, self.exchange_types)
+        for item in found:
+            log.error("%s", item)
+        if found and not self.config.keep_unloadable_definitions:
+            raise StartupError(refusal(found[0], len(found) - 1))
+        return found
+
+    def _restore(self, stored: dict[str, Any], dormant: list[Unrestorable]) -> None:
         names = list(self.config.vhosts) + [
             v for v in stored.get("vhosts", []) if v not in self.config.vhosts
         ]
@@ -109,7 +127,12 @@ class Broker:
         try:
             for name in names:
                 vhost = self.vhosts[name] = self._new_vhost(name)
-                restore(vhost, stored.get("definitions", {}).get(name, {}))
+                restore(
+                    vhost,
+                    stored.get("definitions", {}).get(name, {}),
+                    dormant=[d for d in dormant if d.vhost == name],
+                    keep_unloadable=self.config.keep_unloadable_definitions,
+                )
         finally:
             self._restoring = False
         self.save_definitions()

@@ -4,10 +4,12 @@ Responsibilities:
 - ``definitions``: what of a vhost survives a restart (durable exchanges but the predeclared
   ones, durable non-exclusive queues with the backend they live on, bindings between durable
   ends), as plain data;
-- ``restore``: recreate a vhost's definitions at startup (an exchange whose type is gone is
-  logged and skipped);
+- ``restore``: recreate a vhost's definitions at startup; what ``unrestorable`` found is kept
+  dormant (``broker/dormant.py``), never dropped;
 - ``missing_backend``: why stored definitions cannot be restored without losing messages (a
   queue or a holding exchange on a backend that is not loaded);
+- ``unrestorable``: stored exchanges whose type does not load and queues whose arguments no
+  longer validate (the broker refuses to start, or keeps them dormant when told to);
 - the file: ``<data_dir>/definitions.cbor``, written atomically (temp file, fsync, rename,
   directory fsync).
 """
@@ -15,15 +17,18 @@ Responsibilities:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import cbor2
 
 from ..fsutil import atomic_write
+from ..plugins.loader import EXCHANGE_TYPES_GROUP, distributions
+from ..plugins.spec import ExchangeType
 from ..protocol.errors import AMQPError
-from .arguments import QueueArguments
+from .arguments import QueueArguments, check_declaration
 from .exchange import Exchange
 from .exchange_types import new_exchange
 from .holding import HoldingExchange
@@ -44,6 +49,8 @@ def definitions(vhost: VirtualHost) -> dict[str, list[dict[str, Any]]]:
             "auto_delete": x.auto_delete,
             "internal": x.internal,
             "arguments": x.arguments,
+            # What installs the type: named if the type is ever missing at a start.
+            "type_distribution": distributions(EXCHANGE_TYPES_GROUP).get(x.type_name),
             # Where a holding exchange's store is (it reopens there after a restart).
             **(
                 {"store_backend": x.context.backend_name}
@@ -79,20 +86,93 @@ def definitions(vhost: VirtualHost) -> dict[str, list[dict[str, Any]]]:
         and dest.durable
         and not (isinstance(dest, Queue) and dest.exclusive_owner is not None)
     ]
-    return {"exchanges": exchanges, "queues": queues, "bindings": bindings}
+    dormant = vhost.dormant.definitions()
+    return {
+        "exchanges": exchanges + dormant["exchanges"],
+        "queues": queues + dormant["queues"],
+        "bindings": bindings + dormant["bindings"],
+    }
 
 
-def restore(vhost: VirtualHost, definitions: Mapping[str, list[dict[str, Any]]]) -> None:
-    """Recreate durable definitions saved by ``definitions`` (at startup)."""
+class StartupError(RuntimeError):
+    """The broker cannot start as configured; the message says why."""
+
+
+def refusal(problem: Unrestorable, more: int = 0) -> str:
+    """The one line a refused start prints."""
+    others = f" (and {more} more: see the log)" if more else ""
+    return (
+        f"{problem}{others}; refusing to start rather than lose it: install or fix what it "
+        "needs, or start with --keep-unloadable-definitions to keep it dormant"
+    )
+
+
+@attrs.frozen
+class Unrestorable:
+    """A stored exchange or queue the broker cannot run as it is."""
+
+    vhost: str
+    kind: str  # "exchange" or "queue"
+    definition: dict[str, Any]
+    why: str
+
+    def __str__(self) -> str:
+        return (
+            f"durable {self.kind} '{self.definition['name']}' in vhost '{self.vhost}': {self.why}"
+        )
+
+
+def unrestorable(
+    stored: Mapping[str, Any], exchange_types: Mapping[str, ExchangeType]
+) -> list[Unrestorable]:
+    """The stored exchanges whose type is not loaded and the stored queues whose arguments no
+    longer validate (reads only)."""
+    found: list[Unrestorable] = []
+    installed = distributions(EXCHANGE_TYPES_GROUP)
+    for vhost, defs in stored.get("definitions", {}).items():
+        for x in defs.get("exchanges", []):
+            type_name = x["type"]
+            if type_name in exchange_types:
+                continue
+            if type_name in installed:
+                why = (
+                    f"its exchange type '{type_name}' (from {installed[type_name]}) failed to "
+                    "load (the log says why)"
+                )
+            else:
+                source = x.get("type_distribution") or "an unknown distribution"
+                why = f"its exchange type '{type_name}' (from {source}) is not installed"
+            found.append(Unrestorable(vhost, "exchange", x, why))
+        for q in defs.get("queues", []):
+            try:
+                check_declaration(
+                    q["name"],
+                    vhost,
+                    durable=True,
+                    exclusive=False,
+                    auto_delete=q["auto_delete"],
+                    arguments=q["arguments"],
+                )
+            except AMQPError as exc:
+                found.append(Unrestorable(vhost, "queue", q, f"its arguments: {exc.reply_text}"))
+    return found
+
+
+def restore(
+    vhost: VirtualHost,
+    definitions: Mapping[str, list[dict[str, Any]]],
+    *,
+    dormant: Sequence[Unrestorable] = (),
+    keep_unloadable: bool = False,
+) -> None:
+    """Recreate durable definitions saved by ``definitions`` (at startup); keep ``dormant``
+    ones (and the bindings naming them) as they are. An exchange whose type refuses to recreate
+    it stops the start (``StartupError``), or with ``keep_unloadable`` is kept dormant too."""
+    for item in dormant:
+        vhost.dormant.keep(item.kind, item.definition, item.why)
     vhost.routing.changed()
     for x in definitions.get("exchanges", []):
-        if x["type"] not in vhost.exchange_types:
-            log.error(
-                "vhost %s: cannot restore exchange %r: no exchange type %r",
-                vhost.name,
-                x["name"],
-                x["type"],
-            )
+        if x["name"] in vhost.dormant.exchanges:
             continue
         try:
             vhost.exchanges[x["name"]] = new_exchange(
@@ -107,8 +187,14 @@ def restore(vhost: VirtualHost, definitions: Mapping[str, list[dict[str, Any]]])
                 restoring=True,
             )
         except AMQPError as exc:  # e.g. what an exchange type needs is no longer installed
-            log.error("vhost %s: cannot restore exchange %r: %s", vhost.name, x["name"], exc)
+            problem = Unrestorable(vhost.name, "exchange", x, exc.reply_text)
+            if not keep_unloadable:
+                raise StartupError(refusal(problem)) from None
+            log.error("%s; kept dormant", problem)
+            vhost.dormant.keep("exchange", x, exc.reply_text)
     for q in definitions.get("queues", []):
+        if q["name"] in vhost.dormant.queues:
+            continue
         vhost.create_queue(
             q["name"],
             q["backend"],
@@ -118,6 +204,9 @@ def restore(vhost: VirtualHost, definitions: Mapping[str, list[dict[str, Any]]])
             arguments=QueueArguments.parse(q["arguments"]),
         )
     for b in definitions.get("bindings", []):
+        if vhost.dormant.involves(b):
+            vhost.dormant.bindings.append(b)
+            continue
         source = vhost.exchanges.get(b["source"])
         dest: Queue | Exchange | None = (
             vhost.queues.get(b["destination"])

@@ -37,6 +37,7 @@ from .arguments import (
 )
 from .classic import ClassicQueue
 from .deadletter import Reason, dead_letter
+from .dormant import Dormant
 from .exchange import PREDECLARED, DefaultExchange, Exchange
 from .exchange_types import new_exchange
 from .flusher import Flusher
@@ -74,6 +75,7 @@ class VirtualHost:
         # Called after a change to durable definitions (exchanges, queues, bindings).
         self._on_change = on_change
         self.queues: dict[str, Queue] = {}
+        self.dormant = Dormant(name)  # stored definitions kept but not running
         self.consumer_groups = ConsumerGroups(spawn)  # on streams (x-stream-group)
         self.default_exchange = DefaultExchange(name, self.queues)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
@@ -107,6 +109,7 @@ class VirtualHost:
     def get_exchange(self, name: str) -> Exchange:
         exchange = self.exchanges.get(name)
         if exchange is None:
+            self.dormant.check_lookup("exchange", name)
             raise self._not_found("exchange", name)
         return exchange
 
@@ -114,6 +117,7 @@ class VirtualHost:
         """The queue, if it exists and ``owner`` (a connection) may use it."""
         queue = self.queues.get(name)
         if queue is None:
+            self.dormant.check_lookup("queue", name)
             raise self._not_found("queue", name)
         self._check_exclusive(queue, owner)
         return queue
@@ -155,6 +159,7 @@ class VirtualHost:
                 f"unknown exchange type '{type_name}' (installed: "
                 f"{', '.join(sorted(self.exchange_types))})",
             )
+        self.dormant.check_declare("exchange", name)
         existing = self.exchanges.get(name)
         if existing is not None:
             check_equivalent(
@@ -197,6 +202,8 @@ class VirtualHost:
             )
         exchange = self.exchanges.get(name)
         if exchange is None:
+            if self.dormant.remove("exchange", name) is not None:
+                self._on_change()
             return  # deleting a missing exchange succeeds, as in RabbitMQ
         if if_unused and exchange.bindings:
             raise AMQPError(
@@ -309,6 +316,7 @@ class VirtualHost:
         )
         if kind == STREAM:
             self.storage.stream_backend(name, QueueArguments.parse(arguments))
+        self.dormant.check_declare("queue", name)
         existing = self.queues.get(name)
         if existing is not None:
             existing.touch()
@@ -419,6 +427,11 @@ class VirtualHost:
     def delete_queue(self, name: str, *, if_unused: bool, if_empty: bool, owner: object) -> int:
         queue = self.queues.get(name)
         if queue is None:
+            dormant = self.dormant.remove("queue", name)
+            if dormant is not None:
+                arguments = QueueArguments.parse(dormant["arguments"])
+                self.storage.delete_stores(dormant["backend"], name, arguments)
+                self._on_change()
             return 0  # deleting a missing queue succeeds, as in RabbitMQ
         self._check_exclusive(queue, owner)
         if if_unused and queue.consumers:
