@@ -91,7 +91,7 @@ from ..protocol.methods import (
 if TYPE_CHECKING:
     from .connection import AMQPConnection
 
-log = logging.getLogger("tqbroker.channel")
+log = logging.getLogger(__name__)
 
 # (queue, message id, consumer or None for basic.get, Trio time of the delivery)
 Unacked = tuple[Queue, int, Consumer | None, float]
@@ -419,13 +419,22 @@ class Channel:
     # -- FlushListener (called by flushers) --------------------------------------------------
 
     def flushed(self, flusher: Flusher) -> None:
-        if self._pending_confirms:
-            self.flush_confirms()
-        self._flush_commits()
+        try:
+            if self._pending_confirms:
+                self.flush_confirms()
+            self._flush_commits()
+        except Exception as exc:  # a bug: this connection closes, not the flusher
+            self.connection.internal_error(exc, "publisher confirms")
         if not self._pending_confirms and not self._pending_commits:
             flusher.unlisten(self)
 
     def flush_failed(self, flusher: Flusher, upto: int) -> None:
+        try:
+            self._flush_failed(flusher, upto)
+        except Exception as exc:  # a bug: this connection closes, not the flusher
+            self.connection.internal_error(exc, "publisher confirms")
+
+    def _flush_failed(self, flusher: Flusher, upto: int) -> None:
         for _seq, waits, failed in self._pending_confirms:
             if any(f is flusher and flusher.completed < t <= upto for f, t in waits):
                 failed[0] = True
@@ -569,7 +578,10 @@ class Channel:
     def deliver_reply(self, message: Message) -> None:
         """Deliver a reply sent to our direct reply-to address (no ack expected)."""
         if self.reply_tag is not None:
-            self._write_deliver(self.reply_tag, self._next_tag, False, message)
+            try:
+                self._write_deliver(self.reply_tag, self._next_tag, False, message)
+            except Exception as exc:  # a bug: this connection closes, not the publisher's
+                self.connection.internal_error(exc, "basic.deliver")
             self._next_tag += 1
 
     def _cancel(self, tag: str) -> None:
@@ -592,7 +604,7 @@ class Channel:
         if entry is NEEDS_FLUSH:
             # The store must flush before it hands out more: answer after the flush.
             assert queue.flusher is not None
-            queue.flusher.call_after_flush(lambda: self._answer_get(queue, no_ack))
+            queue.flusher.call_after_flush(lambda: self._answer_get_later(queue, no_ack))
             return
         if entry is None:
             self._send(BasicGetEmpty())
@@ -617,6 +629,12 @@ class Channel:
             self.connection.protocol.frame_max,
         )
         self.connection.wake_writer()
+
+    def _answer_get_later(self, queue: Queue, no_ack: bool) -> None:
+        try:
+            self._answer_get(queue, no_ack)
+        except Exception as exc:  # a bug: this connection closes, not the flusher
+            self.connection.internal_error(exc, "basic.get")
 
     def _take(self, tag: int, multiple: bool) -> list[tuple[int, Unacked]]:
         """Remove and return the deliveries an ack/nack/reject refers to."""
@@ -700,11 +718,14 @@ class Channel:
     def deliver(
         self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
     ) -> None:
-        tag = self._next_tag
-        self._next_tag += 1
-        if not consumer.no_ack:
-            self._track(tag, (consumer.queue, message_id, consumer, trio.current_time()))
-        self._write_deliver(consumer.tag, tag, redelivered, message)
+        try:
+            tag = self._next_tag
+            self._next_tag += 1
+            if not consumer.no_ack:  # tracked first: requeued if the rest fails
+                self._track(tag, (consumer.queue, message_id, consumer, trio.current_time()))
+            self._write_deliver(consumer.tag, tag, redelivered, message)
+        except Exception as exc:  # a bug: this connection closes, not the queue actor
+            self.connection.internal_error(exc, "basic.deliver")
 
     def _write_deliver(
         self, consumer_tag: str, delivery_tag: int, redelivered: bool, message: Message
@@ -735,7 +756,10 @@ class Channel:
         if self.consumers.pop(consumer.tag, None) is None:
             return
         if self.connection.capabilities.get("consumer_cancel_notify") is True:
-            self._send(BasicCancel(consumer.tag, True))
+            try:
+                self._send(BasicCancel(consumer.tag, True))
+            except Exception as exc:  # a bug: this connection closes, not the queue's deleter
+                self.connection.internal_error(exc, "basic.cancel")
 
     # -- teardown ----------------------------------------------------------------------------
 

@@ -14,9 +14,11 @@ Responsibilities:
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import platform
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -60,7 +62,7 @@ from .channel import Channel
 if TYPE_CHECKING:
     from ..broker.broker import Broker
 
-log = logging.getLogger("tqbroker.connection")
+log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
 # Deliveries pause while this much is waiting to be written to a slow client.
@@ -130,37 +132,91 @@ class AMQPConnection:
         self._sent_at = trio.current_time()
         self._ack_watch = trio.Event()  # set when an ack deadline earlier than the armed one came
         self._ack_armed = math.inf  # the deadline the ack timeout task sleeps until
+        self._receive_scope: trio.CancelScope | None = None  # the reader's, while it waits
 
     # -- lifetime ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve the connection until it closes; never raises for the peer's mistakes."""
+        """Serve the connection until it closes. Never raises for the peer's mistakes, nor for
+        an unexpected exception (a bug) in this connection's tasks: that is logged and closes
+        this connection alone (``internal_error``). Cancellation propagates."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_loop)
-                nursery.start_soon(self._ack_timeout_loop)
+                nursery.start_soon(self._guarded, self._ack_timeout_loop, "the ack timeout task")
                 try:
                     await self._read_loop()
                 except HangUp:
                     self.out.clear()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    log.debug("connection %s lost: %r", self.peer, exc)
+                except Exception as exc:
+                    # A bug outside the handling of one event: close without waiting for close-ok.
+                    self.internal_error(exc, "the reader")
                 self._finishing = True
                 self._writer_wakeup.set()
                 with trio.move_on_after(CLOSE_TIMEOUT):
                     await self._writer_done.wait()
                 nursery.cancel_scope.cancel()
+        except* Exception as group:
+            # The writer failed: it may have sent part of a frame, so the connection is dropped.
+            log.error("connection %s failed, dropping it", self.peer, exc_info=group)
         finally:
-            self._teardown()
+            try:
+                self._teardown()
+            except Exception:
+                log.exception("connection %s: teardown failed", self.peer)
             await trio.aclose_forcefully(self.stream)
 
     def _teardown(self) -> None:
-        for channel in self.channels.values():
-            channel.close()
+        channels = list(self.channels.values())
         self.channels.clear()
+        for channel in channels:
+            channel.close()
         if self.vhost is not None:
             self.vhost.connection_closed(self)
+
+    # -- unexpected exceptions ---------------------------------------------------------------
+
+    def internal_error(self, exc: Exception, where: str) -> None:
+        """An unexpected exception (a bug) in ``where``: log it with its traceback and close this
+        connection with ``connection.close`` 541 (its channels close: unacked deliveries are
+        requeued); if it was closing already, hang up. Other connections are not affected."""
+        log.error(
+            "connection %s: unexpected %s in %s, closing the connection",
+            self.peer,
+            type(exc).__name__,
+            where,
+            exc_info=exc,
+        )
+        if self.protocol.state in (State.CLOSING, State.CLOSED):
+            self._abort()
+            return
+        error = AMQPError(
+            ReplyCode.INTERNAL_ERROR, f"unexpected {type(exc).__name__} in {where}", hard=True
+        )
+        try:
+            self._fail(error)
+        except Exception:
+            log.exception("connection %s: closing after an internal error failed", self.peer)
+            self._abort()
+            return
+        # The reader may be waiting without a deadline: the client has CLOSE_TIMEOUT to answer.
+        if self._receive_scope is not None:
+            self._receive_scope.deadline = min(self._receive_scope.deadline, self._deadline)
+
+    def _abort(self) -> None:
+        """Drop the connection now (teardown follows in ``run``)."""
+        self.out.clear()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _guarded(self, task: Callable[[], Awaitable[None]], where: str) -> None:
+        """Run one of the connection's background tasks; an unexpected exception in it closes
+        the connection (``internal_error``) rather than ending the nursery."""
+        try:
+            await task()
+        except Exception as exc:
+            self.internal_error(exc, where)
 
     def shutdown(self, text: str = "broker shutdown") -> None:
         """Ask the client to go away (``connection.close`` 320); it has until the deadline."""
@@ -272,12 +328,18 @@ class AMQPConnection:
         protocol = self.protocol
         while True:
             with trio.move_on_at(self._receive_deadline()) as timeout:
+                self._receive_scope = timeout
                 if len(self.out) >= WRITE_HIGH_WATER:
                     # The client does not read what we send (returns, get-oks, acks): stop
                     # reading from it until it does, so TCP pushes back on the publisher.
                     self._drained = trio.Event()
                     await self._drained.wait()
-                data = await self.stream.receive_some(RECEIVE_SIZE)
+                try:
+                    data = await self.stream.receive_some(RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    log.debug("connection %s lost: %r", self.peer, exc)
+                    return
+            self._receive_scope = None
             if timeout.cancelled_caught:
                 self._timed_out()
                 return
@@ -304,6 +366,8 @@ class AMQPConnection:
                         publish = event.method
                         err.on_method(event.channel, publish.CLASS_ID, publish.METHOD_ID)
                         self._fail(err)
+                    except Exception as exc:
+                        self.internal_error(exc, event.method.NAME)
                     continue  # a publish never ends the connection
                 if event is NEED_DATA:
                     break
@@ -323,6 +387,12 @@ class AMQPConnection:
                         method = event.method
                         err.on_method(event.channel, method.CLASS_ID, method.METHOD_ID)
                     self._fail(err)
+                except HangUp:
+                    raise
+                except Exception as exc:
+                    # A bug handling this one method (an OSError included: it is not the socket's).
+                    where = event.method.NAME if isinstance(event, MethodReceived) else "handshake"
+                    self.internal_error(exc, where)
                 if protocol.state is State.CLOSED:
                     return
             if self._confirming:
@@ -407,7 +477,11 @@ class AMQPConnection:
                 await self._authenticate(method)
             case ConnectionTuneOk():
                 if self.protocol.heartbeat and self._nursery is not None:
-                    self._nursery.start_soon(self._heartbeat_loop, self.protocol.heartbeat / 2)
+                    self._nursery.start_soon(
+                        self._guarded,
+                        functools.partial(self._heartbeat_loop, self.protocol.heartbeat / 2),
+                        "the heartbeat task",
+                    )
             case ConnectionOpen(virtual_host=name):
                 vhost = self.broker.vhosts.get(name)
                 if vhost is None:

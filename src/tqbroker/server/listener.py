@@ -23,7 +23,7 @@ from ..config import BrokerConfig
 from .connection import AMQPConnection
 from .http import serve_http
 
-log = logging.getLogger("tqbroker.server")
+log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
 
@@ -69,6 +69,10 @@ async def serve(
             connections.add(connection)
             try:
                 await connection.run()
+            except* Exception as group:
+                # The last line of defence: one connection's failure never ends ``serve``.
+                log.error("connection %s failed", connection.peer, exc_info=group)
+                await trio.aclose_forcefully(stream)
             finally:
                 connections.discard(connection)
                 if not connections and shutdown is not None and shutdown.is_set():
