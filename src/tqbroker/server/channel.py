@@ -87,6 +87,7 @@ from ..protocol.methods import (
     TxSelect,
     TxSelectOk,
 )
+from .encoding import write_deliver
 
 if TYPE_CHECKING:
     from .connection import AMQPConnection
@@ -741,8 +742,9 @@ class Channel:
         idle = not out
         # A message delivered again on this channel number (fanout, requeue) reuses its
         # content frames' heads, encoded at its second delivery.
-        message.write_deliver(
+        write_deliver(
             out,
+            message,
             self.number,
             encoded_tag,
             delivery_tag,
