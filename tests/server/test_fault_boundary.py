@@ -18,7 +18,6 @@ import trio
 from canary import Canary
 from tqbroker.broker.vhost import VirtualHost
 from tqbroker.model import Message
-from tqbroker.server import channel as channel_module
 from tqbroker.server.connection import AMQPConnection
 from tqbroker.testing import RunningBroker, running_broker
 
@@ -114,17 +113,17 @@ def test_a_bug_in_a_delivery_closes_the_consumers_connection(
 ) -> None:
     """The delivery that failed is requeued (tracked before it was written) and goes to the
     next consumer."""
-    original = channel_module.Channel._write_deliver
+    original = AMQPConnection.write_deliver
     failures = []
 
-    def write_deliver(self: channel_module.Channel, tag: str, *args: Any) -> None:
+    def write_deliver(self: AMQPConnection, *args: Any) -> None:
         message: Message = args[-1]
         if message.body == b"poison" and not failures:
             failures.append(message)
             raise RuntimeError("cannot encode")
-        original(self, tag, *args)
+        original(self, *args)
 
-    monkeypatch.setattr(channel_module.Channel, "_write_deliver", write_deliver)
+    monkeypatch.setattr(AMQPConnection, "write_deliver", write_deliver)
     publisher = connect(broker)
     publishing = publisher.channel()
     publishing.queue_declare("work")

@@ -763,6 +763,10 @@ class VirtualHost:
         self.reply_consumers[address] = consumer
         return address
 
+    def unregister_reply_consumer(self, address: str) -> None:
+        """Forget a direct reply-to address (its channel closed)."""
+        self.reply_consumers.pop(address, None)
+
     def deliver_reply(self, routing_key: str, message: Message) -> bool:
         """Deliver a message published to a direct reply-to address; False if nobody waits."""
         consumer = self.reply_consumers.get(routing_key)

@@ -1,15 +1,18 @@
 """One client connection on a Trio stream: the thin I/O layer around ``protocol.ServerConnection``.
 
 Responsibilities:
-- the connection's nursery: a reader task (this one), a writer task and a heartbeat task;
-- the handshake: server properties and capabilities, SASL PLAIN/AMQPLAIN against the user store
-  (loopback-only users refused elsewhere), tune, vhost on open, all within a deadline;
+- the connection's nursery: a reader task (this one), a writer task, an ack-timeout task and a
+  heartbeat task;
+- the handshake (``handshake.py``) within a deadline, then channels opened and closed, their
+  methods handed to them (``Channel``), and what they send written (``ChannelHost``);
 - heartbeats both ways (two missed intervals close the socket);
 - errors: soft ones close the channel, hard ones send ``connection.close`` and wait briefly for
   ``close-ok``;
 - a write buffer that coalesces frames into one ``send_all`` and tells queue actors when a slow
   reader is backed up;
-- teardown: channels closed (unacked messages requeued), exclusive queues deleted.
+- teardown: channels closed (unacked messages requeued), exclusive queues deleted;
+- the fault boundary: an unexpected exception in any of this (a bug) is logged and closes this
+  connection alone with 541 INTERNAL_ERROR (``internal_error``).
 """
 
 from __future__ import annotations
@@ -17,16 +20,15 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import platform
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
 
-from .. import __version__, clock
-from ..auth import MECHANISMS, User, is_loopback, parse_response
+from .. import clock
 from ..broker.vhost import VirtualHost
-from ..protocol.codec import FieldTable
+from ..model import Message
+from ..protocol import frames
 from ..protocol.connection import (
     NEED_DATA,
     BadProtocolHeader,
@@ -48,16 +50,15 @@ from ..protocol.methods import (
     ConnectionClose,
     ConnectionCloseOk,
     ConnectionOpen,
-    ConnectionOpenOk,
-    ConnectionStart,
     ConnectionStartOk,
-    ConnectionTune,
     ConnectionTuneOk,
     ConnectionUpdateSecret,
     ConnectionUpdateSecretOk,
     Method,
 )
 from .channel import Channel
+from .encoding import write_deliver
+from .handshake import Handshake, HangUp
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -69,31 +70,6 @@ RECEIVE_SIZE = 256 * 1024
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 # How long to wait for close-ok after sending connection.close.
 CLOSE_TIMEOUT = 3.0
-
-CAPABILITIES: FieldTable = {
-    "publisher_confirms": True,
-    "exchange_exchange_bindings": True,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-}
-
-
-def server_properties(cluster_name: str) -> FieldTable:
-    return {
-        "product": "tqbroker",
-        "version": __version__,
-        "platform": f"Python {platform.python_version()} / Trio",
-        "copyright": "tqbroker contributors",
-        "information": "An AMQP 0-9-1 broker on Trio",
-        "cluster_name": cluster_name,
-        "capabilities": CAPABILITIES,
-    }
-
-
-class HangUp(Exception):
-    """Close the socket without another word."""
 
 
 class AMQPConnection:
@@ -117,9 +93,7 @@ class AMQPConnection:
             self.peer, self.peer_host = "unknown", ""
         self.out = bytearray()
         self.channels: dict[int, Channel] = {}
-        self.capabilities: FieldTable = {}
-        self.client_properties: FieldTable = {}
-        self.user: User | None = None
+        self.handshake = Handshake(broker, self.peer, self.peer_host, self._send_method_0)
         self.vhost: VirtualHost | None = None
         self._writer_wakeup = trio.Event()
         self._writer_done = trio.Event()
@@ -230,8 +204,71 @@ class AMQPConnection:
         self.out += data
         self._writer_wakeup.set()
 
-    def wake_writer(self) -> None:
+    def _send_method_0(self, method: Method) -> None:
+        self.write(self.protocol.send_method(0, method))
+
+    # -- ChannelHost (what channels send and ask) --------------------------------------------
+
+    def send_method(self, channel: int, method: Method) -> None:
+        self.write(self.protocol.send_method(channel, method))
+
+    def write_deliver(
+        self,
+        channel: int,
+        consumer_tag: bytes,
+        delivery_tag: int,
+        redelivered: bool,
+        message: Message,
+    ) -> None:
+        out = self.out
+        # The writer, once woken, sends what ``out`` holds until it is empty (every append to
+        # it wakes the writer): only the delivery that finds it empty needs to wake it, once
+        # per send rather than once per delivery.
+        idle = not out
+        write_deliver(
+            out, message, channel, consumer_tag, delivery_tag, redelivered, self.protocol.frame_max
+        )
+        if idle:
+            self._writer_wakeup.set()
+
+    def write_get_ok(
+        self, channel: int, delivery_tag: int, redelivered: bool, message: Message, left: int
+    ) -> None:
+        frames.write_get_ok(
+            self.out,
+            channel,
+            delivery_tag,
+            redelivered,
+            message.exchange,
+            message.routing_key,
+            left,
+            message.properties_raw,
+            message.body,
+            self.protocol.frame_max,
+        )
         self._writer_wakeup.set()
+
+    def write_return(self, channel: int, message: Message) -> None:
+        frames.write_return(
+            self.out,
+            channel,
+            ReplyCode.NO_ROUTE,
+            "NO_ROUTE",
+            message.exchange,
+            message.routing_key,
+            message.properties_raw,
+            message.body,
+            self.protocol.frame_max,
+        )
+        self._writer_wakeup.set()
+
+    @property
+    def notifies_cancel(self) -> bool:
+        return self.handshake.capabilities.get("consumer_cancel_notify") is True
+
+    @property
+    def consumer_timeout_ms(self) -> int | None:
+        return self.broker.config.consumer_timeout_ms
 
     def can_write(self) -> bool:
         """False while the client is slow to read what we already queued for it."""
@@ -253,8 +290,7 @@ class AMQPConnection:
                 if self._backed_up:
                     self._backed_up = False
                     for channel in self.channels.values():
-                        for consumer in channel.consumers.values():
-                            consumer.queue.wake()
+                        channel.wake_queues()
                 if self._finishing:
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -288,7 +324,7 @@ class AMQPConnection:
         while True:
             deadline = math.inf
             for channel in self.channels.values():
-                due = channel.ack_deadline()
+                due = channel.deliveries.ack_deadline()
                 if due is not None:
                     deadline = min(deadline, due[0])
             self._ack_armed = deadline
@@ -297,7 +333,7 @@ class AMQPConnection:
             self._ack_watch = trio.Event()
             now = trio.current_time()
             for channel in list(self.channels.values()):
-                due = channel.ack_deadline()
+                due = channel.deliveries.ack_deadline()
                 if due is not None and due[0] <= now:
                     log.warning(
                         "consumer ack timed out on channel %d of %s (%d ms)",
@@ -381,7 +417,7 @@ class AMQPConnection:
                         else:
                             self._channel_method(event.channel, event.method)
                     elif isinstance(event, ProtocolHeaderReceived):
-                        self._send_start()
+                        self.handshake.start()
                 except AMQPError as err:
                     if isinstance(event, MethodReceived | ContentReceived):
                         method = event.method
@@ -461,20 +497,10 @@ class AMQPConnection:
         else:
             self._channel(number).handle(method)
 
-    def _send_start(self) -> None:
-        start = ConnectionStart(
-            0,
-            9,
-            server_properties(self.broker.config.host),
-            " ".join(MECHANISMS),
-            "en_US",
-        )
-        self.write(self.protocol.send_method(0, start))
-
     async def _connection_method(self, method: Method) -> None:
         match method:
             case ConnectionStartOk():
-                await self._authenticate(method)
+                await self.handshake.start_ok(method)
             case ConnectionTuneOk():
                 if self.protocol.heartbeat and self._nursery is not None:
                     self._nursery.start_soon(
@@ -482,66 +508,13 @@ class AMQPConnection:
                         functools.partial(self._heartbeat_loop, self.protocol.heartbeat / 2),
                         "the heartbeat task",
                     )
-            case ConnectionOpen(virtual_host=name):
-                vhost = self.broker.vhosts.get(name)
-                if vhost is None:
-                    raise AMQPError(ReplyCode.NOT_ALLOWED, f"vhost {name} not found")
-                assert self.user is not None  # authenticated before open is allowed
-                if not self.user.may_open(name):
-                    raise AMQPError(
-                        ReplyCode.NOT_ALLOWED,
-                        f"access to vhost '{name}' refused for user '{self.user.name}'",
-                    )
-                self.vhost = vhost
-                self.write(self.protocol.send_method(0, ConnectionOpenOk()))
-                log.info(
-                    "connection %s: user '%s' opened vhost '%s'", self.peer, self.user.name, name
-                )
+            case ConnectionOpen():
+                self.vhost = self.handshake.open(method)
             case ConnectionClose():
                 # Release everything (exclusive queues included) before the client hears close-ok.
                 self._teardown()
-                self.write(self.protocol.send_method(0, ConnectionCloseOk()))
+                self._send_method_0(ConnectionCloseOk())
             case ConnectionUpdateSecret():
-                self.write(self.protocol.send_method(0, ConnectionUpdateSecretOk()))
+                self._send_method_0(ConnectionUpdateSecretOk())
             case _:
                 pass  # close-ok: the protocol moved to CLOSED and the read loop ends
-
-    async def _refuse_login(self, text: str) -> None:
-        """After a pause, tell clients that understand it (``authentication_failure_close``)
-        with connection.close 403; hang up on the others, as the spec says."""
-        log.warning("connection %s: %s", self.peer, text)
-        await trio.sleep(self.broker.config.auth_failure_delay)
-        if self.capabilities.get("authentication_failure_close") is not True:
-            raise HangUp
-        raise AMQPError(ReplyCode.ACCESS_REFUSED, text, hard=True)
-
-    async def _authenticate(self, start_ok: ConnectionStartOk) -> None:
-        self.client_properties = start_ok.client_properties
-        capabilities = start_ok.client_properties.get("capabilities")
-        self.capabilities = capabilities if isinstance(capabilities, dict) else {}
-        if start_ok.mechanism not in MECHANISMS:
-            log.warning(
-                "closing connection %s: unknown authentication mechanism %r",
-                self.peer,
-                start_ok.mechanism[:64],
-            )
-            raise HangUp  # the spec: close without sending anything further
-        try:
-            username, password = parse_response(
-                start_ok.mechanism, start_ok.response.encode("utf-8", "surrogateescape")
-            )
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise AMQPError(ReplyCode.ACCESS_REFUSED, str(exc), hard=True) from None
-        users = self.broker.users
-        user = await trio.to_thread.run_sync(users.verify, username, password)
-        if user is None:
-            await self._refuse_login(
-                f"Login was refused using authentication mechanism {start_ok.mechanism}. "
-                "For details see the broker logfile."
-            )
-        elif user.loopback_only and not is_loopback(self.peer_host):
-            await self._refuse_login(f"user '{username}' can only connect via localhost")
-        self.user = user
-        config = self.broker.config
-        tune = ConnectionTune(config.channel_max, config.frame_max, config.heartbeat)
-        self.write(self.protocol.send_method(0, tune))
