@@ -33,7 +33,6 @@ from ..broker.vhost import REPLY_TO, VirtualHost
 from ..model import Message
 from ..protocol import frames
 from ..protocol import methods as m
-from ..protocol.codec import FieldTable
 from ..protocol.errors import AMQPError, ReplyCode
 from .confirms import PublisherConfirms, Wait
 from .deliveries import AckDeadlines, Deliveries, Delivery, Settlement, Taken, requeue
@@ -230,19 +229,7 @@ class Channel:
             self._reply(method.nowait, m.BasicConsumeOk(tag))
             self.reply_to.started(tag)
             return
-        queue = self.vhost.get_queue(self.topology.queue_name(method.queue), self.host)
-        _check_consumer_arguments(queue, method.arguments)
-        queue.check_consumer(
-            method.consumer_tag,
-            no_ack=method.no_ack,
-            prefetch_count=self.prefetch_count,
-            arguments=method.arguments,
-        )
-        if queue.has_exclusive_consumer or (method.exclusive and queue.consumers):
-            raise AMQPError(
-                ReplyCode.ACCESS_REFUSED,
-                f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
-            )
+        queue = self.topology.consumer_queue(method, self.prefetch_count)
         consumer = Consumer(
             tag,
             queue,
@@ -389,22 +376,6 @@ class Channel:
         if self.confirms is not None:
             self.confirms.close()
         self.reply_to.close()
-
-
-def _check_consumer_arguments(queue: Queue, arguments: FieldTable) -> None:
-    for name, low in (("x-priority", None), ("x-consumer-timeout", 0)):
-        value = arguments.get(name)
-        if value is not None and (
-            not isinstance(value, int)
-            or isinstance(value, bool)
-            or (low is not None and value < low)
-        ):
-            required = "an integer" if low is None else f"an integer >= {low}"
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"invalid arg '{name}' for consumer on queue '{queue.name}': {required} is "
-                f"required (got {value!r})",
-            )
 
 
 # -- dispatch --------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from ..protocol.methods import (
     Method,
 )
 from .channel import Channel
+from .deliveries import AckTimeouts, Deliveries
 from .encoding import write_deliver
 from .handshake import Handshake, HangUp
 
@@ -104,8 +105,7 @@ class AMQPConnection:
         self._deadline = trio.current_time() + config.handshake_timeout
         self._nursery: trio.Nursery | None = None
         self._sent_at = trio.current_time()
-        self._ack_watch = trio.Event()  # set when an ack deadline earlier than the armed one came
-        self._ack_armed = math.inf  # the deadline the ack timeout task sleeps until
+        self._ack_timeouts = AckTimeouts(self.peer, self._unacked, self.fail_channel)
         self._receive_scope: trio.CancelScope | None = None  # the reader's, while it waits
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -118,7 +118,7 @@ class AMQPConnection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_loop)
-                nursery.start_soon(self._guarded, self._ack_timeout_loop, "the ack timeout task")
+                nursery.start_soon(self._guarded, self._ack_timeouts.run, "the ack timeout task")
                 try:
                     await self._read_loop()
                 except HangUp:
@@ -309,47 +309,10 @@ class AMQPConnection:
     # -- delivery acknowledgement timeout ----------------------------------------------------
 
     def watch_ack_deadline(self, deadline: float) -> None:
-        """A channel's oldest unacked delivery is due at ``deadline`` (Trio time): wake the
-        timeout task if that is earlier than what it sleeps until (rarely: deliveries come in
-        order, so a later one is almost always due later)."""
-        if deadline < self._ack_armed:
-            self._ack_armed = deadline
-            self._ack_watch.set()
+        self._ack_timeouts.watch(deadline)
 
-    async def _ack_timeout_loop(self) -> None:
-        """Close, with 406, a channel whose oldest unacked delivery is older than its consumer
-        timeout (``x-consumer-timeout`` of the consumer, else of the queue, else the broker's
-        ``consumer_timeout_ms``: RabbitMQ's 30 minutes by default); closing the channel requeues
-        its deliveries."""
-        while True:
-            deadline = math.inf
-            for channel in self.channels.values():
-                due = channel.deliveries.ack_deadline()
-                if due is not None:
-                    deadline = min(deadline, due[0])
-            self._ack_armed = deadline
-            with trio.move_on_at(deadline):
-                await self._ack_watch.wait()
-            self._ack_watch = trio.Event()
-            now = trio.current_time()
-            for channel in list(self.channels.values()):
-                due = channel.deliveries.ack_deadline()
-                if due is not None and due[0] <= now:
-                    log.warning(
-                        "consumer ack timed out on channel %d of %s (%d ms)",
-                        channel.number,
-                        self.peer,
-                        due[1],
-                    )
-                    self.fail_channel(
-                        AMQPError(
-                            ReplyCode.PRECONDITION_FAILED,
-                            f"delivery acknowledgement on channel {channel.number} timed out. "
-                            f"Timeout value used: {due[1]} ms. This timeout value can be "
-                            "configured, see consumers doc guide to learn more",
-                            channel=channel.number,
-                        )
-                    )
+    def _unacked(self) -> list[tuple[int, Deliveries]]:
+        return [(number, channel.deliveries) for number, channel in self.channels.items()]
 
     # -- reading -----------------------------------------------------------------------------
 

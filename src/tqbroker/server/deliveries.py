@@ -5,17 +5,20 @@ Responsibilities:
 - the unacked deliveries (``Delivery``), taken by ``basic.ack`` / ``nack`` / ``reject`` (``take``)
   and settled (``Settlement``: ack, requeue, or reject, which dead-letters or drops);
 - the delivery-acknowledgement timeout: when the oldest unacked delivery is due
-  (``ack_deadline``); the connection closes the channel with 406 when it passes.
+  (``ack_deadline``), and the connection's task that closes a channel with 406 when it passes
+  (``AckTimeouts``).
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import attrs
+import trio
 
 from ..broker.consumer import Consumer
 from ..broker.queue import Queue
@@ -141,3 +144,62 @@ class Deliveries:
 def requeue(taken: Iterable[tuple[int, Delivery]]) -> None:
     for _tag, delivery in taken:
         delivery.queue.requeue(delivery.message_id, delivery.consumer)
+
+
+class AckTimeouts:
+    """One connection's delivery-acknowledgement timeout task (``run``): close, with 406, a
+    channel whose oldest unacked delivery is older than its consumer timeout
+    (``x-consumer-timeout`` of the consumer, else of the queue, else the broker's
+    ``consumer_timeout_ms``: RabbitMQ's 30 minutes by default); closing the channel requeues
+    its deliveries. ``channels``: each open channel's number and deliveries."""
+
+    def __init__(
+        self,
+        peer: str,
+        channels: Callable[[], list[tuple[int, Deliveries]]],
+        fail_channel: Callable[[AMQPError], None],
+    ) -> None:
+        self._peer = peer
+        self._channels = channels
+        self._fail_channel = fail_channel
+        self._watch = trio.Event()  # set when an ack deadline earlier than the armed one came
+        self._armed = math.inf  # the deadline the task sleeps until
+
+    def watch(self, deadline: float) -> None:
+        """A channel's oldest unacked delivery is due at ``deadline`` (Trio time): wake the
+        task if that is earlier than what it sleeps until (rarely: deliveries come in order, so
+        a later one is almost always due later)."""
+        if deadline < self._armed:
+            self._armed = deadline
+            self._watch.set()
+
+    async def run(self) -> None:
+        while True:
+            deadline = math.inf
+            for _number, deliveries in self._channels():
+                due = deliveries.ack_deadline()
+                if due is not None:
+                    deadline = min(deadline, due[0])
+            self._armed = deadline
+            with trio.move_on_at(deadline):
+                await self._watch.wait()
+            self._watch = trio.Event()
+            now = trio.current_time()
+            for number, deliveries in self._channels():
+                due = deliveries.ack_deadline()
+                if due is not None and due[0] <= now:
+                    log.warning(
+                        "consumer ack timed out on channel %d of %s (%d ms)",
+                        number,
+                        self._peer,
+                        due[1],
+                    )
+                    self._fail_channel(
+                        AMQPError(
+                            ReplyCode.PRECONDITION_FAILED,
+                            f"delivery acknowledgement on channel {number} timed out. "
+                            f"Timeout value used: {due[1]} ms. This timeout value can be "
+                            "configured, see consumers doc guide to learn more",
+                            channel=number,
+                        )
+                    )

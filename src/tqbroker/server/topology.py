@@ -5,16 +5,20 @@ Responsibilities:
   to send (None with ``nowait``); raises ``AMQPError`` to refuse;
 - the queue last declared on the channel, which an empty queue name means (and an empty routing
   key of a ``queue.bind`` with an empty queue name);
-- the direct reply-to pseudo-queue's declare (answered as RabbitMQ does).
+- the direct reply-to pseudo-queue's declare (answered as RabbitMQ does);
+- the queue a ``basic.consume`` may consume from (``consumer_queue``).
 """
 
 from __future__ import annotations
 
 import logging
 
+from ..broker.queue import Queue
 from ..broker.vhost import REPLY_TO, VirtualHost
+from ..protocol.codec import FieldTable
 from ..protocol.errors import AMQPError, ReplyCode
 from ..protocol.methods import (
+    BasicConsume,
     ExchangeBind,
     ExchangeBindOk,
     ExchangeDeclare,
@@ -112,6 +116,24 @@ class Topology:
         )
         return _reply(method.nowait, QueueDeleteOk(count))
 
+    def consumer_queue(self, method: BasicConsume, prefetch_count: int) -> Queue:
+        """The queue a ``basic.consume`` consumes from, once the consumer passed its checks
+        (arguments, the queue's own, exclusive use)."""
+        queue = self.vhost.get_queue(self.queue_name(method.queue), self.owner)
+        _check_consumer_arguments(queue, method.arguments)
+        queue.check_consumer(
+            method.consumer_tag,
+            no_ack=method.no_ack,
+            prefetch_count=prefetch_count,
+            arguments=method.arguments,
+        )
+        if queue.has_exclusive_consumer or (method.exclusive and queue.consumers):
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED,
+                f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
+            )
+        return queue
+
     # -- exchanges ---------------------------------------------------------------------------
 
     def exchange_declare(self, method: ExchangeDeclare) -> Method | None:
@@ -141,3 +163,19 @@ class Topology:
             method.destination, method.source, method.routing_key, method.arguments
         )
         return _reply(method.nowait, ExchangeUnbindOk())
+
+
+def _check_consumer_arguments(queue: Queue, arguments: FieldTable) -> None:
+    for name, low in (("x-priority", None), ("x-consumer-timeout", 0)):
+        value = arguments.get(name)
+        if value is not None and (
+            not isinstance(value, int)
+            or isinstance(value, bool)
+            or (low is not None and value < low)
+        ):
+            required = "an integer" if low is None else f"an integer >= {low}"
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"invalid arg '{name}' for consumer on queue '{queue.name}': {required} is "
+                f"required (got {value!r})",
+            )
