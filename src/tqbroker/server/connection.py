@@ -323,24 +323,31 @@ class AMQPConnection:
             return trio.current_time() + 2 * heartbeat if heartbeat else math.inf
         return self._deadline
 
-    async def _read_loop(self) -> None:
-        protocol = self.protocol
-        while True:
-            with trio.move_on_at(self._receive_deadline()) as timeout:
-                self._receive_scope = timeout
+    async def _receive(self) -> bytes | None:
+        """The next bytes from the client (``b""`` at its end of stream); None once it is gone
+        or missed its deadline (heartbeats, handshake, close-ok)."""
+        with trio.move_on_at(self._receive_deadline()) as timeout:
+            self._receive_scope = timeout
+            try:
                 if len(self.out) >= WRITE_HIGH_WATER:
                     # The client does not read what we send (returns, get-oks, acks): stop
                     # reading from it until it does, so TCP pushes back on the publisher.
                     self._drained = trio.Event()
                     await self._drained.wait()
-                try:
-                    data = await self.stream.receive_some(RECEIVE_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    log.debug("connection %s lost: %r", self.peer, exc)
-                    return
-            self._receive_scope = None
-            if timeout.cancelled_caught:
-                self._timed_out()
+                return await self.stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log.debug("connection %s lost: %r", self.peer, exc)
+                return None
+            finally:
+                self._receive_scope = None
+        self._timed_out()
+        return None
+
+    async def _read_loop(self) -> None:
+        protocol = self.protocol
+        while True:
+            data = await self._receive()
+            if data is None:
                 return
             protocol.receive_data(data)
             # Messages are stamped with when the read that brought them returned.
@@ -361,12 +368,8 @@ class AMQPConnection:
                         if target is None:
                             target = self._channel(event.channel)  # raises
                         target.publish(event.method, event.properties, event.body, now_ms)
-                    except AMQPError as err:
-                        publish = event.method
-                        err.on_method(event.channel, publish.CLASS_ID, publish.METHOD_ID)
-                        self._fail(err)
                     except Exception as exc:
-                        self.internal_error(exc, event.method.NAME)
+                        self._event_failed(event, exc)
                     continue  # a publish never ends the connection
                 if event is NEED_DATA:
                     break
@@ -381,23 +384,30 @@ class AMQPConnection:
                             self._channel_method(event.channel, event.method)
                     elif isinstance(event, ProtocolHeaderReceived):
                         self.handshake.start()
-                except AMQPError as err:
-                    if isinstance(event, MethodReceived | ContentReceived):
-                        method = event.method
-                        err.on_method(event.channel, method.CLASS_ID, method.METHOD_ID)
-                    self._fail(err)
-                except HangUp:
-                    raise
                 except Exception as exc:
-                    # A bug handling this one method (an OSError included: it is not the socket's).
-                    where = event.method.NAME if isinstance(event, MethodReceived) else "handshake"
-                    self.internal_error(exc, where)
+                    self._event_failed(event, exc)
                 if protocol.state is State.CLOSED:
                     return
             if self._confirming:
                 for channel in self._confirming.values():
                     channel.flush_confirms()
                 self._confirming.clear()
+
+    def _event_failed(self, event: object, exc: Exception) -> None:
+        """Handling an event raised: ``AMQPError`` refuses it (its channel or the connection
+        closes), ``HangUp`` ends the connection, anything else (an OSError included: it is not
+        the socket's) is a bug (``internal_error``)."""
+        if isinstance(exc, HangUp):
+            raise exc
+        if isinstance(exc, AMQPError):
+            if isinstance(event, MethodReceived | ContentReceived):
+                exc.on_method(event.channel, event.method.CLASS_ID, event.method.METHOD_ID)
+            self._fail(exc)
+            return
+        if isinstance(event, MethodReceived | ContentReceived):
+            self.internal_error(exc, event.method.NAME)
+        else:
+            self.internal_error(exc, "the handshake")
 
     def _timed_out(self) -> None:
         state = self.protocol.state
