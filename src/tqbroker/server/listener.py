@@ -4,7 +4,8 @@ Responsibilities:
 - start the broker (queue actors), bind the AMQP listeners and start the HTTP API
   (``server/http.py``), then report the bound addresses (``Listening``) through the Trio start
   protocol;
-- a nursery per connection, under a handler nursery owned here;
+- a nursery per connection, under a handler nursery owned here; a connection that fails
+  (a bug its own boundary did not contain) is logged and closed, and ``serve`` goes on;
 - graceful shutdown when ``shutdown`` is set: stop accepting, ask every client to leave
   (``connection.close`` 320), give them ``shutdown_timeout`` seconds, then cut what remains.
   Cancelling ``serve`` instead stops everything at once.
