@@ -37,7 +37,13 @@ class Settlement(enum.Enum):
     @staticmethod
     def refused(requeue: bool) -> Settlement:
         """``basic.nack`` / ``basic.reject`` with their ``requeue`` flag."""
-        return Settlement.REQUEUE if requeue else Settlement.REJECT
+        return _REQUEUE if requeue else _REJECT
+
+
+# The members as module globals: an enum member's class attribute costs ~70 ns to look up on
+# Python 3.11, and settling is per delivery.
+_ACK, _REQUEUE = Settlement.ACK, Settlement.REQUEUE
+_REJECT = Settlement.REJECT
 
 
 @attrs.define(slots=True, eq=False)
@@ -50,9 +56,9 @@ class Delivery:
     delivered_at: float  # Trio time
 
     def settle(self, settlement: Settlement) -> None:
-        if settlement is Settlement.ACK:
+        if settlement is _ACK:
             self.queue.ack(self.message_id, self.consumer)
-        elif settlement is Settlement.REQUEUE:
+        elif settlement is _REQUEUE:
             self.queue.requeue(self.message_id, self.consumer)
         else:
             self.queue.reject(self.message_id, self.consumer)
@@ -141,9 +147,14 @@ class Deliveries:
         return None
 
 
-def requeue(taken: Iterable[tuple[int, Delivery]]) -> None:
-    for _tag, delivery in taken:
-        delivery.queue.requeue(delivery.message_id, delivery.consumer)
+def settle(taken: Iterable[tuple[int, Delivery]], settlement: Settlement) -> None:
+    """Settle deliveries alike (the common acks without a call per delivery)."""
+    if settlement is _ACK:
+        for _tag, delivery in taken:
+            delivery.queue.ack(delivery.message_id, delivery.consumer)
+    else:
+        for _tag, delivery in taken:
+            delivery.settle(settlement)
 
 
 class AckTimeouts:

@@ -60,7 +60,8 @@ def write_deliver(
     if one_frame and isinstance(cached, tuple) and cached[0] == channel:
         content: bytes = cached[1]
     else:
-        names = encoded_names(message)  # kept from the first delivery on
+        # Kept from the first delivery on (``encoded_names``, inlined when kept).
+        names = cached if isinstance(cached, bytes) else encoded_names(message)
         if cached is None or not one_frame:  # the first delivery, or several body frames
             _write_deliver(
                 out,
