@@ -93,6 +93,9 @@ def _server_name(prefix: str) -> str:
 
 
 class Channel:
+    """One open channel: the ``DeliveryChannel`` of its consumers (queue actors call
+    ``can_deliver``, ``deliver``, ``consumer_cancelled``)."""
+
     def __init__(self, host: ChannelHost, number: int, vhost: VirtualHost) -> None:
         self.host = host
         self.number = number
