@@ -6,9 +6,8 @@ Responsibilities:
   ``BasicProperties`` on demand;
 - ``timestamp_ms``: when the broker accepted the message (``tqbroker.clock.now_ms``, wall-clock
   milliseconds); TTLs count from it and durable backends store it with the message;
-- ``write_deliver``: its ``basic.deliver``, reusing across deliveries the exchange and routing
-  key as shortstrs and, from its second delivery on a channel number, its content frames'
-  heads;
+- ``delivery_cache``: an opaque slot owned by the server layer (``server/encoding.py`` keeps
+  the message's encoded ``basic.deliver`` parts there); the model never reads it;
 - ``with_long_header``: a copy with one more header, spliced into the encoded properties.
 """
 
@@ -17,10 +16,6 @@ from __future__ import annotations
 import attrs
 
 from .protocol.codec import FieldTable, Long, add_long_header
-from .protocol.frames import FRAME_OVERHEAD
-from .protocol.frames import deliver_content as _deliver_content
-from .protocol.frames import write_deliver as _write_deliver
-from .protocol.frames import write_deliver_content as _write_deliver_content
 from .protocol.methods import BasicProperties
 from .protocol.properties import decode_properties
 
@@ -29,9 +24,9 @@ class Message:
     """One published message. Immutable once routed; shared by every queue it was routed to."""
 
     __slots__ = (
-        "_encoded",
         "_properties",
         "body",
+        "delivery_cache",
         "exchange",
         "properties_raw",
         "routing_key",
@@ -53,10 +48,9 @@ class Message:
         self.body = body
         self._properties = properties
         self.timestamp_ms = timestamp_ms
-        # None until first delivered; then the exchange and routing key as shortstrs
-        # (``encoded_names``); from a second delivery (``write_deliver``) the channel number
-        # and the content encoded for it.
-        self._encoded: bytes | tuple[int, bytes] | None = None
+        # Owned by the server layer, which caches the message's wire encoding here
+        # (``server.encoding``); None until first delivered.
+        self.delivery_cache: object | None = None
 
     @property
     def properties(self) -> BasicProperties:
@@ -101,71 +95,6 @@ class Message:
             return self.with_headers({**headers, name: Long(value)})
         return Message(
             self.exchange, self.routing_key, raw, self.body, timestamp_ms=self.timestamp_ms
-        )
-
-    @property
-    def encoded_names(self) -> bytes:
-        """Exchange and routing key as two shortstrs, as ``basic.deliver`` carries them; encoded
-        once per message however many queues and consumers it reaches."""
-        encoded = self._encoded
-        if isinstance(encoded, bytes):
-            return encoded
-        names = self._encode_names()
-        if encoded is None:
-            self._encoded = names
-        return names
-
-    def _encode_names(self) -> bytes:
-        exchange, routing_key = self.exchange.encode(), self.routing_key.encode()
-        return bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key
-
-    def write_deliver(
-        self,
-        out: bytearray,
-        channel: int,
-        consumer_tag: bytes,
-        delivery_tag: int,
-        redelivered: bool,
-        frame_max: int,
-    ) -> None:
-        """Append a ``basic.deliver`` of this message (``frames.write_deliver``;
-        ``consumer_tag`` as a shortstr). The first delivery encodes it in full and keeps the
-        names (``encoded_names``); a further one on a channel number encodes the content
-        frames' heads there once (``frames.deliver_content``) and reuses them for the next
-        deliveries on that number (fanout, requeue). Only the latest channel number's are
-        kept: a message delivered once (most) keeps only its names, as it did before."""
-        body = self.body
-        size = len(body)
-        encoded = self._encoded
-        one_frame = size and (not frame_max or size <= frame_max - FRAME_OVERHEAD)
-        if one_frame and isinstance(encoded, tuple) and encoded[0] == channel:
-            content = encoded[1]
-        else:
-            names = self.encoded_names  # kept from the first delivery on
-            if encoded is None or not one_frame:  # the first delivery, or several body frames
-                _write_deliver(
-                    out,
-                    channel,
-                    consumer_tag,
-                    delivery_tag,
-                    redelivered,
-                    names,
-                    self.properties_raw,
-                    body,
-                    frame_max,
-                )
-                return
-            content = _deliver_content(channel, names, self.properties_raw, size)
-            self._encoded = (channel, content)
-        _write_deliver_content(
-            out,
-            channel,
-            consumer_tag,
-            delivery_tag,
-            redelivered,
-            content,
-            len(self.properties_raw),
-            body,
         )
 
     def __repr__(self) -> str:

@@ -1,5 +1,5 @@
 """A message's content frames encoded once and reused for its further deliveries
-(``Message.write_deliver``: ``frames.deliver_content`` + ``frames.write_deliver_content``) are
+(``encoding.write_deliver``: ``frames.deliver_content`` + ``frames.write_deliver_content``) are
 the bytes that ``frames.write_deliver`` writes for each delivery."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from tqbroker.model import Message
 from tqbroker.protocol import frames
 from tqbroker.protocol.methods import BasicProperties
+from tqbroker.server.encoding import encoded_names, write_deliver
 
 from .strategies import basic_properties, shortstrs
 
@@ -35,7 +36,7 @@ deliveries = st.lists(
 def deliver(out: bytearray, message: Message, delivery: tuple[int, str, int, bool, int]) -> None:
     """What ``Channel._write_deliver`` does."""
     channel, tag, delivery_tag, redelivered, frame_max = delivery
-    message.write_deliver(out, channel, frames.shortstr(tag), delivery_tag, redelivered, frame_max)
+    write_deliver(out, message, channel, frames.shortstr(tag), delivery_tag, redelivered, frame_max)
 
 
 def reference(message: Message, delivery: tuple[int, str, int, bool, int]) -> bytes:
@@ -80,22 +81,22 @@ def test_content_is_kept_from_the_second_delivery_for_one_channel() -> None:
     message = Message("ex", "rk", b"\x10\x00\x01", b"x" * 100)
     out = bytearray()
     tag = frames.shortstr("c")
-    message.write_deliver(out, 1, tag, 1, False, 4096)  # the first delivery: names only
-    assert message._encoded == b"\x02ex\x02rk"
-    assert message.encoded_names == b"\x02ex\x02rk"
-    message.write_deliver(out, 1, tag, 2, False, 4096)
-    kept = message._encoded
+    write_deliver(out, message, 1, tag, 1, False, 4096)  # the first delivery: names only
+    assert message.delivery_cache == b"\x02ex\x02rk"
+    assert encoded_names(message) == b"\x02ex\x02rk"
+    write_deliver(out, message, 1, tag, 2, False, 4096)
+    kept = message.delivery_cache
     assert isinstance(kept, tuple)
     assert kept[0] == 1
-    message.write_deliver(out, 1, tag, 3, True, 0)
-    assert message._encoded is kept  # reused
-    message.write_deliver(out, 2, tag, 4, False, 4096)  # another channel number: replaces it
-    assert isinstance(message._encoded, tuple)
-    assert message._encoded[0] == 2
-    message.write_deliver(out, 2, tag, 5, False, 100)  # several body frames: in full
-    assert message._encoded[0] == 2
-    assert message.encoded_names == b"\x02ex\x02rk"
+    write_deliver(out, message, 1, tag, 3, True, 0)
+    assert message.delivery_cache is kept  # reused
+    write_deliver(out, message, 2, tag, 4, False, 4096)  # another channel number: replaces it
+    assert isinstance(message.delivery_cache, tuple)
+    assert message.delivery_cache[0] == 2
+    write_deliver(out, message, 2, tag, 5, False, 100)  # several body frames: in full
+    assert message.delivery_cache[0] == 2
+    assert encoded_names(message) == b"\x02ex\x02rk"
     empty = Message("ex", "rk", b"\x00\x00", b"")
     for _ in range(3):  # an empty body has no body frame: always in full
-        empty.write_deliver(out, 1, tag, 6, False, 4096)
-    assert empty._encoded == b"\x02ex\x02rk"
+        write_deliver(out, empty, 1, tag, 6, False, 4096)
+    assert empty.delivery_cache == b"\x02ex\x02rk"

@@ -1,31 +1,34 @@
 """One client connection on a Trio stream: the thin I/O layer around ``protocol.ServerConnection``.
 
 Responsibilities:
-- the connection's nursery: a reader task (this one), a writer task and a heartbeat task;
-- the handshake: server properties and capabilities, SASL PLAIN/AMQPLAIN against the user store
-  (loopback-only users refused elsewhere), tune, vhost on open, all within a deadline;
+- the connection's nursery: a reader task (this one), a writer task, an ack-timeout task and a
+  heartbeat task;
+- the handshake (``handshake.py``) within a deadline, then channels opened and closed, their
+  methods handed to them (``Channel``), and what they send written (``ChannelHost``);
 - heartbeats both ways (two missed intervals close the socket);
 - errors: soft ones close the channel, hard ones send ``connection.close`` and wait briefly for
   ``close-ok``;
 - a write buffer that coalesces frames into one ``send_all`` and tells queue actors when a slow
   reader is backed up;
-- teardown: channels closed (unacked messages requeued), exclusive queues deleted.
+- teardown: channels closed (unacked messages requeued), exclusive queues deleted;
+- the fault boundary: an unexpected exception in any of this (a bug) is logged and closes this
+  connection alone with 541 INTERNAL_ERROR (``internal_error``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-import platform
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
 
 from .. import clock
-from .._version import __version__
-from ..auth import MECHANISMS, User, is_loopback, parse_response
 from ..broker.vhost import VirtualHost
-from ..protocol.codec import FieldTable
+from ..model import Message
+from ..protocol import frames
 from ..protocol.connection import (
     NEED_DATA,
     BadProtocolHeader,
@@ -47,52 +50,27 @@ from ..protocol.methods import (
     ConnectionClose,
     ConnectionCloseOk,
     ConnectionOpen,
-    ConnectionOpenOk,
-    ConnectionStart,
     ConnectionStartOk,
-    ConnectionTune,
     ConnectionTuneOk,
     ConnectionUpdateSecret,
     ConnectionUpdateSecretOk,
     Method,
 )
 from .channel import Channel
+from .deliveries import AckTimeouts, Deliveries
+from .encoding import write_deliver
+from .handshake import Handshake, HangUp
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
 
-log = logging.getLogger("tqbroker.connection")
+log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
 # Deliveries pause while this much is waiting to be written to a slow client.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 # How long to wait for close-ok after sending connection.close.
 CLOSE_TIMEOUT = 3.0
-
-CAPABILITIES: FieldTable = {
-    "publisher_confirms": True,
-    "exchange_exchange_bindings": True,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-}
-
-
-def server_properties(cluster_name: str) -> FieldTable:
-    return {
-        "product": "tqbroker",
-        "version": __version__,
-        "platform": f"Python {platform.python_version()} / Trio",
-        "copyright": "tqbroker contributors",
-        "information": "An AMQP 0-9-1 broker on Trio",
-        "cluster_name": cluster_name,
-        "capabilities": CAPABILITIES,
-    }
-
-
-class HangUp(Exception):
-    """Close the socket without another word."""
 
 
 class AMQPConnection:
@@ -116,9 +94,7 @@ class AMQPConnection:
             self.peer, self.peer_host = "unknown", ""
         self.out = bytearray()
         self.channels: dict[int, Channel] = {}
-        self.capabilities: FieldTable = {}
-        self.client_properties: FieldTable = {}
-        self.user: User | None = None
+        self.handshake = Handshake(broker, self.peer, self.peer_host, self._send_method_0)
         self.vhost: VirtualHost | None = None
         self._writer_wakeup = trio.Event()
         self._writer_done = trio.Event()
@@ -129,39 +105,92 @@ class AMQPConnection:
         self._deadline = trio.current_time() + config.handshake_timeout
         self._nursery: trio.Nursery | None = None
         self._sent_at = trio.current_time()
-        self._ack_watch = trio.Event()  # set when an ack deadline earlier than the armed one came
-        self._ack_armed = math.inf  # the deadline the ack timeout task sleeps until
+        self._ack_timeouts = AckTimeouts(self.peer, self._unacked, self.fail_channel)
+        self._receive_scope: trio.CancelScope | None = None  # the reader's, while it waits
 
     # -- lifetime ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve the connection until it closes; never raises for the peer's mistakes."""
+        """Serve the connection until it closes. Never raises for the peer's mistakes, nor for
+        an unexpected exception (a bug) in this connection's tasks: that is logged and closes
+        this connection alone (``internal_error``). Cancellation propagates."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_loop)
-                nursery.start_soon(self._ack_timeout_loop)
+                nursery.start_soon(self._guarded, self._ack_timeouts.run, "the ack timeout task")
                 try:
                     await self._read_loop()
                 except HangUp:
                     self.out.clear()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    log.debug("connection %s lost: %r", self.peer, exc)
+                except Exception as exc:
+                    # A bug outside the handling of one event: close without waiting for close-ok.
+                    self.internal_error(exc, "the reader")
                 self._finishing = True
                 self._writer_wakeup.set()
                 with trio.move_on_after(CLOSE_TIMEOUT):
                     await self._writer_done.wait()
                 nursery.cancel_scope.cancel()
+        except* Exception as group:
+            # The writer failed: it may have sent part of a frame, so the connection is dropped.
+            log.error("connection %s failed, dropping it", self.peer, exc_info=group)
         finally:
-            self._teardown()
+            try:
+                self._teardown()
+            except Exception:
+                log.exception("connection %s: teardown failed", self.peer)
             await trio.aclose_forcefully(self.stream)
 
     def _teardown(self) -> None:
-        for channel in self.channels.values():
-            channel.close()
+        channels = list(self.channels.values())
         self.channels.clear()
+        for channel in channels:
+            channel.close()
         if self.vhost is not None:
             self.vhost.connection_closed(self)
+
+    # -- unexpected exceptions ---------------------------------------------------------------
+
+    def internal_error(self, exc: Exception, where: str) -> None:
+        """An unexpected exception (a bug) in ``where``: log it with its traceback and close this
+        connection with ``connection.close`` 541 (its channels close: unacked deliveries are
+        requeued); if it was closing already, hang up. Other connections are not affected."""
+        log.error(
+            "connection %s: unexpected %s in %s, closing the connection",
+            self.peer,
+            type(exc).__name__,
+            where,
+            exc_info=exc,
+        )
+        if self.protocol.state in (State.CLOSING, State.CLOSED):
+            self._abort()
+            return
+        error = AMQPError(
+            ReplyCode.INTERNAL_ERROR, f"unexpected {type(exc).__name__} in {where}", hard=True
+        )
+        try:
+            self._fail(error)
+        except Exception:
+            log.exception("connection %s: closing after an internal error failed", self.peer)
+            self._abort()
+            return
+        # The reader may be waiting without a deadline: the client has CLOSE_TIMEOUT to answer.
+        if self._receive_scope is not None:
+            self._receive_scope.deadline = min(self._receive_scope.deadline, self._deadline)
+
+    def _abort(self) -> None:
+        """Drop the connection now (teardown follows in ``run``)."""
+        self.out.clear()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _guarded(self, task: Callable[[], Awaitable[None]], where: str) -> None:
+        """Run one of the connection's background tasks; an unexpected exception in it closes
+        the connection (``internal_error``) rather than ending the nursery."""
+        try:
+            await task()
+        except Exception as exc:
+            self.internal_error(exc, where)
 
     def shutdown(self, text: str = "broker shutdown") -> None:
         """Ask the client to go away (``connection.close`` 320); it has until the deadline."""
@@ -175,8 +204,71 @@ class AMQPConnection:
         self.out += data
         self._writer_wakeup.set()
 
-    def wake_writer(self) -> None:
+    def _send_method_0(self, method: Method) -> None:
+        self.write(self.protocol.send_method(0, method))
+
+    # -- ChannelHost (what channels send and ask) --------------------------------------------
+
+    def send_method(self, channel: int, method: Method) -> None:
+        self.write(self.protocol.send_method(channel, method))
+
+    def write_deliver(
+        self,
+        channel: int,
+        consumer_tag: bytes,
+        delivery_tag: int,
+        redelivered: bool,
+        message: Message,
+    ) -> None:
+        out = self.out
+        # The writer, once woken, sends what ``out`` holds until it is empty (every append to
+        # it wakes the writer): only the delivery that finds it empty needs to wake it, once
+        # per send rather than once per delivery.
+        idle = not out
+        write_deliver(
+            out, message, channel, consumer_tag, delivery_tag, redelivered, self.protocol.frame_max
+        )
+        if idle:
+            self._writer_wakeup.set()
+
+    def write_get_ok(
+        self, channel: int, delivery_tag: int, redelivered: bool, message: Message, left: int
+    ) -> None:
+        frames.write_get_ok(
+            self.out,
+            channel,
+            delivery_tag,
+            redelivered,
+            message.exchange,
+            message.routing_key,
+            left,
+            message.properties_raw,
+            message.body,
+            self.protocol.frame_max,
+        )
         self._writer_wakeup.set()
+
+    def write_return(self, channel: int, message: Message) -> None:
+        frames.write_return(
+            self.out,
+            channel,
+            ReplyCode.NO_ROUTE,
+            "NO_ROUTE",
+            message.exchange,
+            message.routing_key,
+            message.properties_raw,
+            message.body,
+            self.protocol.frame_max,
+        )
+        self._writer_wakeup.set()
+
+    @property
+    def notifies_cancel(self) -> bool:
+        return self.handshake.capabilities.get("consumer_cancel_notify") is True
+
+    @property
+    def consumer_timeout_ms(self) -> int | None:
+        return self.broker.config.consumer_timeout_ms
 
     def can_write(self) -> bool:
         """False while the client is slow to read what we already queued for it."""
@@ -198,8 +290,7 @@ class AMQPConnection:
                 if self._backed_up:
                     self._backed_up = False
                     for channel in self.channels.values():
-                        for consumer in channel.consumers.values():
-                            consumer.queue.wake()
+                        channel.wake_queues()
                 if self._finishing:
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -218,47 +309,10 @@ class AMQPConnection:
     # -- delivery acknowledgement timeout ----------------------------------------------------
 
     def watch_ack_deadline(self, deadline: float) -> None:
-        """A channel's oldest unacked delivery is due at ``deadline`` (Trio time): wake the
-        timeout task if that is earlier than what it sleeps until (rarely: deliveries come in
-        order, so a later one is almost always due later)."""
-        if deadline < self._ack_armed:
-            self._ack_armed = deadline
-            self._ack_watch.set()
+        self._ack_timeouts.watch(deadline)
 
-    async def _ack_timeout_loop(self) -> None:
-        """Close, with 406, a channel whose oldest unacked delivery is older than its consumer
-        timeout (``x-consumer-timeout`` of the consumer, else of the queue, else the broker's
-        ``consumer_timeout_ms``: RabbitMQ's 30 minutes by default); closing the channel requeues
-        its deliveries."""
-        while True:
-            deadline = math.inf
-            for channel in self.channels.values():
-                due = channel.ack_deadline()
-                if due is not None:
-                    deadline = min(deadline, due[0])
-            self._ack_armed = deadline
-            with trio.move_on_at(deadline):
-                await self._ack_watch.wait()
-            self._ack_watch = trio.Event()
-            now = trio.current_time()
-            for channel in list(self.channels.values()):
-                due = channel.ack_deadline()
-                if due is not None and due[0] <= now:
-                    log.warning(
-                        "consumer ack timed out on channel %d of %s (%d ms)",
-                        channel.number,
-                        self.peer,
-                        due[1],
-                    )
-                    self.fail_channel(
-                        AMQPError(
-                            ReplyCode.PRECONDITION_FAILED,
-                            f"delivery acknowledgement on channel {channel.number} timed out. "
-                            f"Timeout value used: {due[1]} ms. This timeout value can be "
-                            "configured, see consumers doc guide to learn more",
-                            channel=channel.number,
-                        )
-                    )
+    def _unacked(self) -> list[tuple[int, Deliveries]]:
+        return [(number, channel.deliveries) for number, channel in self.channels.items()]
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -269,18 +323,31 @@ class AMQPConnection:
             return trio.current_time() + 2 * heartbeat if heartbeat else math.inf
         return self._deadline
 
-    async def _read_loop(self) -> None:
-        protocol = self.protocol
-        while True:
-            with trio.move_on_at(self._receive_deadline()) as timeout:
+    async def _receive(self) -> bytes | None:
+        """The next bytes from the client (``b""`` at its end of stream); None once it is gone
+        or missed its deadline (heartbeats, handshake, close-ok)."""
+        with trio.move_on_at(self._receive_deadline()) as timeout:
+            self._receive_scope = timeout
+            try:
                 if len(self.out) >= WRITE_HIGH_WATER:
                     # The client does not read what we send (returns, get-oks, acks): stop
                     # reading from it until it does, so TCP pushes back on the publisher.
                     self._drained = trio.Event()
                     await self._drained.wait()
-                data = await self.stream.receive_some(RECEIVE_SIZE)
-            if timeout.cancelled_caught:
-                self._timed_out()
+                return await self.stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log.debug("connection %s lost: %r", self.peer, exc)
+                return None
+            finally:
+                self._receive_scope = None
+        self._timed_out()
+        return None
+
+    async def _read_loop(self) -> None:
+        protocol = self.protocol
+        while True:
+            data = await self._receive()
+            if data is None:
                 return
             protocol.receive_data(data)
             # Messages are stamped with when the read that brought them returned.
@@ -301,10 +368,8 @@ class AMQPConnection:
                         if target is None:
                             target = self._channel(event.channel)  # raises
                         target.publish(event.method, event.properties, event.body, now_ms)
-                    except AMQPError as err:
-                        publish = event.method
-                        err.on_method(event.channel, publish.CLASS_ID, publish.METHOD_ID)
-                        self._fail(err)
+                    except Exception as exc:
+                        self._event_failed(event, exc)
                     continue  # a publish never ends the connection
                 if event is NEED_DATA:
                     break
@@ -318,18 +383,31 @@ class AMQPConnection:
                         else:
                             self._channel_method(event.channel, event.method)
                     elif isinstance(event, ProtocolHeaderReceived):
-                        self._send_start()
-                except AMQPError as err:
-                    if isinstance(event, MethodReceived | ContentReceived):
-                        method = event.method
-                        err.on_method(event.channel, method.CLASS_ID, method.METHOD_ID)
-                    self._fail(err)
+                        self.handshake.start()
+                except Exception as exc:
+                    self._event_failed(event, exc)
                 if protocol.state is State.CLOSED:
                     return
             if self._confirming:
                 for channel in self._confirming.values():
                     channel.flush_confirms()
                 self._confirming.clear()
+
+    def _event_failed(self, event: object, exc: Exception) -> None:
+        """Handling an event raised: ``AMQPError`` refuses it (its channel or the connection
+        closes), ``HangUp`` ends the connection, anything else (an OSError included: it is not
+        the socket's) is a bug (``internal_error``)."""
+        if isinstance(exc, HangUp):
+            raise exc
+        if isinstance(exc, AMQPError):
+            if isinstance(event, MethodReceived | ContentReceived):
+                exc.on_method(event.channel, event.method.CLASS_ID, event.method.METHOD_ID)
+            self._fail(exc)
+            return
+        if isinstance(event, MethodReceived | ContentReceived):
+            self.internal_error(exc, event.method.NAME)
+        else:
+            self.internal_error(exc, "the handshake")
 
     def _timed_out(self) -> None:
         state = self.protocol.state
@@ -392,83 +470,24 @@ class AMQPConnection:
         else:
             self._channel(number).handle(method)
 
-    def _send_start(self) -> None:
-        start = ConnectionStart(
-            0,
-            9,
-            server_properties(self.broker.config.host),
-            " ".join(MECHANISMS),
-            "en_US",
-        )
-        self.write(self.protocol.send_method(0, start))
-
     async def _connection_method(self, method: Method) -> None:
         match method:
             case ConnectionStartOk():
-                await self._authenticate(method)
+                await self.handshake.start_ok(method)
             case ConnectionTuneOk():
                 if self.protocol.heartbeat and self._nursery is not None:
-                    self._nursery.start_soon(self._heartbeat_loop, self.protocol.heartbeat / 2)
-            case ConnectionOpen(virtual_host=name):
-                vhost = self.broker.vhosts.get(name)
-                if vhost is None:
-                    raise AMQPError(ReplyCode.NOT_ALLOWED, f"vhost {name} not found")
-                assert self.user is not None  # authenticated before open is allowed
-                if not self.user.may_open(name):
-                    raise AMQPError(
-                        ReplyCode.NOT_ALLOWED,
-                        f"access to vhost '{name}' refused for user '{self.user.name}'",
+                    self._nursery.start_soon(
+                        self._guarded,
+                        functools.partial(self._heartbeat_loop, self.protocol.heartbeat / 2),
+                        "the heartbeat task",
                     )
-                self.vhost = vhost
-                self.write(self.protocol.send_method(0, ConnectionOpenOk()))
-                log.info(
-                    "connection %s: user '%s' opened vhost '%s'", self.peer, self.user.name, name
-                )
+            case ConnectionOpen():
+                self.vhost = self.handshake.open(method)
             case ConnectionClose():
                 # Release everything (exclusive queues included) before the client hears close-ok.
                 self._teardown()
-                self.write(self.protocol.send_method(0, ConnectionCloseOk()))
+                self._send_method_0(ConnectionCloseOk())
             case ConnectionUpdateSecret():
-                self.write(self.protocol.send_method(0, ConnectionUpdateSecretOk()))
+                self._send_method_0(ConnectionUpdateSecretOk())
             case _:
                 pass  # close-ok: the protocol moved to CLOSED and the read loop ends
-
-    async def _refuse_login(self, text: str) -> None:
-        """After a pause, tell clients that understand it (``authentication_failure_close``)
-        with connection.close 403; hang up on the others, as the spec says."""
-        log.warning("connection %s: %s", self.peer, text)
-        await trio.sleep(self.broker.config.auth_failure_delay)
-        if self.capabilities.get("authentication_failure_close") is not True:
-            raise HangUp
-        raise AMQPError(ReplyCode.ACCESS_REFUSED, text, hard=True)
-
-    async def _authenticate(self, start_ok: ConnectionStartOk) -> None:
-        self.client_properties = start_ok.client_properties
-        capabilities = start_ok.client_properties.get("capabilities")
-        self.capabilities = capabilities if isinstance(capabilities, dict) else {}
-        if start_ok.mechanism not in MECHANISMS:
-            log.warning(
-                "closing connection %s: unknown authentication mechanism %r",
-                self.peer,
-                start_ok.mechanism[:64],
-            )
-            raise HangUp  # the spec: close without sending anything further
-        try:
-            username, password = parse_response(
-                start_ok.mechanism, start_ok.response.encode("utf-8", "surrogateescape")
-            )
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise AMQPError(ReplyCode.ACCESS_REFUSED, str(exc), hard=True) from None
-        users = self.broker.users
-        user = await trio.to_thread.run_sync(users.verify, username, password)
-        if user is None:
-            await self._refuse_login(
-                f"Login was refused using authentication mechanism {start_ok.mechanism}. "
-                "For details see the broker logfile."
-            )
-        elif user.loopback_only and not is_loopback(self.peer_host):
-            await self._refuse_login(f"user '{username}' can only connect via localhost")
-        self.user = user
-        config = self.broker.config
-        tune = ConnectionTune(config.channel_max, config.frame_max, config.heartbeat)
-        self.write(self.protocol.send_method(0, tune))

@@ -4,7 +4,8 @@ Responsibilities:
 - start the broker (queue actors), bind the AMQP listeners and start the HTTP API
   (``server/http/``), then report the bound addresses (``Listening``) through the Trio start
   protocol;
-- a nursery per connection, under a handler nursery owned here;
+- a nursery per connection, under a handler nursery owned here; a connection that fails
+  (a bug its own boundary did not contain) is logged and closed, and ``serve`` goes on;
 - graceful shutdown when ``shutdown`` is set: stop accepting, ask every client to leave
   (``connection.close`` 320), give them ``shutdown_timeout`` seconds, then cut what remains.
   Cancelling ``serve`` instead stops everything at once.
@@ -23,7 +24,7 @@ from ..config import BrokerConfig
 from .connection import AMQPConnection
 from .http import serve_http
 
-log = logging.getLogger("tqbroker.server")
+log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
 
@@ -69,6 +70,10 @@ async def serve(
             connections.add(connection)
             try:
                 await connection.run()
+            except* Exception as group:
+                # The last line of defence: one connection's failure never ends ``serve``.
+                log.error("connection %s failed", connection.peer, exc_info=group)
+                await trio.aclose_forcefully(stream)
             finally:
                 connections.discard(connection)
                 if not connections and shutdown is not None and shutdown.is_set():

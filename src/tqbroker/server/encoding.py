@@ -1,0 +1,89 @@
+"""A message's ``basic.deliver`` frames, encoded for the wire as cheaply as repeated delivery
+allows (the hot path of consuming).
+
+Responsibilities:
+- ``encoded_names``: the exchange and routing key as two shortstrs, encoded once per message
+  however many queues and consumers it reaches;
+- ``write_deliver``: append a ``basic.deliver`` with its content; from a message's second
+  delivery on a channel number (fanout, requeue), reuse its content frames' heads encoded there
+  once (``frames.deliver_content``).
+
+What is kept lives in ``Message.delivery_cache``, a slot the model leaves to this module: None
+until first delivered, then the names (bytes), then from a second delivery the channel number
+and the content encoded for it (``tuple[int, bytes]``). A message spliced for a stream delivery
+(``Message.with_long_header``) is a new message with its own cache.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..model import Message
+from ..protocol.frames import FRAME_OVERHEAD, deliver_content, write_deliver_content
+from ..protocol.frames import write_deliver as _write_deliver
+
+log = logging.getLogger(__name__)
+
+
+def encoded_names(message: Message) -> bytes:
+    """Exchange and routing key as two shortstrs, as ``basic.deliver`` carries them (kept in
+    ``message.delivery_cache`` from the first call on)."""
+    cached = message.delivery_cache
+    if isinstance(cached, bytes):
+        return cached
+    exchange, routing_key = message.exchange.encode(), message.routing_key.encode()
+    names = bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key
+    if cached is None:
+        message.delivery_cache = names
+    return names
+
+
+def write_deliver(
+    out: bytearray,
+    message: Message,
+    channel: int,
+    consumer_tag: bytes,
+    delivery_tag: int,
+    redelivered: bool,
+    frame_max: int,
+) -> None:
+    """Append a ``basic.deliver`` of ``message`` (``frames.write_deliver``; ``consumer_tag`` as
+    a shortstr). The first delivery encodes it in full and keeps the names (``encoded_names``);
+    a further one on a channel number encodes the content frames' heads there once
+    (``frames.deliver_content``) and reuses them for the next deliveries on that number. Only
+    the latest channel number's are kept: a message delivered once (most) keeps only its
+    names."""
+    body = message.body
+    size = len(body)
+    cached = message.delivery_cache
+    one_frame = size and (not frame_max or size <= frame_max - FRAME_OVERHEAD)
+    if one_frame and isinstance(cached, tuple) and cached[0] == channel:
+        content: bytes = cached[1]
+    else:
+        # Kept from the first delivery on (``encoded_names``, inlined when kept).
+        names = cached if isinstance(cached, bytes) else encoded_names(message)
+        if cached is None or not one_frame:  # the first delivery, or several body frames
+            _write_deliver(
+                out,
+                channel,
+                consumer_tag,
+                delivery_tag,
+                redelivered,
+                names,
+                message.properties_raw,
+                body,
+                frame_max,
+            )
+            return
+        content = deliver_content(channel, names, message.properties_raw, size)
+        message.delivery_cache = (channel, content)
+    write_deliver_content(
+        out,
+        channel,
+        consumer_tag,
+        delivery_tag,
+        redelivered,
+        content,
+        len(message.properties_raw),
+        body,
+    )

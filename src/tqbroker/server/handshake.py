@@ -1,0 +1,140 @@
+"""The opening of an AMQP connection, up to its vhost.
+
+Responsibilities:
+- ``connection.start``: the server properties and capabilities, the SASL mechanisms;
+- ``connection.start-ok``: the client's properties and capabilities, SASL PLAIN/AMQPLAIN against
+  the user store (in a thread: the hash is slow), loopback-only users refused from elsewhere; a
+  refusal after a pause, as ``connection.close`` 403 to clients that understand it and a hang-up
+  for the others; then ``connection.tune``;
+- ``connection.open``: the vhost, if it exists and the user may open it.
+
+The connection enforces the deadline and starts heartbeats after tune-ok.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from .._version import __version__
+from ..auth import MECHANISMS, User, is_loopback, parse_response
+from ..broker.vhost import VirtualHost
+from ..protocol.codec import FieldTable
+from ..protocol.errors import AMQPError, ReplyCode
+from ..protocol.methods import (
+    ConnectionOpen,
+    ConnectionOpenOk,
+    ConnectionStart,
+    ConnectionStartOk,
+    ConnectionTune,
+    Method,
+)
+
+if TYPE_CHECKING:
+    from ..broker.broker import Broker
+
+log = logging.getLogger(__name__)
+
+CAPABILITIES: FieldTable = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+}
+
+
+def server_properties(cluster_name: str) -> FieldTable:
+    return {
+        "product": "tqbroker",
+        "version": __version__,
+        "platform": f"Python {platform.python_version()} / Trio",
+        "copyright": "tqbroker contributors",
+        "information": "An AMQP 0-9-1 broker on Trio",
+        "cluster_name": cluster_name,
+        "capabilities": CAPABILITIES,
+    }
+
+
+class HangUp(Exception):
+    """Close the socket without another word."""
+
+
+class Handshake:
+    """One connection's handshake and what it learnt: the client's properties and
+    capabilities, and the user. ``send`` sends a method on channel 0."""
+
+    def __init__(self, broker: Broker, peer: str, peer_host: str, send: Callable[[Method], None]):
+        self._broker = broker
+        self._peer = peer
+        self._peer_host = peer_host
+        self._send = send
+        self.capabilities: FieldTable = {}
+        self.client_properties: FieldTable = {}
+        self.user: User | None = None
+
+    def start(self) -> None:
+        """The client sent the protocol header: ``connection.start``."""
+        properties = server_properties(self._broker.config.host)
+        self._send(ConnectionStart(0, 9, properties, " ".join(MECHANISMS), "en_US"))
+
+    async def start_ok(self, start_ok: ConnectionStartOk) -> None:
+        """Authenticate, then ``connection.tune``."""
+        self.client_properties = start_ok.client_properties
+        capabilities = start_ok.client_properties.get("capabilities")
+        self.capabilities = capabilities if isinstance(capabilities, dict) else {}
+        if start_ok.mechanism not in MECHANISMS:
+            log.warning(
+                "closing connection %s: unknown authentication mechanism %r",
+                self._peer,
+                start_ok.mechanism[:64],
+            )
+            raise HangUp  # the spec: close without sending anything further
+        try:
+            username, password = parse_response(
+                start_ok.mechanism, start_ok.response.encode("utf-8", "surrogateescape")
+            )
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise AMQPError(ReplyCode.ACCESS_REFUSED, str(exc), hard=True) from None
+        users = self._broker.users
+        user = await trio.to_thread.run_sync(users.verify, username, password)
+        if user is None:
+            await self._refuse_login(
+                f"Login was refused using authentication mechanism {start_ok.mechanism}. "
+                "For details see the broker logfile."
+            )
+        elif user.loopback_only and not is_loopback(self._peer_host):
+            await self._refuse_login(f"user '{username}' can only connect via localhost")
+        self.user = user
+        config = self._broker.config
+        self._send(ConnectionTune(config.channel_max, config.frame_max, config.heartbeat))
+
+    async def _refuse_login(self, text: str) -> None:
+        """After a pause, tell clients that understand it (``authentication_failure_close``)
+        with connection.close 403; hang up on the others, as the spec says."""
+        log.warning("connection %s: %s", self._peer, text)
+        await trio.sleep(self._broker.config.auth_failure_delay)
+        if self.capabilities.get("authentication_failure_close") is not True:
+            raise HangUp
+        raise AMQPError(ReplyCode.ACCESS_REFUSED, text, hard=True)
+
+    def open(self, method: ConnectionOpen) -> VirtualHost:
+        """``connection.open``: the vhost, if the user may open it (``connection.open-ok``)."""
+        name = method.virtual_host
+        vhost = self._broker.vhosts.get(name)
+        if vhost is None:
+            raise AMQPError(ReplyCode.NOT_ALLOWED, f"vhost {name} not found")
+        assert self.user is not None  # authenticated before open is allowed
+        if not self.user.may_open(name):
+            raise AMQPError(
+                ReplyCode.NOT_ALLOWED,
+                f"access to vhost '{name}' refused for user '{self.user.name}'",
+            )
+        self._send(ConnectionOpenOk())
+        log.info("connection %s: user '%s' opened vhost '%s'", self._peer, self.user.name, name)
+        return vhost

@@ -1,0 +1,115 @@
+"""``basic.publish`` up to the queues: the checks a publish passes, the message it makes, and its
+routing.
+
+Responsibilities:
+- ``check_publish``: refuse ``immediate`` and internal exchanges; validate the properties as a
+  full decode would (decoding them only if memoised or needed: reply-to, expiration); a
+  ``reply_to`` of the direct reply-to pseudo-queue becomes the channel's reply address;
+- ``route``: replies to a direct reply-to address, sender-selected distribution (``CC`` and
+  ``BCC`` headers; ``BCC`` removed before delivery), the exchange's routing, enqueueing; what a
+  confirm must wait for, whether a queue refused the message, and the message to return when
+  it was ``mandatory`` and reached no queue.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+
+from ..broker.deadletter import parse_expiration
+from ..broker.exchange import Exchange
+from ..broker.queue import Queue
+from ..broker.reply_to import REPLY_TO, REPLY_TO_PREFIX
+from ..broker.vhost import VirtualHost
+from ..model import Message
+from ..protocol.errors import AMQPError, DecodeError, ReplyCode
+from ..protocol.methods import HEADERS_FLAG, BasicProperties, BasicPublish
+from ..protocol.properties import check_properties
+from .confirms import Wait
+from .reply_to import ReplyTo
+
+log = logging.getLogger(__name__)
+
+# The headers property's bit in the first byte of the property flags.
+_HEADERS_FLAG_HIGH = HEADERS_FLAG >> 8
+# What the default exchange is routed with (it reads only the routing key).
+_NO_PROPERTIES = BasicProperties()
+
+
+# What routing a publish did: the flushes its confirm waits for, whether a queue's storage
+# refused it (the publish is nacked), and the message to return (``basic.return``) when it was
+# mandatory and reached no queue. A tuple: this is every publish's path.
+Routed = tuple[list[Wait], bool, Message | None]
+
+
+def check_publish(
+    vhost: VirtualHost,
+    method: BasicPublish,
+    properties_raw: bytes,
+    body: bytes,
+    timestamp_ms: int,
+    reply_to: ReplyTo,
+) -> tuple[Exchange, Message]:
+    """The exchange a publish goes to and the message it makes; raises ``AMQPError`` to refuse
+    it. ``reply_to``: the channel's direct reply-to consumer."""
+    if method.immediate:
+        raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true")
+    exchange = vhost.get_exchange(method.exchange)
+    if exchange.internal:
+        raise AMQPError(
+            ReplyCode.ACCESS_REFUSED,
+            f"cannot publish to internal exchange '{exchange.name}' in vhost '{vhost.name}'",
+        )
+    # Validated here as a full decode would (a bad block is refused before routing), but
+    # decoded only if memoised or needed (reply-to, expiration, headers); else None: the
+    # message decodes them if something asks.
+    try:
+        properties = check_properties(properties_raw)
+    except DecodeError as exc:
+        raise AMQPError(ReplyCode.FRAME_ERROR, f"cannot decode properties: {exc}") from None
+    if properties is not None:
+        if properties.reply_to == REPLY_TO:
+            properties = attrs.evolve(properties, reply_to=reply_to.reply_address())
+            properties_raw = properties.encode()
+        if properties.expiration is not None:
+            ttl = parse_expiration(properties.expiration)
+            if isinstance(ttl, str):
+                raise AMQPError(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"invalid expiration '{properties.expiration}': {ttl}",
+                )
+    message = Message(
+        method.exchange, method.routing_key, properties_raw, body, properties, timestamp_ms
+    )
+    return exchange, message
+
+
+def route(vhost: VirtualHost, exchange: Exchange, message: Message, mandatory: bool) -> Routed:
+    """Route and enqueue a message."""
+    waits: list[Wait] = []
+    refused = False
+    if exchange is vhost.default_exchange and message.routing_key.startswith(REPLY_TO_PREFIX):
+        routed = vhost.deliver_reply(message.routing_key, message)
+    else:
+        if message.properties_raw[0] & _HEADERS_FLAG_HIGH:
+            # Sender-selected distribution: routed on CC and BCC keys too; BCC never delivered.
+            headers = message.properties.headers
+            queues = vhost.route_keys(exchange, message.routing_keys(bcc=True), message.properties)
+            if headers and "BCC" in headers:
+                message = message.with_headers({k: v for k, v in headers.items() if k != "BCC"})
+        else:
+            # No headers: no CC or BCC keys. The default exchange routes by the routing key
+            # alone, so properties a publish left undecoded stay so.
+            queues = vhost.route(
+                exchange,
+                message.routing_key,
+                _NO_PROPERTIES if exchange is vhost.default_exchange else message.properties,
+            )
+        waits, refused = vhost.enqueue(queues, message)
+        # A destination that holds the message to route it later (x-delayed-message) is not
+        # a route yet: a mandatory message reaching only such is returned, as in RabbitMQ.
+        routed = bool(queues) and (
+            not mandatory or any(isinstance(queue, Queue) for queue in queues)
+        )
+    return waits, refused, (message if not routed and mandatory else None)
