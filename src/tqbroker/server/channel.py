@@ -262,6 +262,7 @@ class Channel:
 
     def _get(self, method: m.BasicGet) -> None:
         queue = self.vhost.get_queue(self.topology.queue_name(method.queue), self.host)
+        queue.check_usable()
         self._answer_get(queue, method.no_ack)
 
     def _answer_get(self, queue: Queue, no_ack: bool) -> None:

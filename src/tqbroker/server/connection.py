@@ -205,6 +205,8 @@ class AMQPConnection:
         self._writer_wakeup.set()
 
     def _send_method_0(self, method: Method) -> None:
+        if self.protocol.state in (State.CLOSING, State.CLOSED):
+            return  # a close went out while the handshake waited (a shutdown): nothing more
         self.write(self.protocol.send_method(0, method))
 
     # -- ChannelHost (what channels send and ask) --------------------------------------------

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 
+from ..broker.arguments import check_consumer_arguments
 from ..broker.queue import Queue
 from ..broker.reply_to import REPLY_TO
 from ..broker.vhost import VirtualHost
-from ..protocol.codec import FieldTable
 from ..protocol.errors import AMQPError, ReplyCode
 from ..protocol.methods import (
     BasicConsume,
@@ -121,7 +121,8 @@ class Topology:
         """The queue a ``basic.consume`` consumes from, once the consumer passed its checks
         (arguments, the queue's own, exclusive use)."""
         queue = self.vhost.get_queue(self.queue_name(method.queue), self.owner)
-        _check_consumer_arguments(queue, method.arguments)
+        check_consumer_arguments(queue.name, method.arguments)
+        queue.check_usable()
         queue.check_consumer(
             method.consumer_tag,
             no_ack=method.no_ack,
@@ -164,19 +165,3 @@ class Topology:
             method.destination, method.source, method.routing_key, method.arguments
         )
         return _reply(method.nowait, ExchangeUnbindOk())
-
-
-def _check_consumer_arguments(queue: Queue, arguments: FieldTable) -> None:
-    for name, low in (("x-priority", None), ("x-consumer-timeout", 0)):
-        value = arguments.get(name)
-        if value is not None and (
-            not isinstance(value, int)
-            or isinstance(value, bool)
-            or (low is not None and value < low)
-        ):
-            required = "an integer" if low is None else f"an integer >= {low}"
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"invalid arg '{name}' for consumer on queue '{queue.name}': {required} is "
-                f"required (got {value!r})",
-            )
