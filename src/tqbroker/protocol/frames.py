@@ -96,7 +96,7 @@ def write_deliver(
 ) -> None:
     """Append a complete ``basic.deliver``. ``consumer_tag`` is a shortstr and ``names`` the
     exchange and routing key as two shortstrs (length bytes included), encoded by the caller once
-    (``Message.encoded_names``) rather than per delivery."""
+    (``server.encoding.encoded_names``) rather than per delivery."""
     out += _METHOD_HEAD.pack(
         FRAME_METHOD, channel, 13 + len(consumer_tag) + len(names), BASIC_CLASS_ID, 60
     )
@@ -123,7 +123,7 @@ def deliver_content(channel: int, names: bytes, properties: bytes, body_size: in
     (exchange and routing key, two shortstrs), the method frame's end, the content header
     frame, the body frame's head. It depends on neither the consumer nor the delivery tag, so
     a message delivered more than once on a channel number encodes it once
-    (``Message.write_deliver``); ``write_deliver_content`` appends it."""
+    (``server.encoding.write_deliver``); ``write_deliver_content`` appends it."""
     return b"".join(
         (
             names,
