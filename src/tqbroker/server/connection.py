@@ -94,7 +94,7 @@ class AMQPConnection:
             self.peer, self.peer_host = "unknown", ""
         self.out = bytearray()
         self.channels: dict[int, Channel] = {}
-        self.handshake = Handshake(broker, self.peer, self.peer_host, self._send_method_0)
+        self.handshake = Handshake(broker, self.peer, self.peer_host, self._send_handshake)
         self.vhost: VirtualHost | None = None
         self._writer_wakeup = trio.Event()
         self._writer_done = trio.Event()
@@ -205,9 +205,12 @@ class AMQPConnection:
         self._writer_wakeup.set()
 
     def _send_method_0(self, method: Method) -> None:
+        self.write(self.protocol.send_method(0, method))
+
+    def _send_handshake(self, method: Method) -> None:
         if self.protocol.state in (State.CLOSING, State.CLOSED):
             return  # a close went out while the handshake waited (a shutdown): nothing more
-        self.write(self.protocol.send_method(0, method))
+        self._send_method_0(method)
 
     # -- ChannelHost (what channels send and ask) --------------------------------------------
 
