@@ -185,14 +185,17 @@ def test_suite_catches(factory: BackendFactory, case_name: str, tmp_path: Path) 
 
 
 def _run_stateful_for_mutant(factory: BackendFactory, data_dir: Path) -> None:
-    # Deterministic, no shrinking (only the failure matters) and no example database (these
-    # counterexamples must not be replayed against real backends).
+    # No shrinking (only the failure matters) and no example database (these counterexamples
+    # must not be replayed against real backends). Not derandomized: the derandomized sequence
+    # depended on which other test modules were collected, and with some collections it never
+    # requeued before peeking, so a mutant went unseen; random sequences find every mutant
+    # within a few examples (200 is the cap).
     run_stateful(factory, data_dir, settings=_MUTANT_SETTINGS)
 
 
 _MUTANT_SETTINGS = settings(
     stateful_settings(max_examples=200),
     database=None,
-    derandomize=True,
+    derandomize=False,
     phases=[Phase.explicit, Phase.generate],
 )
