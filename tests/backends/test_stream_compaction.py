@@ -29,7 +29,7 @@ from tqbroker.backends.log.format import Record
 from tqbroker.backends.log.log import COMPACTION_DIR, Log, RecordCache
 from tqbroker.backends.log.stream import LogStream
 from tqbroker.backends.streams import CompactionPolicy
-from tqbroker.broker.compaction import compaction_policy
+from tqbroker.broker.streams.compaction import compaction_policy
 from tqbroker.model import Message
 from tqbroker.protocol.methods import BasicProperties
 
@@ -549,7 +549,7 @@ from pathlib import Path
 
 from tqbroker.backends.log.log import Log
 from tqbroker.backends.log.stream import LogStream
-from tqbroker.broker.compaction import compaction_policy
+from tqbroker.broker.streams.compaction import compaction_policy
 from tqbroker.model import Message
 from tqbroker.protocol.methods import BasicProperties
 

@@ -1,5 +1,5 @@
-"""The consumer-group assignment (``broker/groups.py``) as a state machine: members come and go
-on a stream's partitions; after every step each partition someone consumes has exactly one
+"""The consumer-group assignment (``broker/streams/groups.py``) as a state machine: members come
+and go on a stream's partitions; after every step each partition someone consumes has exactly one
 reader among its consumers, loads are balanced when everyone is on every partition, and a
 partition only moves when it must (sticky)."""
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tqbroker.broker.consumer import Consumer
-from tqbroker.broker.groups import ConsumerGroup
+from tqbroker.broker.streams.groups import ConsumerGroup
 
 PARTITIONS = 6
 

@@ -19,7 +19,7 @@ from tqbroker.broker.arguments import QueueArguments, parse_interval
 from tqbroker.broker.consumer import Consumer
 from tqbroker.broker.deadletter import Reason
 from tqbroker.broker.queue import Queue
-from tqbroker.broker.stream import StreamQueue
+from tqbroker.broker.streams.queue import StreamQueue
 from tqbroker.model import Message
 from tqbroker.protocol.errors import AMQPError, ReplyCode
 from tqbroker.protocol.methods import BasicProperties

@@ -3,7 +3,8 @@
 Responsibilities:
 - ``Queue``: identity, lifetime (exclusive, auto-delete), bindings, consumers in priority order
   (exclusive consumers, auto-delete once the last consumer leaves), the actor's wake-up; the
-  kinds are ``ClassicQueue`` (``broker/classic.py``) and ``StreamQueue`` (``broker/stream.py``);
+  kinds are ``ClassicQueue`` (``broker/classic.py``) and ``StreamQueue``
+  (``broker/streams/queue.py``);
 - ``QueueHost``: the vhost's side, passed in at construction: dead-lettering, and deleting an
   unused queue;
 - what a publish, a get and a full queue answer (``Durability``, ``NEEDS_FLUSH``, ``QueueFull``).
@@ -64,7 +65,7 @@ class Queue(abc.ABC):
     """What every kind of queue has, as the vhost and the channels see it: identity and
     lifetime (exclusive, auto-delete), bindings, consumers in priority order, the actor's
     wake-up. What messages do is the kind's: ``ClassicQueue`` in ``broker/classic.py``,
-    ``StreamQueue`` in ``broker/stream.py``."""
+    ``StreamQueue`` in ``broker/streams/queue.py``."""
 
     def __init__(
         self,

@@ -41,13 +41,13 @@ from .dormant import Dormant
 from .exchange import PREDECLARED, DefaultExchange, Exchange
 from .exchange_types import new_exchange
 from .flusher import Flusher
-from .groups import ConsumerGroups
 from .holding import HoldingExchange
 from .queue import Queue
 from .reply_to import ReplyTo
 from .routing import Routing
 from .storage import QueueStorage
-from .stream import StreamQueue
+from .streams.groups import ConsumerGroups
+from .streams.queue import StreamQueue
 from .supervisor import Spawn
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from ._client import Client, PartitionInfo
 from ._options import EARLIEST, LATEST, OffsetSpec, OptionError, SourceOptions
 
-log = logging.getLogger("tqbroker.spark")
+log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 Offsets = dict[TopicPartition, int]

@@ -61,7 +61,7 @@ from tqbroker.plugins import (
     to_trio,
 )
 
-log = logging.getLogger("tqbroker.delayed_message")
+log = logging.getLogger(__name__)
 
 TYPE_NAME: Final = "x-delayed-message"
 TYPE_ARGUMENT: Final = "x-delayed-type"

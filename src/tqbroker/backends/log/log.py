@@ -33,7 +33,7 @@ from .format import Record, RecordError, encode_record, parse_record
 from .recovery import load_segment, scan_segment
 from .segment import Segment
 
-log = logging.getLogger("tqbroker.backends.log")
+log = logging.getLogger(__name__)
 
 CLEAN_MARKER = "clean-shutdown"
 # Where compacted copies of segments are written before they are moved over the originals.

@@ -36,7 +36,7 @@ from .format import FLAG_PERSISTENT, Record
 from .log import Log
 from .segment import Segment
 
-log = logging.getLogger("tqbroker.backends.log")
+log = logging.getLogger(__name__)
 
 STATE_FILE = "state.cbor"
 RESERVE_WINDOW = 8192

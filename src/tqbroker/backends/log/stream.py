@@ -46,7 +46,7 @@ from .format import FLAG_PERSISTENT, Record, RecordError
 from .log import COMPACTION_DIR, Log
 from .segment import Segment, read_file_records
 
-log = logging.getLogger("tqbroker.backends.log")
+log = logging.getLogger(__name__)
 
 STATE_FILE = "stream.cbor"
 # A compacted copy is written out in chunks of this many bytes.

@@ -4,7 +4,7 @@ with a 4xx (or 503) status; unknown paths and methods too, and a 500 for a bug.
 Responsibilities:
 - ``RequestError``: a request the HTTP layer itself refuses (credentials, permissions, a body
   too large or malformed), with its status;
-- the status of each ``broker.topics`` failure: ``NotFound`` 404, ``InvalidRequest`` 400,
+- the status of each ``broker.streams.topics`` failure: ``NotFound`` 404, ``InvalidRequest`` 400,
   ``Conflict`` 409, ``Unavailable`` 503;
 - ``EXCEPTION_HANDLERS``: the app's handlers for those, for Starlette's own ``HTTPException``
   and for anything else (a 500, logged with its traceback).
@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...broker.topics import Conflict, InvalidRequest, NotFound, TopicError, Unavailable
+from ...broker.streams.topics import Conflict, InvalidRequest, NotFound, TopicError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def error(status: int, message: str) -> JSONResponse:
 
 
 def topic_status(exc: TopicError) -> int:
-    """The HTTP status of a ``broker.topics`` failure."""
+    """The HTTP status of a ``broker.streams.topics`` failure."""
     for kind, status in _TOPIC_STATUSES.items():
         if isinstance(exc, kind):
             return status

@@ -19,7 +19,7 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 
 from ... import clock
-from ...broker.topics import ProducerRecord
+from ...broker.streams.topics import ProducerRecord
 from ...protocol.codec import FieldTable, FieldValue
 from .errors import RequestError
 

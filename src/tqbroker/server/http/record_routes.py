@@ -18,8 +18,8 @@ import logging
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...broker import topics
-from ...broker.topics import ProducerRecord
+from ...broker.streams import topics
+from ...broker.streams.topics import ProducerRecord
 from ...recordbatch import WriteBatch, decode_write, encode_read
 from . import inputs
 from .auth import broker_of, vhost_of

@@ -2,8 +2,8 @@
 
 Responsibilities: each route reads its request (``inputs``), finds the vhost (``auth``) in the
 same order as ever (so that the same bad request gets the same error), calls
-``broker.topics`` and answers JSON; a record's value travels as UTF-8 text when it is, else as
-base64, and its header values as ``recordbatch.json_value`` renders them. A read is at most
+``broker.streams.topics`` and answers JSON; a record's value travels as UTF-8 text when it is,
+else as base64, and its header values as ``recordbatch.json_value`` renders them. A read is at most
 ``max_bytes`` of values (1 MiB by default, as Kafka's ``max.partition.fetch.bytes``).
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...broker import topics
-from ...broker.topics import ConsumerRecord
+from ...broker.streams import topics
+from ...broker.streams.topics import ConsumerRecord
 from ...recordbatch import json_value
 from . import inputs
 from .auth import broker_of, vhost_of

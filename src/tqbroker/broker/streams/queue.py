@@ -10,7 +10,7 @@ Responsibilities:
   anything;
 - the consumer rules RabbitMQ enforces: manual acks, a per-consumer prefetch; ``basic.get`` and
   ``queue.purge`` are not supported;
-- consumer groups (``x-stream-group``, Kafka's way; the assignment is ``broker/groups.py``'s):
+- consumer groups (``x-stream-group``, Kafka's way; the assignment is ``groups.py``'s):
   only the member a partition is assigned to reads it, from the group's committed offset, which
   advances with that member's acks (a settled prefix: never past an unacked delivery) and is
   stored durably with the stream; a new group starts where the consumer's ``x-stream-offset``
@@ -41,18 +41,18 @@ from typing import Final
 import attrs
 import trio
 
-from .. import clock
-from ..backends.streams import CompactionPolicy, StreamLog
-from ..model import Message
-from ..plugins.spec import Durability
-from ..protocol.codec import FieldTable, FieldValue
-from ..protocol.errors import AMQPError, ReplyCode
-from .arguments import QueueArguments, parse_interval
+from ... import clock
+from ...backends.streams import CompactionPolicy, StreamLog
+from ...model import Message
+from ...plugins.spec import Durability
+from ...protocol.codec import FieldTable, FieldValue
+from ...protocol.errors import AMQPError, ReplyCode
+from ..arguments import QueueArguments, parse_interval
+from ..consumer import Consumer
+from ..flusher import Flusher
+from ..queue import NeedsFlush, Queue, QueueHost
 from .compaction import compaction_policy
-from .consumer import Consumer
-from .flusher import Flusher
 from .groups import GROUP_ARGUMENT, ConsumerGroups
-from .queue import NeedsFlush, Queue, QueueHost
 
 log = logging.getLogger(__name__)
 

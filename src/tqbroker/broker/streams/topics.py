@@ -33,15 +33,15 @@ from collections.abc import Sequence
 
 import attrs
 
-from .. import clock
-from ..model import Message
-from ..protocol.codec import FieldTable
-from ..protocol.errors import AMQPError, ReplyCode
-from ..protocol.methods import BasicProperties
-from ..recordbatch import BinaryColumn, ReadBatch, encode_headers
+from ... import clock
+from ...model import Message
+from ...protocol.codec import FieldTable
+from ...protocol.errors import AMQPError, ReplyCode
+from ...protocol.methods import BasicProperties
+from ...recordbatch import BinaryColumn, ReadBatch, encode_headers
+from ..vhost import VirtualHost
 from .groups import natural_key
-from .stream import StreamQueue
-from .vhost import VirtualHost
+from .queue import StreamQueue
 
 log = logging.getLogger(__name__)
 

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .consumer import Consumer, DeliveryChannel
+from ..consumer import Consumer, DeliveryChannel
 
 if TYPE_CHECKING:
-    from .stream import StreamQueue
+    from .queue import StreamQueue
 
 GROUP_ARGUMENT = "x-stream-group"
 REBALANCE_DELAY = 0.2

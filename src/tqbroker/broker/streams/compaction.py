@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import attrs
 
-from ..backends.streams import DEFAULT_TOMBSTONE_GRACE_MS, CompactionPolicy
-from ..model import Message
-from ..protocol.errors import DecodeError
+from ...backends.streams import DEFAULT_TOMBSTONE_GRACE_MS, CompactionPolicy
+from ...model import Message
+from ...protocol.errors import DecodeError
 
 
 @attrs.frozen
