@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tqbroker.backends import FLUSH_FIRST
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.format import decode_record
 from tqbroker.backends.log.log import Log, RecordCache
@@ -60,9 +61,10 @@ def drain(backend: LogBackend, store: LogQueueStore) -> list[Popped]:
     popped: list[Popped] = []
     while store.ready_count:
         peeked = store.peek()
-        if peeked is None:
+        if peeked is FLUSH_FIRST:
             flush(backend)
             continue
+        assert peeked is not None
         assert fields(store.pop()) == fields(peeked)
         popped.append(peeked)
     assert store.peek() is None

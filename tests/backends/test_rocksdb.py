@@ -38,13 +38,10 @@ from tqbroker_rocksdb.codec import (
     transient_prefix,
 )
 
-from tqbroker.backends.base import Backend
-from tqbroker.model import Message
+from tqbroker.backends import FLUSH_FIRST, Backend, Message, Popped
 from tqbroker.plugins.loader import load_backends
 from tqbroker.protocol.methods import BasicProperties
 from tqbroker.testing.conformance import BackendConformance
-
-Popped = tuple[int, Message, bool]
 
 
 class TestRocksDBConformance(BackendConformance):
@@ -90,10 +87,11 @@ def flush(backend: RocksDBBackend) -> bool:
 def pop(backend: RocksDBBackend, store: RocksDBQueueStore) -> Popped | None:
     """Pop as the broker does: flush and retry when the store holds a message back."""
     popped = store.pop()
-    if popped is None and store.ready_count:
+    if popped is FLUSH_FIRST:
         assert backend.needs_flush
         assert flush(backend)
         popped = store.pop()
+        assert popped is not FLUSH_FIRST
         assert popped is not None
     if store.wants_flush:
         flush(backend)
@@ -257,12 +255,12 @@ def test_pop_waits_for_the_reservation_only_for_persistent_messages(tmp_path: Pa
     assert popped is not None
     assert popped[0] == 1
     store.push(message(2), persistent=True)
-    assert store.pop() is None  # beyond the reservation: it must be extended first
+    assert store.pop() is FLUSH_FIRST  # beyond the reservation: it must be extended first
     assert backend.needs_flush
     assert store.ready_count == 1
     work = backend.begin_flush()
     assert work is not None
-    assert store.pop() is None  # the reservation holds once the flush has completed
+    assert store.pop() is FLUSH_FIRST  # the reservation holds once the flush has completed
     work()
     popped = store.pop()
     assert popped is not None
@@ -282,8 +280,9 @@ def test_reservation_grows_with_the_delivery_rate(tmp_path: Path) -> None:
     while True:
         popped = store.pop()
         if popped is None:
-            if not store.ready_count:
-                break
+            assert not store.ready_count
+            break
+        if popped is FLUSH_FIRST:
             held_back += 1
             flush(backend)
             flushes += 1
@@ -302,7 +301,7 @@ def test_reservation_grows_with_the_delivery_rate(tmp_path: Path) -> None:
 def test_ack_before_the_flush_never_writes_the_message(tmp_path: Path) -> None:
     backend = opened(tmp_path)
     store = backend.open_queue("/", "q")
-    assert store.pop() is None  # a consumer is waiting: the next flush reserves ahead
+    assert store.pop() is None  # nothing ready; a consumer is waiting: the next flush reserves
     flush(backend)
     assert not backend.needs_flush
     message_id = store.push(message(1, b"x" * 100_000), persistent=True)
@@ -697,7 +696,7 @@ def test_flushes_in_a_worker_thread_while_pushing(tmp_path: Path) -> None:
             pushes_during_flushes += in_flush.is_set()
             if n % 3 == 0:
                 popped = store.pop()  # never blocks: a held-back pop just waits for a flush
-                if popped is not None:
+                if popped is not None and popped is not FLUSH_FIRST:
                     delivered.append(popped[0])
                     if popped[0] % 2 == 0:
                         store.ack(popped[0])
@@ -731,7 +730,7 @@ def test_flushes_in_a_worker_thread_while_pushing(tmp_path: Path) -> None:
 _SIGKILL_CHILD = """
 import json, os, signal, sys
 from pathlib import Path
-from tqbroker.model import Message
+from tqbroker.backends import FLUSH_FIRST, Message
 from tqbroker_rocksdb import RocksDBBackend
 
 data_dir, state_file = Path(sys.argv[1]), Path(sys.argv[2])
@@ -741,7 +740,7 @@ def flush(b):
     if work: work()
 def pop(b, s):
     got = s.pop()
-    if got is None and s.ready_count:
+    if got is FLUSH_FIRST:
         flush(b)
         got = s.pop()
     return got
@@ -804,7 +803,7 @@ def test_sigkill_after_a_flush_loses_nothing_flushed(tmp_path: Path) -> None:
 _WRITE_FAILURE_CHILD = """
 import json, resource, signal, sys
 from pathlib import Path
-from tqbroker.model import Message
+from tqbroker.backends import FLUSH_FIRST, Message
 from tqbroker_rocksdb import RocksDBBackend
 
 data_dir, state_file = Path(sys.argv[1]), Path(sys.argv[2])
@@ -845,8 +844,8 @@ report["recovered"] = []
 while True:
     got = store.pop()
     if got is None:
-        if not store.ready_count:
-            break
+        break
+    if got is FLUSH_FIRST:
         backend.begin_flush()()
         continue
     report["recovered"].append([got[0], got[1].routing_key, len(got[1].body), got[2]])

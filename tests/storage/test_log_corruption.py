@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tqbroker.backends import FLUSH_FIRST
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.log import Log
 from tqbroker.backends.log.store import LogQueueStore
@@ -171,8 +172,8 @@ def drain(backend: LogBackend, store: LogQueueStore, *, requeue_every: int = 0) 
     while True:
         entry = store.pop()
         if entry is None:
-            if not store.ready_count:
-                return bodies
+            return bodies
+        if entry is FLUSH_FIRST:
             flush(backend)  # the delivery reservation must be extended first
             continue
         message_id, message, _redelivered = entry

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tqbroker.backends import FLUSH_FIRST
 from tqbroker.backends.log import LogBackend, parse_fsync_policy
 from tqbroker.backends.log.log import Log
 from tqbroker.backends.log.segment import Segment
@@ -162,13 +163,14 @@ def _drain(store: LogQueueStore, backend: LogBackend) -> list[tuple[int, bytes, 
     out = []
     while True:
         entry = store.pop()
-        if entry is None:
+        if entry is FLUSH_FIRST:
             work = backend.begin_flush()
             if work is not None:
                 work()
             entry = store.pop()
-            if entry is None:
-                return out
+        if entry is None:
+            return out
+        assert entry is not FLUSH_FIRST
         out.append((entry[0], entry[1].body, entry[2]))
 
 

@@ -13,18 +13,21 @@ from typing import TYPE_CHECKING, Any
 
 from ..model import Message
 from ..protocol.methods import BasicProperties
-from .base import Backend, QueueStore
+from .base import FLUSH_FIRST, Backend, FlushFirst, Popped, QueueStore
 from .streams import CompactionPolicy, StreamBackend, StreamLog, StreamRecord
 
 if TYPE_CHECKING:
     from ..testing.conformance import BackendConformance, run_conformance
 
 __all__ = [
+    "FLUSH_FIRST",
     "Backend",
     "BackendConformance",
     "BasicProperties",
     "CompactionPolicy",
+    "FlushFirst",
     "Message",
+    "Popped",
     "QueueStore",
     "StreamBackend",
     "StreamLog",

@@ -42,11 +42,25 @@ The in-memory backend (``durable`` false) keeps nothing across a restart.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, TypeAlias, runtime_checkable
 
 from ..model import Message
+
+
+class FlushFirst(enum.Enum):
+    FLUSH_FIRST = enum.auto()
+
+
+# What ``pop``/``peek`` return when messages are ready but the store must flush before it may
+# hand out more (a durable backend's bounded delivery reservation; it then reports
+# ``Backend.needs_flush``): run a flush and ask again.
+FLUSH_FIRST: Final = FlushFirst.FLUSH_FIRST
+
+# A message handed out: ``(id, message, redelivered)``.
+Popped: TypeAlias = tuple[int, Message, bool]
 
 
 class QueueStore(Protocol):
@@ -57,15 +71,15 @@ class QueueStore(Protocol):
         for the message to survive a restart (ignored by non-durable backends)."""
         ...
 
-    def pop(self) -> tuple[int, Message, bool] | None:
+    def pop(self) -> Popped | FlushFirst | None:
         """Take the oldest ready message as ``(id, message, redelivered)``; it becomes unacked.
-        ``None`` when nothing is ready (or, for a durable backend, when it must flush before it
-        may hand out more: it then reports ``Backend.needs_flush``)."""
+        ``None`` when nothing is ready; ``FLUSH_FIRST`` when a durable backend must flush before
+        it may hand out more (it then reports ``Backend.needs_flush``)."""
         ...
 
-    def peek(self) -> tuple[int, Message, bool] | None:
+    def peek(self) -> Popped | FlushFirst | None:
         """What ``pop`` would return next, without taking it (the queue expires messages at
-        its head by looking). ``None`` when ``pop`` would return ``None``."""
+        its head by looking)."""
         ...
 
     def ack(self, message_id: int) -> None:

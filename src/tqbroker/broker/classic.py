@@ -26,14 +26,14 @@ from typing import Final
 import trio
 
 from .. import clock
-from ..backends.base import QueueStore
+from ..backends.base import FLUSH_FIRST, FlushFirst, Popped, QueueStore
 from ..model import Message
 from ..plugins.spec import Durability
 from .arguments import QueueArguments
 from .consumer import Consumer
 from .deadletter import Reason, message_ttl
 from .flusher import Flusher
-from .queue import NEEDS_FLUSH, NeedsFlush, Queue, QueueFull, QueueHost
+from .queue import Queue, QueueFull, QueueHost
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +135,10 @@ class ClassicQueue(Queue):
                 )
                 return
             if entry is None:
-                if store.ready_count and self.flusher is not None and not self._wakeup.is_set():
-                    self.flusher.wake_after_flush(self)  # the store needs a flush first
+                return
+            if entry is FLUSH_FIRST:
+                if self.flusher is not None and not self._wakeup.is_set():
+                    self.flusher.wake_after_flush(self)
                 return
             message_id, message, redelivered = entry
             if consumer.no_ack:
@@ -145,18 +147,19 @@ class ClassicQueue(Queue):
                 consumer.unacked += 1
             consumer.channel.deliver(consumer, message_id, message, redelivered)
 
-    def _take(self, expire_at_most: float = math.inf) -> tuple[int, Message, bool] | None:
+    def _take(self, expire_at_most: float = math.inf) -> Popped | FlushFirst | None:
         """Pop the next live message for delivery: expired ones met on the way are
         dead-lettered (past ``expire_at_most`` of them, give up: None, actor woken to go on);
-        a message returned before carries ``x-delivery-count``."""
+        a message returned before carries ``x-delivery-count``. ``FLUSH_FIRST`` as the store
+        says it."""
         store = self.store
         expired = 0
         while True:
             entry = store.pop()
             if store.wants_flush and self.flusher is not None:
                 self.flusher.poke()
-            if entry is None:
-                return None
+            if entry is None or entry is FLUSH_FIRST:
+                return entry
             message_id, message, redelivered = entry
             if self._may_expire and self._expired(message, clock.now_ms()):
                 self._discard(message_id, message, "expired")
@@ -203,8 +206,10 @@ class ClassicQueue(Queue):
                 )
                 return math.inf
             if entry is None:
-                if store.ready_count and self.flusher is not None:
-                    self.flusher.wake_after_flush(self)  # the store needs a flush first
+                return math.inf
+            if entry is FLUSH_FIRST:
+                if self.flusher is not None:
+                    self.flusher.wake_after_flush(self)
                 return math.inf
             expires_at = self._expires_at(entry[1])
             if expires_at is None:
@@ -212,7 +217,7 @@ class ClassicQueue(Queue):
             if now <= expires_at:
                 return clock.to_trio(expires_at + 1)
             popped = store.pop()
-            if popped is None:  # peek said it would not; be safe
+            if popped is None or popped is FLUSH_FIRST:  # peek said it would not; be safe
                 return math.inf
             self._discard(popped[0], popped[1], "expired")
         return trio.current_time()
@@ -312,13 +317,13 @@ class ClassicQueue(Queue):
         store = self.store
         while self._over_limit():
             entry = store.pop()
-            if entry is None:  # the store must flush first; the next publish drops more
+            if entry is None or entry is FLUSH_FIRST:  # FLUSH_FIRST: the next publish drops more
                 break
             self._discard(entry[0], entry[1], "maxlen")
 
-    def get(self) -> tuple[int, Message, bool] | NeedsFlush | None:
+    def get(self) -> Popped | FlushFirst | None:
         """The next ready message for ``basic.get``; None when the queue is empty;
-        ``NEEDS_FLUSH`` when messages are ready but the store must flush before it may hand
+        ``FLUSH_FIRST`` when messages are ready but the store must flush before it may hand
         one out (rare: retry after ``flusher.call_after_flush``)."""
         self.touch()
         try:
@@ -326,12 +331,12 @@ class ClassicQueue(Queue):
         except OSError as exc:
             log.error("queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc)
             return None
-        if self.flusher is not None and (self.store.wants_flush or entry is None):
+        if self.flusher is not None and (self.store.wants_flush or entry is FLUSH_FIRST):
             self.flusher.poke()
+        if entry is FLUSH_FIRST and not (self.flusher is not None and self.flusher.healthy):
             # Wait for the flush only while it can succeed; a backend that cannot write (after
             # a failed fsync it stays so until restart) answers get-empty rather than hanging.
-            if entry is None and self.store.ready_count and self.flusher.healthy:
-                return NEEDS_FLUSH
+            return None
         return entry
 
     def ack(self, message_id: int, consumer: Consumer | None) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from ..backends.base import QueueStore
+from ..backends.base import FLUSH_FIRST, FlushFirst, Popped, QueueStore
 from ..model import Message
 from ..protocol.methods import PRIORITY_FLAG
 
@@ -63,21 +63,21 @@ class PriorityStore:
         level = min(message_priority(message), self._levels - 1)
         return self._stores[level].push(message, persistent) * self._levels + level
 
-    def _take(self, peek: bool) -> tuple[int, Message, bool] | None:
+    def _take(self, peek: bool) -> Popped | FlushFirst | None:
         level = self._top()
         if level is None:
             return None
         store = self._stores[level]
         entry = store.peek() if peek else store.pop()
-        if entry is None:  # the level must flush first: lower levels wait their turn
-            return None
+        if entry is None or entry is FLUSH_FIRST:  # FLUSH_FIRST: lower levels wait their turn
+            return entry
         store_id, message, redelivered = entry
         return store_id * self._levels + level, message, redelivered
 
-    def pop(self) -> tuple[int, Message, bool] | None:
+    def pop(self) -> Popped | FlushFirst | None:
         return self._take(peek=False)
 
-    def peek(self) -> tuple[int, Message, bool] | None:
+    def peek(self) -> Popped | FlushFirst | None:
         return self._take(peek=True)
 
     def ack(self, message_id: int) -> None:

@@ -7,7 +7,7 @@ Responsibilities:
   (``broker/streams/queue.py``);
 - ``QueueHost``: the vhost's side, passed in at construction: dead-lettering, and deleting an
   unused queue;
-- what a publish, a get and a full queue answer (``Durability``, ``NEEDS_FLUSH``, ``QueueFull``).
+- what a full queue answers (``QueueFull``).
 
 A queue reads its arguments from the typed ``QueueArguments`` built at declare time
 (``broker/arguments.py``), never from the raw table.
@@ -16,12 +16,12 @@ A queue reads its arguments from the typed ``QueueArguments`` built at declare t
 from __future__ import annotations
 
 import abc
-import enum
 import logging
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from ..backends.base import FlushFirst, Popped
 from ..model import Message
 from ..plugins.spec import Durability
 from ..protocol.codec import FieldTable
@@ -40,13 +40,6 @@ log = logging.getLogger(__name__)
 class QueueFull(Exception):
     """``x-max-length(-bytes)`` reached with ``x-overflow`` reject-publish(-dlx): the publish is
     refused (nacked)."""
-
-
-class NeedsFlush(enum.Enum):
-    NEEDS_FLUSH = enum.auto()
-
-
-NEEDS_FLUSH: Final = NeedsFlush.NEEDS_FLUSH
 
 
 class QueueHost(Protocol):
@@ -112,7 +105,7 @@ class Queue(abc.ABC):
         """Take a routed message; return what its confirm waits for."""
 
     @abc.abstractmethod
-    def get(self) -> tuple[int, Message, bool] | NeedsFlush | None:
+    def get(self) -> Popped | FlushFirst | None:
         """``basic.get``: the next message as ``(id, message, redelivered)``."""
 
     @abc.abstractmethod

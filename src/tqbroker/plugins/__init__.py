@@ -7,6 +7,7 @@ and may change without notice.
 
 from __future__ import annotations
 
+from ..backends.base import FLUSH_FIRST, FlushFirst, Popped, QueueStore
 from ..clock import now_ms, to_trio
 from ..model import Message
 from ..protocol.codec import FieldTable, FieldValue, encode_table
@@ -24,6 +25,7 @@ from .spec import (
 )
 
 __all__ = [
+    "FLUSH_FIRST",
     "BasicProperties",
     "Destination",
     "Durability",
@@ -31,11 +33,14 @@ __all__ = [
     "ExchangeType",
     "FieldTable",
     "FieldValue",
+    "FlushFirst",
     "FlushListener",
     "GroupCommit",
     "HoldingRouter",
     "Message",
+    "Popped",
     "PropertyRouter",
+    "QueueStore",
     "Router",
     "encode_table",
     "now_ms",

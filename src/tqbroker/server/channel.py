@@ -26,9 +26,10 @@ from typing import Any, Protocol
 import trio
 
 from .. import clock
+from ..backends.base import FLUSH_FIRST
 from ..broker.consumer import Consumer
 from ..broker.exchange import Exchange
-from ..broker.queue import NEEDS_FLUSH, Queue
+from ..broker.queue import Queue
 from ..broker.reply_to import REPLY_TO
 from ..broker.vhost import VirtualHost
 from ..model import Message
@@ -269,7 +270,7 @@ class Channel:
         if self.closed or queue.deleted:
             return
         entry = queue.get()
-        if entry is NEEDS_FLUSH:
+        if entry is FLUSH_FIRST:
             # The store must flush before it hands out more: answer after the flush.
             assert queue.flusher is not None
             queue.flusher.call_after_flush(lambda: self._answer_get_later(queue, no_ack))

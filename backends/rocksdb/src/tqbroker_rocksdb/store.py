@@ -17,7 +17,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable
 
-from tqbroker.backends import Message
+from tqbroker.backends import FLUSH_FIRST, FlushFirst, Message, Popped
 
 from .codec import (
     decode_record,
@@ -100,17 +100,17 @@ class RocksDBQueueStore:
             self._writer.ops[transient_key(self._transient_prefix, message_id)] = message
         return message_id
 
-    def peek(self) -> tuple[int, Message, bool] | None:
+    def peek(self) -> Popped | FlushFirst | None:
         self._reap()
         head = self._head()
-        return None if head is None else head[:3]
+        return head if head is None or head is FLUSH_FIRST else head[:3]
 
-    def pop(self) -> tuple[int, Message, bool] | None:
+    def pop(self) -> Popped | FlushFirst | None:
         self._reap()
         self._planner.active.add(self)  # someone consumes: plan a reservation at the next flush
         head = self._head()
-        if head is None:
-            return None
+        if head is None or head is FLUSH_FIRST:
+            return head
         message_id, message, flagged, transient = head
         if flagged:
             self._take_flagged(message_id)
@@ -125,12 +125,12 @@ class RocksDBQueueStore:
         self._unacked[message_id] = size
         return message_id, message, flagged
 
-    def _head(self) -> tuple[int, Message, bool, bool] | None:
+    def _head(self) -> tuple[int, Message, bool, bool] | FlushFirst | None:
         """The next message ``pop`` takes, as ``(id, message, flagged, transient)``: flagged
         ones (requeued, or recovered below the reservation) are redelivered; ``transient`` is
-        known for fresh ones only. None when nothing is ready, or when the reservation must be
-        extended first (the next flush then extends it). Messages whose record has vanished
-        are skipped for good."""
+        known for fresh ones only. None when nothing is ready; ``FLUSH_FIRST`` when the
+        reservation must be extended first (the next flush then extends it). Messages whose
+        record has vanished are skipped for good."""
         while True:
             message_id = self._flagged_head()
             if message_id is not None:
@@ -149,7 +149,7 @@ class RocksDBQueueStore:
             transient = self._is_fresh_transient(message_id)
             if not transient and message_id >= self.reservation.reserved:
                 self._planner.wanting.add(self)
-                return None
+                return FLUSH_FIRST
             message = self._load(message_id, transient)
             if message is not None:
                 return message_id, message, False, transient

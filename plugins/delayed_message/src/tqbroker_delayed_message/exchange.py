@@ -50,6 +50,7 @@ from typing import Final
 import trio
 
 from tqbroker.plugins import (
+    FLUSH_FIRST,
     Durability,
     ExchangeContext,
     FieldTable,
@@ -261,8 +262,10 @@ class DelayedMessages:
                 entry = store.pop()
             except OSError as exc:
                 log.error("exchange %r: cannot read a delayed message: %s", self.name, exc)
-                entry = None
-            if entry is None:  # the store must flush first
+                entry = FLUSH_FIRST  # try again after the next flush
+            if entry is None:
+                break
+            if entry is FLUSH_FIRST:
                 if self._commit is not None and not self._drain_scheduled:
                     self._drain_scheduled = True
                     self._commit.call_after_flush(self._after_flush)
@@ -349,9 +352,7 @@ class DelayedMessages:
         while heap and to_trio(heap[0][0]) <= trio.current_time():
             _due, message_id, exchange, routing_key, raw, body = heapq.heappop(heap)
             # It enters its queues now: their TTLs count from here.
-            self._deliver(
-                message_id, Message(exchange, routing_key, raw, body, None, now_ms())
-            )
+            self._deliver(message_id, Message(exchange, routing_key, raw, body, None, now_ms()))
             batch += 1
             if batch == _BATCH:
                 batch = 0

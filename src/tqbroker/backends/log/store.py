@@ -32,6 +32,7 @@ import cbor2
 
 from ...fsutil import atomic_write
 from ...model import Message
+from ..base import FLUSH_FIRST, FlushFirst, Popped
 from .format import FLAG_PERSISTENT, Record
 from .log import Log
 from .segment import Segment
@@ -206,17 +207,17 @@ class LogQueueStore:
         self._ready_bytes += size
         return offset
 
-    def peek(self) -> tuple[int, Message, bool] | None:
+    def peek(self) -> Popped | FlushFirst | None:
         head = self._head()
-        if head is None:
-            return None
+        if head is None or head is FLUSH_FIRST:
+            return head
         offset, record, requeued = head
         return offset, record.message, requeued or offset < self.redelivered_below
 
-    def pop(self) -> tuple[int, Message, bool] | None:
+    def pop(self) -> Popped | FlushFirst | None:
         head = self._head()
-        if head is None:
-            return None
+        if head is None or head is FLUSH_FIRST:
+            return head
         offset, record, requeued = head
         size = len(record.message.body)
         if requeued:
@@ -230,9 +231,10 @@ class LogQueueStore:
         self._unacked[offset] = size
         return offset, record.message, requeued or offset < self.redelivered_below
 
-    def _head(self) -> tuple[int, Record, bool] | None:
+    def _head(self) -> tuple[int, Record, bool] | FlushFirst | None:
         """The next message ``pop`` takes, as ``(offset, record, requeued)``; None when nothing
-        is ready or the delivery reservation must be extended first (then asked for). Damaged
+        is ready; ``FLUSH_FIRST`` when the delivery reservation must be extended first (then
+        asked for). Damaged
         records met on the way (logged by the log) are settled."""
         while self._requeued:
             offset, size = self._requeued[0]
@@ -252,7 +254,7 @@ class LogQueueStore:
                 continue
             if offset >= self.delivered_reserved:
                 self._request_reservation(offset)
-                return None
+                return FLUSH_FIRST
             if offset >= self.delivered_reserved - RESERVE_WINDOW // 2:
                 self._request_reservation(offset)
             record = self.log.read(offset)

@@ -42,6 +42,7 @@ import attrs
 import trio
 
 from ... import clock
+from ...backends.base import FlushFirst, Popped
 from ...backends.streams import CompactionPolicy, StreamLog
 from ...model import Message
 from ...plugins.spec import Durability
@@ -50,7 +51,7 @@ from ...protocol.errors import AMQPError, ReplyCode
 from ..arguments import QueueArguments, parse_interval
 from ..consumer import Consumer
 from ..flusher import Flusher
-from ..queue import NeedsFlush, Queue, QueueHost
+from ..queue import Queue, QueueHost
 from .compaction import compaction_policy
 from .groups import GROUP_ARGUMENT, ConsumerGroups
 
@@ -234,7 +235,7 @@ class StreamQueue(Queue):
             return None
         return flusher, flusher.request()
 
-    def get(self) -> tuple[int, Message, bool] | NeedsFlush | None:
+    def get(self) -> Popped | FlushFirst | None:
         raise AMQPError(
             ReplyCode.NOT_IMPLEMENTED,
             f"basic.get not supported by stream queues {self._describe()}",

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import logging
 
+from ...backends.base import Popped
 from .cases_content import (
     check_delete_queue,
     check_large_and_empty_bodies,
@@ -114,7 +115,6 @@ from .harness import (
     BackendHarness,
     CaseFunction,
     ConformanceCase,
-    Popped,
     make_message,
     open_backend,
     peek,

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from ...backends.base import Backend, QueueStore
+from ...backends.base import FLUSH_FIRST, Backend, FlushFirst, Popped, QueueStore
 from ...model import Message
 from ...protocol.methods import BasicProperties
 
@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 BackendFactory = Callable[[Path], Backend]
 """Returns a fresh, unopened backend for ``data_dir`` (the suite calls ``open`` itself)."""
 
-Popped = tuple[int, Message, bool]
 
 # An id no backend hands out in a test: ids increase from wherever a store starts.
 NEVER_ISSUED_ID = 2**62
@@ -56,21 +55,21 @@ def run_flush(backend: Backend) -> bool:
 
 
 def _flushing_once(
-    backend: Backend, store: QueueStore, call: Callable[[], Popped | None], name: str
+    backend: Backend, store: QueueStore, call: Callable[[], Popped | FlushFirst | None], name: str
 ) -> Popped | None:
-    """``call()``, and when it returns ``None`` with messages ready (the contract allows it
-    only while the backend ``needs_flush``), a flush and ``call()`` again."""
+    """``call()``, and when it returns ``FLUSH_FIRST`` (the contract allows it only while the
+    backend ``needs_flush``), a flush and ``call()`` again. ``None`` only when nothing is
+    ready."""
     got = call()
-    if got is None and store.ready_count > 0:
-        assert backend.needs_flush, (
-            f"{name}() returned None with {store.ready_count} ready messages but needs_flush is"
-            " false"
-        )
+    if got is FLUSH_FIRST:
+        assert backend.needs_flush, f"{name}() returned FLUSH_FIRST but needs_flush is false"
         assert run_flush(backend), "needs_flush is true but begin_flush() returned None"
         got = call()
-        assert got is not None, (
-            f"{name}() still returned None after a flush with {store.ready_count} ready messages"
-        )
+        assert got is not FLUSH_FIRST, f"{name}() still returned FLUSH_FIRST after a flush"
+    assert got is not None or store.ready_count == 0, (
+        f"{name}() returned None with {store.ready_count} ready messages (FLUSH_FIRST says "
+        "'flush first')"
+    )
     return got
 
 

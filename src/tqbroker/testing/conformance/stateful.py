@@ -22,7 +22,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from ...backends.base import Backend, QueueStore
+from ...backends.base import Backend, Popped, QueueStore
 from ...backends.memory import MemoryBackend, MemoryQueueStore
 from ...model import Message
 from ...protocol.methods import BasicProperties
@@ -31,7 +31,6 @@ from .harness import (
     T0_MS,
     BackendFactory,
     CaseList,
-    Popped,
     assert_counts,
     assert_flushed,
     assert_message,
