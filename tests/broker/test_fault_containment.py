@@ -20,7 +20,7 @@ import pika.exceptions
 import pytest
 
 from canary import Canary
-from tqbroker.backends.memory import MemoryQueueStore
+from tqbroker.backends.memory import MemoryBackend, MemoryQueueStore
 from tqbroker.plugins.loader import distributions
 from tqbroker.testing import RunningBroker, running_broker
 
@@ -229,6 +229,29 @@ def test_a_store_that_raises_on_push_fails_that_queue_only(
     channel.queue_delete("bad-store")
     channel.queue_declare("bad-store", exclusive=True)
     channel.basic_publish("", "bad-store", b"works again")
+
+
+def test_a_backend_that_raises_on_open_costs_the_channel(
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_open = MemoryBackend.open_queue
+
+    def open_queue(self: MemoryBackend, vhost: str, queue: str) -> MemoryQueueStore:
+        if queue == "cannot-open":
+            raise RuntimeError("the backend broke")
+        return real_open(self, vhost, queue)
+
+    monkeypatch.setattr(MemoryBackend, "open_queue", open_queue)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+        channel.queue_declare("cannot-open", exclusive=True)
+    assert raised.value.reply_code == 541
+    text = raised.value.reply_text
+    assert "storage backend 'memory' (from tqbroker " in text
+    assert "open_queue for queue 'cannot-open'" in text
+    assert "RuntimeError: the backend broke" in text
+    other = channel.connection.channel()
+    other.queue_declare("can-open", exclusive=True)  # the backend and the connection go on
 
 
 def test_a_queue_actor_that_raises_cancels_its_consumers(

@@ -11,13 +11,15 @@ Responsibilities:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from ..backends.base import Backend, QueueStore
 from ..backends.streams import StreamBackend, StreamLog
 from ..protocol.errors import AMQPError, ReplyCode
 from .arguments import STREAM, QueueArguments
+from .plugin_errors import backend_failed
 from .priority import PriorityStore, level_store_names
 
 log = logging.getLogger(__name__)
@@ -76,22 +78,37 @@ class QueueStorage:
         backend = self.backends[backend_name]
         if not isinstance(backend, StreamBackend):  # stream_backend chose it: never
             raise TypeError(f"backend {backend_name!r} cannot hold streams")
-        return backend.open_stream(self.vhost, name, segment_bytes=arguments.segment_bytes)
+        with self._guarded(backend_name, "open_stream", name):
+            return backend.open_stream(self.vhost, name, segment_bytes=arguments.segment_bytes)
 
     def open_store(self, backend_name: str, name: str, arguments: QueueArguments) -> QueueStore:
         """The queue's store: one backend store, or one per level for a priority queue."""
         backend = self.backends[backend_name]
         names = store_names(name, arguments)
-        if len(names) == 1:
-            return backend.open_queue(self.vhost, name)
-        return PriorityStore([backend.open_queue(self.vhost, n) for n in names])
+        with self._guarded(backend_name, "open_queue", name):
+            if len(names) == 1:
+                return backend.open_queue(self.vhost, name)
+            return PriorityStore([backend.open_queue(self.vhost, n) for n in names])
 
     def delete_stores(self, backend_name: str, name: str, arguments: QueueArguments) -> None:
         """Delete what the queue stored (on a durable backend: also what a queue of that name
         left there before)."""
         backend = self.backends[backend_name]
-        for store_name in store_names(name, arguments):
-            backend.delete_queue(self.vhost, store_name)
+        with self._guarded(backend_name, "delete_queue", name):
+            for store_name in store_names(name, arguments):
+                backend.delete_queue(self.vhost, store_name)
+
+    @contextlib.contextmanager
+    def _guarded(self, backend: str, call: str, queue: str) -> Iterator[None]:
+        """A backend's bug (anything but ``OSError``, which callers answer as storage trouble)
+        becomes a 541 naming the backend and its distribution."""
+        try:
+            yield
+        except (OSError, AMQPError):
+            raise
+        except Exception as exc:
+            failed = backend_failed(exc, backend=backend, call=call, queue=queue, vhost=self.vhost)
+            raise failed from exc
 
 
 def store_names(queue: str, arguments: QueueArguments) -> list[str]:
