@@ -2,7 +2,9 @@
 
 Responsibilities:
 - ``queue.*`` and ``exchange.*``: the vhost call with the method's arguments, then the ``*-ok``
-  to send (None with ``nowait``); raises ``AMQPError`` to refuse;
+  to send (None with ``nowait``); raises ``AMQPError`` to refuse; ``queue.declare`` awaits a
+  new queue's stores opening in a worker thread (the channel sends the reply once the change is
+  written);
 - the queue last declared on the channel, which an empty queue name means (and an empty routing
   key of a ``queue.bind`` with an empty queue name);
 - the direct reply-to pseudo-queue's declare (answered as RabbitMQ does);
@@ -67,10 +69,10 @@ class Topology:
 
     # -- queues ------------------------------------------------------------------------------
 
-    def queue_declare(self, method: QueueDeclare) -> Method | None:
+    async def queue_declare(self, method: QueueDeclare) -> Method | None:
         if method.queue == REPLY_TO:  # the direct reply-to pseudo-queue, as RabbitMQ answers
             return _reply(method.nowait, QueueDeclareOk(REPLY_TO, 0, 1))
-        queue = self.vhost.declare_queue(
+        queue = await self.vhost.open_and_declare_queue(
             method.queue,
             passive=method.passive,
             durable=method.durable,
