@@ -61,6 +61,9 @@ def _first_run(broker: RunningBroker) -> None:
         ch.confirm_delivery()
         ch.exchange_declare("nb.x", "topic", durable=True)
         ch.exchange_declare("nb.gone", "fanout", durable=True)
+        delayed = {"x-delayed-type": "direct"}
+        ch.exchange_declare("nb.delay", "x-delayed-message", durable=True, arguments=delayed)
+        ch.exchange_declare("nb.delay2", "x-delayed-message", durable=True, arguments=delayed)
         ch.exchange_bind("nb.x", "nb.gone", routing_key="")
         ch.queue_declare("nb.q", durable=True)
         ch.queue_declare("nb.doomed", durable=True)
@@ -77,6 +80,7 @@ def _first_run(broker: RunningBroker) -> None:
         ch.queue_delete("nb.doomed")
         ch.queue_delete("nb.prio")
         ch.exchange_delete("nb.gone")
+        ch.exchange_delete("nb.delay2")
         ch.queue_declare("nb.transient", durable=False, arguments={"x-queue-backend": "log"})
 
 
@@ -86,6 +90,8 @@ def _second_run(broker: RunningBroker) -> None:
         ch.confirm_delivery()
         assert ch.queue_declare("nb.q", durable=True, passive=True).method.message_count == 20
         ch.exchange_declare("nb.x", "topic", durable=True, passive=True)
+        ch.exchange_declare("nb.delay", "x-delayed-message", durable=True, passive=True)
+        ch.exchange_delete("nb.delay")
         ch.queue_declare("nb.again", durable=True)
         ch.queue_bind("nb.again", "nb.x", routing_key="#")
         ch.basic_publish("nb.x", "z", b"again", pika.BasicProperties(delivery_mode=2))

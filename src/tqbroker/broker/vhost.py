@@ -74,6 +74,7 @@ class VirtualHost:
         self.definitions = definitions or Unwritten()
         self._on_change = self.definitions.changed
         self._opening: dict[str, trio.Event] = {}  # queues whose stores open in a thread
+        self.prepared_stores: set[str] = set()  # holding exchanges' (holding.open_holding_store)
         self.queues: dict[str, Queue] = {}
         self.dormant = Dormant(name)  # stored definitions kept but not running
         self.consumer_groups = ConsumerGroups(spawn)  # on streams (x-stream-group)

@@ -420,10 +420,14 @@ def _durable(operation: Callable[[Topology, Any], m.Method | None]) -> DurableHa
     return handle
 
 
-async def _queue_declare(channel: Channel, method: m.QueueDeclare) -> None:
-    since = channel.vhost.definitions.mark()
-    reply = await channel.topology.queue_declare(method)
-    await _answer(channel, since, reply)
+def _opening(operation: Callable[[Topology, Any], Awaitable[m.Method | None]]) -> DurableHandler:
+    """``_durable``, for an operation that awaits a store opening in a worker thread."""
+
+    async def handle(channel: Channel, method: m.Method) -> None:
+        since = channel.vhost.definitions.mark()
+        await _answer(channel, since, await operation(channel.topology, method))
+
+    return handle
 
 
 async def _answer(channel: Channel, since: int, reply: m.Method | None) -> None:
@@ -476,11 +480,11 @@ HANDLERS: dict[type[m.Method], Handler] = {
 
 # Methods that change durable topology: the reader awaits them (``Channel.handle``).
 DURABLE_HANDLERS: dict[type[m.Method], DurableHandler] = {
-    m.QueueDeclare: _queue_declare,
+    m.QueueDeclare: _opening(Topology.queue_declare),
     m.QueueBind: _durable(Topology.queue_bind),
     m.QueueUnbind: _durable(Topology.queue_unbind),
     m.QueueDelete: _durable(Topology.queue_delete),
-    m.ExchangeDeclare: _durable(Topology.exchange_declare),
+    m.ExchangeDeclare: _opening(Topology.exchange_declare),
     m.ExchangeDelete: _durable(Topology.exchange_delete),
     m.ExchangeBind: _durable(Topology.exchange_bind),
     m.ExchangeUnbind: _durable(Topology.exchange_unbind),
