@@ -16,10 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pika
+import pika.exceptions
 import pytest
 import trio
 from pika.adapters.blocking_connection import BlockingConnection
 
+from tqbroker.broker import definitions_file
 from tqbroker.config import BrokerConfig
 from tqbroker.testing import RunningBroker, start_broker
 
@@ -118,3 +120,35 @@ async def test_no_fsync_on_the_trio_thread(tmp_path: Path, monkeypatch: pytest.M
     await _run_broker(tmp_path, _second_run)
     assert not calls.on_trio, "\n".join(calls.on_trio[:5])
     assert calls.in_workers > 0
+
+
+async def test_a_failed_definitions_write_answers_541(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The declare-ok waits for the definitions write; when it fails the channel closes with
+    541, and the connection (and the broker) go on."""
+    real = definitions_file.atomic_write
+    failing = threading.Event()
+
+    def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
+        if failing.is_set():
+            raise OSError(28, "No space left on device")
+        real(path, data, fsync=fsync)
+
+    monkeypatch.setattr(definitions_file, "atomic_write", atomic_write)
+
+    def workload(broker: RunningBroker) -> None:
+        with _connect(broker) as connection:
+            ch = connection.channel()
+            ch.exchange_declare("nb.fine", "direct", durable=True)
+            failing.set()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+                ch.exchange_declare("nb.unstored", "direct", durable=True)
+            assert closed.value.reply_code == 541
+            assert "definitions could not be stored" in closed.value.reply_text
+            failing.clear()
+            ch = connection.channel()
+            ch.exchange_declare("nb.transient", "direct", durable=False)
+            ch.queue_declare("nb.stored", durable=True)
+
+    await _run_broker(tmp_path, workload)
