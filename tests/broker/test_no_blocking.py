@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -150,5 +151,48 @@ async def test_a_failed_definitions_write_answers_541(
             ch = connection.channel()
             ch.exchange_declare("nb.transient", "direct", durable=False)
             ch.queue_declare("nb.stored", durable=True)
+
+    await _run_broker(tmp_path, workload)
+
+
+async def test_other_connections_go_on_during_a_slow_definitions_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A declare waits for its definitions write (here a slow disk: 1 s); meanwhile another
+    connection declares, publishes and gets at once."""
+    real = definitions_file.atomic_write
+    slow = threading.Event()
+
+    def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
+        if slow.is_set():
+            time.sleep(1.0)
+        real(path, data, fsync=fsync)
+
+    monkeypatch.setattr(definitions_file, "atomic_write", atomic_write)
+
+    def workload(broker: RunningBroker) -> None:
+        with _connect(broker) as waiting, _connect(broker) as other:
+            other_ch = other.channel()
+            other_ch.queue_declare("nb.other", durable=False)
+            slow.set()
+            declared: list[float] = []
+
+            def declare() -> None:
+                start = time.monotonic()
+                waiting.channel().exchange_declare("nb.slow", "direct", durable=True)
+                declared.append(time.monotonic() - start)
+
+            # pika's BlockingConnection is not thread-safe: each connection stays in one thread.
+            thread = threading.Thread(target=declare)
+            thread.start()
+            time.sleep(0.2)  # the declare is waiting for its write now
+            start = time.monotonic()
+            other_ch.basic_publish("", "nb.other", b"meanwhile")
+            _method, _props, body = other_ch.basic_get("nb.other", auto_ack=True)
+            assert body == b"meanwhile"
+            assert time.monotonic() - start < 0.5
+            thread.join(10)
+            assert len(declared) == 1
+            assert declared[0] >= 0.9  # its declare-ok waited for the write
 
     await _run_broker(tmp_path, workload)
