@@ -130,11 +130,17 @@ class Backend(Protocol):
         ...
 
     def open_queue(self, vhost: str, queue: str) -> QueueStore:
-        """The store for a queue: created empty if new, recovered if it existed."""
+        """The store for a queue: created empty if new, recovered if it existed; the same
+        store again while it is open. Blocking work: the broker may call it from a worker
+        thread while the Trio thread uses the backend (appends, ``needs_flush``,
+        ``begin_flush``), so guard what both touch (e.g. the registry of open stores, with a
+        ``threading.Lock`` never held during recovery)."""
         ...
 
     def delete_queue(self, vhost: str, queue: str) -> None:
-        """Remove the queue's messages for good."""
+        """Remove the queue's messages for good: durably once the next flush has completed
+        (the broker waits for that flush before it forgets the queue's definition, and before
+        it answers the client). May be called from a worker thread, as ``open_queue``."""
         ...
 
     @property

@@ -4,9 +4,10 @@ actors and flushers.
 Responsibilities:
 - load exchange types and storage backends through their entry points; open the backends in the
   data directory and run one flusher (group commit) per durable backend;
-- durable definitions: vhosts' durable exchanges, queues and bindings are written
-  (``broker/definitions.py``) before the declaring client gets its ``*-ok``, and restored at
-  startup, refusing to start when that would lose messages;
+- durable definitions: vhosts' durable exchanges, queues and bindings are written by group
+  commit (``broker/definitions_file.py``, a flusher of their own) before the declaring client
+  gets its ``*-ok``, and restored at startup (``broker/definitions.py``), refusing to start when
+  that would lose messages; the stored queues are recovered in a worker thread first;
 - own the nursery in which every queue actor and flusher runs (``run`` follows the Trio start
   protocol); close the backends cleanly when it ends.
 """
@@ -25,13 +26,14 @@ from ..plugins.loader import load_backends, load_exchange_types
 from .definitions import (
     StartupError,
     Unrestorable,
-    load_definitions,
     missing_backend,
+    open_stored,
     refusal,
     restore,
-    save_definitions,
+    snapshot,
     unrestorable,
 )
+from .definitions_file import DefinitionsCommit, DefinitionsFile
 from .flusher import Flusher
 from .supervisor import FailureHandler, Supervisor
 from .vhost import VirtualHost
@@ -60,7 +62,12 @@ class Broker:
             )
         self.vhosts: dict[str, VirtualHost] = {}
         self.supervisor = Supervisor()
-        self._restoring = False
+        self.definitions_file = DefinitionsFile(config.data_dir, lambda: snapshot(self.vhosts))
+        self.definitions_flusher = Flusher(self.definitions_file)
+        self.definitions = DefinitionsCommit(
+            self.definitions_file, self.definitions_flusher, self._spawn
+        )
+        self._restored = False
 
     def _new_vhost(self, name: str) -> VirtualHost:
         return VirtualHost(
@@ -70,7 +77,7 @@ class Broker:
             flushers=self.flushers,
             durable_backend=self.config.durable_backend,
             spawn=self._spawn,
-            on_change=self.save_definitions,
+            definitions=self.definitions,
         )
 
     def _spawn(
@@ -84,25 +91,43 @@ class Broker:
         data_dir = self.config.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         # Checked before any backend opens: a refused start leaves the data directory as it is.
-        stored = load_definitions(data_dir)
+        stored = self.definitions_file.load()
         dormant = self._check_definitions(stored)
         for name, backend in self.backends.items():
             backend.open(data_dir)
             log.debug("opened backend %s", name)
         try:
             async with trio.open_nursery() as nursery:
-                for flusher in self.flushers.values():
+                for flusher in [*self.flushers.values(), self.definitions_flusher]:
                     await nursery.start(flusher.run)
                 await nursery.start(self.supervisor.run)
+                # Recovery (scanning segments, cutting a torn tail) in a worker thread: the
+                # restore below then finds every store open.
+                await trio.to_thread.run_sync(
+                    open_stored, stored, dormant, self.backends, self.config.durable_backend
+                )
                 self._restore(stored, dormant)
+                self._restored = True
+                await trio.to_thread.run_sync(self.definitions_file.write_work())
                 task_status.started()
                 await trio.sleep_forever()
         finally:
-            for name, backend in self.backends.items():
-                try:
-                    backend.close()
-                except OSError as exc:
-                    log.error("closing backend %s failed: %s", name, exc)
+            # At shutdown, in worker threads: close the backends (their deletes durable),
+            # then write the definitions (unless the start failed before they were restored).
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self._close_backends)
+                if self._restored:
+                    try:
+                        await trio.to_thread.run_sync(self.definitions_file.write_work())
+                    except OSError as exc:
+                        log.error("writing the definitions at shutdown failed: %s", exc)
+
+    def _close_backends(self) -> None:
+        for name, backend in self.backends.items():
+            try:
+                backend.close()
+            except OSError as exc:
+                log.error("closing backend %s failed: %s", name, exc)
 
     # -- definitions -------------------------------------------------------------------------
 
@@ -123,7 +148,7 @@ class Broker:
         names = list(self.config.vhosts) + [
             v for v in stored.get("vhosts", []) if v not in self.config.vhosts
         ]
-        self._restoring = True
+        self.definitions.restoring = True
         try:
             for name in names:
                 vhost = self.vhosts[name] = self._new_vhost(name)
@@ -134,14 +159,7 @@ class Broker:
                     keep_unloadable=self.config.keep_unloadable_definitions,
                 )
         finally:
-            self._restoring = False
-        self.save_definitions()
-
-    def save_definitions(self) -> None:
-        """Write the durable definitions of every vhost (not while restoring them)."""
-        if self._restoring:
-            return
-        save_definitions(self.config.data_dir, self.vhosts)
+            self.definitions.restoring = False
 
 
 def _task_name(fn: Callable[[], Awaitable[object]]) -> str:

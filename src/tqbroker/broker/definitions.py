@@ -10,34 +10,31 @@ Responsibilities:
   queue or a holding exchange on a backend that is not loaded);
 - ``unrestorable``: stored exchanges whose type does not load and queues whose arguments no
   longer validate (the broker refuses to start, or keeps them dormant when told to);
-- the file: ``<data_dir>/definitions.cbor``, written atomically (temp file, fsync, rename,
-  directory fsync).
+- ``snapshot``: what the definitions file holds (``broker/definitions_file.py`` writes it);
+- ``open_stored``: recover the stored queues' stores before ``restore`` (in a worker thread).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
-import cbor2
 
-from ..fsutil import atomic_write
+from ..backends.base import Backend
 from ..plugins.loader import EXCHANGE_TYPES_GROUP, distributions
 from ..plugins.spec import ExchangeType
 from ..protocol.errors import AMQPError
-from .arguments import QueueArguments, check_declaration
+from .arguments import STREAM, QueueArguments, check_declaration
 from .exchange import Exchange
 from .exchange_types import new_exchange
-from .holding import HoldingExchange
+from .holding import STORE_PREFIX, HoldingExchange
 from .queue import Queue
+from .storage import QueueStorage
 from .vhost import VirtualHost
 
 log = logging.getLogger(__name__)
-
-DEFINITIONS_FILE = "definitions.cbor"
 
 
 def definitions(vhost: VirtualHost) -> dict[str, list[dict[str, Any]]]:
@@ -244,21 +241,43 @@ def missing_backend(stored: Mapping[str, Any], backends: Mapping[str, object]) -
     return None
 
 
-def load_definitions(data_dir: Path) -> dict[str, Any]:
-    """What the definitions file holds (empty when there is none)."""
-    try:
-        loaded = cbor2.loads((data_dir / DEFINITIONS_FILE).read_bytes())
-    except FileNotFoundError:
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
+def snapshot(vhosts: Mapping[str, VirtualHost]) -> dict[str, Any]:
+    """The durable definitions of every vhost, as the definitions file holds them."""
+    return {
+        "vhosts": list(vhosts),
+        "definitions": {name: definitions(v) for name, v in vhosts.items()},
+    }
 
 
-def save_definitions(data_dir: Path, vhosts: Mapping[str, VirtualHost]) -> None:
-    """Write the durable definitions of every vhost, atomically and durably."""
-    data = cbor2.dumps(
-        {
-            "vhosts": list(vhosts),
-            "definitions": {name: definitions(v) for name, v in vhosts.items()},
-        }
-    )
-    atomic_write(data_dir / DEFINITIONS_FILE, data)
+def open_stored(
+    stored: Mapping[str, Any],
+    dormant: Sequence[Unrestorable],
+    backends: Mapping[str, Backend],
+    durable_backend: str,
+) -> None:
+    """Open (recover) the stores of the stored queues and holding exchanges, so that
+    ``restore`` finds them open (a backend returns an open store again). Blocking: run in a
+    worker thread before ``restore``. A store that fails to open here is left to ``restore``,
+    which reports it."""
+    kept = {(d.vhost, d.kind, d.definition["name"]) for d in dormant}
+    for vhost, defs in stored.get("definitions", {}).items():
+        storage = QueueStorage(vhost, backends, durable_backend)
+        for q in defs.get("queues", []):
+            if (vhost, "queue", q["name"]) in kept:
+                continue
+            try:
+                arguments = QueueArguments.parse(q["arguments"])
+                if arguments.kind == STREAM:
+                    storage.open_stream(q["backend"], q["name"], arguments)
+                else:
+                    storage.open_store(q["backend"], q["name"], arguments)
+            except Exception as exc:
+                log.debug("queue %r in vhost %r: not opened ahead: %r", q["name"], vhost, exc)
+        for x in defs.get("exchanges", []):
+            backend = backends.get(x.get("store_backend") or "")
+            if backend is None or (vhost, "exchange", x["name"]) in kept:
+                continue
+            try:
+                backend.open_queue(vhost, STORE_PREFIX + x["name"])
+            except Exception as exc:
+                log.debug("exchange %r in vhost %r: not opened ahead: %r", x["name"], vhost, exc)

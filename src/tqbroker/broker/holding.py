@@ -6,7 +6,9 @@ Responsibilities:
   store lives on, for the definitions file);
 - ``BrokerExchangeContext``: the exchange's own ``QueueStore`` under a reserved name (``amq.`` names
   cannot be declared as queues), its group commit, spawning into the broker's nursery, and routing a
-  held message through the exchange's bindings now.
+  held message through the exchange's bindings now;
+- ``open_holding_store``: a new durable holding exchange's store, emptied and opened in a worker
+  thread before the declare creates the exchange (which then finds it open).
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Final, cast
 
+import trio
+
 from ..backends.base import QueueStore
 from ..model import Message
 from ..plugins.spec import ExchangeType, GroupCommit, HoldingRouter
+from ..protocol.codec import FieldTable
 from .exchange import Exchange
 from .supervisor import Spawn
 
@@ -83,9 +88,13 @@ class BrokerExchangeContext:
 
     def open_store(self) -> QueueStore:
         backend = self._vhost.backends[self.backend_name]
-        if not self._restoring and not self._opened and backend.durable:
+        prepared = self.store_name in self._vhost.prepared_stores  # by open_holding_store
+        self._vhost.prepared_stores.discard(self.store_name)
+        if not self._restoring and not self._opened and backend.durable and not prepared:
             # A newly declared exchange starts empty, whatever an earlier one of that name left.
             backend.delete_queue(self._vhost.name, self.store_name)
+            flusher = self._vhost.flushers.get(self.backend_name)
+            self._vhost.definitions.changed_after(flusher, definitions=False)
         store = backend.open_queue(self._vhost.name, self.store_name)
         self._opened = True
         return store
@@ -114,3 +123,29 @@ class BrokerExchangeContext:
         if refused:
             log.info("exchange %r: a destination refused a held message", exchange.name)
         return waits
+
+
+async def open_holding_store(
+    vhost: VirtualHost, name: str, type_name: str, *, durable: bool, arguments: FieldTable
+) -> None:
+    """Before a durable exchange ``name`` is declared: if it is new and its type holds
+    messages, empty its store (as a new exchange's starts) and open it in a worker thread.
+    Anything this cannot tell is left to the declare, which opens the store itself."""
+    exchange_type = vhost.exchange_types.get(type_name)
+    backend = vhost.backends[vhost.durable_backend]
+    if not (durable and backend.durable and name) or exchange_type is None:
+        return
+    if name in vhost.exchanges or name.startswith("amq."):
+        return
+    try:
+        exchange_type.validate(arguments)
+        holds = isinstance(exchange_type.create_router(arguments), HoldingRouter)
+    except Exception:  # the declare refuses it, and says why
+        return
+    if not holds:
+        return
+    store_name = STORE_PREFIX + name
+    backend.delete_queue(vhost.name, store_name)
+    vhost.definitions.changed_after(vhost.flushers.get(vhost.durable_backend), definitions=False)
+    await trio.to_thread.run_sync(backend.open_queue, vhost.name, store_name)
+    vhost.prepared_stores.add(store_name)

@@ -6,7 +6,8 @@ Responsibilities:
   (``StreamBackend``): the one ``x-queue-backend`` names, else the durable backend if it can,
   else the first installed one that can (the built-in ``log`` backend does);
 - the stores behind a queue: one backend store, or one per priority level for an
-  ``x-max-priority`` queue (``PriorityStore``); a stream's log; opening and deleting them.
+  ``x-max-priority`` queue (``PriorityStore``); a stream's log; opening and deleting them
+  (``open``, which recovers them, may run in a worker thread).
 """
 
 from __future__ import annotations
@@ -80,6 +81,14 @@ class QueueStorage:
             raise TypeError(f"backend {backend_name!r} cannot hold streams")
         with self._guarded(backend_name, "open_stream", name):
             return backend.open_stream(self.vhost, name, segment_bytes=arguments.segment_bytes)
+
+    def open(self, name: str, backend_name: str, arguments: QueueArguments) -> None:
+        """Open (recover) the queue's stores, so that creating the queue finds them open (a
+        backend returns an open store again). Blocking: run in a worker thread."""
+        if arguments.kind == STREAM:
+            self.open_stream(backend_name, name, arguments)
+        else:
+            self.open_store(backend_name, name, arguments)
 
     def open_store(self, backend_name: str, name: str, arguments: QueueArguments) -> QueueStore:
         """The queue's store: one backend store, or one per level for a priority queue."""

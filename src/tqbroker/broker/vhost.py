@@ -12,31 +12,29 @@ Responsibilities:
 Routing is ``broker/routing.py``'s, direct reply-to ``broker/reply_to.py``'s, durable
 definitions ``broker/definitions.py``'s, where messages are stored ``broker/storage.py``'s;
 exchange types make exchanges in ``broker/exchange_types.py``.
-All synchronous, on the broker's Trio thread; queue actors start through ``spawn``.
+All on the broker's Trio thread; queue actors start through ``spawn``. A new queue's stores are
+opened (recovered) in a worker thread by ``open_and_declare_queue``; a change to durable
+topology is told to ``definitions`` (deferred after a backend flush for a store's delete).
 """
 
 from __future__ import annotations
 
-import base64
 import logging
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import NoReturn
+
+import trio
 
 from ..backends.base import Backend
 from ..model import Message
 from ..plugins.spec import ExchangeType
 from ..protocol.codec import FieldTable, encode_table
 from ..protocol.errors import AMQPError, ReplyCode
-from .arguments import (
-    STREAM,
-    QueueArguments,
-    check_declaration,
-    check_equivalent,
-    compared_arguments,
-)
+from .arguments import STREAM, QueueArguments, check_equivalent
 from .classic import ClassicQueue
 from .deadletter import Reason, dead_letter
+from .declaring import check_queue_declare, empty_transient
+from .definitions_file import TopologyChanges, Unwritten
 from .dormant import Dormant
 from .exchange import PREDECLARED, DefaultExchange, Exchange
 from .exchange_types import new_exchange
@@ -63,7 +61,7 @@ class VirtualHost:
         flushers: Mapping[str, Flusher],
         durable_backend: str,
         spawn: Spawn,
-        on_change: Callable[[], None] = lambda: None,
+        definitions: TopologyChanges | None = None,
     ) -> None:
         self.name = name
         self.exchange_types = exchange_types
@@ -72,8 +70,11 @@ class VirtualHost:
         self.durable_backend = durable_backend
         self.storage = QueueStorage(name, backends, durable_backend)
         self.spawn = spawn  # starts a task in the broker's nursery
-        # Called after a change to durable definitions (exchanges, queues, bindings).
-        self._on_change = on_change
+        # Told of changes to durable definitions (exchanges, queues, bindings).
+        self.definitions = definitions or Unwritten()
+        self._on_change = self.definitions.changed
+        self._opening: dict[str, trio.Event] = {}  # queues whose stores open in a thread
+        self.prepared_stores: set[str] = set()  # holding exchanges' (holding.open_holding_store)
         self.queues: dict[str, Queue] = {}
         self.dormant = Dormant(name)  # stored definitions kept but not running
         self.consumer_groups = ConsumerGroups(spawn)  # on streams (x-stream-group)
@@ -124,9 +125,9 @@ class VirtualHost:
 
     def _check_exclusive(self, queue: Queue, owner: object) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
-            self._lock_error(queue)
+            self.lock_error(queue)
 
-    def _lock_error(self, queue: Queue) -> NoReturn:
+    def lock_error(self, queue: Queue) -> NoReturn:
         raise AMQPError(
             ReplyCode.RESOURCE_LOCKED,
             f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost "
@@ -221,11 +222,15 @@ class VirtualHost:
             source.unbind(exchange, key, args_id)
             self._maybe_auto_delete(source)
         exchange.bound_by.clear()
+        store_flusher = None
         if isinstance(exchange, HoldingExchange):
             exchange.holding_router.delete()  # its held messages go with it
+            if exchange.context is not None:
+                store_flusher = self.flushers.get(exchange.context.backend_name)
         self.routing.changed()  # after the last change: whatever routed meanwhile is forgotten
         if exchange.durable:
-            self._on_change()
+            # Written without it once its store's delete is durable.
+            self.definitions.changed_after(store_flusher, definitions=True)
 
     def _maybe_auto_delete(self, exchange: Exchange) -> None:
         if (
@@ -296,50 +301,18 @@ class VirtualHost:
         auto_delete: bool,
         arguments: FieldTable,
         owner: object,
+        prepared: bool = False,
     ) -> Queue:
-        if passive:
-            return self.get_queue(name, owner)
-        if name.startswith("amq."):
-            raise AMQPError(
-                ReplyCode.ACCESS_REFUSED,
-                f"queue name '{name}' contains reserved prefix 'amq.*'",
-            )
-        if not name:
-            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
-        kind = check_declaration(
-            name,
-            self.name,
-            durable=durable,
-            exclusive=exclusive,
-            auto_delete=auto_delete,
-            arguments=arguments,
+        """Declare a queue, opening a new one's stores here. ``prepared``: by
+        ``open_and_declare_queue``, which named it and opened its stores in a worker thread."""
+        found = check_queue_declare(
+            self, name, passive, durable, exclusive, auto_delete, arguments, owner, prepared
         )
-        if kind == STREAM:
-            self.storage.stream_backend(name, QueueArguments.parse(arguments))
-        self.dormant.check_declare("queue", name)
-        existing = self.queues.get(name)
-        if existing is not None:
-            existing.touch()
-            # RabbitMQ answers an exclusive mismatch with 405, before any other check.
-            if existing.exclusive_owner is not (owner if exclusive else None):
-                self._lock_error(existing)
-            check_equivalent(
-                f"for queue '{name}' in vhost '{self.name}'",
-                {
-                    "durable": (durable, existing.durable),
-                    "auto_delete": (auto_delete, existing.auto_delete),
-                },
-                compared_arguments(arguments),
-                compared_arguments(existing.arguments.table),
-            )
-            return existing
-        parsed = QueueArguments.parse(arguments)
-        storage = self.storage
-        backend_name = storage.backend_for(
-            name, durable=durable, exclusive=exclusive, arguments=parsed
-        )
-        if self.backends[backend_name].durable and not durable:
-            storage.delete_stores(backend_name, name, parsed)  # a transient queue starts empty
+        if isinstance(found, Queue):
+            return found
+        name, backend_name, parsed = found
+        if not prepared:
+            empty_transient(self, name, backend_name, parsed, durable=durable)
         queue = self.create_queue(
             name,
             backend_name,
@@ -351,6 +324,47 @@ class VirtualHost:
         if queue.durable:
             self._on_change()
         return queue
+
+    async def open_and_declare_queue(
+        self,
+        name: str,
+        *,
+        passive: bool,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: FieldTable,
+        owner: object,
+    ) -> Queue:
+        """``declare_queue``, with a new queue's stores opened (recovered) in a worker thread
+        first; a declare of a name being opened waits for it. Then ``declare_queue`` checks
+        again (someone may have declared it meanwhile, over HTTP say) and creates it."""
+        while (opening := self._opening.get(name)) is not None:
+            await opening.wait()
+        found = check_queue_declare(
+            self, name, passive, durable, exclusive, auto_delete, arguments, owner
+        )
+        if isinstance(found, Queue):
+            return found
+        self._opening[found[0]] = done = trio.Event()
+        try:
+            empty_transient(self, *found, durable=durable)
+            await trio.to_thread.run_sync(self.storage.open, *found)
+        except OSError:
+            pass  # declare_queue tries again and answers 506
+        finally:
+            del self._opening[found[0]]
+            done.set()
+        return self.declare_queue(
+            found[0],
+            passive=False,
+            durable=durable,
+            exclusive=exclusive,
+            auto_delete=auto_delete,
+            arguments=arguments,
+            owner=owner,
+            prepared=True,
+        )
 
     def create_queue(
         self,
@@ -431,7 +445,8 @@ class VirtualHost:
             if dormant is not None:
                 arguments = QueueArguments.parse(dormant["arguments"])
                 self.storage.delete_stores(dormant["backend"], name, arguments)
-                self._on_change()
+                flusher = self.flushers.get(dormant["backend"])
+                self.definitions.changed_after(flusher, definitions=True)
             return 0  # deleting a missing queue succeeds, as in RabbitMQ
         self._check_exclusive(queue, owner)
         if if_unused and queue.consumers:
@@ -460,8 +475,10 @@ class VirtualHost:
         queue.cancel_consumers()
         queue.stop()
         self.storage.delete_stores(queue.backend_name, queue.name, queue.arguments)
-        if queue.durable:
-            self._on_change()
+        # The definitions lose it once its stores' delete is durable (never before: a crash
+        # would leave its directory for a redeclare to find).
+        flusher = self.flushers.get(queue.backend_name)
+        self.definitions.changed_after(flusher, definitions=queue.durable)
 
     def connection_closed(self, owner: object) -> None:
         """Delete the exclusive queues ``owner`` declared."""

@@ -3,8 +3,10 @@ and the parts of its state kept apart.
 
 Responsibilities:
 - dispatch each method of the exchange, queue, basic, confirm and tx classes to its handler;
-  every handler is synchronous and raises ``AMQPError`` to refuse (the connection then closes the
-  channel or the connection);
+  every handler raises ``AMQPError`` to refuse (the connection then closes the channel or the
+  connection); all are synchronous but those changing durable topology, which return what the
+  connection's reader awaits before the next frame: their ``*-ok`` goes out once the change is
+  written (``broker/definitions_file.py``);
 - publishing (``publishing.py``) into the transaction (``transactions.py``) or the queues, with
   publisher confirms (``confirms.py``) and ``mandatory`` returns;
 - consumers and their prefetch, ``basic.get``, ack / nack / reject / recover over the channel's
@@ -20,7 +22,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import trio
@@ -116,14 +118,19 @@ class Channel:
         self._now = trio.lowlevel.current_clock().current_time
         self.closed = False
 
-    def handle(self, method: m.Method) -> None:
-        """Carry out one method; raises ``AMQPError`` to refuse it."""
+    def handle(self, method: m.Method) -> Awaitable[None] | None:
+        """Carry out one method; raises ``AMQPError`` to refuse it. A change to durable
+        topology returns what to await before its reply is sent (and the next method read)."""
         handler = HANDLERS.get(type(method))
         if handler is None:
+            durable = DURABLE_HANDLERS.get(type(method))
+            if durable is not None:
+                return durable(self, method)
             raise AMQPError(
                 ReplyCode.COMMAND_INVALID, f"{method.NAME} is not a client-to-server method"
             )
         handler(self, method)
+        return None
 
     def _send(self, method: m.Method) -> None:
         self.host.send_method(self.number, method)
@@ -389,6 +396,7 @@ class Channel:
 # -- dispatch --------------------------------------------------------------------------------
 
 Handler = Callable[[Channel, Any], None]
+DurableHandler = Callable[[Channel, Any], Awaitable[None]]
 
 
 def _topology(operation: Callable[[Topology, Any], m.Method | None]) -> Handler:
@@ -400,6 +408,40 @@ def _topology(operation: Callable[[Topology, Any], m.Method | None]) -> Handler:
             channel.host.send_method(channel.number, reply)
 
     return handle
+
+
+def _durable(operation: Callable[[Topology, Any], m.Method | None]) -> DurableHandler:
+    """A handler doing an exchange or queue operation now, and returning the wait for its
+    durable changes to be written, after which the reply (if any) goes out."""
+
+    def handle(channel: Channel, method: m.Method) -> Awaitable[None]:
+        since = channel.vhost.definitions.mark()
+        return _answer(channel, since, operation(channel.topology, method))
+
+    return handle
+
+
+def _opening(operation: Callable[[Topology, Any], Awaitable[m.Method | None]]) -> DurableHandler:
+    """``_durable``, for an operation that awaits a store opening in a worker thread."""
+
+    async def handle(channel: Channel, method: m.Method) -> None:
+        since = channel.vhost.definitions.mark()
+        await _answer(channel, since, await operation(channel.topology, method))
+
+    return handle
+
+
+async def _answer(channel: Channel, since: int, reply: m.Method | None) -> None:
+    """Send ``reply`` once the durable changes made since ``since`` are written (541 if that
+    failed); nothing if the channel closed meanwhile."""
+    try:
+        await channel.vhost.definitions.wait(since)
+    except AMQPError:
+        if channel.closed:
+            return
+        raise
+    if reply is not None and not channel.closed:
+        channel.host.send_method(channel.number, reply)
 
 
 def _flow(channel: Channel, method: m.ChannelFlow) -> None:
@@ -426,15 +468,7 @@ HANDLERS: dict[type[m.Method], Handler] = {
     m.BasicGet: Channel._get,
     m.BasicRecover: Channel._recover,
     m.BasicRecoverAsync: Channel._recover,
-    m.QueueDeclare: _topology(Topology.queue_declare),
-    m.QueueBind: _topology(Topology.queue_bind),
-    m.QueueUnbind: _topology(Topology.queue_unbind),
     m.QueuePurge: _topology(Topology.queue_purge),
-    m.QueueDelete: _topology(Topology.queue_delete),
-    m.ExchangeDeclare: _topology(Topology.exchange_declare),
-    m.ExchangeDelete: _topology(Topology.exchange_delete),
-    m.ExchangeBind: _topology(Topology.exchange_bind),
-    m.ExchangeUnbind: _topology(Topology.exchange_unbind),
     m.ConfirmSelect: Channel._confirm_select,
     m.TxSelect: Channel._tx_select,
     m.TxCommit: Channel._tx_commit,
@@ -443,4 +477,16 @@ HANDLERS: dict[type[m.Method], Handler] = {
     m.AccessRequest: _access_request,
     m.BasicCancelOk: _ignore,
     m.ChannelFlowOk: _ignore,
+}
+
+# Methods that change durable topology: the reader awaits them (``Channel.handle``).
+DURABLE_HANDLERS: dict[type[m.Method], DurableHandler] = {
+    m.QueueDeclare: _opening(Topology.queue_declare),
+    m.QueueBind: _durable(Topology.queue_bind),
+    m.QueueUnbind: _durable(Topology.queue_unbind),
+    m.QueueDelete: _durable(Topology.queue_delete),
+    m.ExchangeDeclare: _opening(Topology.exchange_declare),
+    m.ExchangeDelete: _durable(Topology.exchange_delete),
+    m.ExchangeBind: _durable(Topology.exchange_bind),
+    m.ExchangeUnbind: _durable(Topology.exchange_unbind),
 }

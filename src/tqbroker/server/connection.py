@@ -386,17 +386,23 @@ class AMQPConnection:
                             await self._connection_method(event.method)
                             now_ms = clock.now_ms()  # it may have waited
                         else:
-                            self._channel_method(event.channel, event.method)
+                            pending = self._channel_method(event.channel, event.method)
+                            if pending is not None:  # durable topology: the next frame waits
+                                self._flush_confirms()
+                                await pending
+                                now_ms = clock.now_ms()
                     elif isinstance(event, ProtocolHeaderReceived):
                         self.handshake.start()
                 except Exception as exc:
                     self._event_failed(event, exc)
                 if protocol.state is State.CLOSED:
                     return
-            if self._confirming:
-                for channel in self._confirming.values():
-                    channel.flush_confirms()
-                self._confirming.clear()
+            self._flush_confirms()
+
+    def _flush_confirms(self) -> None:
+        for channel in self._confirming.values():
+            channel.flush_confirms()
+        self._confirming.clear()
 
     def _event_failed(self, event: object, exc: Exception) -> None:
         """Handling an event raised: ``AMQPError`` refuses it (its channel or the connection
@@ -459,7 +465,7 @@ class AMQPConnection:
             raise AMQPError(ReplyCode.CHANNEL_ERROR, f"channel {number} is not open")
         return channel
 
-    def _channel_method(self, number: int, method: Method) -> None:
+    def _channel_method(self, number: int, method: Method) -> Awaitable[None] | None:
         if isinstance(method, ChannelOpen):
             assert self.vhost is not None
             self.channels[number] = Channel(self, number, self.vhost)
@@ -470,10 +476,9 @@ class AMQPConnection:
                 channel.close()
                 self._confirming.pop(channel.number, None)
             self.write(self.protocol.send_method(number, ChannelCloseOk()))
-        elif isinstance(method, ChannelCloseOk):
-            pass
-        else:
-            self._channel(number).handle(method)
+        elif not isinstance(method, ChannelCloseOk):
+            return self._channel(number).handle(method)
+        return None
 
     async def _connection_method(self, method: Method) -> None:
         match method:

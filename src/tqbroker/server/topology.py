@@ -2,7 +2,9 @@
 
 Responsibilities:
 - ``queue.*`` and ``exchange.*``: the vhost call with the method's arguments, then the ``*-ok``
-  to send (None with ``nowait``); raises ``AMQPError`` to refuse;
+  to send (None with ``nowait``); raises ``AMQPError`` to refuse; ``queue.declare`` (and
+  ``exchange.declare`` of a holding type) awaits a new store opening in a worker thread (the
+  channel sends the reply once the change is written);
 - the queue last declared on the channel, which an empty queue name means (and an empty routing
   key of a ``queue.bind`` with an empty queue name);
 - the direct reply-to pseudo-queue's declare (answered as RabbitMQ does);
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from ..broker.arguments import check_consumer_arguments
+from ..broker.holding import open_holding_store
 from ..broker.queue import Queue
 from ..broker.reply_to import REPLY_TO
 from ..broker.vhost import VirtualHost
@@ -67,10 +70,10 @@ class Topology:
 
     # -- queues ------------------------------------------------------------------------------
 
-    def queue_declare(self, method: QueueDeclare) -> Method | None:
+    async def queue_declare(self, method: QueueDeclare) -> Method | None:
         if method.queue == REPLY_TO:  # the direct reply-to pseudo-queue, as RabbitMQ answers
             return _reply(method.nowait, QueueDeclareOk(REPLY_TO, 0, 1))
-        queue = self.vhost.declare_queue(
+        queue = await self.vhost.open_and_declare_queue(
             method.queue,
             passive=method.passive,
             durable=method.durable,
@@ -138,7 +141,15 @@ class Topology:
 
     # -- exchanges ---------------------------------------------------------------------------
 
-    def exchange_declare(self, method: ExchangeDeclare) -> Method | None:
+    async def exchange_declare(self, method: ExchangeDeclare) -> Method | None:
+        if not method.passive:
+            await open_holding_store(
+                self.vhost,
+                method.exchange,
+                method.type,
+                durable=method.durable,
+                arguments=method.arguments,
+            )
         self.vhost.declare_exchange(
             method.exchange,
             method.type,

@@ -1,14 +1,17 @@
 """The RocksDB backend: every durable queue of a broker in one RocksDB database.
 
 Responsibilities: the ``Backend`` contract (open, open and delete queues, flush, close), the
-queue registry, and taking in completed flushes. The queues' index is ``store.py``, the writes
-``writer.py``, delivery reservations ``reservations.py``, recovery ``recovery.py``, keys and
+queue registry, and taking in completed flushes. ``open_queue`` (a queue's recovery scan) and
+``delete_queue`` may run in a worker thread: the registry and the current batch's writes they
+touch are guarded by a lock, never held during the scan. The queues' index is ``store.py``, the
+writes ``writer.py``, delivery reservations ``reservations.py``, recovery ``recovery.py``, keys and
 records ``codec.py``. The design is in docs/storage-format.md, "RocksDB backend".
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,6 +68,8 @@ class RocksDBBackend:
         self.writer = Writer(sync=sync)
         self.reservations = ReservationPlanner(self.writer, reservation_min, reservation_max)
         self._opened = False
+        # Guards the registry and the current batch against a worker thread's open or delete.
+        self._lock = threading.Lock()
         self._stores: dict[tuple[str, str], RocksDBQueueStore] = {}
         self._by_qid: dict[int, RocksDBQueueStore] = {}
         self._registry: dict[tuple[str, str], int] = {}
@@ -98,24 +103,27 @@ class RocksDBBackend:
 
     def open_queue(self, vhost: str, queue: str) -> RocksDBQueueStore:
         name = (vhost, queue)
-        store = self._stores.get(name)
-        if store is not None:
-            return store
-        if not self._opened:
-            raise RuntimeError("the rocksdb backend is not open")
-        qid = self._registry.get(name)
-        if qid is None:
-            if self._next_qid > MAX_QUEUE_ID:
-                raise RuntimeError("out of queue ids")
-            qid = self._next_qid
-            self._next_qid += 1
-            self._registry[name] = qid
-            ops = self.writer.ops
-            ops[registry_key(vhost, queue)] = pack_u32(qid)
-            ops[META_NEXT_QUEUE_ID] = pack_u32(self._next_qid)
-            found = RecoveredQueue.empty(self._id_base)
-        else:
-            found = scan_queue(self.writer, qid, self._id_base)
+        with self._lock:
+            store = self._stores.get(name)
+            if store is not None:
+                return store
+            if not self._opened:
+                raise RuntimeError("the rocksdb backend is not open")
+            qid = self._registry.get(name)
+            if qid is None:
+                if self._next_qid > MAX_QUEUE_ID:
+                    raise RuntimeError("out of queue ids")
+                qid = self._next_qid
+                self._next_qid += 1
+                self._registry[name] = qid
+                ops = self.writer.ops
+                ops[registry_key(vhost, queue)] = pack_u32(qid)
+                ops[META_NEXT_QUEUE_ID] = pack_u32(self._next_qid)
+                found: RecoveredQueue | None = RecoveredQueue.empty(self._id_base)
+            else:
+                found = None
+        if found is None:
+            found = scan_queue(self.writer, qid, self._id_base)  # blocking, without the lock
         store = RocksDBQueueStore(
             qid,
             writer=self.writer,
@@ -128,25 +136,31 @@ class RocksDBBackend:
             fresh=found.fresh,
             ready_bytes=found.ready_bytes,
         )
-        self._stores[name] = store
-        self._by_qid[qid] = store
-        # A first delivery window, durable with the next flush, so that delivery starts without
-        # waiting for one of its own, and goes on while the disk is full (no write succeeds then).
-        self.reservations.extend(store, store.cursor() + store.reservation.window)
+        with self._lock:
+            existing = self._stores.get(name)
+            if existing is not None:  # opened meanwhile by another thread
+                return existing
+            self._stores[name] = store
+            self._by_qid[qid] = store
+            # A first delivery window, durable with the next flush, so that delivery starts
+            # without waiting for one of its own, and goes on while the disk is full (no write
+            # succeeds then).
+            self.reservations.extend(store, store.cursor() + store.reservation.window)
         return store
 
     def delete_queue(self, vhost: str, queue: str) -> None:
         name = (vhost, queue)
-        store = self._stores.pop(name, None)
-        qid = self._registry.pop(name, None)
-        if store is not None:
-            self._by_qid.pop(store.qid, None)
-            store.delete()
-            self.reservations.forget(store)
-        if qid is not None:
-            self.writer.ops[registry_key(vhost, queue)] = None
-            self.writer.ranges.append((queue_prefix(qid), queue_end(qid)))
-            self.writer.ranges.append((transient_prefix(qid), transient_end(qid)))
+        with self._lock:
+            store = self._stores.pop(name, None)
+            qid = self._registry.pop(name, None)
+            if store is not None:
+                self._by_qid.pop(store.qid, None)
+                store.delete()
+                self.reservations.forget(store)
+            if qid is not None:
+                self.writer.ops[registry_key(vhost, queue)] = None
+                self.writer.ranges.append((queue_prefix(qid), queue_end(qid)))
+                self.writer.ranges.append((transient_prefix(qid), transient_end(qid)))
 
     @property
     def needs_flush(self) -> bool:
@@ -164,11 +178,12 @@ class RocksDBBackend:
         if not self._opened:
             return None
         self.reap()
-        self.reservations.plan()
         writer = self.writer
-        if not (writer.has_writes or writer.must_retry):
-            return None
-        seq = writer.seal()
+        with self._lock:  # not while a worker thread registers a queue in this batch
+            self.reservations.plan()
+            if not (writer.has_writes or writer.must_retry):
+                return None
+            seq = writer.seal()
         return lambda: writer.write_through(seq)
 
     def close(self) -> None:
@@ -179,7 +194,9 @@ class RocksDBBackend:
             # Exact delivery state: every fresh id below a queue's cursor has been delivered,
             # none at or above it.
             ops = self.writer.ops
-            for store in self._stores.values():
+            with self._lock:
+                stores = list(self._stores.values())
+            for store in stores:
                 ops[store.reservation.key] = pack_u64(store.cursor())
             ops[META_CLEAN] = b"1"
             self.writer.write_through(self.writer.seal())

@@ -5,7 +5,11 @@ Responsibilities:
   real names in ``queue.cbor``), each holding the segments and the queue's checkpoint;
 - group commit: ``begin_flush`` writes out every queue's buffered records and returns one piece of
   blocking work that fsyncs them all, so a single flush covers every message appended since the
-  last one;
+  last one; it also makes the deletes since the last one durable (the directory fsync of their
+  renames into the trash) and empties the trash;
+- threads: ``open_queue``/``open_stream`` (recovery) and ``delete_queue`` may run in a worker
+  thread while the Trio thread flushes; the registry of open stores is guarded by a lock, and a
+  store enters it only once open;
 - the ``fsync`` policy:
   ``"batch"`` (default): every flush fsyncs before the broker confirms; a confirmed message
   survives a killed process, a kernel crash and a power loss;
@@ -27,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -80,9 +85,11 @@ class LogBackend:
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
         self.root = Path()
+        # The open stores: read and changed under _lock (opens may run in a worker thread).
+        self._lock = threading.Lock()
         self._queues: dict[tuple[str, str], LogQueueStore] = {}
         self._streams: dict[tuple[str, str], LogStream] = {}
-        self._trash: list[Path] = []
+        self._trash: list[Path] = []  # renamed there; not yet durable nor removed
         self._abandoned: list[LogQueueStore | LogStream] = []  # deleted; closed by the next flush
         # Hot records of all queues, served from memory while they are in an active segment.
         self.cache = RecordCache(cache_bytes)
@@ -97,15 +104,17 @@ class LogBackend:
 
     def open_queue(self, vhost: str, queue: str) -> LogQueueStore:
         key = (vhost, queue)
-        store = self._queues.get(key)
-        if store is None:
+        with self._lock:
+            store = self._queues.get(key)
+            if store is not None:
+                return store
             if key in self._streams:
                 raise ValueError(f"{queue!r} in vhost {vhost!r} is a stream")
-            directory = self._directory(vhost, queue)
-            store = LogQueueStore(directory, self._log(directory, self.segment_bytes))
-            store.open()
-            self._queues[key] = store
-        return store
+        directory = self._directory(vhost, queue)
+        store = LogQueueStore(directory, self._log(directory, self.segment_bytes))
+        store.open()  # recovery: blocking
+        with self._lock:
+            return self._queues.setdefault(key, store)
 
     def open_stream(
         self, vhost: str, stream: str, *, segment_bytes: int | None = None
@@ -113,18 +122,21 @@ class LogBackend:
         """The log of a stream queue (``x-queue-type=stream``): created empty if new, recovered
         if it existed. ``delete_queue`` deletes it."""
         key = (vhost, stream)
-        store = self._streams.get(key)
-        if store is None:
+        with self._lock:
+            found = self._streams.get(key)
+            if found is not None:
+                return found
             if key in self._queues:
                 raise ValueError(f"{stream!r} in vhost {vhost!r} is not a stream")
-            directory = self._directory(vhost, stream)
-            store = LogStream(directory, self._log(directory, segment_bytes or self.segment_bytes))
-            store.open()
-            self._streams[key] = store
-        return store
+        directory = self._directory(vhost, stream)
+        store = LogStream(directory, self._log(directory, segment_bytes or self.segment_bytes))
+        store.open()  # recovery: blocking
+        with self._lock:
+            return self._streams.setdefault(key, store)
 
     def _stores(self) -> list[LogQueueStore | LogStream]:
-        return [*self._queues.values(), *self._streams.values()]
+        with self._lock:
+            return [*self._queues.values(), *self._streams.values()]
 
     def _directory(self, vhost: str, queue: str) -> Path:
         directory = self.root / _queue_dir_name(vhost, queue)
@@ -143,12 +155,14 @@ class LogBackend:
         )
 
     def delete_queue(self, vhost: str, queue: str) -> None:
-        """Move the queue's directory to the trash at once (durably: a queue redeclared later
-        never sees the old messages) and remove it at the next flush. A flush in flight for
-        the old queue writes nothing more (its store is abandoned under its state lock)."""
-        store: LogQueueStore | LogStream | None = self._queues.pop((vhost, queue), None)
-        if store is None:
-            store = self._streams.pop((vhost, queue), None)
+        """Move the queue's directory to the trash at once; the next flush makes that durable
+        (a queue redeclared after it never sees the old messages) and removes it. A flush in
+        flight for the old queue writes nothing more (its store is abandoned under its state
+        lock)."""
+        with self._lock:
+            store: LogQueueStore | LogStream | None = self._queues.pop((vhost, queue), None)
+            if store is None:
+                store = self._streams.pop((vhost, queue), None)
         directory = self.root / _queue_dir_name(vhost, queue)
         if store is None and not directory.exists():
             return
@@ -157,11 +171,12 @@ class LogBackend:
         target = trash / uuid.uuid4().hex
         if store is not None:
             store.abandon(target)
-            self._abandoned.append(store)
+            with self._lock:
+                self._abandoned.append(store)
         else:
             directory.rename(target)
-        fsync_dir(self.root)
-        self._trash.append(target)
+        with self._lock:
+            self._trash.append(target)
 
     @property
     def needs_flush(self) -> bool:
@@ -201,19 +216,23 @@ class LogBackend:
         if write_error is not None:
             self._healthy = False
             log.error("log backend: write failed: %s", write_error)
-        trash, self._trash = self._trash, []
-        abandoned, self._abandoned = self._abandoned, []
+        with self._lock:
+            trash, self._trash = self._trash, []
+            abandoned, self._abandoned = self._abandoned, []
         if not works and not trash and not abandoned and write_error is None:
             return None
 
         def flush() -> None:
             try:
+                if trash:
+                    fsync_dir(self.root)  # the deletes' renames, durable
                 for work in works:
                     work()
             except OSError as exc:
                 self._healthy = False
-                self._trash.extend(trash)
-                self._abandoned.extend(abandoned)
+                with self._lock:
+                    self._trash.extend(trash)
+                    self._abandoned.extend(abandoned)
                 log.error("log backend: flush failed: %s", exc)
                 raise
             for store in abandoned:  # no flush of theirs is in flight any more
@@ -230,10 +249,16 @@ class LogBackend:
         for abandoned in self._abandoned:
             abandoned.close_abandoned()
         self._abandoned.clear()
+        if self._trash:  # deletes since the last flush: durable now, and gone
+            fsync_dir(self.root)
+            for path in self._trash:
+                shutil.rmtree(path, ignore_errors=True)
+            self._trash.clear()
         for store in self._stores():
             try:
                 store.close()
             except OSError as exc:  # that queue recovers uncleanly next time; close the rest
                 log.error("log backend: closing %s failed: %s", store.directory, exc)
-        self._queues.clear()
-        self._streams.clear()
+        with self._lock:
+            self._queues.clear()
+            self._streams.clear()

@@ -334,7 +334,9 @@ class Log:
                 for segment, indexes in work:
                     segment.sync(indexes=indexes)
                 if directory:
-                    fsync_dir(self.directory)
+                    # Deleted meanwhile (moved to the trash): nothing left to make durable.
+                    with contextlib.suppress(FileNotFoundError):
+                        fsync_dir(self.directory)
             except OSError:
                 # After a failed fdatasync the kernel may have dropped the dirty pages: a retry
                 # could "succeed" over lost data. The log stops taking durable writes.

@@ -151,10 +151,10 @@ def _check_partition(topic: str, index: int, count: int) -> None:
         raise NotFound(f"topic '{topic}' has partitions 0..{count - 1}, not {index}")
 
 
-def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -> bool:
+async def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -> bool:
     """Declare a partitioned stream of ``count`` partitions (``arguments``: the streams'
     ``x-`` arguments, such as ``x-max-age``); True if it was created, False if it existed
-    as asked."""
+    as asked. New partitions open in a worker thread; returns once the topology is written."""
     if not 1 <= count <= 1000:
         raise InvalidRequest(f"partitions must be between 1 and 1000 (got {count})")
     if PARTITION_EXCHANGE_TYPE not in vhost.exchange_types:
@@ -169,12 +169,13 @@ def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -
         )
     names = [f"{topic}-{n}" for n in range(count)]
     queue_arguments: FieldTable = {**arguments, "x-queue-type": "stream"}
+    since = vhost.definitions.mark()
     try:
         # Partitions that exist must be streams with these arguments (a redeclare checks
         # that), before anything is created: a refused declaration leaves nothing behind.
         for name in names:
             if name in vhost.queues:
-                _declare_stream(vhost, name, queue_arguments)
+                await _declare_stream(vhost, name, queue_arguments)
         existing = vhost.exchanges.get(topic)
         if existing is not None:
             if (
@@ -184,7 +185,7 @@ def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -
                 raise Conflict(f"topic '{topic}' exists with another shape than {count} partitions")
             return False
         for name in names:
-            _declare_stream(vhost, name, queue_arguments)
+            await _declare_stream(vhost, name, queue_arguments)
         vhost.declare_exchange(
             topic,
             PARTITION_EXCHANGE_TYPE,
@@ -199,11 +200,15 @@ def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTable) -
     except AMQPError as exc:
         failed = Conflict if exc.code == ReplyCode.PRECONDITION_FAILED else InvalidRequest
         raise failed(exc.text) from None
+    try:
+        await vhost.definitions.wait(since)
+    except AMQPError as exc:
+        raise Unavailable(exc.text) from None
     return True
 
 
-def _declare_stream(vhost: VirtualHost, name: str, arguments: FieldTable) -> None:
-    vhost.declare_queue(
+async def _declare_stream(vhost: VirtualHost, name: str, arguments: FieldTable) -> None:
+    await vhost.open_and_declare_queue(
         name,
         passive=False,
         durable=True,

@@ -32,7 +32,7 @@ async def declare_topic(request: Request) -> Response:
     count = inputs.integer(body.get("partitions", 1), "partitions")
     arguments = inputs.field_table(body.get("arguments", {}), "arguments")
     topic = request.path_params["topic"]
-    created = topics.declare(await vhost_of(request), topic, count, arguments)
+    created = await topics.declare(await vhost_of(request), topic, count, arguments)
     return JSONResponse(
         {"topic": topic, "partitions": count, "created": created},
         status_code=201 if created else 200,
