@@ -28,7 +28,6 @@ import trio
 from .. import clock
 from ..broker.vhost import VirtualHost
 from ..model import Message
-from ..protocol import frames
 from ..protocol.connection import (
     NEED_DATA,
     BadProtocolHeader,
@@ -58,7 +57,7 @@ from ..protocol.methods import (
 )
 from .channel import Channel
 from .deliveries import AckTimeouts, Deliveries
-from .encoding import write_deliver
+from .encoding import write_deliver, write_get_ok, write_return
 from .handshake import Handshake, HangUp
 
 if TYPE_CHECKING:
@@ -204,13 +203,10 @@ class AMQPConnection:
         self.out += data
         self._writer_wakeup.set()
 
-    def _send_method_0(self, method: Method) -> None:
-        self.write(self.protocol.send_method(0, method))
-
     def _send_handshake(self, method: Method) -> None:
         if self.protocol.state in (State.CLOSING, State.CLOSED):
             return  # a close went out while the handshake waited (a shutdown): nothing more
-        self._send_method_0(method)
+        self.send_method(0, method)
 
     # -- ChannelHost (what channels send and ask) --------------------------------------------
 
@@ -239,32 +235,13 @@ class AMQPConnection:
     def write_get_ok(
         self, channel: int, delivery_tag: int, redelivered: bool, message: Message, left: int
     ) -> None:
-        frames.write_get_ok(
-            self.out,
-            channel,
-            delivery_tag,
-            redelivered,
-            message.exchange,
-            message.routing_key,
-            left,
-            message.properties_raw,
-            message.body,
-            self.protocol.frame_max,
+        write_get_ok(
+            self.out, channel, delivery_tag, redelivered, message, left, self.protocol.frame_max
         )
         self._writer_wakeup.set()
 
     def write_return(self, channel: int, message: Message) -> None:
-        frames.write_return(
-            self.out,
-            channel,
-            ReplyCode.NO_ROUTE,
-            "NO_ROUTE",
-            message.exchange,
-            message.routing_key,
-            message.properties_raw,
-            message.body,
-            self.protocol.frame_max,
-        )
+        write_return(self.out, channel, message, self.protocol.frame_max)
         self._writer_wakeup.set()
 
     @property
@@ -496,8 +473,8 @@ class AMQPConnection:
             case ConnectionClose():
                 # Release everything (exclusive queues included) before the client hears close-ok.
                 self._teardown()
-                self._send_method_0(ConnectionCloseOk())
+                self.send_method(0, ConnectionCloseOk())
             case ConnectionUpdateSecret():
-                self._send_method_0(ConnectionUpdateSecretOk())
+                self.send_method(0, ConnectionUpdateSecretOk())
             case _:
                 pass  # close-ok: the protocol moved to CLOSED and the read loop ends

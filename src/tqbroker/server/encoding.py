@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 
 from ..model import Message
+from ..protocol import frames
+from ..protocol.errors import ReplyCode
 from ..protocol.frames import FRAME_OVERHEAD, deliver_content, write_deliver_content
 from ..protocol.frames import write_deliver as _write_deliver
 
@@ -86,4 +88,43 @@ def write_deliver(
         content,
         len(message.properties_raw),
         body,
+    )
+
+
+def write_get_ok(
+    out: bytearray,
+    channel: int,
+    delivery_tag: int,
+    redelivered: bool,
+    message: Message,
+    left: int,
+    frame_max: int,
+) -> None:
+    """Append ``basic.get-ok`` with the message (``left``: messages still ready)."""
+    frames.write_get_ok(
+        out,
+        channel,
+        delivery_tag,
+        redelivered,
+        message.exchange,
+        message.routing_key,
+        left,
+        message.properties_raw,
+        message.body,
+        frame_max,
+    )
+
+
+def write_return(out: bytearray, channel: int, message: Message, frame_max: int) -> None:
+    """Append ``basic.return`` 312 NO_ROUTE with the unroutable mandatory message."""
+    frames.write_return(
+        out,
+        channel,
+        ReplyCode.NO_ROUTE,
+        "NO_ROUTE",
+        message.exchange,
+        message.routing_key,
+        message.properties_raw,
+        message.body,
+        frame_max,
     )
