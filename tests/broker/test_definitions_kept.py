@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +15,8 @@ import pika
 import pika.exceptions
 import pytest
 
+from plugin_dist import PluginDistribution
 from tqbroker import BrokerConfig
-from tqbroker.plugins.loader import distributions
 from tqbroker.testing import running_broker
 
 ROUTER = """
@@ -46,38 +45,18 @@ class ReverseExchange:
 """
 
 
-class Plugin:
+@pytest.fixture
+def plugin(tmp_path: Path) -> Iterator[PluginDistribution]:
     """The distribution ``reverse-exchange`` 1.0 with the exchange type ``x-reverse``, which a
     test installs (on sys.path) and uninstalls."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        (root / "reverse_exchange.py").write_text(textwrap.dedent(ROUTER))
-        dist_info = root / "reverse_exchange-1.0.dist-info"
-        dist_info.mkdir()
-        (dist_info / "METADATA").write_text(
-            "Metadata-Version: 2.1\nName: reverse-exchange\nVersion: 1.0\n"
-        )
-        (dist_info / "entry_points.txt").write_text(
-            "[tqbroker.exchange_types]\nx-reverse = reverse_exchange:ReverseExchange\n"
-        )
-
-    def install(self) -> None:
-        sys.path.insert(0, str(self.root))
-        distributions.cache_clear()
-
-    def uninstall(self) -> None:
-        if str(self.root) in sys.path:
-            sys.path.remove(str(self.root))
-        sys.modules.pop("reverse_exchange", None)
-        distributions.cache_clear()
-
-
-@pytest.fixture
-def plugin(tmp_path: Path) -> Iterator[Plugin]:
-    root = tmp_path / "site"
-    root.mkdir()
-    installed = Plugin(root)
+    installed = PluginDistribution(
+        tmp_path / "site",
+        name="reverse-exchange",
+        version="1.0",
+        module="reverse_exchange",
+        source=ROUTER,
+        exchange_types={"x-reverse": "reverse_exchange:ReverseExchange"},
+    )
     try:
         yield installed
     finally:
@@ -132,7 +111,7 @@ def start_cli(data_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_an_uninstalled_exchange_type_stops_the_start_and_touches_nothing(
-    plugin: Plugin, tmp_path: Path
+    plugin: PluginDistribution, tmp_path: Path
 ) -> None:
     data_dir = tmp_path / "data"
     plugin.install()
@@ -155,7 +134,7 @@ def test_an_uninstalled_exchange_type_stops_the_start_and_touches_nothing(
 
 
 def test_kept_dormant_and_written_back_then_restored_when_the_plugin_returns(
-    plugin: Plugin, tmp_path: Path
+    plugin: PluginDistribution, tmp_path: Path
 ) -> None:
     data_dir = tmp_path / "data"
     plugin.install()
@@ -193,7 +172,7 @@ def test_kept_dormant_and_written_back_then_restored_when_the_plugin_returns(
         connection.close()
 
 
-def test_a_dormant_exchange_can_be_deleted(plugin: Plugin, tmp_path: Path) -> None:
+def test_a_dormant_exchange_can_be_deleted(plugin: PluginDistribution, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     plugin.install()
     with running_broker(config(data_dir)) as broker:

@@ -10,8 +10,6 @@ patched to raise.
 from __future__ import annotations
 
 import logging
-import sys
-import textwrap
 import threading
 from collections.abc import Iterator
 
@@ -20,6 +18,7 @@ import pika.exceptions
 import pytest
 
 from canary import Canary
+from plugin_dist import PluginDistribution
 from tqbroker.backends.memory import MemoryBackend, MemoryQueueStore
 from tqbroker.plugins.loader import distributions
 from tqbroker.testing import RunningBroker, running_broker
@@ -82,26 +81,22 @@ class DoomedExchange(FaultyExchange):
 @pytest.fixture(scope="module")
 def faulty_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Install the distribution ``faulty-exchange`` 1.0 (module + dist-info) on sys.path."""
-    root = tmp_path_factory.mktemp("faulty")
-    (root / "faulty_exchange.py").write_text(textwrap.dedent(FAULTY_PLUGIN))
-    dist_info = root / "faulty_exchange-1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: faulty-exchange\nVersion: 1.0\n"
+    plugin = PluginDistribution(
+        tmp_path_factory.mktemp("faulty"),
+        name="faulty-exchange",
+        version="1.0",
+        module="faulty_exchange",
+        source=FAULTY_PLUGIN,
+        exchange_types={
+            "x-faulty": "faulty_exchange:FaultyExchange",
+            "x-doomed": "faulty_exchange:DoomedExchange",
+        },
     )
-    (dist_info / "entry_points.txt").write_text(
-        "[tqbroker.exchange_types]\n"
-        "x-faulty = faulty_exchange:FaultyExchange\n"
-        "x-doomed = faulty_exchange:DoomedExchange\n"
-    )
-    sys.path.insert(0, str(root))
-    distributions.cache_clear()
+    plugin.install()
     try:
         yield
     finally:
-        sys.path.remove(str(root))
-        sys.modules.pop("faulty_exchange", None)
-        distributions.cache_clear()
+        plugin.uninstall()
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pika
 import pytest
 
+from plugin_dist import PluginDistribution
 from tqbroker.plugins.loader import load_backends, load_exchange_types
 from tqbroker.testing import running_broker
 
@@ -20,13 +19,7 @@ def test_builtin_exchange_types_come_from_entry_points() -> None:
     assert "memory" in load_backends()
 
 
-@pytest.fixture
-def third_party_plugin(tmp_path: Path) -> Iterator[None]:
-    """Install a tiny distribution (module + dist-info with entry points) on sys.path: one good
-    exchange type ``x-reverse`` and one broken plugin."""
-    (tmp_path / "reverse_exchange.py").write_text(
-        textwrap.dedent(
-            '''
+REVERSE_EXCHANGE = '''
             class ReverseRouter:
                 """Routes to bindings whose key is the routing key reversed."""
                 def __init__(self):
@@ -45,24 +38,28 @@ def third_party_plugin(tmp_path: Path) -> Iterator[None]:
                 def create_router(self, arguments):
                     return ReverseRouter()
             '''
-        )
+
+
+@pytest.fixture
+def third_party_plugin(tmp_path: Path) -> Iterator[None]:
+    """Install a tiny distribution (module + dist-info with entry points) on sys.path: one good
+    exchange type ``x-reverse`` and one broken plugin."""
+    plugin = PluginDistribution(
+        tmp_path,
+        name="reverse-exchange",
+        version="1.0",
+        module="reverse_exchange",
+        source=REVERSE_EXCHANGE,
+        exchange_types={
+            "x-reverse": "reverse_exchange:ReverseExchange",
+            "x-broken": "reverse_exchange:DoesNotExist",
+        },
     )
-    dist_info = tmp_path / "reverse_exchange-1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: reverse-exchange\nVersion: 1.0\n"
-    )
-    (dist_info / "entry_points.txt").write_text(
-        "[tqbroker.exchange_types]\n"
-        "x-reverse = reverse_exchange:ReverseExchange\n"
-        "x-broken = reverse_exchange:DoesNotExist\n"
-    )
-    sys.path.insert(0, str(tmp_path))
+    plugin.install()
     try:
         yield
     finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("reverse_exchange", None)
+        plugin.uninstall()
 
 
 def test_third_party_exchange_type_routes_and_broken_plugin_is_skipped(
