@@ -214,3 +214,49 @@ def test_a_segment_ending_at_the_recovery_point_is_rescanned_not_trusted(tmp_pat
     assert log.segments[0].max_timestamp == t0 + 20_000
     assert log.offset_for_timestamp(t0 + 20_000) == 5
     backend.close()
+
+
+@pytest.mark.parametrize(("policy", "moves_at_begin"), [("batch", False), ("never", True)])
+def test_a_streams_durable_end_moves_only_when_its_records_are_durable(
+    tmp_path: Path, policy: str, moves_at_begin: bool
+) -> None:
+    """Readers stop at ``durable_end``: it passes a record once the flush made the record as
+    durable as the policy promises (fsync'd; written out under ``never``), never before."""
+    backend = LogBackend(segment_bytes=64 * 1024, fsync=policy)
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    assert isinstance(stream, LogStream)
+    for n in range(3):
+        stream.append(message(n))
+    assert (stream.next_offset, stream.durable_end) == (3, 0)
+    work = backend.begin_flush()
+    assert stream.durable_end == (3 if moves_at_begin else 0)
+    if work is not None:
+        work()
+    assert stream.durable_end == 3
+    stream.append(message(3))
+    assert stream.durable_end == 3
+    backend.close()
+    reopened = LogBackend(segment_bytes=64 * 1024, fsync=policy)
+    reopened.open(tmp_path)
+    assert reopened.open_stream("/", "s").durable_end == 4  # what recovery found is on disk
+    reopened.close()
+
+
+def test_a_failed_fsync_leaves_a_streams_durable_end_where_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = LogBackend(segment_bytes=64 * 1024)
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    stream.append(message(0))
+    flush(backend)
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "injected I/O error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    stream.append(message(1))
+    with pytest.raises(OSError, match="injected"):
+        flush(backend)
+    assert (stream.durable_end, stream.next_offset) == (1, 2)

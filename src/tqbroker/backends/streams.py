@@ -6,9 +6,10 @@ is called. The built-in ``log`` backend (Kafka's segmented log) does.
 
 A ``StreamLog`` is passive like a ``QueueStore``: called from the broker's Trio thread, it never
 blocks for long; what blocks (fsync, compaction's copying) is handed to the broker as work to run
-in a worker thread. Appends become durable at the backend's next flush (``Backend.begin_flush``);
-offset commits and producer sequences too. Offsets increase by one per append and are never
-reused; retention and compaction only remove records (reads step over the gaps).
+in a worker thread. Appends become durable at the backend's next flush (``Backend.begin_flush``),
+which moves ``durable_end`` past them; offset commits and producer sequences too. Offsets
+increase by one per append and are never reused; retention and compaction only remove records
+(reads step over the gaps).
 
 Storage knows nothing of AMQP: what a record's compaction key is comes from the broker, as a
 function of the message (``CompactionPolicy.key``).
@@ -95,6 +96,14 @@ class StreamLog(Protocol):
     @property
     def next_offset(self) -> int:
         """The offset the next append gets."""
+        ...
+
+    @property
+    def durable_end(self) -> int:
+        """Every record below it is as durable as the backend promises (fsync'd, or written to
+        the operating system under a policy that does not fsync): the flushed end of the log.
+        Readers stop here (the single-node high watermark), so no reader ever sees an offset
+        that a crash could give to another record. It only moves forward, at a flush."""
         ...
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:

@@ -78,6 +78,7 @@ class LogStream:
         self.directory = directory
         self.log = log
         self._synced_upto = 0
+        self._durable_end = 0  # readers stop here: see ``durable_end``
         self._recovery_written = 0  # the recovery point in stream.cbor on disk
         self._obsolete: list[Segment] = []
         # Server-side offset tracking: the next offset each tracked consumer reads, by tag.
@@ -106,6 +107,7 @@ class LogStream:
         recovery_point = int(state.get("recovery_point", 0))
         self.log.open(recovery_point=recovery_point)
         self._synced_upto = self._recovery_written = recovery_point
+        self._durable_end = self.log.next_offset  # what recovery found is on disk
         self.offsets = _positions(state.get("offsets"))
         self.group_offsets = _positions(state.get("groups"))
         self.producers = _positions(state.get("producers"))
@@ -136,6 +138,12 @@ class LogStream:
     @property
     def next_offset(self) -> int:
         return self.log.next_offset
+
+    @property
+    def durable_end(self) -> int:
+        """The flushed end: below it every record is fsync'd (``batch``), or written to the
+        page cache under the ``interval`` and ``never`` policies (what they promise)."""
+        return self._durable_end
 
     def store_offset(self, consumer_tag: str, offset: int) -> None:
         """Remember where a tracked consumer goes on (durable after the next flush)."""
@@ -251,12 +259,14 @@ class LogStream:
         """Write out buffered records; return the blocking work: fsync (unless ``fsync`` is
         false), record the recovery point, delete segments past retention, close the segments
         compaction replaced and make its renames durable."""
+        written = self.log.next_offset
         if fsync:
             sync = self.log.sync_work()
         else:
             self.log.write_out()
             sync = None
-        synced_upto = self.log.next_offset if sync is not None else self._synced_upto
+            self._durable_end = written  # in the page cache: all that this policy promises
+        synced_upto = written if sync is not None else self._synced_upto
         # A commit that only appended leaves stream.cbor alone (one fdatasync per group commit)
         # until the recovery point would pass a sealed segment (sparing its rescan after a
         # crash).
@@ -270,6 +280,7 @@ class LogStream:
             def sync_only() -> None:
                 sync()
                 self._synced_upto = max(self._synced_upto, synced_upto)
+                self._durable_end = max(self._durable_end, synced_upto)
 
             return sync_only
         obsolete, self._obsolete = self._obsolete, []
@@ -308,6 +319,8 @@ class LogStream:
                 self._offsets_dirty = self._offsets_dirty or offsets_dirty
                 raise
             self._synced_upto = max(self._synced_upto, synced_upto)
+            if sync is not None:
+                self._durable_end = max(self._durable_end, synced_upto)
 
         return work
 

@@ -15,6 +15,9 @@ Responsibilities:
   advances with that member's acks (a settled prefix: never past an unacked delivery) and is
   stored durably with the stream; a new group starts where the consumer's ``x-stream-offset``
   says, and that start is committed at once;
+- only what is durable is read: deliveries (and ``last``/``next`` starts) stop at the log's
+  ``durable_end``, the single-node high watermark, so no consumer ever sees an offset that a
+  crash could give to another record; a flush wakes the readers;
 - server-side offset tracking, LavinMQ's way: a consumer with a tag and
   ``x-stream-automatic-offset-tracking=true`` (or ``x-stream-offset`` null, which starts from
   ``first`` the first time) has its position stored durably as it acks, and resumes there when it
@@ -202,7 +205,7 @@ class StreamQueue(Queue):
         """Deliver from ``position`` while the consumer has credit; return the next position
         (and note each offset delivered in the group's ``cursor``)."""
         stream = self.stream
-        end = stream.next_offset
+        end = stream.durable_end
         position = max(position, stream.first_offset)
         while position < end and consumer.has_capacity():
             try:
@@ -211,7 +214,7 @@ class StreamQueue(Queue):
             except OSError as exc:  # storage trouble: try again on the next wake-up
                 log.error("stream %r in vhost %r: cannot read: %s", self.name, self.vhost, exc)
                 break
-            if record is None:
+            if record is None or record.offset >= end:
                 break
             position = record.offset + 1
             consumer.unacked += 1
@@ -221,6 +224,8 @@ class StreamQueue(Queue):
             # stored properties: the headers' order and encoding as with_headers gives them).
             message = record.message.with_long_header("x-stream-offset", record.offset)
             consumer.channel.deliver(consumer, record.offset, message, False)
+        if position >= end and end < stream.next_offset and self.flusher is not None:
+            self.flusher.wake_after_flush(self)  # more is written: go on once it is durable
         return position
 
     # -- messages ----------------------------------------------------------------------------
@@ -228,11 +233,13 @@ class StreamQueue(Queue):
     def publish(self, message: Message) -> Durability:
         """Append; the confirm waits for the backend's next flush (fsync'd per its policy)."""
         self.stream.append(message)  # OSError: the caller refuses the publish
-        if self.consumers or self.max_bytes is not None:
+        if self.max_bytes is not None:
             self._wakeup.set()
         flusher = self.flusher
         if flusher is None:
             return None
+        if self.consumers:  # readers see the message once the flush has made it durable
+            flusher.wake_after_flush(self)
         return flusher, flusher.request()
 
     def get(self) -> Popped | FlushFirst | None:
@@ -283,7 +290,7 @@ class StreamQueue(Queue):
 
     @property
     def message_count(self) -> int:
-        return self.stream.next_offset - self.stream.first_offset
+        return self.stream.durable_end - self.stream.first_offset
 
     # -- consumers ---------------------------------------------------------------------------
 
@@ -339,7 +346,7 @@ class StreamQueue(Queue):
             self._tracked.add(consumer)
             stored = self.stream.offsets.get(consumer.tag)
             if stored is not None:  # it consumed before: go on after its last ack
-                start = min(max(stored, self.stream.first_offset), self.stream.next_offset)
+                start = min(max(stored, self.stream.first_offset), self.stream.durable_end)
         self._positions[consumer] = start
         super().add_consumer(consumer)
 
@@ -385,9 +392,9 @@ class StreamQueue(Queue):
 
     def _start_offset(self, spec: FieldValue) -> int:
         """Where a consumer starts, from its ``x-stream-offset`` argument, clamped to the
-        stream's first and next offsets."""
+        stream's first offset and its durable end (``last`` is the last durable record)."""
         stream = self.stream
-        first, end = stream.first_offset, stream.next_offset
+        first, end = stream.first_offset, stream.durable_end
         if spec == "first" or spec is None:  # None: offset tracking, first time from the start
             return first
         if spec == "last":  # the last message written (RabbitMQ: the last chunk)
@@ -397,9 +404,9 @@ class StreamQueue(Queue):
         if isinstance(spec, int) and not isinstance(spec, bool):
             return min(max(spec, first), end)
         if isinstance(spec, datetime.datetime):
-            return stream.offset_for_timestamp(int(spec.timestamp() * 1000))
+            return min(stream.offset_for_timestamp(int(spec.timestamp() * 1000)), end)
         if isinstance(spec, str) and (interval := parse_interval(spec)) is not None:
-            return stream.offset_for_timestamp(clock.now_ms() - interval)
+            return min(stream.offset_for_timestamp(clock.now_ms() - interval), end)
         raise AMQPError(
             ReplyCode.PRECONDITION_FAILED,
             f"invalid arg 'x-stream-offset' for consumer on stream {self._describe()}: first, "

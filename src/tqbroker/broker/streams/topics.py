@@ -100,7 +100,7 @@ class PartitionOffsets:
     partition: int
     queue: str  # the stream queue holding it (what AMQP consumers consume)
     earliest: int
-    latest: int  # the next offset to be written (Kafka's log end offset)
+    latest: int  # the high watermark: the durable end of the log, where reads stop
 
 
 @attrs.frozen
@@ -321,11 +321,11 @@ def read(
     else:
         position = max(offset if offset is not None else 0, stream.first_offset)
     records: list[ConsumerRecord] = []
-    end = stream.next_offset
+    end = stream.durable_end  # the high watermark: nothing a crash could take back
     size = 0
     while position < end and len(records) < limit and size < max_bytes:
         record = stream.read_from(position)
-        if record is None:
+        if record is None or record.offset >= end:
             break
         message = record.message
         records.append(
@@ -360,7 +360,8 @@ def read_batch(
     if not 1 <= max_bytes <= MAX_READ_BYTES:
         raise InvalidRequest(f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
     stream = partition(vhost, topic, partition_index).stream
-    stop = stream.next_offset if end is None else min(end, stream.next_offset)
+    high_watermark = stream.durable_end  # nothing a crash could take back
+    stop = high_watermark if end is None else min(end, high_watermark)
     position = max(offset, stream.first_offset)
     offsets, timestamps = array("q"), array("q")
     keys: list[bytes] = []
@@ -393,7 +394,7 @@ def read_batch(
 
 def offsets(vhost: VirtualHost, topic: str) -> list[PartitionOffsets]:
     return [
-        PartitionOffsets(n, queue.name, queue.stream.first_offset, queue.stream.next_offset)
+        PartitionOffsets(n, queue.name, queue.stream.first_offset, queue.stream.durable_end)
         for n, queue in enumerate(partitions(vhost, topic))
     ]
 
@@ -404,7 +405,7 @@ def offsets_for_timestamp(vhost: VirtualHost, topic: str, timestamp_ms: int) -> 
     found = []
     for queue in partitions(vhost, topic):
         offset = queue.stream.offset_for_timestamp(timestamp_ms)
-        found.append(offset if offset < queue.stream.next_offset else None)
+        found.append(offset if offset < queue.stream.durable_end else None)
     return found
 
 
@@ -421,7 +422,7 @@ def group(vhost: VirtualHost, topic: str, name: str) -> list[GroupPartition]:
             GroupPartition(
                 n,
                 queue.stream.group_offsets.get(name),
-                queue.stream.next_offset,
+                queue.stream.durable_end,
                 owner.tag if owner is not None else None,
             )
         )

@@ -70,7 +70,7 @@ async def consume(request: Request) -> Response:
     vhost = await vhost_of(request)
     topic = request.path_params["topic"]
     if offset == "latest":
-        offset = topics.partition(vhost, topic, partition).stream.next_offset
+        offset = topics.partition(vhost, topic, partition).stream.durable_end
     records = topics.read(
         vhost,
         topic,
@@ -83,7 +83,7 @@ async def consume(request: Request) -> Response:
     next_offset = (
         records[-1].offset + 1
         if records
-        else topics.partition(vhost, topic, partition).stream.next_offset
+        else topics.partition(vhost, topic, partition).stream.durable_end
     )
     return JSONResponse(
         {
