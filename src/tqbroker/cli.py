@@ -53,6 +53,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="log backend: batch (default: fsync before confirming), interval:<ms>, or never",
     )
     parser.add_argument(
+        "--memory-high-watermark",
+        help="block publishers while the broker's memory is over this: a fraction of RAM (or of "
+        "the cgroup limit) such as 0.4 (default), or a size such as 512MiB",
+    )
+    parser.add_argument(
+        "--disk-free-limit",
+        help="block publishers while the data directory's free disk space is under this: a "
+        "size such as 50MB (default) or 2GiB, or a multiple of RAM such as 1.0",
+    )
+    parser.add_argument(
         "--keep-unloadable-definitions",
         action="store_true",
         default=None,
@@ -102,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             ("data_dir", args.data_dir),
             ("durable_backend", args.durable_backend),
             ("keep_unloadable_definitions", args.keep_unloadable_definitions),
+            ("memory_high_watermark", args.memory_high_watermark),
+            ("disk_free_limit", args.disk_free_limit),
         )
         if value is not None
     }
@@ -109,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["http_port"] = None if args.http_port < 0 else args.http_port
     try:
         config = load_config(args.config, **overrides) if args.config else BrokerConfig(**overrides)
-    except ConfigError as exc:
+    except (ConfigError, ValueError) as exc:
         print(f"tqbroker: {exc}", file=sys.stderr)
         return 2
     if args.fsync is not None:

@@ -18,6 +18,8 @@ from typing import Any
 import attrs
 import cattrs
 
+from .resources import parse_limit
+
 
 @attrs.frozen
 class UserConfig:
@@ -27,6 +29,16 @@ class UserConfig:
     loopback_only: bool = False
     # The vhosts the user may open; None means every vhost.
     vhosts: tuple[str, ...] | None = None
+
+
+def _memory_limit(_instance: object, _attribute: object, value: float | str) -> None:
+    limit = parse_limit(value, "memory_high_watermark")
+    if limit.fraction is not None and limit.fraction > 1:
+        raise ValueError(f"memory_high_watermark: a fraction of memory up to 1.0, not {value}")
+
+
+def _disk_limit(_instance: object, _attribute: object, value: float | str) -> None:
+    parse_limit(value, "disk_free_limit")
 
 
 @attrs.frozen
@@ -61,6 +73,16 @@ class BrokerConfig:
     # A stored exchange whose type does not load, or a stored queue whose arguments no longer
     # validate, stops the start; True keeps it dormant instead (written back unchanged).
     keep_unloadable_definitions: bool = False
+    # Resource alarms (RabbitMQ's vm_memory_high_watermark and disk_free_limit): over the memory
+    # watermark (a fraction of RAM or of the cgroup limit, or a size such as "512MiB"), or under
+    # the free disk limit (a size such as "50MB", or a multiple of RAM such as 1.0), connections
+    # that publish are blocked until the alarm clears.
+    memory_high_watermark: float | str = attrs.field(default=0.4, validator=_memory_limit)
+    disk_free_limit: float | str = attrs.field(default="50MB", validator=_disk_limit)
+    # Bytes of message bodies one connection may have announced and not yet completed, across
+    # its channels; a content header beyond it is refused with 406 (and across all connections,
+    # at most a tenth of the memory high watermark).
+    max_incomplete_body_per_connection: int = 64 * 1024 * 1024
 
 
 class ConfigError(Exception):
@@ -69,6 +91,14 @@ class ConfigError(Exception):
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
 _converter.register_structure_hook(Path, lambda value, _type: Path(value))
+_converter.register_structure_hook(float | str, lambda value, _type: _limit_value(value))
+
+
+def _limit_value(value: object) -> float | str:
+    """A limit as the file writes it: a number (a fraction, or bytes) or a size string."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"a fraction such as 0.4 or a size such as 512MiB, not {value!r}")
+    return value
 
 
 def load_config(path: Path, **overrides: Any) -> BrokerConfig:

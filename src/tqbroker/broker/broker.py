@@ -8,6 +8,7 @@ Responsibilities:
   commit (``broker/definitions_file.py``, a flusher of their own) before the declaring client
   gets its ``*-ok``, and restored at startup (``broker/definitions.py``), refusing to start when
   that would lose messages; the stored queues are recovered in a worker thread first;
+- the resource alarms (``alarms.py``): the memory and disk monitors run in its nursery;
 - own the nursery in which every queue actor and flusher runs (``run`` follows the Trio start
   protocol); close the backends cleanly when it ends.
 """
@@ -23,6 +24,9 @@ import trio
 from ..auth import UserStore
 from ..config import BrokerConfig
 from ..plugins.loader import load_backends, load_exchange_types
+from ..protocol.connection import BodyBudget
+from ..resources import parse_limit
+from .alarms import DiskMonitor, MemoryMonitor, ResourceAlarms
 from .definitions import (
     StartupError,
     Unrestorable,
@@ -68,6 +72,18 @@ class Broker:
             self.definitions_file, self.definitions_flusher, self._spawn
         )
         self._restored = False
+        self.alarms = ResourceAlarms()
+        self.memory_monitor = MemoryMonitor(
+            self.alarms, parse_limit(config.memory_high_watermark, "memory_high_watermark")
+        )
+        # Message bodies begun and not finished, across connections: at most a tenth of the
+        # memory high watermark (but room for one message of the largest size).
+        self.incomplete_bodies = BodyBudget(
+            max(self.memory_monitor.limit // 10, config.max_message_size), "the broker"
+        )
+        self.disk_monitor = DiskMonitor(
+            self.alarms, config.data_dir, parse_limit(config.disk_free_limit, "disk_free_limit")
+        )
 
     def _new_vhost(self, name: str) -> VirtualHost:
         return VirtualHost(
@@ -90,6 +106,8 @@ class Broker:
         cancelled; then close the backends cleanly."""
         data_dir = self.config.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
+        # A full disk sets the alarm (publishers blocked) rather than stopping the start.
+        await self.disk_monitor.check()
         # Checked before any backend opens: a refused start leaves the data directory as it is.
         stored = self.definitions_file.load()
         dormant = self._check_definitions(stored)
@@ -101,6 +119,8 @@ class Broker:
                 for flusher in [*self.flushers.values(), self.definitions_flusher]:
                     await nursery.start(flusher.run)
                 await nursery.start(self.supervisor.run)
+                self._spawn(self.memory_monitor.run)
+                self._spawn(self.disk_monitor.run)
                 # Recovery (scanning segments, cutting a torn tail) in a worker thread: the
                 # restore below then finds every store open.
                 await trio.to_thread.run_sync(

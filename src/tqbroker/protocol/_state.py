@@ -5,8 +5,9 @@ Responsibilities:
   -> next state. A received method the connection table lacks is the peer's error (504, raised
   by ``ServerConnection``); a sent method a table lacks is ours (``LocalProtocolError``);
 - ``Channel``: one open channel's state and the content (publish + header + bodies) it is
-  assembling, with the message size checked from the content header before any body byte is
-  buffered.
+  assembling, with the message size (and the room for it under the connection's and the
+  broker's caps on incomplete bodies, ``BodyBudget``) checked from the content header before any
+  body byte is buffered.
 
 A channel absent from ``ServerConnection.channels`` is ``ChannelState.CLOSED``. Only
 channel-class methods move a channel; the other classes leave it as it is (on a closing channel
@@ -30,6 +31,7 @@ from .methods import (
     ChannelFlowOk,
     ChannelOpen,
     ChannelOpenOk,
+    ConnectionBlocked,
     ConnectionClose,
     ConnectionCloseOk,
     ConnectionOpen,
@@ -38,6 +40,7 @@ from .methods import (
     ConnectionStartOk,
     ConnectionTune,
     ConnectionTuneOk,
+    ConnectionUnblocked,
     ConnectionUpdateSecret,
     ConnectionUpdateSecretOk,
     Method,
@@ -98,6 +101,8 @@ SEND_TRANSITIONS: Final[Transitions] = {
     (State.AUTHENTICATING, ConnectionTune): State.AWAIT_TUNE_OK,
     (State.OPENING, ConnectionOpenOk): State.OPEN,
     (State.OPEN, ConnectionUpdateSecretOk): State.OPEN,
+    (State.OPEN, ConnectionBlocked): State.OPEN,
+    (State.OPEN, ConnectionUnblocked): State.OPEN,
     (State.CLOSE_RECEIVED, ConnectionCloseOk): State.CLOSED,
     (State.CLOSING, ConnectionCloseOk): State.CLOSING,
 } | {(state, ConnectionClose): State.CLOSING for state in State}
@@ -130,21 +135,56 @@ CONTENT_HEADER_FIXED: Final = 2 + 2 + U64.size
 CONTENT_HEADER_MIN: Final = CONTENT_HEADER_FIXED + 2
 
 
+class BodyBudget:
+    """Bytes of message bodies that content headers announced and that have not all arrived
+    yet: a connection's (``limit``: its cap), drawing on one that all connections share (the
+    broker's) when ``shared`` is given. A header that would pass a cap is refused before any
+    byte of its body is buffered."""
+
+    __slots__ = ("limit", "name", "reserved", "shared")
+
+    def __init__(self, limit: int, name: str, shared: BodyBudget | None = None) -> None:
+        self.limit = limit
+        self.name = name  # for errors: "this connection", "the broker"
+        self.reserved = 0
+        self.shared = shared
+
+    def reserve(self, size: int) -> BodyBudget | None:
+        """Take ``size`` bytes; None if done, else the budget that has no room (nothing taken)."""
+        if self.reserved + size > self.limit:
+            return self
+        shared = self.shared
+        if shared is not None:
+            if shared.reserved + size > shared.limit:
+                return shared
+            shared.reserved += size
+        self.reserved += size
+        return None
+
+    def release(self, size: int) -> None:
+        self.reserved -= size
+        if self.shared is not None:
+            self.shared.reserved -= size
+
+
 class Channel:
     """One channel: its state, and the content being assembled."""
 
-    __slots__ = ("body", "body_size", "method", "properties", "received", "state")
+    __slots__ = ("body", "body_size", "budget", "method", "properties", "received", "state")
 
-    def __init__(self) -> None:
+    def __init__(self, budget: BodyBudget) -> None:
         self.state = ChannelState.OPEN
         self.method: BasicPublish | None = None  # a publish waiting for its content
         self.properties: bytes | None = None  # set once the content header arrived
         self.body_size = 0
         self.received = 0
         self.body: list[bytes] = []
+        self.budget = budget  # the connection's: charged body_size while the body arrives
 
     def reset_content(self) -> None:
         """Drop the content being assembled."""
+        if self.properties is not None and self.body_size:
+            self.budget.release(self.body_size)
         self.method = self.properties = None
         self.body = []
 
@@ -193,11 +233,17 @@ class Channel:
                 class_id=BASIC_CLASS_ID,
                 method_id=BasicPublish.METHOD_ID,
             )
+        if body_size == 0:
+            self.properties = bytes(payload[CONTENT_HEADER_FIXED:])
+            self.body_size = self.received = 0
+            return self._content_done(channel, b"")
+        full = self.budget.reserve(body_size)
+        if full is not None:
+            self.method = None
+            raise _no_room(full, body_size, channel)
         self.properties = bytes(payload[CONTENT_HEADER_FIXED:])
         self.body_size = body_size
         self.received = 0
-        if body_size == 0:
-            return self._content_done(channel, b"")
         return None
 
     def content_body(self, channel: int, payload: memoryview) -> ContentReceived | None:
@@ -231,7 +277,21 @@ class Channel:
         assert self.properties is not None
         event = ContentReceived(channel, self.method, self.properties, body)
         self.method = self.properties = None
+        if self.body_size:
+            self.budget.release(self.body_size)
         return event
+
+
+def _no_room(budget: BodyBudget, size: int, channel: int) -> AMQPError:
+    """406 for a content header whose body would pass a cap on incomplete bodies."""
+    return AMQPError(
+        ReplyCode.PRECONDITION_FAILED,
+        f"message size {size} does not fit: incomplete message bodies on {budget.name} take "
+        f"{budget.reserved} of its {budget.limit} bytes; finish sending the messages begun first",
+        channel=channel,
+        class_id=BASIC_CLASS_ID,
+        method_id=BasicPublish.METHOD_ID,
+    )
 
 
 def content_owed(method: Method, header_received: bool, got: str) -> AMQPError:

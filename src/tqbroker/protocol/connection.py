@@ -54,6 +54,7 @@ from ._state import (
     MAX_BODY_SIZE,
     RECEIVE_TRANSITIONS,
     SEND_TRANSITIONS,
+    BodyBudget,
     Channel,
     ChannelState,
     State,
@@ -109,6 +110,8 @@ class Limits:
     frame_max: int = 131072
     heartbeat: int = 60
     max_message_size: int = 16 * 1024 * 1024
+    # Bytes of message bodies begun and not finished, across the connection's channels.
+    max_incomplete_body: int = 64 * 1024 * 1024
     # Largest frame accepted before tune-ok (RabbitMQ's initial_frame_max).
     initial_frame_max: int = 8192
 
@@ -116,9 +119,12 @@ class Limits:
 class ServerConnection(FrameReader):
     """One client connection, seen from the server."""
 
-    def __init__(self, limits: Limits = Limits()) -> None:
+    def __init__(self, limits: Limits = Limits(), shared_bodies: BodyBudget | None = None) -> None:
         super().__init__(limits.initial_frame_max)  # until tune-ok
         self.limits = limits
+        # Incomplete message bodies: capped per connection, and across the connections that
+        # share ``shared_bodies`` (the broker's).
+        self.bodies = BodyBudget(limits.max_incomplete_body, "this connection", shared_bodies)
         self.state = State.AWAIT_HEADER
         # Negotiated in tune-ok; until then the pre-tune limits apply.
         self.channel_max = limits.channel_max
@@ -304,9 +310,10 @@ class ServerConnection(FrameReader):
         """Put a channel in ``state``, adding or removing it from the table."""
         if state is _CHANNEL_CLOSED:
             if ch is not None:
+                ch.reset_content()
                 del self.channels[channel]
         elif ch is None:
-            self.channels[channel] = Channel()
+            self.channels[channel] = Channel(self.bodies)
         else:
             ch.state = state
 
@@ -337,6 +344,11 @@ class ServerConnection(FrameReader):
         elif class_id == CONNECTION_CLASS_ID:
             raise LocalProtocolError(f"cannot send {method.NAME} on channel {channel}")
         return encode_method(channel, method)
+
+    def release_bodies(self) -> None:
+        """The connection is gone: give back what its incomplete bodies held of the budgets."""
+        for ch in self.channels.values():
+            ch.reset_content()
 
     def close_connection(self, error: AMQPError) -> bytes:
         """``connection.close`` carrying the error."""
@@ -371,6 +383,7 @@ __all__ = [
     "MAX_BODY_SIZE",
     "NEED_DATA",
     "BadProtocolHeader",
+    "BodyBudget",
     "ContentReceived",
     "EndOfStream",
     "Event",

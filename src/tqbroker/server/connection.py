@@ -6,6 +6,7 @@ Responsibilities:
 - the handshake (``handshake.py``) within a deadline, then channels opened and closed, their
   methods handed to them (``Channel``), and what they send written (``ChannelHost``);
 - heartbeats both ways (two missed intervals close the socket);
+- publishers blocked during a resource alarm (``flow.py``);
 - errors: soft ones close the channel, hard ones send ``connection.close`` and wait briefly for
   ``close-ok``;
 - a write buffer that coalesces frames into one ``send_all`` and tells queue actors when a slow
@@ -58,6 +59,7 @@ from ..protocol.methods import (
 from .channel import Channel
 from .deliveries import AckTimeouts, Deliveries
 from .encoding import write_deliver, write_get_ok, write_return
+from .flow import PublisherFlow
 from .handshake import Handshake, HangUp
 
 if TYPE_CHECKING:
@@ -83,7 +85,9 @@ class AMQPConnection:
                 frame_max=config.frame_max,
                 heartbeat=config.heartbeat,
                 max_message_size=config.max_message_size,
-            )
+                max_incomplete_body=config.max_incomplete_body_per_connection,
+            ),
+            broker.incomplete_bodies,
         )
         try:
             peer = stream.socket.getpeername()
@@ -106,6 +110,12 @@ class AMQPConnection:
         self._sent_at = trio.current_time()
         self._ack_timeouts = AckTimeouts(self.peer, self._unacked, self.fail_channel)
         self._receive_scope: trio.CancelScope | None = None  # the reader's, while it waits
+        self.flow = PublisherFlow(
+            broker.alarms,
+            self._send_handshake,
+            lambda: self.handshake.capabilities.get("connection.blocked") is True,
+            self.peer,
+        )
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -141,6 +151,7 @@ class AMQPConnection:
             await trio.aclose_forcefully(self.stream)
 
     def _teardown(self) -> None:
+        self.protocol.release_bodies()
         channels = list(self.channels.values())
         self.channels.clear()
         for channel in channels:
@@ -328,6 +339,7 @@ class AMQPConnection:
     async def _read_loop(self) -> None:
         protocol = self.protocol
         while True:
+            await self.flow.pause_if_blocked()  # a resource alarm: publishers wait
             data = await self._receive()
             if data is None:
                 return
@@ -350,6 +362,7 @@ class AMQPConnection:
                         if target is None:
                             target = self._channel(event.channel)  # raises
                         target.publish(event.method, event.properties, event.body, now_ms)
+                        self.flow.published = True
                     except Exception as exc:
                         self._event_failed(event, exc)
                     continue  # a publish never ends the connection
@@ -414,6 +427,7 @@ class AMQPConnection:
             if self.protocol.state in (State.CLOSING, State.CLOSED):
                 return
             log.info("closing connection %s: %s", self.peer, err.reply_text)
+            self.flow.interrupt()  # a blocked reader must read the close-ok
             for channel in self.channels.values():
                 channel.close()
             self.channels.clear()

@@ -46,6 +46,7 @@ CAPABILITIES: FieldTable = {
     "consumer_cancel_notify": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
+    "connection.blocked": True,
 }
 
 

@@ -1,0 +1,143 @@
+"""Resource alarms, RabbitMQ's: memory over its high watermark, free disk under its limit.
+
+Responsibilities:
+- ``ResourceAlarms``: which alarms are set, the reason a blocked publisher is told (RabbitMQ's
+  texts: ``low on memory``, ``low on disk``, ``low on disk & memory``), a wait for all of them to
+  clear, and the log lines on set and clear;
+- ``MemoryMonitor``: every ``MEMORY_CHECK_SECONDS``, the broker's memory use against
+  ``memory_high_watermark`` (a fraction of the memory available, or absolute);
+- ``DiskMonitor``: the free space of the data directory against ``disk_free_limit``, checked
+  every ``DISK_CHECK_SECONDS`` (more often near the limit) in a worker thread, and once before
+  the broker opens its storage, so that a broker started on a full disk starts with the alarm
+  set rather than failing.
+
+While any alarm is set, connections that publish are blocked (``server/flow.py``); consumers
+go on being served.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import trio
+
+from ..resources import Limit, available_memory, free_disk_bytes, memory_in_use
+
+log = logging.getLogger(__name__)
+
+MEMORY: Final = "memory"
+DISK: Final = "disk"
+MEMORY_CHECK_SECONDS: Final = 0.2
+DISK_CHECK_SECONDS: Final = 2.0
+DISK_CHECK_SECONDS_NEAR_LIMIT: Final = 0.1
+
+
+class ResourceAlarms:
+    """The alarms set now (``active``), and a wait for them to clear."""
+
+    def __init__(self) -> None:
+        self.active: dict[str, str] = {}  # resource -> what was measured, for logs and health
+        self._cleared = trio.Event()
+        self._cleared.set()
+
+    @property
+    def reason(self) -> str:
+        """What ``connection.blocked`` says (RabbitMQ's text)."""
+        return "low on " + " & ".join(sorted(self.active))
+
+    def set(self, resource: str, measured: str) -> None:
+        if resource in self.active:
+            self.active[resource] = measured
+            return
+        self.active[resource] = measured
+        if self._cleared.is_set():
+            self._cleared = trio.Event()
+        log.warning(
+            "%s resource limit alarm set: %s; publishers will be blocked until this alarm clears",
+            resource,
+            measured,
+        )
+
+    def clear(self, resource: str, measured: str) -> None:
+        if self.active.pop(resource, None) is None:
+            return
+        log.warning("%s resource limit alarm cleared: %s", resource, measured)
+        if not self.active:
+            self._cleared.set()
+
+    async def wait_cleared(self) -> None:
+        """Return once no alarm is set."""
+        while self.active:
+            await self._cleared.wait()
+
+
+class MemoryMonitor:
+    """Sets and clears the memory alarm."""
+
+    def __init__(self, alarms: ResourceAlarms, watermark: Limit) -> None:
+        self.alarms = alarms
+        self.available = available_memory()
+        self.limit = watermark.bytes(self.available)
+        self.used = 0
+
+    def check(self) -> None:
+        self.used = used = memory_in_use(self.limit)
+        measured = f"memory use {_size(used)}, high watermark {_size(self.limit)}"
+        if used > self.limit:
+            self.alarms.set(MEMORY, measured)
+        else:
+            self.alarms.clear(MEMORY, measured)
+
+    async def run(self) -> None:
+        while True:
+            self.check()
+            await trio.sleep(MEMORY_CHECK_SECONDS)
+
+
+class DiskMonitor:
+    """Sets and clears the disk alarm for the data directory's file system."""
+
+    def __init__(
+        self,
+        alarms: ResourceAlarms,
+        directory: Path,
+        limit: Limit,
+        *,
+        free_bytes: Callable[[Path], int] = free_disk_bytes,
+    ) -> None:
+        self.alarms = alarms
+        self.directory = directory
+        self.limit = limit.bytes(available_memory())
+        self.free = -1
+        self._free_bytes = free_bytes
+
+    async def check(self) -> float:
+        """Measure (in a worker thread), set or clear the alarm; return how long to wait before
+        the next check."""
+        try:
+            self.free = free = await trio.to_thread.run_sync(self._free_bytes, self.directory)
+        except OSError as exc:
+            log.error("cannot measure the free disk space of %s: %s", self.directory, exc)
+            return DISK_CHECK_SECONDS
+        measured = f"free disk space {_size(free)}, limit {_size(self.limit)}"
+        if free < self.limit:
+            self.alarms.set(DISK, measured)
+        else:
+            self.alarms.clear(DISK, measured)
+        near = free < 2 * self.limit + 256 * 1024 * 1024
+        return DISK_CHECK_SECONDS_NEAR_LIMIT if near else DISK_CHECK_SECONDS
+
+    async def run(self) -> None:
+        while True:
+            wait = await self.check()
+            await trio.sleep(wait)
+
+
+def _size(n: int) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

@@ -1,0 +1,158 @@
+"""Memory and disk alarms, as RabbitMQ has them: a connection that publishes while an alarm is set
+is told ``connection.blocked`` (reason ``low on memory`` / ``low on disk``) and not read from
+until the alarm clears (``connection.unblocked``); consumers keep being served.
+
+The brokers are subprocesses (their memory is their own), with real clients: pika's and
+aio-pika's blocked-connection callbacks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aio_pika
+import pika
+import pytest
+
+from tqbroker.testing import BrokerProcess, start_broker_process
+
+BODY = b"m" * 65536
+# The broker starts at ~55 MiB resident; ~60 MiB of queued bodies take it over this.
+WATERMARK = "120MiB"
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    with start_broker_process(
+        tmp_path / "data",
+        extra_args=["--memory-high-watermark", WATERMARK],
+        stderr=tmp_path / "broker.log",
+        log_level="INFO",
+    ) as b:
+        yield b
+
+
+def drain(url: str, queue: str) -> int:
+    """Consume everything from ``queue`` on a connection of its own; how many."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    count = 0
+    while True:
+        method, _props, _body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            break
+        count += 1
+    connection.close()
+    return count
+
+
+def test_pika_publisher_is_blocked_over_the_watermark_and_unblocked_after_a_drain(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    events: list[tuple[str, str]] = []
+    publisher = pika.BlockingConnection(pika.URLParameters(broker.url))
+    publisher.add_on_connection_blocked_callback(
+        lambda _c, frame: events.append(("blocked", frame.method.reason))
+    )
+    publisher.add_on_connection_unblocked_callback(lambda _c, _f: events.append(("unblocked", "")))
+    channel = publisher.channel()
+    channel.queue_declare("backlog")
+    consumer_only = pika.BlockingConnection(pika.URLParameters(broker.url))
+    consumer_only.add_on_connection_blocked_callback(
+        lambda _c, frame: events.append(("consumer blocked", frame.method.reason))
+    )
+    consumer_only.channel().queue_declare("other")
+
+    published = 0
+    deadline = time.monotonic() + 60
+    while not events:
+        assert time.monotonic() < deadline, f"never blocked after {published} publishes"
+        channel.basic_publish("", "backlog", BODY)
+        published += 1
+        publisher.process_data_events(0)
+    assert events == [("blocked", "low on memory")]
+    assert published * len(BODY) > 30 * 1024 * 1024  # blocked by the watermark, not at once
+
+    # The consumer-only connection is not blocked and is still served.
+    consumer_only.process_data_events(0.5)
+    assert ("consumer blocked", "low on memory") not in events
+    drained = drain(broker.url, "backlog")
+    assert drained >= published - 64  # what the broker had read of the publisher's writes
+    deadline = time.monotonic() + 30
+    while events[-1][0] != "unblocked":
+        assert time.monotonic() < deadline, "never unblocked after the drain"
+        publisher.process_data_events(0.2)
+    channel.basic_publish("", "backlog", b"after")  # read again
+    publisher.process_data_events(0.2)
+    assert drain(broker.url, "backlog") >= 1
+    publisher.close()
+    consumer_only.close()
+    log = (tmp_path / "broker.log").read_text()
+    assert "memory resource limit alarm set" in log
+    assert "memory resource limit alarm cleared" in log
+
+
+class Recorder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_aio_pika_pauses_its_writes_while_blocked(broker: BrokerProcess) -> None:
+    """aiormq (under aio-pika) announces the capability, logs the notifications and holds its
+    writes between them."""
+    recorder = Recorder()
+    logging.getLogger("aiormq.connection").addHandler(recorder)
+
+    async def main() -> None:
+        connection = await aio_pika.connect(broker.url)
+        channel = await connection.channel(publisher_confirms=False)
+        await channel.declare_queue("aio-backlog")
+        deadline = time.monotonic() + 60
+        while not any("was blocked by" in m for m in recorder.messages):
+            assert time.monotonic() < deadline
+            await channel.default_exchange.publish(aio_pika.Message(BODY), "aio-backlog")
+            await asyncio.sleep(0)
+        assert any("low on memory" in m for m in recorder.messages)
+        await asyncio.to_thread(drain, broker.url, "aio-backlog")
+        while not any("was unblocked" in m for m in recorder.messages):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        await connection.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        logging.getLogger("aiormq.connection").removeHandler(recorder)
+
+
+def test_a_broker_started_on_a_full_disk_starts_with_the_disk_alarm_set(tmp_path: Path) -> None:
+    """A disk-free limit above what the disk has: the broker starts (no crash loop), blocks
+    publishers with ``low on disk``, and serves consumers."""
+    with start_broker_process(
+        tmp_path / "data",
+        extra_args=["--disk-free-limit", "1000000TB"],
+        stderr=tmp_path / "broker.log",
+        log_level="INFO",
+    ) as b:
+        events: list[str] = []
+        connection = pika.BlockingConnection(pika.URLParameters(b.url))
+        connection.add_on_connection_blocked_callback(
+            lambda _c, frame: events.append(frame.method.reason)
+        )
+        channel = connection.channel()
+        channel.queue_declare("q")
+        channel.basic_publish("", "q", b"one")  # read, then the connection is blocked
+        deadline = time.monotonic() + 10
+        while not events:
+            assert time.monotonic() < deadline
+            connection.process_data_events(0.1)
+        assert events == ["low on disk"]
+        assert drain(b.url, "q") == 1  # consumers are served
+    assert "disk resource limit alarm set" in (tmp_path / "broker.log").read_text()
