@@ -86,9 +86,17 @@ def brokers(tmpfs: Path, tmp_path: Path) -> Iterator[list[BrokerProcess]]:
         broker.kill()
 
 
-def start(brokers: list[BrokerProcess], tmpfs: Path, tmp_path: Path) -> BrokerProcess:
-    """``python -m tqbroker`` on the tmpfs; its log goes to ``broker.log`` (not on the tmpfs)."""
-    broker = start_broker_process(tmpfs / "data", stderr=tmp_path / "broker.log")
+def start(
+    brokers: list[BrokerProcess], tmpfs: Path, tmp_path: Path, *, disk_free_limit: str = "0"
+) -> BrokerProcess:
+    """``python -m tqbroker`` on the tmpfs; its log goes to ``broker.log`` (not on the tmpfs).
+    The disk alarm is off unless asked for: these tests fill the disk past it on purpose."""
+    broker = start_broker_process(
+        tmpfs / "data",
+        stderr=tmp_path / "broker.log",
+        extra_args=["--disk-free-limit", disk_free_limit],
+        log_level="INFO",
+    )
     brokers.append(broker)
     return broker
 
@@ -333,6 +341,43 @@ def test_full_disk_with_many_publishes_in_flight(
     broker = start(brokers, tmpfs, tmp_path)
     check_recovered(published, drain(broker))
     broker.stop()
+
+
+def test_a_broker_restarted_on_a_full_disk_starts_blocks_publishers_and_serves_readers(
+    tmpfs: Path, tmp_path: Path, brokers: list[BrokerProcess]
+) -> None:
+    """Probe of the issue: a restart while the disk is full was a crash loop (the unused RocksDB
+    backend could not open; a classic queue's reservation could not be written). Now the broker
+    starts with its disk alarm set, blocks publishers, and consumers get every acked message."""
+    rng = random.Random("restart-full")
+    broker = start(brokers, tmpfs, tmp_path)
+    declare(broker)
+    connection = pika.BlockingConnection(params(broker))
+    connection.channel().queue_declare("stream", durable=True, arguments={"x-queue-type": "stream"})
+    connection.close()
+    fill(tmpfs)
+    published = publish_until_refused(broker, rng)
+    assert published.acked
+    assert published.connection_error is None
+    fill_completely(tmpfs).rename(tmpfs / "filler2")  # not one byte left
+    broker.kill()
+
+    broker = start(brokers, tmpfs, tmp_path, disk_free_limit="50MB")
+    blocked: list[str] = []
+    connection = pika.BlockingConnection(params(broker))
+    connection.add_on_connection_blocked_callback(lambda _c, f: blocked.append(f.method.reason))
+    channel = connection.channel()
+    channel.basic_publish("", "stream", b"during the alarm")  # read; then the connection blocks
+    deadline = time.monotonic() + 10
+    while not blocked:
+        assert time.monotonic() < deadline, "publisher never blocked"
+        connection.process_data_events(0.1)
+    assert blocked == ["low on disk"]
+    check_recovered(published, drain(broker))
+    assert alive(broker)
+    log = (tmp_path / "broker.log").read_text()
+    assert "disk resource limit alarm set" in log
+    assert "Traceback" not in log
 
 
 # -- in process: a checkpoint that cannot be written ---------------------------------------------

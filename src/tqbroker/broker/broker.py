@@ -30,6 +30,7 @@ from .alarms import DiskMonitor, MemoryMonitor, ResourceAlarms
 from .definitions import (
     StartupError,
     Unrestorable,
+    backends_in_use,
     missing_backend,
     open_stored,
     refusal,
@@ -111,9 +112,7 @@ class Broker:
         # Checked before any backend opens: a refused start leaves the data directory as it is.
         stored = self.definitions_file.load()
         dormant = self._check_definitions(stored)
-        for name, backend in self.backends.items():
-            backend.open(data_dir)
-            log.debug("opened backend %s", name)
+        self._open_backends(stored)
         try:
             async with trio.open_nursery() as nursery:
                 for flusher in [*self.flushers.values(), self.definitions_flusher]:
@@ -128,7 +127,10 @@ class Broker:
                 )
                 self._restore(stored, dormant)
                 self._restored = True
-                await trio.to_thread.run_sync(self.definitions_file.write_work())
+                try:
+                    await trio.to_thread.run_sync(self.definitions_file.write_work())
+                except OSError as exc:  # e.g. a full disk: what is stored stays as it was
+                    log.error("cannot rewrite the definitions at startup: %s", exc)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -141,6 +143,29 @@ class Broker:
                         await trio.to_thread.run_sync(self.definitions_file.write_work())
                     except OSError as exc:
                         log.error("writing the definitions at shutdown failed: %s", exc)
+
+    def _open_backends(self, stored: dict[str, Any]) -> None:
+        """Open every loaded backend in the data directory. One that cannot open (a full disk, a
+        broken installation) and that nothing needs is left out, logged: the broker starts
+        without it. One that the durable queues or the configuration need stops the start."""
+        needed = {"memory", self.config.durable_backend, *backends_in_use(stored)}
+        for name, backend in list(self.backends.items()):
+            try:
+                backend.open(self.config.data_dir)
+            except Exception as exc:
+                if name in needed:
+                    raise StartupError(f"the {name!r} storage backend cannot open: {exc}") from exc
+                log.error(
+                    "the %r storage backend cannot open, so it is left out until a restart "
+                    "(no stored queue uses it): %s",
+                    name,
+                    exc,
+                    exc_info=not isinstance(exc, OSError),
+                )
+                del self.backends[name]
+                self.flushers.pop(name, None)
+                continue
+            log.debug("opened backend %s", name)
 
     def _close_backends(self) -> None:
         for name, backend in self.backends.items():

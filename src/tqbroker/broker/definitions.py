@@ -217,6 +217,15 @@ def restore(
     vhost.routing.changed()
 
 
+def backends_in_use(stored: Mapping[str, Any]) -> set[str]:
+    """The backends that stored durable queues and message-holding exchanges live on."""
+    used: set[str] = set()
+    for defs in stored.get("definitions", {}).values():
+        used.update(queue["backend"] for queue in defs.get("queues", []))
+        used.update(e["store_backend"] for e in defs.get("exchanges", []) if e.get("store_backend"))
+    return used
+
+
 def missing_backend(stored: Mapping[str, Any], backends: Mapping[str, object]) -> str | None:
     """Why the stored definitions cannot be restored with ``backends`` without losing messages
     (None: they can)."""

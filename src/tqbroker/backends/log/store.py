@@ -20,6 +20,7 @@ Responsibilities:
 
 from __future__ import annotations
 
+import errno
 import heapq
 import logging
 import threading
@@ -164,9 +165,18 @@ class LogQueueStore:
         # Reserve a first delivery window now, durably, so delivery starts without a flush.
         self._reserve_target = max(self.cursor, self.delivered_reserved) + RESERVE_WINDOW
         self._synced_upto = recovery_point if not clean else end
-        self._write_state(self._state(self._reserve_target), fsync=True)
-        self._recovery_written = self._synced_upto
-        self.delivered_reserved = self._reserve_target
+        try:
+            self._write_state(self._state(self._reserve_target), fsync=True)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # A full disk: open anyway (the broker starts, with its disk alarm set); the first
+            # deliveries wait for a flush that can write their reservation.
+            log.warning("%s: cannot reserve a delivery window yet: %s", self.directory, exc)
+            self._recovery_written = recovery_point
+        else:
+            self._recovery_written = self._synced_upto
+            self.delivered_reserved = self._reserve_target
         self._ready = (end - self.head) - sum(
             min(b, end) - max(a, self.head) for a, b in self.settled.as_list() if a < end
         )
