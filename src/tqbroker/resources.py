@@ -9,16 +9,20 @@ Responsibilities:
 - the broker's memory use: its resident set, after handing the allocator's free pages back to the
   system (``malloc_trim``) when it looks over the limit, so that memory freed by a consumer or a
   queue delete counts as free;
-- the free space on the data directory's file system.
+- the free space on the data directory's file system;
+- file descriptors: how many are open, and whether opening more for a new queue would eat into
+  the reserve kept for accepting connections and for the broker's own files.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import functools
 import os
 import re
+import resource
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -113,10 +117,24 @@ def available_memory() -> int:
     return total
 
 
-def resident_bytes() -> int:
-    """This process's resident set size (Linux's ``/proc/self/statm``)."""
-    with open("/proc/self/statm", "rb") as statm:
-        return int(statm.read().split()[1]) * _PAGE_SIZE
+class ResidentSet:
+    """This process's resident set size, read from Linux's ``/proc/self/statm``, kept open so
+    that measuring needs no new file descriptor (they may be what ran out)."""
+
+    def __init__(self) -> None:
+        self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+
+    def bytes(self) -> int:
+        return int(os.pread(self._fd, 128, 0).split()[1]) * _PAGE_SIZE
+
+    def in_use(self, limit: int) -> int:
+        """The resident set; when that is over ``limit``, after the allocator has returned its
+        free pages (freed messages), so that only memory still in use counts."""
+        used = self.bytes()
+        if used > limit and (trim := _malloc_trim()) is not None:
+            trim(0)
+            used = self.bytes()
+        return used
 
 
 @functools.cache
@@ -129,17 +147,33 @@ def _malloc_trim() -> Callable[[int], object] | None:
     return trim
 
 
-def memory_in_use(limit: int) -> int:
-    """The broker's memory use, as the operating system sees it: the resident set; when that
-    is over ``limit``, the allocator first returns its free pages (freed messages) so that
-    only memory still in use counts."""
-    used = resident_bytes()
-    if used > limit and (trim := _malloc_trim()) is not None:
-        trim(0)
-        used = resident_bytes()
-    return used
-
-
 def free_disk_bytes(path: Path) -> int:
     """Free space on the file system holding ``path`` (for an unprivileged user)."""
     return shutil.disk_usage(path).free
+
+
+# Descriptors kept for accepting connections, checkpoints and definitions: a new durable queue
+# is refused (506) rather than take them.
+DESCRIPTOR_RESERVE_FRACTION: Final = 0.1
+DESCRIPTOR_RESERVE_MIN: Final = 32
+DESCRIPTOR_RESERVE_MAX: Final = 1024
+
+
+def check_descriptor_room(needed: int) -> None:
+    """Raise ``OSError(EMFILE)`` if opening ``needed`` more descriptors would leave fewer than
+    the reserve free (blocking: lists ``/proc/self/fd``)."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return
+    reserve = int(limit * DESCRIPTOR_RESERVE_FRACTION)
+    reserve = max(DESCRIPTOR_RESERVE_MIN, min(DESCRIPTOR_RESERVE_MAX, reserve))
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except FileNotFoundError:  # not Linux
+        return
+    if in_use + needed > limit - reserve:
+        raise OSError(
+            errno.EMFILE,
+            f"Too many open files ({in_use} of {limit} in use; {reserve} are kept for "
+            "connections and the broker's own files)",
+        )

@@ -24,7 +24,7 @@ from typing import Final
 
 import trio
 
-from ..resources import Limit, available_memory, free_disk_bytes, memory_in_use
+from ..resources import Limit, ResidentSet, available_memory, free_disk_bytes
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +82,10 @@ class MemoryMonitor:
         self.available = available_memory()
         self.limit = watermark.bytes(self.available)
         self.used = 0
+        self._resident = ResidentSet()
 
     def check(self) -> None:
-        self.used = used = memory_in_use(self.limit)
+        self.used = used = self._resident.in_use(self.limit)
         measured = f"memory use {_size(used)}, high watermark {_size(self.limit)}"
         if used > self.limit:
             self.alarms.set(MEMORY, measured)
@@ -93,7 +94,10 @@ class MemoryMonitor:
 
     async def run(self) -> None:
         while True:
-            self.check()
+            try:
+                self.check()
+            except OSError as exc:  # the alarm stays as it is until a check works again
+                log.error("cannot measure the broker's memory: %s", exc)
             await trio.sleep(MEMORY_CHECK_SECONDS)
 
 

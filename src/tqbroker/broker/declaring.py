@@ -5,6 +5,8 @@ Responsibilities:
   (``broker/arguments.py``), dormant names, an existing queue's exclusive owner (405) and
   equivalence (406); else what the queue to create is (its name, backend and typed arguments);
 - ``empty_transient``: a transient queue on a durable backend starts empty;
+- ``open_and_declare_queue``: a declare whose new queue's stores open (recover) in a worker
+  thread first;
 - ``server_name``: the ``amq.gen-`` name of a queue declared without one.
 """
 
@@ -14,6 +16,8 @@ import base64
 import logging
 import os
 from typing import TYPE_CHECKING
+
+import trio
 
 from ..protocol.codec import FieldTable
 from ..protocol.errors import AMQPError, ReplyCode
@@ -25,6 +29,7 @@ from .arguments import (
     compared_arguments,
 )
 from .queue import Queue
+from .storage import storage_error
 
 if TYPE_CHECKING:
     from .vhost import VirtualHost
@@ -95,6 +100,49 @@ def empty_transient(
     if vhost.backends[backend_name].durable and not durable:
         vhost.storage.delete_stores(backend_name, name, arguments)
         vhost.definitions.changed_after(vhost.flushers.get(backend_name), definitions=False)
+
+
+async def open_and_declare_queue(
+    vhost: VirtualHost,
+    name: str,
+    *,
+    passive: bool,
+    durable: bool,
+    exclusive: bool,
+    auto_delete: bool,
+    arguments: FieldTable,
+    owner: object,
+) -> Queue:
+    """``declare_queue``, with a new queue's stores opened (recovered) in a worker thread
+    first; a declare of a name being opened waits for it. Then ``declare_queue`` checks
+    again (someone may have declared it meanwhile, over HTTP say) and creates it."""
+    while (opening := vhost.opening.get(name)) is not None:
+        await opening.wait()
+    found = check_queue_declare(
+        vhost, name, passive, durable, exclusive, auto_delete, arguments, owner
+    )
+    if isinstance(found, Queue):
+        return found
+    vhost.opening[found[0]] = done = trio.Event()
+    try:
+        empty_transient(vhost, *found, durable=durable)
+        await trio.to_thread.run_sync(vhost.storage.open, *found)
+    except OSError as exc:  # out of descriptors or space, say: this declare fails alone
+        doing = f"open the storage of queue '{found[0]}' in vhost '{vhost.name}'"
+        raise storage_error(exc, doing) from None
+    finally:
+        del vhost.opening[found[0]]
+        done.set()
+    return vhost.declare_queue(
+        found[0],
+        passive=False,
+        durable=durable,
+        exclusive=exclusive,
+        auto_delete=auto_delete,
+        arguments=arguments,
+        owner=owner,
+        prepared=True,
+    )
 
 
 def server_name() -> str:

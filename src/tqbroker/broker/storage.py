@@ -13,12 +13,15 @@ Responsibilities:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 from collections.abc import Iterator, Mapping
+from typing import Final
 
 from ..backends.base import Backend, QueueStore
 from ..backends.streams import StreamBackend, StreamLog
 from ..protocol.errors import AMQPError, ReplyCode
+from ..resources import check_descriptor_room
 from .arguments import STREAM, QueueArguments
 from .plugin_errors import backend_failed
 from .priority import PriorityStore, level_store_names
@@ -84,7 +87,11 @@ class QueueStorage:
 
     def open(self, name: str, backend_name: str, arguments: QueueArguments) -> None:
         """Open (recover) the queue's stores, so that creating the queue finds them open (a
-        backend returns an open store again). Blocking: run in a worker thread."""
+        backend returns an open store again). Blocking: run in a worker thread. On a durable
+        backend, refused (``OSError`` EMFILE) if the queue's files would take descriptors the
+        broker keeps in reserve."""
+        if self.backends[backend_name].durable:
+            check_descriptor_room(DESCRIPTORS_PER_QUEUE * len(store_names(name, arguments)))
         if arguments.kind == STREAM:
             self.open_stream(backend_name, name, arguments)
         else:
@@ -118,6 +125,22 @@ class QueueStorage:
         except Exception as exc:
             failed = backend_failed(exc, backend=backend, call=call, queue=queue, vhost=self.vhost)
             raise failed from exc
+
+
+# What a durable store keeps open, about: a segment's record file and its two indexes.
+DESCRIPTORS_PER_QUEUE: Final = 3
+# Out of space, quota, descriptors or memory: the resource the client asked too much of.
+RESOURCE_ERRNOS: Final = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.ENOMEM}
+)
+
+
+def storage_error(exc: OSError, doing: str) -> AMQPError:
+    """What a client is told when storage refused ``doing`` (its channel closes; the broker and
+    the connection go on): 506 RESOURCE_ERROR when out of space or file descriptors, else 541
+    INTERNAL_ERROR, with the operating system's words."""
+    code = ReplyCode.RESOURCE_ERROR if exc.errno in RESOURCE_ERRNOS else ReplyCode.INTERNAL_ERROR
+    return AMQPError(code, f"cannot {doing}: {exc}", hard=False)
 
 
 def store_names(queue: str, arguments: QueueArguments) -> list[str]:

@@ -13,7 +13,7 @@ Routing is ``broker/routing.py``'s, direct reply-to ``broker/reply_to.py``'s, du
 definitions ``broker/definitions.py``'s, where messages are stored ``broker/storage.py``'s;
 exchange types make exchanges in ``broker/exchange_types.py``.
 All on the broker's Trio thread; queue actors start through ``spawn``. A new queue's stores are
-opened (recovered) in a worker thread by ``open_and_declare_queue``; a change to durable
+opened (recovered) in a worker thread by ``declaring.open_and_declare_queue``; a change to durable
 topology is told to ``definitions`` (deferred after a backend flush for a store's delete).
 """
 
@@ -43,7 +43,7 @@ from .holding import HoldingExchange
 from .queue import Queue
 from .reply_to import ReplyTo
 from .routing import Routing
-from .storage import QueueStorage
+from .storage import QueueStorage, storage_error
 from .streams.groups import ConsumerGroups
 from .streams.queue import StreamQueue
 from .supervisor import Spawn
@@ -73,7 +73,7 @@ class VirtualHost:
         # Told of changes to durable definitions (exchanges, queues, bindings).
         self.definitions = definitions or Unwritten()
         self._on_change = self.definitions.changed
-        self._opening: dict[str, trio.Event] = {}  # queues whose stores open in a thread
+        self.opening: dict[str, trio.Event] = {}  # queues whose stores open in a thread
         self.prepared_stores: set[str] = set()  # holding exchanges' (holding.open_holding_store)
         self.queues: dict[str, Queue] = {}
         self.dormant = Dormant(name)  # stored definitions kept but not running
@@ -304,7 +304,7 @@ class VirtualHost:
         prepared: bool = False,
     ) -> Queue:
         """Declare a queue, opening a new one's stores here. ``prepared``: by
-        ``open_and_declare_queue``, which named it and opened its stores in a worker thread."""
+        ``declaring.open_and_declare_queue``, which named it and opened its stores in a thread."""
         found = check_queue_declare(
             self, name, passive, durable, exclusive, auto_delete, arguments, owner, prepared
         )
@@ -324,47 +324,6 @@ class VirtualHost:
         if queue.durable:
             self._on_change()
         return queue
-
-    async def open_and_declare_queue(
-        self,
-        name: str,
-        *,
-        passive: bool,
-        durable: bool,
-        exclusive: bool,
-        auto_delete: bool,
-        arguments: FieldTable,
-        owner: object,
-    ) -> Queue:
-        """``declare_queue``, with a new queue's stores opened (recovered) in a worker thread
-        first; a declare of a name being opened waits for it. Then ``declare_queue`` checks
-        again (someone may have declared it meanwhile, over HTTP say) and creates it."""
-        while (opening := self._opening.get(name)) is not None:
-            await opening.wait()
-        found = check_queue_declare(
-            self, name, passive, durable, exclusive, auto_delete, arguments, owner
-        )
-        if isinstance(found, Queue):
-            return found
-        self._opening[found[0]] = done = trio.Event()
-        try:
-            empty_transient(self, *found, durable=durable)
-            await trio.to_thread.run_sync(self.storage.open, *found)
-        except OSError:
-            pass  # declare_queue tries again and answers 506
-        finally:
-            del self._opening[found[0]]
-            done.set()
-        return self.declare_queue(
-            found[0],
-            passive=False,
-            durable=durable,
-            exclusive=exclusive,
-            auto_delete=auto_delete,
-            arguments=arguments,
-            owner=owner,
-            prepared=True,
-        )
 
     def create_queue(
         self,
@@ -405,10 +364,8 @@ class VirtualHost:
                     flusher=flusher,
                 )
         except OSError as exc:  # e.g. out of file descriptors or disk space
-            raise AMQPError(
-                ReplyCode.RESOURCE_ERROR,
-                f"cannot open the storage of queue '{name}' in vhost '{self.name}': {exc}",
-            ) from None
+            doing = f"open the storage of queue '{name}' in vhost '{self.name}'"
+            raise storage_error(exc, doing) from None
         self.queues[name] = queue
         self.routing.changed()  # the default exchange (an alternate exchange, maybe) routes to it
         self.spawn(queue.run, on_failure=queue.fail)
@@ -459,12 +416,18 @@ class VirtualHost:
                 f"queue '{name}' in vhost '{self.name}' is not empty",
             )
         count = queue.message_count
-        self._remove_queue(queue)
+        try:
+            self._remove_queue(queue)
+        except OSError as exc:  # its storage stays, and so does the queue
+            raise storage_error(exc, f"delete queue '{name}' in vhost '{self.name}'") from None
         return count
 
     def _remove_queue(self, queue: Queue) -> None:
+        """Delete ``queue``: its storage first (``OSError``: nothing changed), then what the
+        broker holds of it."""
         if self.queues.get(queue.name) is not queue:
             return
+        self.storage.delete_stores(queue.backend_name, queue.name, queue.arguments)
         del self.queues[queue.name]
         queue.deleted = True
         for source, key, args_id in list(queue.bound_by):
@@ -474,7 +437,6 @@ class VirtualHost:
         self.routing.changed()
         queue.cancel_consumers()
         queue.stop()
-        self.storage.delete_stores(queue.backend_name, queue.name, queue.arguments)
         # The definitions lose it once its stores' delete is durable (never before: a crash
         # would leave its directory for a redeclare to find).
         flusher = self.flushers.get(queue.backend_name)
@@ -483,7 +445,7 @@ class VirtualHost:
     def connection_closed(self, owner: object) -> None:
         """Delete the exclusive queues ``owner`` declared."""
         for queue in [q for q in self.queues.values() if q.exclusive_owner is owner]:
-            self._remove_queue(queue)
+            self._remove_or_log(queue)
 
     # -- as the queues' host (``QueueHost``) ---------------------------------------------------
 
@@ -491,4 +453,12 @@ class VirtualHost:
         dead_letter(queue, message, reason, exchanges=self.exchanges, routing=self.routing)
 
     def queue_unused(self, queue: Queue) -> None:
-        self._remove_queue(queue)
+        self._remove_or_log(queue)
+
+    def _remove_or_log(self, queue: Queue) -> None:
+        """Delete a queue no client waits on (auto-delete, exclusive): if storage refuses, it
+        stays, logged."""
+        try:
+            self._remove_queue(queue)
+        except OSError as exc:
+            log.error("cannot delete queue %r in vhost %r: %s", queue.name, self.name, exc)

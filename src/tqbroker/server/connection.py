@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .. import clock
+from ..broker.storage import storage_error
 from ..broker.vhost import VirtualHost
 from ..model import Message
 from ..protocol.connection import (
@@ -396,19 +397,24 @@ class AMQPConnection:
 
     def _event_failed(self, event: object, exc: Exception) -> None:
         """Handling an event raised: ``AMQPError`` refuses it (its channel or the connection
-        closes), ``HangUp`` ends the connection, anything else (an OSError included: it is not
-        the socket's) is a bug (``internal_error``)."""
+        closes), ``HangUp`` ends the connection, an ``OSError`` in a channel's method (storage
+        trouble, not the socket's) closes that channel with 506 or 541, anything else is a bug
+        (``internal_error``)."""
         if isinstance(exc, HangUp):
             raise exc
-        if isinstance(exc, AMQPError):
-            if isinstance(event, MethodReceived | ContentReceived):
-                exc.on_method(event.channel, event.method.CLASS_ID, event.method.METHOD_ID)
-            self._fail(exc)
+        if not isinstance(event, MethodReceived | ContentReceived):
+            if isinstance(exc, AMQPError):
+                self._fail(exc)
+            else:
+                self.internal_error(exc, "the handshake")
             return
-        if isinstance(event, MethodReceived | ContentReceived):
-            self.internal_error(exc, event.method.NAME)
+        if isinstance(exc, OSError) and event.channel:
+            log.warning("connection %s: %s failed: %s", self.peer, event.method.NAME, exc)
+            exc = storage_error(exc, event.method.NAME)
+        if isinstance(exc, AMQPError):
+            self._fail(exc.on_method(event.channel, event.method.CLASS_ID, event.method.METHOD_ID))
         else:
-            self.internal_error(exc, "the handshake")
+            self.internal_error(exc, event.method.NAME)
 
     def _timed_out(self) -> None:
         state = self.protocol.state

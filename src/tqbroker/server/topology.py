@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from ..broker.arguments import check_consumer_arguments
+from ..broker.declaring import open_and_declare_queue
 from ..broker.holding import open_holding_store
 from ..broker.queue import Queue
 from ..broker.reply_to import REPLY_TO
@@ -73,7 +74,8 @@ class Topology:
     async def queue_declare(self, method: QueueDeclare) -> Method | None:
         if method.queue == REPLY_TO:  # the direct reply-to pseudo-queue, as RabbitMQ answers
             return _reply(method.nowait, QueueDeclareOk(REPLY_TO, 0, 1))
-        queue = await self.vhost.open_and_declare_queue(
+        queue = await open_and_declare_queue(
+            self.vhost,
             method.queue,
             passive=method.passive,
             durable=method.durable,

@@ -28,6 +28,7 @@ Responsibilities:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import shutil
@@ -47,6 +48,17 @@ from .stream import LogStream
 log = logging.getLogger(__name__)
 
 FSYNC_POLICIES = ("batch", "interval:<ms>", "never")
+
+
+def _recover(store: LogQueueStore | LogStream) -> None:
+    """Open a store (recovery: blocking); if that fails, close what it opened (no descriptor
+    leaks from a failed open, e.g. out of descriptors) and raise."""
+    try:
+        store.open()
+    except BaseException:
+        with contextlib.suppress(OSError):
+            store.log.close(clean=False)
+        raise
 
 
 def parse_fsync_policy(policy: str) -> float | None:
@@ -112,9 +124,12 @@ class LogBackend:
                 raise ValueError(f"{queue!r} in vhost {vhost!r} is a stream")
         directory = self._directory(vhost, queue)
         store = LogQueueStore(directory, self._log(directory, self.segment_bytes))
-        store.open()  # recovery: blocking
+        _recover(store)
         with self._lock:
-            return self._queues.setdefault(key, store)
+            found = self._queues.setdefault(key, store)
+        if found is not store:  # opened by another thread meanwhile: keep one
+            store.log.close(clean=False)
+        return found
 
     def open_stream(
         self, vhost: str, stream: str, *, segment_bytes: int | None = None
@@ -130,9 +145,12 @@ class LogBackend:
                 raise ValueError(f"{stream!r} in vhost {vhost!r} is not a stream")
         directory = self._directory(vhost, stream)
         store = LogStream(directory, self._log(directory, segment_bytes or self.segment_bytes))
-        store.open()  # recovery: blocking
+        _recover(store)
         with self._lock:
-            return self._streams.setdefault(key, store)
+            found = self._streams.setdefault(key, store)
+        if found is not store:  # opened by another thread meanwhile: keep one
+            store.log.close(clean=False)
+        return found
 
     def _stores(self) -> list[LogQueueStore | LogStream]:
         with self._lock:
@@ -156,26 +174,29 @@ class LogBackend:
 
     def delete_queue(self, vhost: str, queue: str) -> None:
         """Move the queue's directory to the trash at once; the next flush makes that durable
-        (a queue redeclared after it never sees the old messages) and removes it. A flush in
+        (a queue redeclared after it never sees the old messages) and removes it. An
+        ``OSError`` leaves the queue as it was, open. A flush in
         flight for the old queue writes nothing more (its store is abandoned under its state
         lock)."""
         with self._lock:
-            store: LogQueueStore | LogStream | None = self._queues.pop((vhost, queue), None)
+            store: LogQueueStore | LogStream | None = self._queues.get((vhost, queue))
             if store is None:
-                store = self._streams.pop((vhost, queue), None)
+                store = self._streams.get((vhost, queue))
         directory = self.root / _queue_dir_name(vhost, queue)
         if store is None and not directory.exists():
             return
         trash = self.root / ".trash"
-        trash.mkdir(exist_ok=True)
+        trash.mkdir(exist_ok=True)  # OSError (e.g. no descriptors): nothing changed
         target = trash / uuid.uuid4().hex
         if store is not None:
-            store.abandon(target)
-            with self._lock:
-                self._abandoned.append(store)
+            store.abandon(target)  # OSError: nothing changed
         else:
             directory.rename(target)
         with self._lock:
+            if store is not None:
+                self._queues.pop((vhost, queue), None)
+                self._streams.pop((vhost, queue), None)
+                self._abandoned.append(store)
             self._trash.append(target)
 
     @property

@@ -17,6 +17,7 @@ Responsibilities:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import shutil
 import time
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import pairwise
 from pathlib import Path
+from typing import Final
 
 from ...fsutil import fsync_dir
 from ...model import Message
@@ -34,6 +36,12 @@ from .recovery import load_segment, scan_segment
 from .segment import Segment
 
 log = logging.getLogger(__name__)
+
+# Opening a directory to fsync it can fail for want of descriptors: nothing was synced, nothing
+# lost, and the next flush tries again (a failed fsync itself is final: ``sync_failed``).
+OPEN_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE})
+# Reading a file can fail for want of descriptors or memory: the file is fine, the caller fails.
+RESOURCE_ERRNOS: Final = OPEN_ERRNOS | {errno.ENOMEM}
 
 CLEAN_MARKER = "clean-shutdown"
 # Where compacted copies of segments are written before they are moved over the originals.
@@ -333,15 +341,21 @@ class Log:
             try:
                 for segment, indexes in work:
                     segment.sync(indexes=indexes)
-                if directory:
-                    # Deleted meanwhile (moved to the trash): nothing left to make durable.
-                    with contextlib.suppress(FileNotFoundError):
-                        fsync_dir(self.directory)
             except OSError:
                 # After a failed fdatasync the kernel may have dropped the dirty pages: a retry
                 # could "succeed" over lost data. The log stops taking durable writes.
                 self.sync_failed = True
                 raise
+            if directory:
+                try:
+                    fsync_dir(self.directory)
+                except FileNotFoundError:
+                    pass  # deleted meanwhile (moved to the trash): nothing left to make durable
+                except OSError as exc:
+                    self._directory_dirty = True  # the next flush tries again
+                    if exc.errno not in OPEN_ERRNOS:  # the fsync failed, not the open
+                        self.sync_failed = True
+                    raise
 
         return sync
 

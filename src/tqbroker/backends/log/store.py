@@ -35,7 +35,7 @@ from ...fsutil import atomic_write
 from ...model import Message
 from ..base import FLUSH_FIRST, FlushFirst, Popped
 from .format import FLAG_PERSISTENT, Record
-from .log import Log
+from .log import RESOURCE_ERRNOS, Log
 from .segment import Segment
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,12 @@ class LogQueueStore:
             state = cbor2.loads(path.read_bytes())
         except FileNotFoundError:
             return {}, False
-        except (cbor2.CBORDecodeError, OSError, ValueError) as exc:
+        except OSError as exc:
+            if exc.errno in RESOURCE_ERRNOS:
+                raise  # out of descriptors or memory: the open fails, the checkpoint is fine
+            log.warning("%s: unreadable checkpoint (%s); recovering from the log", path, exc)
+            return {}, True
+        except (cbor2.CBORDecodeError, ValueError) as exc:
             log.warning("%s: unreadable checkpoint (%s); recovering from the log", path, exc)
             return {}, True
         if not isinstance(state, dict):
@@ -478,8 +483,8 @@ class LogQueueStore:
         and the directory moves to ``move_to`` (atomically with respect to those writes). The
         files stay open until ``close_abandoned`` (after any flush in flight has finished)."""
         with self._state_lock:
+            self.directory.rename(move_to)  # OSError: nothing changed, the queue stays
             self.abandoned = True
-            self.directory.rename(move_to)
 
     def close_abandoned(self) -> None:
         self.log.close(clean=False)

@@ -43,7 +43,7 @@ from ...fsutil import atomic_write, fsync_dir
 from ...model import Message
 from ..streams import CompactionPolicy
 from .format import FLAG_PERSISTENT, Record, RecordError
-from .log import COMPACTION_DIR, Log
+from .log import COMPACTION_DIR, RESOURCE_ERRNOS, Log
 from .segment import Segment, read_file_records
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,11 @@ class LogStream:
     def open(self) -> None:
         try:
             state = cbor2.loads((self.directory / STATE_FILE).read_bytes())
-        except (OSError, ValueError, cbor2.CBORDecodeError):
+        except OSError as exc:
+            if exc.errno in RESOURCE_ERRNOS:
+                raise  # out of descriptors or memory: the open fails, the state file is fine
+            state = {}
+        except (ValueError, cbor2.CBORDecodeError):
             state = {}
         if not isinstance(state, dict):
             state = {}
@@ -334,8 +338,8 @@ class LogStream:
 
     def abandon(self, move_to: Path) -> None:
         with self._lock:
+            self.directory.rename(move_to)  # OSError: nothing changed, the queue stays
             self.abandoned = True
-            self.directory.rename(move_to)
 
     def close_abandoned(self) -> None:
         for segment in self._retired:

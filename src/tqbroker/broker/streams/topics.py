@@ -39,6 +39,7 @@ from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, ReplyCode
 from ...protocol.methods import BasicProperties
 from ...recordbatch import BinaryColumn, ReadBatch, encode_headers
+from ..declaring import open_and_declare_queue
 from ..vhost import VirtualHost
 from .groups import natural_key
 from .queue import StreamQueue
@@ -208,7 +209,8 @@ async def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTa
 
 
 async def _declare_stream(vhost: VirtualHost, name: str, arguments: FieldTable) -> None:
-    await vhost.open_and_declare_queue(
+    await open_and_declare_queue(
+        vhost,
         name,
         passive=False,
         durable=True,
