@@ -7,6 +7,7 @@ headers); vhost-level ones check what is and is not memoised, and that the memo 
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import AsyncIterator, Hashable, Iterable
 from typing import Any
@@ -348,7 +349,9 @@ async def test_routing_changes_forget_the_memo(vhost: VirtualHost, change: str) 
     route(vhost, "amq.direct", "k")
     route(vhost, "amq.fanout", "k")
     assert len(memo(vhost)) == 2
-    CHANGES[change](vhost)
+    done = CHANGES[change](vhost)
+    if inspect.iscoroutine(done):
+        await done
     assert not memo(vhost)
 
 

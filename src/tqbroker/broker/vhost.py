@@ -40,6 +40,7 @@ from .exchange import PREDECLARED, DefaultExchange, Exchange
 from .exchange_types import new_exchange
 from .flusher import Flusher
 from .holding import HoldingExchange
+from .pacing import Pacer
 from .queue import Queue
 from .reply_to import ReplyTo
 from .routing import Routing
@@ -49,6 +50,9 @@ from .streams.queue import StreamQueue
 from .supervisor import Spawn
 
 log = logging.getLogger(__name__)
+
+# Queues deleted between two yields of a long teardown (their actors end in the next round).
+QUEUES_PER_SLICE = 100
 
 
 class VirtualHost:
@@ -442,10 +446,13 @@ class VirtualHost:
         flusher = self.flushers.get(queue.backend_name)
         self.definitions.changed_after(flusher, definitions=queue.durable)
 
-    def connection_closed(self, owner: object) -> None:
-        """Delete the exclusive queues ``owner`` declared."""
+    async def connection_closed(self, owner: object) -> None:
+        """Delete the exclusive queues ``owner`` declared (giving way to other tasks now and
+        then: there may be many)."""
+        pacer = Pacer(max_items=QUEUES_PER_SLICE)
         for queue in [q for q in self.queues.values() if q.exclusive_owner is owner]:
             self._remove_or_log(queue)
+            await pacer.step()
 
     # -- as the queues' host (``QueueHost``) ---------------------------------------------------
 

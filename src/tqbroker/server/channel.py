@@ -380,8 +380,11 @@ class Channel:
     def close(self) -> None:
         """The channel is gone: cancel its consumers and requeue what it left unacked."""
         self.closed = True
+        by_queue: dict[Queue, list[Consumer]] = {}
         for consumer in self.consumers.values():
-            consumer.queue.remove_consumer(consumer)
+            by_queue.setdefault(consumer.queue, []).append(consumer)
+        for queue, consumers in by_queue.items():  # one pass per queue, however many
+            queue.remove_consumers(consumers)
         self.consumers.clear()
         taken = self.deliveries.take_all()
         if self.tx is not None:

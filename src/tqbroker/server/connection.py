@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .. import clock
+from ..broker.pacing import Pacer
 from ..broker.storage import storage_error
 from ..broker.vhost import VirtualHost
 from ..model import Message
@@ -111,12 +112,7 @@ class AMQPConnection:
         self._sent_at = trio.current_time()
         self._ack_timeouts = AckTimeouts(self.peer, self._unacked, self.fail_channel)
         self._receive_scope: trio.CancelScope | None = None  # the reader's, while it waits
-        self.flow = PublisherFlow(
-            broker.alarms,
-            self._send_handshake,
-            lambda: self.handshake.capabilities.get("connection.blocked") is True,
-            self.peer,
-        )
+        self.flow = PublisherFlow(broker.alarms, self._send_handshake, self.handshake, self.peer)
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -145,20 +141,25 @@ class AMQPConnection:
             # The writer failed: it may have sent part of a frame, so the connection is dropped.
             log.error("connection %s failed, dropping it", self.peer, exc_info=group)
         finally:
-            try:
-                self._teardown()
-            except Exception:
-                log.exception("connection %s: teardown failed", self.peer)
+            with trio.CancelScope(shield=True):  # bounded work, paced: see _teardown
+                try:
+                    await self._teardown()
+                except Exception:
+                    log.exception("connection %s: teardown failed", self.peer)
             await trio.aclose_forcefully(self.stream)
 
-    def _teardown(self) -> None:
+    async def _teardown(self) -> None:
+        """Close the channels (unacked deliveries requeued) and delete the exclusive queues,
+        giving way to other tasks now and then (there may be 100k of them)."""
         self.protocol.release_bodies()
         channels = list(self.channels.values())
         self.channels.clear()
+        pacer = Pacer()
         for channel in channels:
             channel.close()
+            await pacer.step()
         if self.vhost is not None:
-            self.vhost.connection_closed(self)
+            await self.vhost.connection_closed(self)
 
     # -- unexpected exceptions ---------------------------------------------------------------
 
@@ -417,13 +418,10 @@ class AMQPConnection:
             self.internal_error(exc, event.method.NAME)
 
     def _timed_out(self) -> None:
-        state = self.protocol.state
+        state, heartbeat = self.protocol.state, self.protocol.heartbeat
         if state is State.OPEN:
-            log.warning(
-                "closing connection %s: missed heartbeats from client, timeout: %ss",
-                self.peer,
-                self.protocol.heartbeat,
-            )
+            why = f"missed heartbeats from client, timeout: {heartbeat}s"
+            log.warning("closing connection %s: %s", self.peer, why)
         elif state is not State.CLOSING:
             log.warning("closing connection %s: handshake timeout", self.peer)
 
@@ -492,7 +490,7 @@ class AMQPConnection:
                 self.vhost = self.handshake.open(method)
             case ConnectionClose():
                 # Release everything (exclusive queues included) before the client hears close-ok.
-                self._teardown()
+                await self._teardown()
                 self.send_method(0, ConnectionCloseOk())
             case ConnectionUpdateSecret():
                 self.send_method(0, ConnectionUpdateSecretOk())

@@ -17,6 +17,7 @@ import trio
 
 from ..broker.alarms import ResourceAlarms
 from ..protocol.methods import ConnectionBlocked, ConnectionUnblocked, Method
+from .handshake import Handshake
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +27,12 @@ class PublisherFlow:
         self,
         alarms: ResourceAlarms,
         send: Callable[[Method], None],
-        notifies: Callable[[], bool],
+        handshake: Handshake,
         peer: str,
     ) -> None:
         self._alarms = alarms
         self._send = send  # a method on channel 0
-        self._notifies = notifies  # whether the client announced the capability
+        self._handshake = handshake  # what the client announced
         self._peer = peer
         self.published = False  # since the reader last looked
         self.blocked = False
@@ -44,7 +45,7 @@ class PublisherFlow:
         if not published or not self._alarms.active:
             return
         self.blocked = True
-        notified = self._notifies()
+        notified = self._handshake.capabilities.get("connection.blocked") is True
         log.info("connection %s blocked: %s", self._peer, self._alarms.reason)
         if notified:
             self._send(ConnectionBlocked(self._alarms.reason))

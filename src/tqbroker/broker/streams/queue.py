@@ -39,6 +39,7 @@ import datetime
 import logging
 import math
 from collections import deque
+from collections.abc import Collection
 from typing import Final
 
 import attrs
@@ -350,14 +351,16 @@ class StreamQueue(Queue):
         self._positions[consumer] = start
         super().add_consumer(consumer)
 
-    def remove_consumer(self, consumer: Consumer) -> None:
-        self._positions.pop(consumer, None)
-        if not consumer.unacked:  # else acks still to come move its stored position
-            self._tracked.discard(consumer)
-        super().remove_consumer(consumer)
-        group = self._group_of.pop(consumer, None)
-        if group is not None:
-            self.groups.leave(group, self, consumer)  # another member may take over
+    def remove_consumers(self, gone: Collection[Consumer]) -> None:
+        for consumer in gone:
+            self._positions.pop(consumer, None)
+            if not consumer.unacked:  # else acks still to come move its stored position
+                self._tracked.discard(consumer)
+        super().remove_consumers(gone)
+        for consumer in gone:
+            group = self._group_of.pop(consumer, None)
+            if group is not None:
+                self.groups.leave(group, self, consumer)  # another member may take over
 
     def cancel_consumers(self) -> None:
         for consumer, group in list(self._group_of.items()):

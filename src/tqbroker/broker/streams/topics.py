@@ -40,6 +40,7 @@ from ...protocol.errors import AMQPError, ReplyCode
 from ...protocol.methods import BasicProperties
 from ...recordbatch import BinaryColumn, ReadBatch, encode_headers
 from ..declaring import open_and_declare_queue
+from ..pacing import Pacer
 from ..vhost import VirtualHost
 from .groups import natural_key
 from .queue import StreamQueue
@@ -257,8 +258,9 @@ async def produce(
     landed: list[tuple[int, int]] = []
     records = records[skip:]
     source, now_ms = (exchange.name if exchange is not None else ""), clock.now_ms()
-    messages = [_message(source, r, now_ms) for r in records]
-    for record, message in zip(records, messages, strict=True):
+    pacer = Pacer()  # a large batch gives way to other clients now and then
+    for record in records:
+        message = _message(source, record, now_ms)
         properties = message.properties
         if record.partition is not None:
             destinations = [found[record.partition]]
@@ -278,6 +280,7 @@ async def produce(
             raise Unavailable(f"topic '{topic}': partition storage cannot write")
         waits.extend(tickets)
         landed.append((index[target], offset))
+        await pacer.step()
     if producer is not None:  # durable with the records: the same flush writes both
         following = producer[1] + skip + len(records)
         found[0].stream.record_producer(producer[0], max(following, expected or 0))

@@ -18,6 +18,7 @@ import logging
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ...broker.pacing import Pacer
 from ...broker.streams import topics
 from ...broker.streams.topics import ProducerRecord
 from ...recordbatch import WriteBatch, decode_write, encode_read
@@ -55,7 +56,7 @@ async def write_records(request: Request) -> Response:
         batch = decode_write(await inputs.read_body(request))
     except ValueError as exc:
         raise RequestError(400, f"not a valid TQW1 body: {exc}") from None
-    records = _records(batch, broker_of(request).config.max_message_size)
+    records = await _records(batch, broker_of(request).config.max_message_size)
     landed = await topics.produce(vhost, request.path_params["topic"], records, producer=producer)
     if landed is None:
         return JSONResponse({"duplicate": True, "count": 0, "skipped": len(records)})
@@ -71,10 +72,13 @@ def _producer(request: Request) -> tuple[str, int] | None:
     return request.headers["x-producer-id"], sequence
 
 
-def _records(batch: WriteBatch, limit: int) -> list[ProducerRecord]:
-    """The batch's records, each checked (values of at most ``limit`` bytes)."""
+async def _records(batch: WriteBatch, limit: int) -> list[ProducerRecord]:
+    """The batch's records, each checked (values of at most ``limit`` bytes), giving way to
+    other clients now and then."""
     records = []
+    pacer = Pacer()
     for i in range(len(batch)):
+        await pacer.step()
         value = batch.values[i]
         if len(value) > limit:
             raise RequestError(413, f"a value is limited to {limit} bytes (got {len(value)})")
