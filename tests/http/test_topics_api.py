@@ -42,7 +42,7 @@ def assert_error(response: httpx.Response, status: int, *words: str) -> None:
 def test_health(http: httpx.Client) -> None:
     response = http.get("/health")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok"}
+    assert response.json() == {"status": "ok", "alarms": []}
 
 
 def test_declare_is_one_step_and_idempotent(http: httpx.Client, channel: BlockingChannel) -> None:

@@ -8,18 +8,21 @@ aio-pika's blocked-connection callbacks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
+import httpx
 import pika
 import pytest
 
 from tqbroker.testing import BrokerProcess, start_broker_process
 
 BODY = b"m" * 65536
+GUEST = ("guest", "guest")
 # The broker starts at ~55 MiB resident; ~60 MiB of queued bodies take it over this.
 WATERMARK = "120MiB"
 
@@ -90,6 +93,8 @@ def test_pika_publisher_is_blocked_over_the_watermark_and_unblocked_after_a_drai
     assert drain(broker.url, "backlog") >= 1
     publisher.close()
     consumer_only.close()
+    check = httpx.get(f"{broker.http_url}/api/health/checks/local-alarms", auth=GUEST)
+    assert (check.status_code, check.json()) == (200, {"status": "ok"})
     log = (tmp_path / "broker.log").read_text()
     assert "memory resource limit alarm set" in log
     assert "memory resource limit alarm cleared" in log
@@ -117,8 +122,9 @@ def test_aio_pika_pauses_its_writes_while_blocked(broker: BrokerProcess) -> None
         deadline = time.monotonic() + 60
         while not any("was blocked by" in m for m in recorder.messages):
             assert time.monotonic() < deadline
-            await channel.default_exchange.publish(aio_pika.Message(BODY), "aio-backlog")
-            await asyncio.sleep(0)
+            publish = channel.default_exchange.publish(aio_pika.Message(BODY), "aio-backlog")
+            with contextlib.suppress(TimeoutError):  # held by aiormq once blocked
+                await asyncio.wait_for(publish, 1.0)
         assert any("low on memory" in m for m in recorder.messages)
         await asyncio.to_thread(drain, broker.url, "aio-backlog")
         while not any("was unblocked" in m for m in recorder.messages):
@@ -155,4 +161,15 @@ def test_a_broker_started_on_a_full_disk_starts_with_the_disk_alarm_set(tmp_path
             connection.process_data_events(0.1)
         assert events == ["low on disk"]
         assert drain(b.url, "q") == 1  # consumers are served
+        # Visible as RabbitMQ's health checks show it (compared with RabbitMQ 3.10.8's).
+        for path, where in (("alarms", "in the cluster"), ("local-alarms", "on the node")):
+            check = httpx.get(f"{b.http_url}/api/health/checks/{path}", auth=GUEST)
+            assert check.status_code == 503
+            body = check.json()
+            assert body["status"] == "failed"
+            assert body["reason"] == f"There are alarms in effect {where}"
+            assert [a["resource"] for a in body["alarms"]] == ["disk space"]
+            assert body["alarms"][0]["node"].startswith("tqbroker@")
+        assert httpx.get(f"{b.http_url}/health").json()["alarms"] == ["disk"]
+        assert httpx.get(f"{b.http_url}/api/health/checks/alarms").status_code == 401
     assert "disk resource limit alarm set" in (tmp_path / "broker.log").read_text()

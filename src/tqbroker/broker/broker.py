@@ -16,6 +16,7 @@ Responsibilities:
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -73,6 +74,8 @@ class Broker:
             self.definitions_file, self.definitions_flusher, self._spawn
         )
         self._restored = False
+        # This node's name, as RabbitMQ's health checks and management API give it.
+        self.node_name = f"tqbroker@{socket.gethostname()}"
         self.alarms = ResourceAlarms()
         self.memory_monitor = MemoryMonitor(
             self.alarms, parse_limit(config.memory_high_watermark, "memory_high_watermark")

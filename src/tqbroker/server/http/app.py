@@ -13,13 +13,11 @@ import hypercorn.trio
 import trio
 from hypercorn.typing import Framework
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ...broker.broker import Broker
-from .auth import broker_of
 from .errors import EXCEPTION_HANDLERS
+from .health_routes import alarms, health, local_alarms
 from .record_routes import read_records, write_records
 from .topic_routes import consume, declare_topic, group, offsets, produce
 
@@ -33,6 +31,8 @@ def create_app(broker: Broker) -> Starlette:
     app = Starlette(
         routes=[
             Route("/health", health),
+            Route("/api/health/checks/alarms", alarms),
+            Route("/api/health/checks/local-alarms", local_alarms),
             Route("/topics/{topic}", declare_topic, methods=["PUT"]),
             Route("/topics/{topic}/messages", produce, methods=["POST"]),
             Route("/topics/{topic}/messages", consume, methods=["GET"]),
@@ -45,16 +45,6 @@ def create_app(broker: Broker) -> Starlette:
     )
     app.state.broker = broker
     return app
-
-
-async def health(request: Request) -> Response:
-    """``GET /health``: 200 ``ok``, or 503 ``degraded`` naming the backends that cannot
-    write."""
-    flushers = broker_of(request).flushers.values()
-    unhealthy = sorted(f.backend.name for f in flushers if not f.backend.healthy)
-    if unhealthy:
-        return JSONResponse({"status": "degraded", "failing_backends": unhealthy}, status_code=503)
-    return JSONResponse({"status": "ok"})
 
 
 async def serve_http(

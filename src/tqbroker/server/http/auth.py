@@ -3,6 +3,7 @@ users (``loopback_only`` users from loopback only) and the user's vhost permissi
 
 Responsibilities:
 - ``broker_of``: the broker the app serves (``app.state.broker``);
+- ``user_of``: the user whose HTTP Basic credentials the request carries (401 otherwise);
 - ``vhost_of``: the request's vhost (the ``vhost`` query parameter, ``/`` by default) once its
   credentials and permissions are checked (401, 403; 404 for an unknown vhost).
 """
@@ -16,7 +17,7 @@ import logging
 import trio
 from starlette.requests import Request
 
-from ...auth import is_loopback
+from ...auth import User, is_loopback
 from ...broker.broker import Broker
 from ...broker.vhost import VirtualHost
 from .errors import RequestError
@@ -31,8 +32,8 @@ def broker_of(request: Request) -> Broker:
     return broker
 
 
-async def vhost_of(request: Request) -> VirtualHost:
-    """The request's vhost, once its credentials and permissions are checked."""
+async def user_of(request: Request) -> User:
+    """The broker user the request's credentials name (401 without valid ones)."""
     broker = broker_of(request)
     scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
     try:
@@ -46,6 +47,14 @@ async def vhost_of(request: Request) -> VirtualHost:
         raise RequestError(401, "login refused")
     if user.loopback_only and not is_loopback(request.client.host if request.client else ""):
         raise RequestError(401, f"user '{username}' can only connect via localhost")
+    return user
+
+
+async def vhost_of(request: Request) -> VirtualHost:
+    """The request's vhost, once its credentials and permissions are checked."""
+    broker = broker_of(request)
+    user = await user_of(request)
+    username = user.name
     name = request.query_params.get("vhost", "/")
     if not user.may_open(name):
         raise RequestError(403, f"user '{username}' has no access to vhost '{name}'")
