@@ -78,15 +78,41 @@ def fail_declaring(monkeypatch: pytest.MonkeyPatch, name: str, exc: Exception) -
     monkeypatch.setattr(VirtualHost, "declare_queue", declare_queue)
 
 
-@pytest.mark.parametrize("exc", [KeyError("boom"), OSError(28, "No space left on device")])
+def test_storage_trouble_in_a_channel_method_closes_only_its_channel(
+    broker: RunningBroker,
+    canary: Canary,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An OSError raised by a method's handling is storage trouble, not a lost socket and not a
+    bug: the channel closes with 506 (out of space or descriptors; else 541), logged at
+    WARNING without a traceback; the connection goes on."""
+    fail_declaring(monkeypatch, "full", OSError(28, "No space left on device"))
+    client = connect(broker)
+    channel = client.channel()
+    with (
+        caplog.at_level(logging.WARNING, logger="tqbroker.server"),
+        pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed,
+    ):
+        channel.queue_declare("full")
+    assert closed.value.reply_code == 506
+    assert closed.value.reply_text == (
+        "RESOURCE_ERROR - cannot queue.declare: [Errno 28] No space left on device"
+    )
+    assert any("queue.declare failed" in r.getMessage() for r in caplog.records)
+    assert logged_tracebacks(caplog, OSError) == 0
+    assert client.channel().queue_declare("fine").method.queue == "fine"
+    client.close()
+    canary.check()
+
+
 def test_a_bug_in_a_channel_method_closes_only_its_connection(
     broker: RunningBroker,
     canary: Canary,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
-    exc: Exception,
 ) -> None:
-    """An OSError raised by a method's handling is a bug too, not a lost socket: 541."""
+    exc = KeyError("boom")
     fail_declaring(monkeypatch, "poison", exc)
     victim = connect(broker)
     bystander = connect(broker)  # another idle client: not affected either
