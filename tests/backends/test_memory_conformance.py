@@ -20,6 +20,13 @@ class TestMemoryBackend(BackendConformance):
         return MemoryBackend()
 
 
+class TestMemoryBackendPagingOut(BackendConformance):
+    """The same contract with all but two ready messages of each queue paged out to disk."""
+
+    def make_backend(self, data_dir: Path) -> MemoryBackend:
+        return MemoryBackend(page_window=2)
+
+
 def test_stateful_test_case_builder() -> None:
     """``stateful_test_case`` gives a runnable unittest class (few examples: the full run is the
     ``stateful`` case above)."""

@@ -3,24 +3,47 @@
 Keeps messages in Python objects and survives nothing: a restart loses every message, which is
 what transient queues promise. ``durable`` is false, nothing ever needs a flush, and it is always
 healthy.
+
+Memory stays bounded however long a queue grows: past ``window`` ready messages in memory
+(``PAGE_WINDOW``, 100k; the broker lowers it when memory runs short, ``set_window``), further
+messages are paged out to disk (``paging.PageFile``, under ``memory-pages`` in the data
+directory, wiped at start) and read back in batches as the front of the queue drains, in order.
+A paged-out message costs no memory.
 """
 
 from __future__ import annotations
 
 import heapq
+import shutil
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 from ..model import Message
+from .paging import PageFile
+
+PAGE_WINDOW: Final = 100_000  # ready messages a queue keeps in memory before paging out
+REFILL: Final = 1024  # messages read back at a time
+PAGES_DIR: Final = "memory-pages"
+
+
+class Paging:
+    """Where queues page out to, and how many ready messages each keeps in memory."""
+
+    def __init__(self) -> None:
+        self.directory: Path | None = None  # None: never page out (no data directory)
+        self.window = PAGE_WINDOW  # the backend's ``page_window``, lowered under pressure
 
 
 class MemoryQueueStore:
     """Ready messages in a deque (ids increasing) plus a heap of requeued ids, which are always
     older than anything in the deque, so ``pop`` takes the heap first."""
 
-    def __init__(self) -> None:
+    def __init__(self, paging: Paging | None = None) -> None:
         self._next_id = 1
+        self._paging = paging or Paging()
+        self._pages: PageFile | None = None  # the paged-out tail of the ready messages
         self._ready: deque[tuple[int, Message]] = deque()
         self._requeued: list[int] = []  # heap of ids
         self._messages: dict[int, Message] = {}  # unacked and requeued messages by id
@@ -29,16 +52,37 @@ class MemoryQueueStore:
 
     def push(self, message: Message, persistent: bool = False) -> int:
         message_id = self._next_id
+        pages = self._pages
+        if pages is not None and pages.count:  # behind paged-out messages: paged out too
+            pages.append(message_id, message)
+        elif len(self._ready) >= self._paging.window and self._paging.directory is not None:
+            if pages is None:
+                pages = self._pages = PageFile(self._paging.directory)
+            pages.append(message_id, message)  # OSError: refused, nothing changed
+        else:
+            self._ready.append((message_id, message))
         self._next_id += 1
-        self._ready.append((message_id, message))
         self._ready_bytes += len(message.body)
         return message_id
+
+    def _refill(self) -> bool:
+        """Read paged-out messages back once the ones in memory ran out."""
+        pages = self._pages
+        if pages is None or not pages.count:
+            return False
+        self._ready.extend(pages.take(REFILL))
+        return True
+
+    def close(self) -> None:
+        """Remove the paged-out messages' files."""
+        if self._pages is not None:
+            self._pages.clear()
 
     def peek(self) -> tuple[int, Message, bool] | None:
         if self._requeued:
             message_id = self._requeued[0]
             return message_id, self._messages[message_id], True
-        if self._ready:
+        if self._ready or self._refill():
             message_id, message = self._ready[0]
             return message_id, message, False
         return None
@@ -50,7 +94,7 @@ class MemoryQueueStore:
             message = self._messages[message_id]
             self._ready_bytes -= len(message.body)
             return message_id, message, True
-        if self._ready:
+        if self._ready or self._refill():
             message_id, message = self._ready.popleft()
             self._messages[message_id] = message
             self._unacked.add(message_id)
@@ -70,8 +114,9 @@ class MemoryQueueStore:
             self._ready_bytes += len(self._messages[message_id].body)
 
     def purge(self) -> int:
-        count = len(self._ready) + len(self._requeued)
+        count = self.ready_count
         self._ready.clear()
+        self.close()
         for message_id in self._requeued:
             del self._messages[message_id]
         self._requeued.clear()
@@ -80,7 +125,8 @@ class MemoryQueueStore:
 
     @property
     def ready_count(self) -> int:
-        return len(self._ready) + len(self._requeued)
+        paged = self._pages.count if self._pages is not None else 0
+        return len(self._ready) + len(self._requeued) + paged
 
     @property
     def ready_bytes(self) -> int:
@@ -101,20 +147,36 @@ class MemoryBackend:
     needs_flush = False
     healthy = True
 
-    def __init__(self) -> None:
+    def __init__(self, page_window: int = PAGE_WINDOW) -> None:
         self._stores: dict[tuple[str, str], MemoryQueueStore] = {}
+        self.paging = Paging()
+        self.page_window = self.paging.window = page_window  # as configured
 
     def open(self, data_dir: Path) -> None:
-        pass
+        directory = data_dir / PAGES_DIR
+        shutil.rmtree(directory, ignore_errors=True)  # what a previous run paged out
+        self.paging.directory = directory
+
+    def set_window(self, window: int) -> None:
+        """Ready messages each queue keeps in memory before paging out (the broker lowers it
+        when memory runs short); applies to messages published from now on."""
+        self.paging.window = window
 
     def begin_flush(self) -> Callable[[], None] | None:
         return None
 
     def close(self) -> None:
+        for store in self._stores.values():
+            store.close()
         self._stores.clear()
 
     def open_queue(self, vhost: str, queue: str) -> MemoryQueueStore:
-        return self._stores.setdefault((vhost, queue), MemoryQueueStore())
+        store = self._stores.get((vhost, queue))
+        if store is None:
+            store = self._stores[vhost, queue] = MemoryQueueStore(self.paging)
+        return store
 
     def delete_queue(self, vhost: str, queue: str) -> None:
-        self._stores.pop((vhost, queue), None)
+        store = self._stores.pop((vhost, queue), None)
+        if store is not None:
+            store.close()

@@ -5,7 +5,8 @@ Responsibilities:
   texts: ``low on memory``, ``low on disk``, ``low on disk & memory``), a wait for all of them to
   clear, and the log lines on set and clear;
 - ``MemoryMonitor``: every ``MEMORY_CHECK_SECONDS``, the broker's memory use against
-  ``memory_high_watermark`` (a fraction of the memory available, or absolute);
+  ``memory_high_watermark`` (a fraction of the memory available, or absolute), and whether it is
+  past half of it (memory pressure: in-memory queues then page out sooner);
 - ``DiskMonitor``: the free space of the data directory against ``disk_free_limit``, checked
   every ``DISK_CHECK_SECONDS`` (more often near the limit) in a worker thread, and once before
   the broker opens its storage, so that a broker started on a full disk starts with the alarm
@@ -33,6 +34,8 @@ DISK: Final = "disk"
 MEMORY_CHECK_SECONDS: Final = 0.2
 DISK_CHECK_SECONDS: Final = 2.0
 DISK_CHECK_SECONDS_NEAR_LIMIT: Final = 0.1
+# Past this share of the memory high watermark, long queues page out to disk sooner.
+PRESSURE_FRACTION: Final = 0.5
 
 
 class ResourceAlarms:
@@ -77,15 +80,26 @@ class ResourceAlarms:
 class MemoryMonitor:
     """Sets and clears the memory alarm."""
 
-    def __init__(self, alarms: ResourceAlarms, watermark: Limit) -> None:
+    def __init__(
+        self,
+        alarms: ResourceAlarms,
+        watermark: Limit,
+        on_pressure: Callable[[bool], None] = lambda _pressed: None,
+    ) -> None:
         self.alarms = alarms
         self.available = available_memory()
         self.limit = watermark.bytes(self.available)
         self.used = 0
+        self.pressed = False  # over PRESSURE_FRACTION of the watermark: queues page out sooner
+        self._on_pressure = on_pressure
         self._resident = ResidentSet()
 
     def check(self) -> None:
         self.used = used = self._resident.in_use(self.limit)
+        pressed = used > PRESSURE_FRACTION * self.limit
+        if pressed != self.pressed:
+            self.pressed = pressed
+            self._on_pressure(pressed)
         measured = f"memory use {_size(used)}, high watermark {_size(self.limit)}"
         if used > self.limit:
             self.alarms.set(MEMORY, measured)

@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from ..auth import UserStore
+from ..backends.memory import MemoryBackend
 from ..config import BrokerConfig
 from ..plugins.loader import load_backends, load_exchange_types
 from ..protocol.connection import BodyBudget
@@ -45,6 +46,9 @@ from .supervisor import FailureHandler, Supervisor
 from .vhost import VirtualHost
 
 log = logging.getLogger(__name__)
+
+# Ready messages an in-memory queue keeps in memory under memory pressure before paging out.
+PRESSURE_PAGE_WINDOW = 1000
 
 
 class Broker:
@@ -78,7 +82,9 @@ class Broker:
         self.node_name = f"tqbroker@{socket.gethostname()}"
         self.alarms = ResourceAlarms()
         self.memory_monitor = MemoryMonitor(
-            self.alarms, parse_limit(config.memory_high_watermark, "memory_high_watermark")
+            self.alarms,
+            parse_limit(config.memory_high_watermark, "memory_high_watermark"),
+            on_pressure=self._memory_pressure,
         )
         # Message bodies begun and not finished, across connections: at most a tenth of the
         # memory high watermark (but room for one message of the largest size).
@@ -146,6 +152,18 @@ class Broker:
                         await trio.to_thread.run_sync(self.definitions_file.write_work())
                     except OSError as exc:
                         log.error("writing the definitions at shutdown failed: %s", exc)
+
+    def _memory_pressure(self, pressed: bool) -> None:
+        """Memory is short (or no longer): in-memory queues keep fewer ready messages in memory
+        before paging out (RabbitMQ pages out under memory pressure too)."""
+        backend = self.backends.get("memory")
+        if isinstance(backend, MemoryBackend):
+            backend.set_window(PRESSURE_PAGE_WINDOW if pressed else backend.page_window)
+            log.info(
+                "memory %s: queues keep %d messages in memory before paging out",
+                "pressure" if pressed else "pressure over",
+                backend.paging.window,
+            )
 
     def _open_backends(self, stored: dict[str, Any]) -> None:
         """Open every loaded backend in the data directory. One that cannot open (a full disk, a
