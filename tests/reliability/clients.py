@@ -71,23 +71,24 @@ class Client:
         self.history = history
         self.errors: list[BaseException] = []
 
-    def start(self, port: int, stop: threading.Event) -> threading.Thread:
-        thread = threading.Thread(target=self._guarded, args=(port, stop), name=self.name)
+    def start(self, port: int, stop: threading.Event, killed: threading.Event) -> threading.Thread:
+        """Run a round in a thread: until ``stop``, or the broker's death (``killed`` is set
+        just before the kill: a failed connect, the handshake included, is fine then)."""
+        args = (port, stop, killed)
+        thread = threading.Thread(target=self._guarded, args=args, name=self.name)
         thread.start()
         return thread
 
-    def _guarded(self, port: int, stop: threading.Event) -> None:
+    def _guarded(self, port: int, stop: threading.Event, killed: threading.Event) -> None:
         try:
             conn = connect(port)
-        except pika.exceptions.AMQPConnectionError:
-            if stop.is_set():  # killed before it got in
-                return
-            raise
-        try:
             self.run(conn, stop)
             conn.close()
         except (pika.exceptions.StreamLostError, ConnectionError):
             pass  # the broker was killed
+        except pika.exceptions.AMQPConnectionError as exc:
+            if not killed.is_set() or isinstance(exc, pika.exceptions.ConnectionClosedByBroker):
+                self.errors.append(exc)
         except BaseException as exc:
             self.errors.append(exc)
 

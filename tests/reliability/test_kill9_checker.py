@@ -43,10 +43,11 @@ def run_checker(data_dir: Path, backend: str, rounds: int, seed: int) -> History
         broker = start_broker_process(data_dir, durable_backend=backend)
         if rnd == 0:
             declare(broker.port, backend)
-        stop = threading.Event()
+        stop, killed = threading.Event(), threading.Event()
         for c in consumers:
             c.hold.clear()
-        threads = [c.start(broker.port, stop) for c in (*publishers, *consumers, *readers)]
+        clients = (*publishers, *consumers, *readers)
+        threads = [c.start(broker.port, stop, killed) for c in clients]
         run_for = rng.uniform(0.3, 1.5)
         if rnd % 2 == 1:  # the consumers hold what they get from some moment on
             time.sleep(rng.uniform(0.1, run_for - 0.1))
@@ -56,6 +57,7 @@ def run_checker(data_dir: Path, backend: str, rounds: int, seed: int) -> History
             time.sleep(0.2)
         else:
             time.sleep(run_for)
+        killed.set()
         broker.kill()
         stop.set()
         for t in threads:
@@ -64,8 +66,8 @@ def run_checker(data_dir: Path, backend: str, rounds: int, seed: int) -> History
 
     history.round = rounds  # the end: drain the queue, read the stream to its end
     with start_broker_process(data_dir, durable_backend=backend) as broker:
-        stop = threading.Event()
-        threads = [c.start(broker.port, stop) for c in consumers]
+        stop, killed = threading.Event(), threading.Event()
+        threads = [c.start(broker.port, stop, killed) for c in consumers]
         deadline = time.monotonic() + 30
         while counts(broker.port)[0] and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -80,7 +82,7 @@ def run_checker(data_dir: Path, backend: str, rounds: int, seed: int) -> History
         stop = threading.Event()
         for r in (*readers, image):
             r.until = end
-        threads = [r.start(broker.port, stop) for r in (*readers, image)]
+        threads = [r.start(broker.port, stop, killed) for r in (*readers, image)]
         for t in threads:
             t.join(timeout=30)
         stop.set()
