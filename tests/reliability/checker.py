@@ -47,6 +47,8 @@ class History:
     deliveries: list[Delivery] = field(default_factory=list)
     stream_reads: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
     final_image: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
+    confirmed_in: Counter[int] = field(default_factory=Counter)  # round -> confirms
+    delivered_in: Counter[int] = field(default_factory=Counter)  # round -> deliveries
     round: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -57,11 +59,13 @@ class History:
     def confirm(self, msg_id: str, ok: bool) -> None:
         with self.lock:
             (self.confirmed if ok else self.nacked).add(msg_id)
+            self.confirmed_in[self.round] += ok
 
     def deliver(self, consumer: str, msg_id: str, redelivered: bool) -> Delivery:
         with self.lock:
             d = Delivery(len(self.deliveries), self.round, consumer, msg_id, redelivered)
             self.deliveries.append(d)
+            self.delivered_in[self.round] += 1
             return d
 
     def stream_read(self, reader: str, offset: int, msg_id: str) -> None:
@@ -84,7 +88,6 @@ class Counts:
 
     def line(self, what: str) -> str:
         names = "published confirmed nacked retried consumed lost unexpected duplicated recovered"
-
         counts = " ".join(f"{n}={getattr(self, n)}" for n in names.split())
         return f"{what}: {counts} violations={len(self.violations)}"
 

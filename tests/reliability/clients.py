@@ -138,6 +138,7 @@ class QueueConsumer(Client):
         super().__init__(name, history)
         self.barriers = 0
         self.hold = threading.Event()  # set: deliveries are taken but not acked
+        self.held = 0  # deliveries taken and not acked this round
 
     def run(self, conn: pika.BlockingConnection, stop: threading.Event) -> None:
         ch = conn.channel()
@@ -153,6 +154,7 @@ class QueueConsumer(Client):
                 continue
             d = self.history.deliver(self.name, props.message_id, method.redelivered)
             if self.hold.is_set():
+                self.held += 1
                 continue
             ch.basic_ack(method.delivery_tag)
             d.acked = True

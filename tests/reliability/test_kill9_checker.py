@@ -17,6 +17,8 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -30,7 +32,30 @@ BACKENDS = ["log", "rocksdb"]
 logging.getLogger("pika").setLevel(logging.CRITICAL)  # every kill makes it log lost sockets
 
 
-def run_checker(data_dir: Path, backend: str, rounds: int, seed: int) -> History:
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.01)
+
+
+def reads(history: History) -> int:
+    return sum(map(len, history.stream_reads.values()))
+
+
+def got_going(history: History, rnd: int, reads_before: int) -> bool:
+    """Round ``rnd`` has confirmed, delivered and read from the stream."""
+    going = history.confirmed_in[rnd] and history.delivered_in[rnd]
+    return bool(going and reads(history) > reads_before)
+
+
+def run_checker(
+    data_dir: Path, backend: str, rounds: int, seed: int, verbose: bool = False
+) -> History:
+    """The rounds and the end. A round's kill comes at a random moment: in one round of five
+    (the first excepted) within 0.8 s of the start, while the clients reconnect; otherwise
+    0.05-1 s after the round got going (a confirm, a delivery, a stream read); every other
+    round the consumers stop acking first and hold at least one delivery at the kill."""
     rng = random.Random(seed)
     random.seed(seed)  # body sizes
     history = History()
@@ -40,29 +65,40 @@ def run_checker(data_dir: Path, backend: str, rounds: int, seed: int) -> History
     held_rounds = 0
     for rnd in range(rounds):
         history.round = rnd
+        started = time.monotonic()
         broker = start_broker_process(data_dir, durable_backend=backend)
         if rnd == 0:
             declare(broker.port, backend)
         stop, killed = threading.Event(), threading.Event()
         for c in consumers:
             c.hold.clear()
+            c.held = 0
         clients = (*publishers, *consumers, *readers)
         threads = [c.start(broker.port, stop, killed) for c in clients]
-        run_for = rng.uniform(0.3, 1.5)
-        if rnd % 2 == 1:  # the consumers hold what they get from some moment on
-            time.sleep(rng.uniform(0.1, run_for - 0.1))
-            for c in consumers:
-                c.hold.set()
-            held_rounds += 1
-            time.sleep(0.2)
+        early = rnd > 0 and rng.random() < 0.2
+        if early:
+            time.sleep(rng.uniform(0, 0.8))
         else:
-            time.sleep(run_for)
+            wait_for(partial(got_going, history, rnd, reads(history)), f"progress in {rnd}")
+            if rnd % 2 == 1:  # the consumers hold what they get from some moment on
+                time.sleep(rng.uniform(0, 0.5))
+                for c in consumers:
+                    c.hold.set()
+                wait_for(lambda: sum(c.held for c in consumers) > 0, "held delivery")
+                held_rounds += 1
+            time.sleep(rng.uniform(0.05, 1.0))
         killed.set()
         broker.kill()
         stop.set()
         for t in threads:
             t.join(timeout=15)
             assert not t.is_alive(), f"{t.name} hangs after the kill"
+        if verbose:
+            print(
+                f"round {rnd}: {'early ' if early else ''}kill after "
+                f"{time.monotonic() - started:.2f} s, {history.confirmed_in[rnd]} confirmed, "
+                f"{history.delivered_in[rnd]} delivered, {sum(c.held for c in consumers)} held"
+            )
 
     history.round = rounds  # the end: drain the queue, read the stream to its end
     with start_broker_process(data_dir, durable_backend=backend) as broker:
@@ -90,7 +126,7 @@ def run_checker(data_dir: Path, backend: str, rounds: int, seed: int) -> History
             t.join(timeout=15)
     for client in (*publishers, *consumers, *readers, image):
         assert not client.errors, f"{client.name}: {client.errors[:3]!r}"
-    assert held_rounds == rounds // 2
+    assert held_rounds > 0
     return history
 
 
