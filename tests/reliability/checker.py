@@ -12,6 +12,9 @@ outcome a crash hid is sent again, same id, after the reconnect):
   unflagged deliveries, at most P durable acks, and no delivery after the P-th durable ack.
   Anything else is a violation (an acked message resurrected, or a repeat not flagged).
 
+Order: a consumer gets a sender's fresh messages (unflagged, sent once) in the order they were
+sent, within a round; the stream holds a sender's messages (sent once) in the order sent.
+
 Stream (``check_stream``), read by offset: the final image (every offset read from 0 after the
 last restart) must hold offsets 0..N-1 without a gap; lost/unexpected/recovered as above;
 duplicated: an id at more than one offset, allowed up to P offsets. Every reader, resuming at
@@ -124,7 +127,24 @@ def check_queue(h: History) -> Counts:
             c.violations.append(f"{msg_id}: {unflagged} unflagged deliveries of {copies}: {trace}")
         if len(durable) > copies or (len(durable) == copies and durable[-1] < len(ds) - 1):
             c.violations.append(f"{msg_id}: delivered after a durable ack: {trace}")
+    # Order: each consumer gets a sender's fresh (unflagged, never retried) messages in the
+    # order they were sent, within a round.
+    last: dict[tuple[int, str, str], int] = {}
+    for d in h.deliveries:
+        if d.redelivered or h.attempts[d.msg_id] != 1:
+            continue
+        sender, seq = sender_seq(d.msg_id)
+        key = (d.round, d.consumer, sender)
+        if seq <= last.get(key, -1):
+            c.violations.append(f"{d.consumer} got {d.msg_id} after {sender}-{last[key]}")
+        last[key] = seq
     return c
+
+
+def sender_seq(msg_id: str) -> tuple[str, int]:
+    """``("p0", 12)`` for a publisher's ``p0-12``, ``("c1", 3)`` for a barrier's ``c1-b3``."""
+    sender, _, seq = msg_id.rpartition("-")
+    return sender, int(seq.lstrip("b"))
 
 
 def check_stream(h: History) -> Counts:
@@ -147,6 +167,13 @@ def check_stream(h: History) -> Counts:
             if len(offsets) > h.attempts[msg_id]:
                 times = h.attempts[msg_id]
                 c.violations.append(f"{msg_id} at offsets {offsets}, published {times}x")
+    last: dict[str, tuple[int, int]] = {}  # sender -> (seq, offset): the stream keeps order
+    for offset, msg_id in sorted(at.items()):
+        if h.attempts[msg_id] == 1:
+            sender, seq = sender_seq(msg_id)
+            if seq <= last.get(sender, (-1, -1))[0]:
+                c.violations.append(f"{msg_id} at {offset}, after {sender}-{last[sender]}")
+            last[sender] = (seq, offset)
     for reader, reads in h.stream_reads.items():
         expected = 0
         for rnd, offset, msg_id in reads:
