@@ -151,7 +151,10 @@ def check(history: History, rounds: int, seed: int, started: float) -> None:
 
 
 def seed_for_run() -> int:
-    return int(os.environ.get("TQBROKER_CHECKER_SEED") or random.randrange(2**32))
+    """``$TQBROKER_CHECKER_SEED`` or a random one, printed (pytest shows it on a failure)."""
+    seed = int(os.environ.get("TQBROKER_CHECKER_SEED") or random.randrange(2**32))
+    print(f"TQBROKER_CHECKER_SEED={seed}")
+    return seed
 
 
 @pytest.mark.timeout(120)
