@@ -169,4 +169,4 @@ def test_kill9_checker(tmp_path: Path, backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kill9_checker_50_rounds(tmp_path: Path, backend: str) -> None:
     seed, started = seed_for_run(), time.monotonic()
-    check(run_checker(tmp_path, backend, 50, seed), 50, seed, started)
+    check(run_checker(tmp_path, backend, 50, seed, verbose=True), 50, seed, started)
