@@ -52,10 +52,10 @@ def got_going(history: History, rnd: int, reads_before: int) -> bool:
 def run_checker(
     data_dir: Path, backend: str, rounds: int, seed: int, verbose: bool = False
 ) -> History:
-    """The rounds and the end. A round's kill comes at a random moment: in one round of five
-    (the first excepted) within 0.8 s of the start, while the clients reconnect; otherwise
-    0.05-1 s after the round got going (a confirm, a delivery, a stream read); every other
-    round the consumers stop acking first and hold at least one delivery at the kill."""
+    """The rounds and the end. A round's kill comes at a random moment: in 40% of the even
+    rounds after the first, within 0.8 s of the start, while the clients reconnect; otherwise
+    0.05-1 s after the round got going (a confirm, a delivery, a stream read). In the odd
+    rounds the consumers stop acking first and hold at least one delivery at the kill."""
     rng = random.Random(seed)
     random.seed(seed)  # body sizes
     history = History()
@@ -75,7 +75,7 @@ def run_checker(
             c.held = 0
         clients = (*publishers, *consumers, *readers)
         threads = [c.start(broker.port, stop, killed) for c in clients]
-        early = rnd > 0 and rng.random() < 0.2
+        early = rnd % 2 == 0 and rnd > 0 and rng.random() < 0.4
         if early:
             time.sleep(rng.uniform(0, 0.8))
         else:
@@ -126,7 +126,7 @@ def run_checker(
             t.join(timeout=15)
     for client in (*publishers, *consumers, *readers, image):
         assert not client.errors, f"{client.name}: {client.errors[:3]!r}"
-    assert held_rounds > 0
+    assert held_rounds == rounds // 2
     return history
 
 
@@ -146,7 +146,6 @@ def check(history: History, rounds: int, seed: int, started: float) -> None:
         assert counts_.unexpected == 0
         assert not counts_.violations  # duplicates beyond the rule, reader skips, gaps
         assert counts_.nacked == 0
-    assert queue.confirmed >= 20 * rounds  # every round did real work
     assert redelivered > 0  # unacked deliveries at a kill came back
 
 
