@@ -50,6 +50,9 @@ class Member:
         self.arguments = {"x-stream-group": group, "x-stream-offset": offset}
         self.rejoin = rejoin
         self.received: list[tuple[int, int]] = []  # (partition, offset)
+        self.acked: list[tuple[int, int]] = []
+        self.hold = False  # set: deliveries are kept unacked (in ``held``)
+        self.held: list[tuple[int, int]] = []
         self.bodies: list[int] = []
         self.cancelled: list[int] = []
         self.tags: dict[str, int] = {}
@@ -65,9 +68,14 @@ class Member:
 
     def _on_message(self, ch: BlockingChannel, method, properties, body) -> None:  # type: ignore[no-untyped-def]
         partition = self.tags[method.consumer_tag]
-        self.received.append((partition, properties.headers["x-stream-offset"]))
+        delivery = (partition, properties.headers["x-stream-offset"])
+        self.received.append(delivery)
         self.bodies.append(int(body))
-        ch.basic_ack(method.delivery_tag)
+        if self.hold:
+            self.held.append(delivery)
+        else:
+            ch.basic_ack(method.delivery_tag)
+            self.acked.append(delivery)
 
     def _on_cancel(self, frame) -> None:  # type: ignore[no-untyped-def]
         partition = self.tags[frame.method.consumer_tag]
@@ -178,12 +186,28 @@ def test_committed_offsets_survive_a_broker_kill(tmp_path: Path) -> None:
         members = [Member(broker.url) for _ in range(3)]
         settle(members)
         publish(ch, 900)
-        pump(members, 450)  # then stop reading: what is not acked stays uncommitted
-        time.sleep(0.6)  # the commits of what was acked reach the disk (flushes every 0.2 s)
+        pump(members, 450)
+        for member in members:  # from now on deliveries stay unacked, hence uncommitted
+            member.hold = True
+        settle(members, 0.6)  # the commits of what was acked reach the disk (flushes: 0.2 s)
         acked: dict[int, int] = defaultdict(lambda: -1)
+        held: dict[int, set[int]] = defaultdict(set)
         for member in members:
-            for p, offset in member.received:
+            for p, offset in member.acked:
                 acked[p] = max(acked[p], offset)
+            for p, offset in member.held:
+                held[p].add(offset)
+        # Deterministic: every partition not read to its end has unacked deliveries at the
+        # kill (the members' credit, 20 each), right after its last ack.
+        sizes = [
+            ch.queue_declare(f"orders-{p}", passive=True).method.message_count
+            for p in range(PARTITIONS)
+        ]
+        unfinished = [p for p in range(PARTITIONS) if acked[p] + 1 < sizes[p]]
+        assert unfinished
+        for p in unfinished:
+            assert held[p], f"partition {p}: nothing unacked at the kill"
+            assert min(held[p]) == acked[p] + 1
         broker.kill()
     with start_broker_process(tmp_path, durable_backend="log") as broker:
         members = [Member(broker.url) for _ in range(3)]
@@ -199,10 +223,12 @@ def test_committed_offsets_survive_a_broker_kill(tmp_path: Path) -> None:
             # one after another move partitions: a new owner reads again what the previous one
             # had not acked yet, at least once, as Kafka's rebalances do.)
             if not by_partition[p]:  # it had been read to its end before the kill
+                assert p not in unfinished
                 continue
             assert min(by_partition[p]) == acked[p] + 1
             resumed = set(by_partition[p])
             assert resumed == set(range(acked[p] + 1, acked[p] + 1 + len(resumed)))
+            assert held[p] <= resumed  # what was unacked at the kill came again
         total = sum(acked[p] + 1 + len(set(by_partition[p])) for p in range(PARTITIONS))
         assert total == 900
         for member in members:
