@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 import threading
 import time
 import uuid
@@ -39,6 +38,7 @@ from pathlib import Path
 
 import cbor2
 
+from ... import fsio
 from ...fsutil import fsync_dir
 from .log import Log, RecordCache
 from .store import LogQueueStore
@@ -97,10 +97,10 @@ class LogBackend:
 
     def open(self, data_dir: Path) -> None:
         self.root = data_dir / "log"
-        self.root.mkdir(parents=True, exist_ok=True)
+        fsio.fs.mkdir(self.root, parents=True, exist_ok=True)
         trash = self.root / ".trash"
         if trash.exists():
-            shutil.rmtree(trash, ignore_errors=True)
+            fsio.fs.rmtree(trash)
 
     def open_queue(self, vhost: str, queue: str) -> LogQueueStore:
         key = (vhost, queue)
@@ -140,10 +140,10 @@ class LogBackend:
 
     def _directory(self, vhost: str, queue: str) -> Path:
         directory = self.root / _queue_dir_name(vhost, queue)
-        directory.mkdir(parents=True, exist_ok=True)
+        fsio.fs.mkdir(directory, parents=True, exist_ok=True)
         names = directory / "queue.cbor"
         if not names.exists():
-            names.write_bytes(cbor2.dumps({"vhost": vhost, "queue": queue}))
+            fsio.fs.write_file(names, cbor2.dumps({"vhost": vhost, "queue": queue}))
         return directory
 
     def _log(self, directory: Path, segment_bytes: int) -> Log:
@@ -167,14 +167,14 @@ class LogBackend:
         if store is None and not directory.exists():
             return
         trash = self.root / ".trash"
-        trash.mkdir(exist_ok=True)
+        fsio.fs.mkdir(trash, exist_ok=True)
         target = trash / uuid.uuid4().hex
         if store is not None:
             store.abandon(target)
             with self._lock:
                 self._abandoned.append(store)
         else:
-            directory.rename(target)
+            fsio.fs.rename(directory, target)
         with self._lock:
             self._trash.append(target)
 
@@ -238,7 +238,7 @@ class LogBackend:
             for store in abandoned:  # no flush of theirs is in flight any more
                 store.close_abandoned()
             for path in trash:
-                shutil.rmtree(path, ignore_errors=True)
+                fsio.fs.rmtree(path)
             if write_error is not None:
                 raise write_error
             self._healthy = True
@@ -252,7 +252,7 @@ class LogBackend:
         if self._trash:  # deletes since the last flush: durable now, and gone
             fsync_dir(self.root)
             for path in self._trash:
-                shutil.rmtree(path, ignore_errors=True)
+                fsio.fs.rmtree(path)
             self._trash.clear()
         for store in self._stores():
             try:

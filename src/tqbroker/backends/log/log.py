@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import time
 from array import array
 from bisect import bisect_right
@@ -27,6 +26,7 @@ from functools import partial
 from itertools import pairwise
 from pathlib import Path
 
+from ... import fsio
 from ...fsutil import fsync_dir
 from ...model import Message
 from .format import Record, RecordError, encode_record, parse_record
@@ -126,10 +126,10 @@ class Log:
         """Open (creating if needed) and recover. Returns True when the previous run closed
         cleanly. Segments at or after ``recovery_point`` (the first offset not known to be
         fsync'd) are scanned when the shutdown was not clean."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        fsio.fs.mkdir(self.directory, parents=True, exist_ok=True)
         marker = self.directory / CLEAN_MARKER
         clean = marker.exists()
-        shutil.rmtree(self.directory / COMPACTION_DIR, ignore_errors=True)
+        fsio.fs.rmtree(self.directory / COMPACTION_DIR)
         bases = sorted(
             int(p.name[:20]) for p in self.directory.glob("*.log") if p.name[:20].isdigit()
         )
@@ -148,7 +148,7 @@ class Log:
                 break
             self._add(segment)
         if marker.exists():
-            marker.unlink()
+            fsio.fs.unlink(marker)
             fsync_dir(self.directory)
         if not self.segments:
             self._roll(0)
@@ -164,7 +164,7 @@ class Log:
             orphan = base.isdigit() and int(base) not in bases
             if path.suffix in (".index", ".timeindex") and orphan:
                 log.info("removing orphan index file %s", path)
-                path.unlink()
+                fsio.fs.unlink(path)
 
     def _drop_after(self, i: int, bases: list[int]) -> None:
         """A segment was truncated: every later segment is unreachable garbage."""
@@ -400,7 +400,7 @@ class Log:
     def close(self, *, clean: bool) -> None:
         """Close every file; with ``clean`` (after a final sync) leave the clean marker."""
         if clean:
-            (self.directory / CLEAN_MARKER).touch()
+            fsio.fs.write_file(self.directory / CLEAN_MARKER, b"")
             fsync_dir(self.directory)
         for segment in self.segments:
             segment.close()

@@ -30,6 +30,7 @@ from typing import Any
 
 import cbor2
 
+from ... import fsio
 from ...fsutil import atomic_write
 from ...model import Message
 from ..base import FLUSH_FIRST, FlushFirst, Popped
@@ -469,7 +470,7 @@ class LogQueueStore:
         files stay open until ``close_abandoned`` (after any flush in flight has finished)."""
         with self._state_lock:
             self.abandoned = True
-            self.directory.rename(move_to)
+            fsio.fs.rename(self.directory, move_to)
 
     def close_abandoned(self) -> None:
         self.log.close(clean=False)
