@@ -97,7 +97,9 @@ class LogBackend:
 
     def open(self, data_dir: Path) -> None:
         self.root = data_dir / "log"
-        fsio.fs.mkdir(self.root, parents=True, exist_ok=True)
+        if not self.root.is_dir():
+            fsio.fs.mkdir(self.root, parents=True, exist_ok=True)
+            fsync_dir(data_dir)  # its entry: durable before any queue's data can be
         trash = self.root / ".trash"
         if trash.exists():
             fsio.fs.rmtree(trash)
@@ -140,7 +142,12 @@ class LogBackend:
 
     def _directory(self, vhost: str, queue: str) -> Path:
         directory = self.root / _queue_dir_name(vhost, queue)
-        fsio.fs.mkdir(directory, parents=True, exist_ok=True)
+        if not directory.is_dir():
+            fsio.fs.mkdir(directory, exist_ok=True)
+            # A new directory's entry is durable only once its parent is fsync'd: without this
+            # a power cut could lose the whole queue with every message confirmed in it (its
+            # segments' entries are made durable by the first flush, the directory's never).
+            fsync_dir(self.root)
         names = directory / "queue.cbor"
         if not names.exists():
             fsio.fs.write_file(names, cbor2.dumps({"vhost": vhost, "queue": queue}))
