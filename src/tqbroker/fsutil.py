@@ -18,8 +18,9 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
-    """Replace ``path`` with ``data`` atomically; with ``fsync`` also durably (else it may be
-    lost, but never torn, by a power loss)."""
+    """Replace ``path`` with ``data`` atomically; with ``fsync`` also durably. Without
+    ``fsync`` a power loss may keep the rename but not the bytes (an empty or partial file):
+    only for a file whose loss is survivable."""
     fs = fsio.fs
     tmp = path.with_name(path.name + ".tmp")
     fs.write_file(tmp, data, fsync=fsync)

@@ -302,10 +302,14 @@ class LogStream:
                 with self._lock:
                     if self.abandoned:
                         return
+                    # Synced whenever the policy syncs this flush (not only when records
+                    # were): an unsynced checkpoint renamed over the durable one can reach the
+                    # disk as the rename without its bytes, and an unreadable stream.cbor loses
+                    # every stored offset (a retention-only flush did that).
                     atomic_write(
                         self.directory / STATE_FILE,
                         cbor2.dumps(state),
-                        fsync=sync is not None or offsets_dirty,
+                        fsync=fsync or offsets_dirty,
                     )
                     self._recovery_written = max(self._recovery_written, synced_upto)
                     if retired:
