@@ -15,6 +15,7 @@ directory's entries durable; ``("rename", src_dir, src_name, dst_dir, dst_name)`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
@@ -69,10 +70,8 @@ class Recorder(FileSystem):
         if os.path.isdir(path) and not os.path.islink(path):
             for parent, dirs, files in os.walk(path):
                 for name in dirs + files:
-                    try:
+                    with contextlib.suppress(FileNotFoundError):
                         self._ids.pop(os.lstat(os.path.join(parent, name)).st_ino, None)
-                    except FileNotFoundError:
-                        pass
 
     # -- FileSystem --------------------------------------------------------------------------
 

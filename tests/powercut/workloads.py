@@ -58,11 +58,9 @@ def flush(backend: LogBackend) -> None:
 def pop(store: LogQueueStore, backend: LogBackend) -> tuple[int, Message, bool] | None:
     for _ in range(3):
         got = store.pop()
-        if got is FLUSH_FIRST:
-            flush(backend)
-            continue
-        assert got is not FLUSH_FIRST
-        return got
+        if got is not FLUSH_FIRST:
+            return got
+        flush(backend)
     raise AssertionError("the queue kept asking for a flush")
 
 
@@ -83,7 +81,7 @@ def union(marks: list[dict[str, Any]], key: str) -> set[Any]:
 class QueueWorkload:
     name = "classic-queue"
 
-    def __init__(self, rounds: int = 8) -> None:
+    def __init__(self, rounds: int = 10) -> None:
         self.rounds = rounds
 
     @staticmethod
@@ -103,17 +101,18 @@ class QueueWorkload:
                 if persistent:
                     confirmed.append(n)
                 n += 1
-            for _ in range(3):
+            for _ in range(6):
                 got = pop(queue, backend)
                 if got is None:
                     break
                 found = ident(got[1].body)
                 assert found is not None
-                if found[1] % 3 == 0:
+                if found[1] % 3 == 0 and not got[2]:  # requeued once, acked next time
                     queue.requeue(got[0])
                 else:
                     queue.ack(got[0])
                     acked.append(found[1])
+            recorder.mark(acking=acked)  # may be durable from now on; promised after the flush
             flush(backend)
             recorder.mark(confirmed=confirmed, acked=acked)
         deleted = backend.open_queue("/", "d")
@@ -151,7 +150,7 @@ class QueueWorkload:
         found["duplicated"] += sum(c - 1 for c in seen.values() if c > 1)
         confirmed, acked = union(marks, "confirmed"), union(marks, "acked")
         q_ids = {n for (tag, n) in seen if tag == "q"}
-        found["lost"] += len(confirmed - acked - q_ids)
+        found["lost"] += len(confirmed - union(marks, "acking") - q_ids)
         found["resurrected"] += len(q_ids & acked)
         found["unexpected"] += sum(1 for n in q_ids if n % 4 == 3)  # transient: gone
         d_ids = {n for (tag, n) in seen if tag == "d"}
@@ -185,14 +184,15 @@ class StreamWorkload:
         backend = self.backend()
         backend.open(data_dir)
         stream = backend.open_stream("/", "s")
-        keys: dict[int, int] = {}  # offset -> key number
+        keys: dict[int, str] = {}  # offset -> key
         n = 0
         for r in range(self.rounds):
             appended = {}
             for _ in range(5):
-                offset = stream.append(message("s", n, key=f"k{n % 4}"))
+                key = f"k{n % 3}" if n % 2 else f"u{n}"  # half the keys are unique
+                offset = stream.append(message("s", n, key=key))
                 appended[offset] = n
-                keys[offset] = n % 4
+                keys[offset] = key
                 n += 1
             recorder.mark(appended=appended)
             flush(backend)
@@ -201,11 +201,11 @@ class StreamWorkload:
                 stream.store_offset("c1", offset + 1)
                 flush(backend)
                 recorder.mark(tracked=[offset + 1])
-            if r == 6:
-                stream.apply_retention(max_bytes=4000, max_age_ms=None, now_ms=int(time.time()))
+            if r == 4:
+                stream.apply_retention(max_bytes=3000, max_age_ms=None, now_ms=int(time.time()))
                 recorder.mark(retention_from=[stream.first_offset])
                 flush(backend)
-            if r in (8, 11):
+            if r in (7, 11):
                 work = stream.compaction_work(COMPACT, T0)
                 if work is not None:
                     result = work()
@@ -261,7 +261,7 @@ class DefinitionsWorkload:
             return {"version": version, "queues": [f"queue-{i}" for i in range(version * 40)]}
 
         file = DefinitionsFile(data_dir, snapshot)
-        for version in range(1, self.versions + 1):  # noqa: B007 (read by snapshot)
+        for version in range(1, self.versions + 1):
             file.changed()
             work = file.begin_flush()
             assert work is not None
