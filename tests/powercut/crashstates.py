@@ -10,9 +10,10 @@ At a crash point (after the first ``k`` operations of the trace):
 - the pending operations are each dropped or kept by a *variant*: ``synced`` (all dropped),
   ``all`` (all kept: what a killed process leaves), ``zeroed`` (entries kept, pending writes
   become zeros: the size reached the disk, the data did not), ``torn`` (the last pending write
-  of each file keeps only its first 512-byte sectors), ``prefix`` (the pending operations in
-  order up to a random point: an ordered journal) and ``reorder`` (each entry change and each
-  512-byte sector of each pending write kept or not at random).
+  of each file keeps only its first 512-byte sectors), ``hole<j>`` (it misses its sector
+  ``j`` instead, never its last: damage that often only a checksum shows), ``prefix`` (the
+  pending operations in order up to a random point: an ordered journal) and ``reorder`` (each
+  entry change and each 512-byte sector of each pending write kept or not at random).
 
 ``crash_states`` yields ``CrashState``s (deduplicated by content); ``materialize`` writes one
 into a directory.
@@ -30,7 +31,10 @@ from typing import Any
 from .recorder import Op
 
 SECTOR = 512
-VARIANTS = ("synced", "all", "zeroed", "torn", "prefix", "reorder1", "reorder2")
+VARIANTS = (
+    *("synced", "all", "zeroed", "torn", "hole0", "hole1", "hole2"),
+    *("prefix", "reorder1", "reorder2"),
+)
 NAMESPACE = ("create", "rename", "unlink")
 DATA = ("write", "trunc")
 
@@ -127,6 +131,7 @@ def _state(ops: Sequence[Op], point: int, variant: str, rng: random.Random) -> C
         if kind in NAMESPACE:
             if is_pending and not (
                 variant in ("all", "zeroed", "torn")
+                or variant.startswith("hole")
                 or (variant == "prefix" and i in prefix_kept)
                 or (variant.startswith("reorder") and rng.random() < 0.5)
             ):
@@ -165,6 +170,13 @@ def _state(ops: Sequence[Op], point: int, variant: str, rng: random.Random) -> C
             pieces = _pieces(offset, data)
             if i == last_write[ident]:
                 pieces = pieces[: rng.randint(0, len(pieces) - 1)] if len(pieces) > 1 else []
+            for at, piece in pieces:
+                _write(content, at, piece)
+        elif variant.startswith("hole"):
+            pieces = _pieces(offset, data)
+            hole = int(variant[4:])
+            if i == last_write[ident] and hole < len(pieces) - 1:
+                del pieces[hole]
             for at, piece in pieces:
                 _write(content, at, piece)
         elif variant == "prefix":

@@ -93,8 +93,13 @@ class QueueWorkload:
         backend.open(data_dir)
         queue = backend.open_queue("/", "q")
         n = 0
+        held: list[tuple[int, int]] = []  # (offset, number): acked a round late, out of order
         for _ in range(self.rounds):
             confirmed, acked = [], []
+            for offset, number in held:
+                queue.ack(offset)
+                acked.append(number)
+            held = []
             for _ in range(5):
                 persistent = n % 4 != 3
                 queue.push(message("q", n), persistent=persistent)
@@ -109,6 +114,8 @@ class QueueWorkload:
                 assert found is not None
                 if found[1] % 3 == 0 and not got[2]:  # requeued once, acked next time
                     queue.requeue(got[0])
+                elif found[1] % 7 == 5:
+                    held.append((got[0], found[1]))
                 else:
                     queue.ack(got[0])
                     acked.append(found[1])
@@ -178,7 +185,7 @@ class StreamWorkload:
 
     @staticmethod
     def backend() -> LogBackend:
-        return LogBackend(segment_bytes=1024, index_interval_bytes=128)
+        return LogBackend(segment_bytes=3072, index_interval_bytes=512)
 
     def run(self, data_dir: Path, recorder: Recorder) -> None:
         backend = self.backend()
@@ -202,7 +209,7 @@ class StreamWorkload:
                 flush(backend)
                 recorder.mark(tracked=[offset + 1])
             if r == 4:
-                stream.apply_retention(max_bytes=3000, max_age_ms=None, now_ms=int(time.time()))
+                stream.apply_retention(max_bytes=7000, max_age_ms=None, now_ms=int(time.time()))
                 recorder.mark(retention_from=[stream.first_offset])
                 flush(backend)
             if r in (7, 11):
