@@ -45,6 +45,7 @@ def config(data_dir: Path) -> BrokerConfig:
 
 class BrokerWorkload:
     name = "broker+pika"
+    sync_delay = 0.03  # a slow disk: an ok sent before its write completes shows in the trace
 
     def __init__(self, messages: int = 12) -> None:
         self.messages = messages

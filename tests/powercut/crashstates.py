@@ -190,18 +190,26 @@ def _state(ops: Sequence[Op], point: int, variant: str, rng: random.Random) -> C
     return state
 
 
+COMMON_MARKS = {"confirmed", "appended", "acking", "deleting", "deleting_d"}
+
+
 def crash_points(ops: Sequence[Op], limit: int | None, seed: int = 0) -> list[int]:
     """Every point right before and after each durability operation, directory change and
-    mark, plus evenly spaced others; at most ``limit`` of them (sampled, ends kept)."""
+    mark. With a ``limit``: the ends, the points right after the rarer promises (a queue
+    declared or deleted, acks, definitions: the moment a power cut tests them hardest), then a
+    random sample of the others."""
     interesting = {0, len(ops)}
     for i, op in enumerate(ops):
         if op[0] in ("fsync", "dsync", "rename", "unlink", "mark"):
             interesting.update((i, i + 1))
     points = sorted(interesting)
-    if limit is not None and len(points) > limit:
-        rng = random.Random(seed)
-        points = sorted({0, len(ops), *rng.sample(points, limit - 2)})
-    return points
+    if limit is None or len(points) <= limit:
+        return points
+    rare = [i + 1 for i, op in enumerate(ops) if op[0] == "mark" and set(op[1]) - COMMON_MARKS]
+    chosen = {0, len(ops), *rare[: max(0, limit - 2)]}
+    rest = [point for point in points if point not in chosen]
+    chosen.update(random.Random(seed).sample(rest, max(0, limit - len(chosen))))
+    return sorted(chosen)
 
 
 def crash_states(

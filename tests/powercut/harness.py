@@ -78,7 +78,7 @@ def scratch_space(directory: Path) -> Path:
 def record(workload: Workload, directory: Path) -> list[Op]:
     data_dir = directory / "recorded"
     data_dir.mkdir()
-    recorder = Recorder(data_dir)
+    recorder = Recorder(data_dir, sync_delay=getattr(workload, "sync_delay", 0.0))
     previous = fsio.install(recorder)
     try:
         workload.run(data_dir, recorder)

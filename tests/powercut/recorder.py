@@ -19,6 +19,7 @@ import contextlib
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,16 @@ Op = tuple[Any, ...]
 
 
 class Recorder(FileSystem):
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, sync_delay: float = 0.0) -> None:
         assert not any(root.iterdir()), "recording starts on an empty data directory"
         self.root = root
         self.ops: list[Op] = []
         self._ids: dict[int, int] = {os.stat(root).st_ino: 0}
         self._next = 1
         self._lock = threading.RLock()
+        # Seconds each fsync takes at least (a slow disk): widens the window between a write
+        # and its fsync, so that a promise made too early lands before the fsync in the trace.
+        self.sync_delay = sync_delay
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -106,6 +110,8 @@ class Recorder(FileSystem):
                 self.ops.append(("trunc", ident, length))
 
     def _sync(self, fd: int, real: Any) -> None:
+        if self.sync_delay:
+            time.sleep(self.sync_delay)
         with self._lock:
             real(fd)
             ident, is_dir = self._fd_id(fd)

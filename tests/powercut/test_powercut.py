@@ -41,7 +41,7 @@ def test_power_cuts_default_set(tmp_path: Path) -> None:
         (QueueWorkload(), 40),
         (StreamWorkload(), 40),
         (DefinitionsWorkload(), None),
-        (BrokerWorkload(), 4),
+        (BrokerWorkload(), 8),
     ]
     for n, (workload, points) in enumerate(plan):
         directory = tmp_path / str(n)
