@@ -193,31 +193,32 @@ def _state(ops: Sequence[Op], point: int, variant: str, rng: random.Random) -> C
 COMMON_MARKS = {"confirmed", "appended", "acking", "deleting", "deleting_d"}
 
 
-def crash_points(ops: Sequence[Op], limit: int | None, seed: int = 0) -> list[int]:
+def crash_points(ops: Sequence[Op], limit: int | None, seed: int = 0, start: int = 0) -> list[int]:
     """Every point right before and after each durability operation, directory change and
     mark. With a ``limit``: the ends, the points right after the rarer promises (a queue
     declared or deleted, acks, definitions: the moment a power cut tests them hardest), then a
     random sample of the others."""
-    interesting = {0, len(ops)}
+    interesting = {start, len(ops)}
     for i, op in enumerate(ops):
-        if op[0] in ("fsync", "dsync", "rename", "unlink", "mark"):
+        if op[0] in ("fsync", "dsync", "rename", "unlink", "mark") and i >= start:
             interesting.update((i, i + 1))
     points = sorted(interesting)
     if limit is None or len(points) <= limit:
         return points
     rare = [i + 1 for i, op in enumerate(ops) if op[0] == "mark" and set(op[1]) - COMMON_MARKS]
-    chosen = {0, len(ops), *rare[: max(0, limit - 2)]}
+    chosen = {start, len(ops), *rare[: max(0, limit - 2)]}
     rest = [point for point in points if point not in chosen]
     chosen.update(random.Random(seed).sample(rest, max(0, limit - len(chosen))))
     return sorted(chosen)
 
 
 def crash_states(
-    ops: Sequence[Op], *, points: int | None = None, seed: int = 0
+    ops: Sequence[Op], *, points: int | None = None, seed: int = 0, start: int = 0
 ) -> Iterator[CrashState]:
-    """The distinct crash states at up to ``points`` crash points, every variant at each."""
+    """The distinct crash states at up to ``points`` crash points (none before ``start``),
+    every variant at each."""
     seen: set[tuple[str, str]] = set()
-    for point in crash_points(ops, points, seed):
+    for point in crash_points(ops, points, seed, start):
         marks_key = str(sum(1 for op in ops[:point] if op[0] == "mark"))
         for n, variant in enumerate(VARIANTS):
             state = _state(ops, point, variant, random.Random(seed * 1_000_003 + point * 31 + n))

@@ -29,16 +29,36 @@ Op = tuple[Any, ...]
 
 
 class Recorder(FileSystem):
-    def __init__(self, root: Path, *, sync_delay: float = 0.0) -> None:
-        assert not any(root.iterdir()), "recording starts on an empty data directory"
+    def __init__(self, root: Path, *, sync_delay: float = 0.0, adopt: bool = False) -> None:
+        """Record under ``root``: empty, or with ``adopt`` whatever it holds, as if created
+        and synced by the first operations of the trace (a crash state that recovery runs on,
+        for a second crash)."""
+        assert adopt or not any(root.iterdir()), "recording starts on an empty data directory"
         self.root = root
         self.ops: list[Op] = []
         self._ids: dict[int, int] = {os.stat(root).st_ino: 0}
         self._next = 1
+        if adopt:
+            self._adopt(root, 0)
+        self.adopted = len(self.ops)  # the trace's first operations: the starting state
         self._lock = threading.RLock()
         # Seconds each fsync takes at least (a slow disk): widens the window between a write
         # and its fsync, so that a promise made too early lands before the fsync in the trace.
         self.sync_delay = sync_delay
+
+    def _adopt(self, directory: Path, ident: int) -> None:
+        for path in sorted(directory.iterdir()):
+            child = self._new(os.lstat(path).st_ino)
+            if path.is_dir():
+                self.ops.append(("create", ident, path.name, child, "d"))
+                self._adopt(path, child)
+            else:
+                self.ops.append(("create", ident, path.name, child, "f"))
+                data = path.read_bytes()
+                if data:
+                    self.ops.append(("write", child, 0, data))
+                self.ops.append(("fsync", child))
+        self.ops.append(("dsync", ident))
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ on each: it must start, lose no confirmed message, resurrect no acked one (nor a
 deliver no corrupt one. The counts are printed Jepsen style (``-s`` shows them).
 
 Default set: a sample of crash points per workload (>= 100 states in all, a few seconds);
-``-m slow``: every crash point (>= 1,000 states per run).
+``-m slow``: every crash point (>= 1,000 states per run). Both also crash the recovery itself
+(``recrash.py``): a second power cut while recovering from a first.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 from .broker_workload import BrokerWorkload
 from .harness import Report, Workload, explore
+from .recrash import explore_twice
 from .workloads import DefinitionsWorkload, QueueWorkload, StreamWorkload
 
 
@@ -49,6 +51,23 @@ def test_power_cuts_default_set(tmp_path: Path) -> None:
         states += run(workload, directory, points).states
     print(f"power-cut default set: {states} crash states, every one recovered correctly")
     assert states >= 100
+
+
+@pytest.mark.parametrize("workload", [QueueWorkload(), StreamWorkload()], ids=lambda w: w.name)
+def test_power_cuts_during_recovery(tmp_path: Path, workload: Workload) -> None:
+    """A second power cut while recovering from a first: 20 damaged first states, 15 crash
+    points in each recovery."""
+    report = explore_twice(workload, tmp_path, first=20, points=15)
+    assert report.ok, f"{report}\n" + "\n".join(report.examples)
+    assert report.states >= 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", [QueueWorkload(), StreamWorkload()], ids=lambda w: w.name)
+def test_power_cuts_during_recovery_many(tmp_path: Path, workload: Workload) -> None:
+    report = explore_twice(workload, tmp_path, first=120, points=40)
+    assert report.ok, f"{report}\n" + "\n".join(report.examples)
+    assert report.states >= 1000
 
 
 @pytest.mark.slow
