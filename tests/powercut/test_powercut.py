@@ -43,6 +43,9 @@ def test_power_cuts_default_set(tmp_path: Path) -> None:
         (QueueWorkload(), 40),
         (StreamWorkload(), 40),
         (DefinitionsWorkload(), None),
+        # The relaxed policies: recovery consistent (starts, nothing corrupt), losses allowed.
+        (QueueWorkload(fsync="never"), 20),
+        (StreamWorkload(fsync="never"), 20),
         (BrokerWorkload(), 8),
     ]
     for n, (workload, points) in enumerate(plan):
