@@ -8,7 +8,7 @@ from pathlib import Path
 from tqbroker import fsio
 from tqbroker.backends.log import LogBackend
 
-from .recorder import Op, Recorder
+from .recorder import Recorder
 from .workloads import flush, message
 
 
@@ -29,19 +29,18 @@ def test_a_new_queue_directory_entry_is_made_durable(tmp_path: Path) -> None:
         queue = backend.open_queue("/", "q")
         queue.push(message("q", 0), persistent=True)
         flush(backend)
+        recorder.mark(confirmed=[0])
         backend.close()
     finally:
         fsio.install(previous)
     ops = recorder.ops
-    for i, op in enumerate(ops):
-        if op[0] == "create" and op[4] == "d":  # log/, then the queue's directory
-            later = ops[i + 1 :]
-            assert ("dsync", op[1]) in later, f"{op[2]}'s entry in its parent is never synced"
-            assert later.index(("dsync", op[1])) < _first_write(later), "synced after records"
-
-
-def _first_write(ops: list[Op]) -> int:
-    return next(i for i, op in enumerate(ops) if op[0] == "write")
+    confirmed = ops.index(("mark", {"confirmed": [0]}))
+    created = [(i, op) for i, op in enumerate(ops) if op[0] == "create" and op[4] == "d"]
+    assert next(op[2] for _i, op in created) == "log"
+    for i, op in created:  # log/, then the queue's directory
+        assert ("dsync", op[1]) in ops[i + 1 : confirmed], (
+            f"{op[2]}'s entry in its parent is not synced before the first confirm"
+        )
 
 
 def test_a_retention_only_flush_syncs_the_stream_checkpoint_before_renaming_it(

@@ -94,12 +94,15 @@ class LogBackend:
         # Hot records of all queues, served from memory while they are in an active segment.
         self.cache = RecordCache(cache_bytes)
         self._healthy = True
+        self._created_in: Path | None = None  # log/ was created there, its entry not synced
 
     def open(self, data_dir: Path) -> None:
         self.root = data_dir / "log"
         if not self.root.is_dir():
             fsio.fs.mkdir(self.root, parents=True, exist_ok=True)
-            fsync_dir(data_dir)  # its entry: durable before any queue's data can be
+            # Its entry: made durable by the first flush (a worker thread; this is the Trio
+            # thread), before anything written in it is confirmed.
+            self._created_in = data_dir
         trash = self.root / ".trash"
         if trash.exists():
             fsio.fs.rmtree(trash)
@@ -226,17 +229,22 @@ class LogBackend:
         with self._lock:
             trash, self._trash = self._trash, []
             abandoned, self._abandoned = self._abandoned, []
+        created_in, self._created_in = self._created_in, None
         if not works and not trash and not abandoned and write_error is None:
+            self._created_in = created_in
             return None
 
         def flush() -> None:
             try:
+                if created_in is not None:
+                    fsync_dir(created_in)
                 if trash:
                     fsync_dir(self.root)  # the deletes' renames, durable
                 for work in works:
                     work()
             except OSError as exc:
                 self._healthy = False
+                self._created_in = self._created_in or created_in
                 with self._lock:
                     self._trash.extend(trash)
                     self._abandoned.extend(abandoned)
@@ -253,6 +261,9 @@ class LogBackend:
         return flush
 
     def close(self) -> None:
+        if self._created_in is not None:
+            fsync_dir(self._created_in)
+            self._created_in = None
         for abandoned in self._abandoned:
             abandoned.close_abandoned()
         self._abandoned.clear()
