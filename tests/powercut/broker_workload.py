@@ -1,8 +1,8 @@
 """The power-cut workload through the real broker: an in-process broker (``running_broker``) on
 the recorded data directory, driven by pika with publisher confirms. Durable queues declared,
 persistent messages published (each confirmed before the next: the mark follows the confirm),
-some through a durable ``x-delayed-message`` exchange (150 ms), messages got and acked, a queue
-deleted, another declared, then a clean stop.
+some through a durable ``x-delayed-message`` exchange (150 ms), some to a stream, messages got
+and acked, a queue deleted, another declared, then a clean stop.
 
 Recovery on a crash state starts a broker on it, then checks with pika: every queue whose
 ``declare-ok`` was received exists, a queue whose ``delete-ok`` was received does not, no
@@ -20,6 +20,7 @@ from typing import Any
 
 import pika
 import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel
 
 from tqbroker.config import BrokerConfig
 from tqbroker.testing import running_broker
@@ -71,8 +72,12 @@ class BrokerWorkload:
                 channel.basic_publish("", queue, body(queue, n), PERSISTENT, mandatory=True)
                 recorder.mark(confirmed=[(queue, n)], **extra)
 
+            channel.queue_declare("st", durable=True, arguments={"x-queue-type": "stream"})
+            recorder.mark(queues=["st"])
             for n in range(self.messages):
                 publish("a", n)
+                if n % 2:
+                    publish("st", n)
             acked = []
             for _ in range(self.messages // 2):
                 method, _properties, data = channel.basic_get("a")
@@ -99,7 +104,7 @@ class BrokerWorkload:
         got: dict[str, list[bytes]] = {}
         with running_broker(config(data_dir)) as broker:
             connection = pika.BlockingConnection(pika.URLParameters(broker.url))
-            for queue in ("a", "b", "c", "dq"):
+            for queue in ("a", "b", "c", "dq", "st"):
                 channel = connection.channel()
                 try:
                     channel.queue_declare(queue, durable=True, passive=True)
@@ -109,6 +114,10 @@ class BrokerWorkload:
                     continue
                 if queue in deleted:
                     found["resurrected"] += 1  # a delete-ok'd queue came back
+                if queue == "st":
+                    promised = {n for (q, n) in map(tuple, union(marks, "confirmed")) if q == queue}
+                    got[queue] = _read_stream(channel, queue, promised)
+                    continue
                 got[queue] = []
                 # Delayed messages come when due (at once if overdue): wait for those promised.
                 waiting = {n for (q, n) in map(tuple, union(marks, "confirmed")) if q == queue}
@@ -147,6 +156,27 @@ class BrokerWorkload:
         if "b" in deleted:
             found["resurrected"] += sum(c for (queue, _n), c in seen.items() if queue == "b")
         return found
+
+
+def _read_stream(channel: BlockingChannel, queue: str, promised: set[int]) -> list[bytes]:
+    """The records of a stream from its first offset: until every ``promised`` one came (the
+    last one confirmed is the end of what was promised), or none came for 0.5 s."""
+    channel.basic_qos(prefetch_count=100)
+    bodies = []
+    arguments = {"x-stream-offset": "first"}
+    for method, _properties, data in channel.consume(
+        queue, arguments=arguments, inactivity_timeout=0.5
+    ):
+        if method is None:
+            break
+        bodies.append(data)
+        channel.basic_ack(method.delivery_tag)
+        promised.discard((ident(data) or ("", -1))[1])
+        if not promised:
+            break
+    channel.cancel()
+    channel.close()
+    return bodies
 
 
 __all__ = ["BrokerWorkload", "body"]
