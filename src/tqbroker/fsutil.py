@@ -1,4 +1,4 @@
-"""Durable file operations shared by everything that writes metadata.
+"""Durable file operations shared by everything that writes metadata, on the facade ``fsio.fs``.
 
 Responsibilities:
 - ``fsync_dir``: make a directory's entries (creates, renames, unlinks) durable;
@@ -8,27 +8,22 @@ Responsibilities:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from . import fsio
 
 
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsio.fs.fsync_dir(path)
 
 
 def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
-    """Replace ``path`` with ``data`` atomically; with ``fsync`` also durably (else it may be
-    lost, but never torn, by a power loss)."""
+    """Replace ``path`` with ``data`` atomically; with ``fsync`` also durably. Without
+    ``fsync`` a power loss may keep the rename but not the bytes (an empty or partial file):
+    only for a file whose loss is survivable."""
+    fs = fsio.fs
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fs.write_file(tmp, data, fsync=fsync)
+    fs.replace(tmp, path)
     if fsync:
-        fsync_dir(path.parent)
+        fs.fsync_dir(path.parent)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import shutil
 import threading
 import time
 import uuid
@@ -40,6 +39,7 @@ from pathlib import Path
 
 import cbor2
 
+from ... import fsio
 from ...fsutil import fsync_dir
 from .log import Log, RecordCache
 from .store import LogQueueStore
@@ -106,13 +106,18 @@ class LogBackend:
         # Hot records of all queues, served from memory while they are in an active segment.
         self.cache = RecordCache(cache_bytes)
         self._healthy = True
+        self._created_in: Path | None = None  # log/ was created there, its entry not synced
 
     def open(self, data_dir: Path) -> None:
         self.root = data_dir / "log"
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.root.is_dir():
+            fsio.fs.mkdir(self.root, parents=True, exist_ok=True)
+            # Its entry: made durable by the first flush (a worker thread; this is the Trio
+            # thread), before anything written in it is confirmed.
+            self._created_in = data_dir
         trash = self.root / ".trash"
         if trash.exists():
-            shutil.rmtree(trash, ignore_errors=True)
+            fsio.fs.rmtree(trash)
 
     def open_queue(self, vhost: str, queue: str) -> LogQueueStore:
         key = (vhost, queue)
@@ -158,10 +163,15 @@ class LogBackend:
 
     def _directory(self, vhost: str, queue: str) -> Path:
         directory = self.root / _queue_dir_name(vhost, queue)
-        directory.mkdir(parents=True, exist_ok=True)
+        if not directory.is_dir():
+            fsio.fs.mkdir(directory, exist_ok=True)
+            # A new directory's entry is durable only once its parent is fsync'd: without this
+            # a power cut could lose the whole queue with every message confirmed in it (its
+            # segments' entries are made durable by the first flush, the directory's never).
+            fsync_dir(self.root)
         names = directory / "queue.cbor"
         if not names.exists():
-            names.write_bytes(cbor2.dumps({"vhost": vhost, "queue": queue}))
+            fsio.fs.write_file(names, cbor2.dumps({"vhost": vhost, "queue": queue}))
         return directory
 
     def _log(self, directory: Path, segment_bytes: int) -> Log:
@@ -186,12 +196,12 @@ class LogBackend:
         if store is None and not directory.exists():
             return
         trash = self.root / ".trash"
-        trash.mkdir(exist_ok=True)  # OSError (e.g. no descriptors): nothing changed
+        fsio.fs.mkdir(trash, exist_ok=True)  # OSError (e.g. no descriptors): nothing changed
         target = trash / uuid.uuid4().hex
         if store is not None:
             store.abandon(target)  # OSError: nothing changed
         else:
-            directory.rename(target)
+            fsio.fs.rename(directory, target)
         with self._lock:
             if store is not None:
                 self._queues.pop((vhost, queue), None)
@@ -240,17 +250,22 @@ class LogBackend:
         with self._lock:
             trash, self._trash = self._trash, []
             abandoned, self._abandoned = self._abandoned, []
+        created_in, self._created_in = self._created_in, None
         if not works and not trash and not abandoned and write_error is None:
+            self._created_in = created_in
             return None
 
         def flush() -> None:
             try:
+                if created_in is not None:
+                    fsync_dir(created_in)
                 if trash:
                     fsync_dir(self.root)  # the deletes' renames, durable
                 for work in works:
                     work()
             except OSError as exc:
                 self._healthy = False
+                self._created_in = self._created_in or created_in
                 with self._lock:
                     self._trash.extend(trash)
                     self._abandoned.extend(abandoned)
@@ -259,7 +274,7 @@ class LogBackend:
             for store in abandoned:  # no flush of theirs is in flight any more
                 store.close_abandoned()
             for path in trash:
-                shutil.rmtree(path, ignore_errors=True)
+                fsio.fs.rmtree(path)
             if write_error is not None:
                 raise write_error
             self._healthy = True
@@ -267,13 +282,16 @@ class LogBackend:
         return flush
 
     def close(self) -> None:
+        if self._created_in is not None:
+            fsync_dir(self._created_in)
+            self._created_in = None
         for abandoned in self._abandoned:
             abandoned.close_abandoned()
         self._abandoned.clear()
         if self._trash:  # deletes since the last flush: durable now, and gone
             fsync_dir(self.root)
             for path in self._trash:
-                shutil.rmtree(path, ignore_errors=True)
+                fsio.fs.rmtree(path)
             self._trash.clear()
         for store in self._stores():
             try:

@@ -18,6 +18,8 @@ from array import array
 from bisect import bisect_right
 from pathlib import Path
 
+from ... import fsio
+
 log = logging.getLogger(__name__)
 
 
@@ -41,7 +43,7 @@ class SparseIndex:
         self._entry = entry
         self._key_type = key_type
         self._value_type = value_type
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = fsio.fs.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self.keys = array(key_type)
         self.values = array(value_type)
         self._buffer = bytearray()
@@ -62,12 +64,12 @@ class SparseIndex:
         were any."""
         if not self._buffer:
             return False
-        self._written += os.pwrite(self._fd, bytes(self._buffer), self._written)
+        self._written += fsio.fs.pwrite(self._fd, bytes(self._buffer), self._written)
         self._buffer.clear()
         return True
 
     def sync(self) -> None:
-        os.fdatasync(self._fd)
+        fsio.fs.fdatasync(self._fd)
 
     def load(self, value_limit: int | None = None) -> bool:
         """Read the entries back from the file; False (the index left as it was) if it is not a
@@ -93,10 +95,10 @@ class SparseIndex:
 
     def rewrite(self) -> None:
         """Empty the file: every entry in memory is written again by the next ``write_out``."""
-        os.ftruncate(self._fd, 0)
+        fsio.fs.ftruncate(self._fd, 0)
         self._written = 0
         entries = zip(self.keys, self.values, strict=True)
         self._buffer[:] = b"".join(self._entry.pack(key, value) for key, value in entries)
 
     def close(self) -> None:
-        os.close(self._fd)
+        fsio.fs.close(self._fd)

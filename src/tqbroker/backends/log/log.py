@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import shutil
 import time
 from array import array
 from bisect import bisect_right
@@ -29,6 +28,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Final
 
+from ... import fsio
 from ...fsutil import fsync_dir
 from ...model import Message
 from .format import Record, RecordError, encode_record, parse_record
@@ -134,10 +134,10 @@ class Log:
         """Open (creating if needed) and recover. Returns True when the previous run closed
         cleanly. Segments at or after ``recovery_point`` (the first offset not known to be
         fsync'd) are scanned when the shutdown was not clean."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        fsio.fs.mkdir(self.directory, parents=True, exist_ok=True)
         marker = self.directory / CLEAN_MARKER
         clean = marker.exists()
-        shutil.rmtree(self.directory / COMPACTION_DIR, ignore_errors=True)
+        fsio.fs.rmtree(self.directory / COMPACTION_DIR)
         bases = sorted(
             int(p.name[:20]) for p in self.directory.glob("*.log") if p.name[:20].isdigit()
         )
@@ -156,7 +156,7 @@ class Log:
                 break
             self._add(segment)
         if marker.exists():
-            marker.unlink()
+            fsio.fs.unlink(marker)
             fsync_dir(self.directory)
         if not self.segments:
             self._roll(0)
@@ -172,7 +172,7 @@ class Log:
             orphan = base.isdigit() and int(base) not in bases
             if path.suffix in (".index", ".timeindex") and orphan:
                 log.info("removing orphan index file %s", path)
-                path.unlink()
+                fsio.fs.unlink(path)
 
     def _drop_after(self, i: int, bases: list[int]) -> None:
         """A segment was truncated: every later segment is unreachable garbage."""
@@ -414,7 +414,7 @@ class Log:
     def close(self, *, clean: bool) -> None:
         """Close every file; with ``clean`` (after a final sync) leave the clean marker."""
         if clean:
-            (self.directory / CLEAN_MARKER).touch()
+            fsio.fs.write_file(self.directory / CLEAN_MARKER, b"")
             fsync_dir(self.directory)
         for segment in self.segments:
             segment.close()

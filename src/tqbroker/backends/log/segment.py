@@ -29,6 +29,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ... import fsio
 from .format import (
     HEAD_SIZE,
     INDEX_ENTRY,
@@ -57,7 +58,7 @@ class Segment:
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         self.log_path = directory / segment_name(base_offset, ".log")
-        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = fsio.fs.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
         # Offset index: relative offset -> file position; time index: timestamp -> relative
         # offset.
         self.offset_index = SparseIndex(
@@ -124,10 +125,10 @@ class Segment:
             written = 0
             try:
                 while written < len(data):
-                    written += os.pwrite(self._fd, data[written:], self.written + written)
+                    written += fsio.fs.pwrite(self._fd, data[written:], self.written + written)
             except OSError:
                 # Leave the file as it was before this call: a retry rewrites everything.
-                os.ftruncate(self._fd, self.written)
+                fsio.fs.ftruncate(self._fd, self.written)
                 raise
             self.written += len(data)
             self._buffer.clear()
@@ -142,7 +143,7 @@ class Segment:
         active segment's group commits sync the record file alone: recovery rebuilds the
         indexes of every segment it rescans, and a segment is synced with its indexes once it
         is sealed, before a recovery point can pass it."""
-        os.fdatasync(self._fd)
+        fsio.fs.fdatasync(self._fd)
         if indexes:
             self.offset_index.sync()
             self.time_index.sync()
@@ -368,7 +369,7 @@ class Segment:
         next offset: adopt that and rewrite both index files from what it found."""
         self.next_offset = next_offset
         if cut:
-            os.ftruncate(self._fd, end)
+            fsio.fs.ftruncate(self._fd, end)
         self.size = self.written = end
         self._read_pos, self._read_buf = -1, b""
         self._hint = (-1, 0)
@@ -379,7 +380,7 @@ class Segment:
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        os.close(self._fd)
+        fsio.fs.close(self._fd)
         self.offset_index.close()
         self.time_index.close()
 
@@ -391,7 +392,7 @@ class Segment:
         """Remove the files (the record file first: index files without one are orphans, which
         a start removes); the descriptors stay open until ``close``."""
         for path in (self.log_path, self.index_path, self.time_path):
-            path.unlink(missing_ok=True)
+            fsio.fs.unlink(path, missing_ok=True)
 
     def install(self, directory: Path) -> None:
         """Move the files of this segment (a compacted copy, written and synced in another
@@ -405,11 +406,11 @@ class Segment:
             for suffix in (".log", ".index", ".timeindex")
         ]
         for path in paths[1:]:
-            path.unlink(missing_ok=True)
+            fsio.fs.unlink(path, missing_ok=True)
         for source, target in zip(
             (self.log_path, self.index_path, self.time_path), paths, strict=True
         ):
-            os.replace(source, target)
+            fsio.fs.replace(source, target)
         self.directory = directory
         self.log_path, self.offset_index.path, self.time_index.path = paths
 

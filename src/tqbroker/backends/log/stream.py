@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import threading
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -39,6 +38,7 @@ from typing import NamedTuple
 import attrs
 import cbor2
 
+from ... import fsio
 from ...fsutil import atomic_write, fsync_dir
 from ...model import Message
 from ..streams import CompactionPolicy
@@ -247,7 +247,7 @@ class LogStream:
             self._retired.append(old)
             removed += swap.removed
         with contextlib.suppress(OSError):
-            (self.directory / COMPACTION_DIR).rmdir()
+            fsio.fs.rmdir(self.directory / COMPACTION_DIR)
         self._compaction_policy = result.policy
         self._compacted_upto = result.compacted_upto
         self._tombstone_due_ms = result.tombstone_due_ms
@@ -306,10 +306,14 @@ class LogStream:
                 with self._lock:
                     if self.abandoned:
                         return
+                    # Synced whenever the policy syncs this flush (not only when records
+                    # were): an unsynced checkpoint renamed over the durable one can reach the
+                    # disk as the rename without its bytes, and an unreadable stream.cbor loses
+                    # every stored offset (a retention-only flush did that).
                     atomic_write(
                         self.directory / STATE_FILE,
                         cbor2.dumps(state),
-                        fsync=sync is not None or offsets_dirty,
+                        fsync=fsync or offsets_dirty,
                     )
                     self._recovery_written = max(self._recovery_written, synced_upto)
                     if retired:
@@ -338,7 +342,7 @@ class LogStream:
 
     def abandon(self, move_to: Path) -> None:
         with self._lock:
-            self.directory.rename(move_to)  # OSError: nothing changed, the queue stays
+            fsio.fs.rename(self.directory, move_to)  # OSError: nothing changed, the queue stays
             self.abandoned = True
 
     def close_abandoned(self) -> None:
@@ -402,8 +406,8 @@ def _compact(
     swaps: list[SegmentSwap] = []
     try:
         if rewrite:
-            shutil.rmtree(scratch, ignore_errors=True)  # an earlier pass's leftovers
-            scratch.mkdir()
+            fsio.fs.rmtree(scratch)  # an earlier pass's leftovers
+            fsio.fs.mkdir(scratch)
         for source in rewrite:
             swap = _rewrite(policy, now_ms, source, latest, scratch, index_interval_bytes)
             if swap is not None:
@@ -435,11 +439,12 @@ def _latest_by_key(
     gone: set[int] = set()
     for i, source in enumerate(sources):
         try:
-            fd = os.open(source.path, os.O_RDONLY)
+            fs = fsio.fs
+            fd = fs.open(source.path, os.O_RDONLY)
             try:
-                os.fdatasync(fd)
+                fs.fdatasync(fd)
             finally:
-                os.close(fd)
+                fs.close(fd)
             for record, _raw in read_file_records(source.path, source.size):
                 key = policy.key(record.message)
                 if key is not None:
