@@ -1,0 +1,193 @@
+"""Compaction of a stream's log (Kafka's ``cleanup.policy=compact``), the blocking part.
+
+``compact`` is a pass's work, run in a worker thread: find the latest record of every key across
+the segments as the pass planned them, then write, in a scratch directory, a copy of each closed
+segment that holds records to remove (offsets unchanged, fsync'd). ``LogStream`` plans the pass
+and installs the copies (``stream.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from bisect import bisect_right
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import attrs
+
+from ... import fsio
+from ...fsutil import fsync_dir
+from ..streams import CompactionPolicy
+from .format import RecordError
+from .segment import Segment, read_file_records
+
+log = logging.getLogger(__name__)
+
+# A compacted copy is written out in chunks of this many bytes.
+WRITE_CHUNK = 1024 * 1024
+
+
+@attrs.frozen
+class SegmentSwap:
+    """A closed segment and its compacted copy (None: nothing of it is left)."""
+
+    old: Segment
+    new: Segment | None
+    removed: int  # records of ``old`` that the copy leaves out
+
+
+@attrs.frozen
+class CompactionResult:
+    """What a compaction's work wrote, for ``LogStream.finish_compaction``."""
+
+    policy: CompactionPolicy
+    planned: tuple[Segment, ...]  # the log's segments when the pass was planned
+    swaps: tuple[SegmentSwap, ...]  # oldest first
+    compacted_upto: int  # the base offset of the first segment this pass did not compact
+    tombstone_due_ms: int | None  # when the first tombstone kept in a closed segment expires
+
+
+class Source(NamedTuple):
+    """A segment as a compaction planned it: its bytes then, and whether it may be rewritten
+    (a closed segment with everything written out)."""
+
+    segment: Segment
+    path: Path
+    size: int
+    rewritable: bool
+
+
+def compact(
+    policy: CompactionPolicy,
+    now_ms: int,
+    sources: Sequence[Source],
+    scratch: Path,
+    index_interval_bytes: int,
+    compacted_upto: int,
+) -> CompactionResult:
+    """A compaction's work (worker thread): find the latest record of every key, then write a
+    copy, in ``scratch``, of each closed segment that holds records to remove."""
+    latest, keyed, damaged, gone = _latest_by_key(policy, sources)
+    closed = len(sources) - 1
+    # A closed segment left as it is (damaged, or not all written out) may hold older records of
+    # a key whose tombstone comes later: the tombstones from there on stay, as values do.
+    held = next((i for i in range(closed) if i in damaged or not sources[i].rewritable), closed)
+    bases = [source.segment.base_offset for source in sources]
+    live = [0] * len(sources)  # records each segment keeps
+    tombstone_due_ms: int | None = None
+    for key, (offset, tombstone_ms) in list(latest.items()):
+        i = bisect_right(bases, offset) - 1
+        if tombstone_ms is not None:
+            due = tombstone_ms + policy.tombstone_grace_ms
+            if i >= held:
+                latest[key] = (offset, None)
+            elif due <= now_ms:
+                continue  # removed, with every older record of its key
+            else:
+                tombstone_due_ms = due if tombstone_due_ms is None else min(tombstone_due_ms, due)
+        live[i] += 1
+    rewrite = [
+        source
+        for i, source in enumerate(sources[:closed])
+        if source.rewritable and i not in damaged and i not in gone and live[i] < keyed[i]
+    ]
+    swaps: list[SegmentSwap] = []
+    try:
+        if rewrite:
+            fsio.fs.rmtree(scratch)  # an earlier pass's leftovers
+            fsio.fs.mkdir(scratch)
+        for source in rewrite:
+            swap = _rewrite(policy, now_ms, source, latest, scratch, index_interval_bytes)
+            if swap is not None:
+                swaps.append(swap)
+        if swaps:
+            fsync_dir(scratch)
+    except BaseException:
+        for swap in swaps:
+            if swap.new is not None:
+                swap.new.delete()
+        raise
+    planned = tuple(source.segment for source in sources)
+    return CompactionResult(policy, planned, tuple(swaps), compacted_upto, tombstone_due_ms)
+
+
+# A key's latest record: its offset, and its timestamp if it is a tombstone (else None).
+_Latest = dict[bytes, tuple[int, int | None]]
+
+
+def _latest_by_key(
+    policy: CompactionPolicy, sources: Sequence[Source]
+) -> tuple[_Latest, list[int], set[int], set[int]]:
+    """The latest record of every key; how many keyed records each segment has; the segments
+    that are damaged (read up to the damage, left as they are) and those gone (retention
+    deleted them meanwhile). Each file is fsync'd first."""
+    latest: _Latest = {}
+    keyed = [0] * len(sources)
+    damaged: set[int] = set()
+    gone: set[int] = set()
+    for i, source in enumerate(sources):
+        try:
+            fs = fsio.fs
+            fd = fs.open(source.path, os.O_RDONLY)
+            try:
+                fs.fdatasync(fd)
+            finally:
+                fs.close(fd)
+            for record, _raw in read_file_records(source.path, source.size):
+                key = policy.key(record.message)
+                if key is not None:
+                    keyed[i] += 1
+                    tombstone_ms = None if record.message.body else record.timestamp_ms
+                    latest[key] = (record.offset, tombstone_ms)
+        except FileNotFoundError:
+            gone.add(i)
+        except RecordError as exc:
+            log.warning("%s: not compacted: %s", source.path, exc)
+            damaged.add(i)
+    return latest, keyed, damaged, gone
+
+
+def _rewrite(
+    policy: CompactionPolicy,
+    now_ms: int,
+    source: Source,
+    latest: _Latest,
+    scratch: Path,
+    index_interval_bytes: int,
+) -> SegmentSwap | None:
+    """Copy the records of ``source`` that are the latest of their key (or have none) to a new
+    segment in ``scratch``, fsync'd; None if the source went away meanwhile (retention). Raises
+    OSError if it no longer reads as it did a moment ago."""
+    out = Segment(scratch, source.segment.base_offset, index_interval_bytes)
+    removed = 0
+    try:
+        for record, raw in read_file_records(source.path, source.size):
+            key = policy.key(record.message)
+            entry = latest.get(key) if key is not None else None
+            if entry is not None and (
+                entry[0] != record.offset
+                or (entry[1] is not None and entry[1] + policy.tombstone_grace_ms <= now_ms)
+            ):
+                removed += 1
+                continue
+            out.append(record.offset, record.timestamp_ms, raw)
+            if out.pending >= WRITE_CHUNK:
+                out.write_out()
+        out.write_out()
+        out.sync()
+        out.dirty = out.index_dirty = False  # private to this thread until installed: synced
+    except FileNotFoundError:
+        out.delete()
+        return None
+    except RecordError as exc:
+        out.delete()
+        raise OSError(f"{source.path} changed while it was compacted: {exc}") from exc
+    except BaseException:
+        out.delete()
+        raise
+    if not out.size:
+        out.delete()
+        return SegmentSwap(source.segment, None, removed)
+    return SegmentSwap(source.segment, out, removed)
