@@ -4,15 +4,23 @@ through a real client over loopback where a client can send it.
 
 from __future__ import annotations
 
+import json
 import struct
+from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from rawamqp import RawAMQP
 from tqbroker.auth import parse_response
+from tqbroker.protocol.codec import MAX_TABLE_DEPTH
 from tqbroker.protocol.frames import PROTOCOL_HEADER
-from tqbroker.protocol.methods import ConnectionStart, ConnectionStartOk
+from tqbroker.protocol.methods import BasicProperties, ConnectionStart, ConnectionStartOk
+from tqbroker.server.http import inputs
+from tqbroker.server.http.errors import RequestError
 from tqbroker.testing import RunningBroker
+
+from .http_targets import _request, _run
 
 
 def _longstr_entry(name: bytes, raw: bytes) -> bytes:
@@ -45,3 +53,62 @@ def test_amqplain_bad_utf8_refused_with_403(tqbroker_thread: RunningBroker) -> N
         conn.send_method(0, ConnectionStartOk(capabilities, "AMQPLAIN", response, "en_US"))
         close = conn.expect_connection_close(403)
         assert "UTF-8" in close.reply_text
+
+
+# -- the topic API's JSON inputs ----------------------------------------------------------------
+
+
+def _nested(depth: int) -> object:
+    """``depth`` lists one inside the other."""
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [31, 32, 40, 3000])
+def test_header_tables_nested_as_deep_as_the_codec_reads(depth: int) -> None:
+    """Headers nested deeper than the AMQP decoder reads (``MAX_TABLE_DEPTH``) are a 400, not
+    a record stored that no reader can decode (nor, nested deeper still, a RecursionError)."""
+    headers = {"h": _nested(depth)}
+    if depth < MAX_TABLE_DEPTH:
+        table = inputs.field_table(headers, "headers")
+        raw = BasicProperties(headers=table).encode()
+        assert BasicProperties.decode(memoryview(raw)).headers == headers
+        return
+    with pytest.raises(RequestError, match="nested") as refused:
+        inputs.field_table(headers, "headers")
+    assert refused.value.status == 400
+
+
+def test_deeply_nested_json_body_is_a_400() -> None:
+    request = _request(b"[" * 100_000)
+    with pytest.raises(RequestError) as refused:
+        _run(inputs.json_object(request))
+    assert refused.value.status == 400
+
+
+@pytest.fixture
+def http(tqbroker_thread: RunningBroker) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=tqbroker_thread.http_url, auth=("guest", "guest"), timeout=10
+    ) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"value": "v", "headers": {"h": ' + json.dumps(_nested(40)).encode() + b"}}",
+        b'{"value": "v", "headers": {"h": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
+        b"[" * 100_000,
+    ],
+    ids=["headers-40-deep", "headers-5000-deep", "body-100000-deep"],
+)
+def test_produce_refuses_with_400(http: httpx.Client, body: bytes) -> None:
+    """Over HTTP: each of these bodies was answered 500 (or 201, and then every read of the
+    partition 500)."""
+    assert http.put("/topics/fuzzed", json={"partitions": 1}).status_code in (200, 201)
+    response = http.post("/topics/fuzzed/messages", content=body)
+    assert response.status_code == 400, response.text
+    assert http.get("/topics/fuzzed/messages", params={"offset": "earliest"}).status_code == 200
