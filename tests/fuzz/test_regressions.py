@@ -88,6 +88,12 @@ def test_deeply_nested_json_body_is_a_400() -> None:
     assert refused.value.status == 400
 
 
+def test_base64_value_that_is_not_ascii_is_a_400() -> None:
+    with pytest.raises(RequestError, match="base64") as refused:
+        inputs.producer_record({"value": "\u00e9", "encoding": "base64"}, 1024)
+    assert refused.value.status == 400
+
+
 @pytest.fixture
 def http(tqbroker_thread: RunningBroker) -> Iterator[httpx.Client]:
     with httpx.Client(
@@ -102,8 +108,9 @@ def http(tqbroker_thread: RunningBroker) -> Iterator[httpx.Client]:
         b'{"value": "v", "headers": {"h": ' + json.dumps(_nested(40)).encode() + b"}}",
         b'{"value": "v", "headers": {"h": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
         b"[" * 100_000,
+        json.dumps({"value": "\u00e9t\u00e9", "encoding": "base64"}).encode(),
     ],
-    ids=["headers-40-deep", "headers-5000-deep", "body-100000-deep"],
+    ids=["headers-40-deep", "headers-5000-deep", "body-100000-deep", "base64-not-ascii"],
 )
 def test_produce_refuses_with_400(http: httpx.Client, body: bytes) -> None:
     """Over HTTP: each of these bodies was answered 500 (or 201, and then every read of the

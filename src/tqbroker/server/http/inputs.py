@@ -10,7 +10,6 @@ decoder reads). Bad input is a ``RequestError`` (400, or 413 for sizes).
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
 from typing import Any
@@ -123,7 +122,7 @@ def producer_record(raw: object, max_size: int) -> ProducerRecord:
     elif encoding == "base64":
         try:
             body = base64.b64decode(value, validate=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or text that is not ASCII
             raise RequestError(400, f"'value' is not valid base64: {exc}") from None
     else:
         raise RequestError(400, f"'encoding' must be 'utf-8' or 'base64' (got {encoding!r})")
