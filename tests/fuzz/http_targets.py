@@ -60,6 +60,12 @@ def fuzz_bulk_records(data: bytes) -> None:
     except RequestError as exc:
         _client_error(exc)
         return
+    except RecursionError:
+        # BUG (reported, not ours to fix: server/http/record_routes.py): ``_records`` parses a
+        # record's headers with json.loads and catches ValueError only, so headers nested
+        # too deep for it are a 500. test_regressions.test_bulk_write_deep_headers_is_a_400
+        # is its strict xfail; drop this once fixed.
+        return
     for record in records:
         _storable(record)
 

@@ -57,6 +57,7 @@ def test_hypothesis(name: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(0)
 @pytest.mark.parametrize("name", ORDER)
 def test_hypothesis_long(name: str) -> None:
     _hypothesis(name, 5000)
