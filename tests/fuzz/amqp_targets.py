@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from tqbroker.auth import parse_response
+from tqbroker.protocol._framing import FRAME_HEAD_SIZE
 from tqbroker.protocol.codec import Long, add_long_header, encode_table, read_table, write_table
 from tqbroker.protocol.connection import (
     NEED_DATA,
@@ -101,6 +102,13 @@ def drive(chunks: list[bytes], *, eof: bool = True) -> list[tuple[Any, ...]]:
                 _fail(conn, err)
                 continue
             if event is NEED_DATA:
+                # Never more buffered than one frame needs (framing lost: nothing is read).
+                held = len(conn._buf) - conn._pos
+                assert (
+                    conn._broken
+                    or held < FRAME_HEAD_SIZE + conn._frame_limit + 1
+                    or (conn.state is State.AWAIT_HEADER and held < len(PROTOCOL_HEADER))
+                ), f"{held} bytes buffered"
                 break
             if isinstance(event, EndOfStream):
                 seen.append(("eof",))
@@ -114,6 +122,7 @@ def drive(chunks: list[bytes], *, eof: bool = True) -> list[tuple[Any, ...]]:
 
 def _describe(event: object) -> tuple[Any, ...]:
     if isinstance(event, ContentReceived):
+        assert len(event.body) <= LIMITS.max_message_size
         return ("content", event.channel, event.method, event.properties, event.body)
     if isinstance(event, MethodReceived):
         return ("method", event.channel, event.method)
