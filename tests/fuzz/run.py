@@ -27,6 +27,8 @@ HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus"
 # Import the targets as the test suite does (``tests/`` on the path, package ``fuzz``).
 sys.path.insert(0, str(HERE.parent))
+# How much slower the instrumented targets run (measured: 10-20 times).
+INSTRUMENTED_SLOWDOWN = 5
 
 
 def _arguments(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -40,12 +42,15 @@ def _arguments(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--list", action="store_true", help="list the targets")
     parser.add_argument("targets", nargs="*", help="target names, 'all' or 'every'")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--confirm-slow", help=argparse.SUPPRESS)
     parser.add_argument("--seeds", type=Path, help=argparse.SUPPRESS)
     return parser.parse_known_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args, extra = _arguments(argv)
+    if args.confirm_slow:
+        return _confirm_slow(args.confirm_slow)
     if args.child:
         return _fuzz(args.child, args, extra)
     from fuzz.targets import ORDER, TARGETS  # not in the child: it instruments them first
@@ -100,11 +105,26 @@ def main(argv: list[str]) -> int:
     return status
 
 
+def _confirm_slow(name: str) -> int:
+    """Whether the input on stdin is over the budget without instrumentation (exit status 1)."""
+    from fuzz.common import SlowInput, check
+    from fuzz.targets import TARGETS, run_any
+
+    function = run_any if name == "all" else TARGETS[name].run
+    try:
+        check(function, sys.stdin.buffer.read())
+    except SlowInput as exc:
+        print(f"confirmed without instrumentation: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _fuzz(name: str, args: argparse.Namespace, extra: list[str]) -> int:
     """The child process: fuzz one target (or replay inputs); never returns."""
     import atheris
 
     with atheris.instrument_imports(include=["tqbroker", "fuzz"]):
+        from fuzz.common import BUDGET_S, SlowInput
         from fuzz.targets import TARGETS, check, run_any
 
     if name == "all":
@@ -113,9 +133,16 @@ def _fuzz(name: str, args: argparse.Namespace, extra: list[str]) -> int:
         function, max_len = TARGETS[name].run, TARGETS[name].max_len
 
     def one(data: bytes) -> None:
-        check(function, data)
+        # Instrumented code runs 10-20 times slower: an input over the budget here counts only
+        # if it is over it without the instrumentation too (checked in a fresh process).
+        try:
+            check(function, data, budget=BUDGET_S * INSTRUMENTED_SLOWDOWN)
+        except SlowInput:
+            confirm = [sys.executable, "-m", "tests.fuzz.run", "--confirm-slow", name]
+            if subprocess.run(confirm, input=data, check=False).returncode:
+                raise
 
-    replay = [e for e in extra if not e.startswith("-")]
+    replay = [*args.targets, *(e for e in extra if not e.startswith("-"))]  # files
     libfuzzer = [
         sys.argv[0],
         f"-max_len={max_len}",
