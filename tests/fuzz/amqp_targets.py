@@ -231,7 +231,7 @@ def fuzz_properties(data: bytes) -> None:
         assert decoded is None, "check_properties refused what the decoder accepts"
         return
     assert decoded is not None, "check_properties accepted what the decoder refuses"
-    assert checked is None or checked == decoded
+    assert checked is None or checked.encode() == decoded.encode()  # (NaN != NaN)
     spliced = add_long_header(data, "x-fuzz", -5)
     if spliced is not None:
         headers = dict(decoded.headers or {})
