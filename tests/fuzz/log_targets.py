@@ -13,9 +13,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from tqbroker.backends.log.format import RecordError, decode_record
+from tqbroker.backends.log.format import RecordError, decode_record, encode_record
 from tqbroker.backends.log.recovery import load_segment, scan_segment
 from tqbroker.backends.log.segment import Segment, read_file_records, segment_name
+from tqbroker.model import Message
 
 from .common import Reader, target
 
@@ -101,3 +102,19 @@ def _check(segment: Segment, raw: bytes, base: int, *, rescanned: bool) -> None:
     for offset in range(base, min(segment.next_offset, base + 64)):
         with contextlib.suppress(RecordError):
             segment.read(offset)
+    if os.path.getsize(segment.log_path) > segment.size:
+        # BUG (reported; backends/log is not ours to fix): a scan that does not truncate
+        # leaves the bytes past the last record it kept in the file, and the read-ahead cache
+        # (``Segment.read_at``) may hold them: a record appended over them then reads back as
+        # damaged. test_regressions.test_append_after_untruncated_scan_reads_back is its
+        # strict xfail; drop this once fixed.
+        return
+    # The log goes on from there: a record appended now reads back, after every other one.
+    offset = segment.next_offset
+    message = Message("", "appended", b"\x00\x00", b"after recovery")
+    segment.append(offset, 1, encode_record(offset, 1, 0, message))
+    segment.write_out()
+    found = segment.read(offset)
+    assert found is not None, "a record appended after recovery cannot be read"
+    assert found.message.body == b"after recovery"
+    assert [r.offset for r in segment.records(base)][-1] == offset

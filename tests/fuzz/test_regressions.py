@@ -8,12 +8,17 @@ import json
 import struct
 from array import array
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from rawamqp import RawAMQP
 from tqbroker.auth import parse_response
+from tqbroker.backends.log.format import RecordError, encode_record
+from tqbroker.backends.log.recovery import scan_segment
+from tqbroker.backends.log.segment import Segment, segment_name
+from tqbroker.model import Message
 from tqbroker.protocol.codec import MAX_TABLE_DEPTH
 from tqbroker.protocol.frames import PROTOCOL_HEADER
 from tqbroker.protocol.methods import BasicProperties, ConnectionStart, ConnectionStartOk
@@ -145,3 +150,37 @@ def test_bulk_write_deep_headers_is_a_400(http: httpx.Client) -> None:
         headers={"content-type": "application/x-tqbroker-records"},
     )
     assert response.status_code == 400, response.text
+
+
+# -- log segment recovery -----------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RecordError,
+    reason="BUG backends/log/segment.py: after scan_segment(truncate=False) stops at a damaged "
+    "record, the bytes past it stay in the file and in the read-ahead cache (read_at); a "
+    "record appended over them reads back as damaged (RecordError)",
+)
+def test_append_after_untruncated_scan_reads_back(tmp_path: Path) -> None:
+    """The fuzzer's case: the active segment of a clean shutdown whose last record is damaged
+    (``Log.open`` loads it, ``load_segment`` finds its tail inconsistent and rescans it
+    without truncating); a reader fills the read-ahead cache; a publish appends."""
+    records = b"".join(
+        encode_record(i, 1000 + i, 1, Message("", "q", b"\x00\x00", b"m%d" % i)) for i in range(2)
+    )
+    damaged = b"\x00\x00\x00\x1a" + b"\x00" * 26  # an impossible length: 26
+    (tmp_path / segment_name(0, ".log")).write_bytes(records + damaged)
+    segment = Segment(tmp_path, 0, 4096)
+    try:
+        assert not scan_segment(segment, truncate=False)
+        assert segment.next_offset == 2
+        assert [r.message.body for r in segment.records(0)] == [b"m0", b"m1"]  # cache filled
+        message = Message("", "q", b"\x00\x00", b"after")
+        segment.append(2, 2000, encode_record(2, 2000, 1, message))
+        segment.write_out()
+        found = segment.read(2)
+        assert found is not None
+        assert found.message.body == b"after"
+    finally:
+        segment.close()
