@@ -221,17 +221,12 @@ def fuzz_tables(data: bytes) -> None:
 def fuzz_properties(data: bytes) -> None:
     """Content-header properties: ``check_properties`` refuses exactly what
     ``BasicProperties.decode`` refuses; ``add_long_header`` adds exactly one header."""
-    try:
-        decoded: BasicProperties | None = BasicProperties.decode(memoryview(data))
-    except DecodeError:
-        decoded = None
-    try:
-        checked = check_properties(data)
-    except DecodeError:
-        assert decoded is None, "check_properties refused what the decoder accepts"
+    decoded = _check_agrees(data)
+    if decoded is None:
         return
-    assert decoded is not None, "check_properties accepted what the decoder refuses"
-    assert checked is None or checked.encode() == decoded.encode()  # (NaN != NaN)
+    if data == decoded.encode():  # a valid block: every cut of it is judged alike too
+        for end in range(len(data)):
+            _check_agrees(data[:end])
     spliced = add_long_header(data, "x-fuzz", -5)
     if spliced is not None:
         headers = dict(decoded.headers or {})
@@ -245,6 +240,23 @@ def fuzz_properties(data: bytes) -> None:
             assert spliced == attrs.evolve(decoded, headers=expected).encode()
     encoded = decoded.encode()
     assert BasicProperties.decode(memoryview(encoded)).encode() == encoded
+
+
+def _check_agrees(data: bytes) -> BasicProperties | None:
+    """The decoded properties, or None if refused: by the decoder and check_properties
+    alike."""
+    try:
+        decoded: BasicProperties | None = BasicProperties.decode(memoryview(data))
+    except DecodeError:
+        decoded = None
+    try:
+        checked = check_properties(data)
+    except DecodeError:
+        assert decoded is None, "check_properties refused what the decoder accepts"
+        return None
+    assert decoded is not None, "check_properties accepted what the decoder refuses"
+    assert checked is None or checked.encode() == decoded.encode()  # (NaN != NaN)
+    return decoded
 
 
 MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
