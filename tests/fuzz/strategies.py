@@ -222,7 +222,8 @@ header_json = st.one_of(
 def write_batches(draw: st.DrawFn) -> bytes:
     count = draw(st.integers(0, 5))
     items = st.lists(st.binary(max_size=40), min_size=count, max_size=count)
-    keys = st.lists(st.text(max_size=10).map(str.encode), min_size=count, max_size=count)
+    key = st.one_of(st.text(max_size=10).map(str.encode), st.integers(254, 257).map(b"k".__mul__))
+    keys = st.lists(key, min_size=count, max_size=count)
     headers = st.lists(header_json.map(str.encode), min_size=count, max_size=count)
     batch = WriteBatch(
         array("i", draw(st.lists(st.integers(-2, 5), min_size=count, max_size=count))),
