@@ -201,6 +201,9 @@ def write_batch() -> bytes:
 
 def bulk_records() -> Iterator[bytes]:
     yield write_batch()
+    for size in (255, 256):  # a routing key's limit, each side of it
+        columns = [BinaryColumn.of([b"k" * size]), BinaryColumn.of([b"v"]), BinaryColumn.of([b""])]
+        yield encode_write(WriteBatch(array("i", [0]), *columns))
 
 
 def http_json() -> Iterator[bytes]:
@@ -216,6 +219,8 @@ def http_json() -> Iterator[bytes]:
             {"records": [{"value": "aGk=", "encoding": "base64", "partition": 0}, {"value": ""}]}
         ),
     )
+    for size in (255, 256):  # a routing key's limit, each side of it
+        yield framed(1, b"", json_body({"value": "v", "key": "k" * size}))
     yield framed(2, b"partition=1&limit=10&offset=earliest&max_bytes=100", b"")
     yield framed(2, b"timestamp=2024-01-01T00:00:00Z", b"")
 

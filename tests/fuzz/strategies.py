@@ -254,33 +254,25 @@ def read_batches(draw: st.DrawFn) -> bytes:
 recordbatch_inputs = mutated(st.one_of(write_batches().map(lambda b: b"\x00" + b), read_batches()))
 bulk_record_inputs = mutated(write_batches())
 
-_record_fields = st.fixed_dictionaries(
-    {},
-    optional={
-        "value": st.one_of(st.text(max_size=20), json_values),
-        "encoding": st.sampled_from(["utf-8", "base64", "latin-1", 1]),
-        "key": st.one_of(st.text(max_size=300), json_values),
-        "partition": st.one_of(st.integers(-5, 2**65), st.text(max_size=5), json_values),
-        "headers": st.one_of(
-            st.dictionaries(st.text(max_size=8), json_values, max_size=4), json_values
-        ),
-    },
+_tables = st.one_of(st.dictionaries(st.text(max_size=8), json_values, max_size=4), json_values)
+_record_optional = {
+    "encoding": st.sampled_from(["utf-8", "base64", "latin-1", 1]),
+    "key": st.one_of(st.text(max_size=20), st.integers(254, 257).map("k".__mul__), json_values),
+    "partition": st.one_of(st.integers(-5, 2**65), st.text(max_size=5), json_values),
+    "headers": _tables,
+}
+_records = st.one_of(
+    st.fixed_dictionaries({"value": st.text(max_size=20)}, optional=_record_optional),
+    st.fixed_dictionaries({}, optional={"value": json_values, **_record_optional}),
 )
-_bodies = st.one_of(
-    _record_fields,
-    st.fixed_dictionaries(
-        {"records": st.one_of(st.lists(_record_fields, max_size=3), json_values)}
+_numbers = st.one_of(st.integers(-5, 2**65), st.text(max_size=5), json_values)
+# The bodies of each route: declare, produce.
+_BODIES = (
+    st.fixed_dictionaries({}, optional={"partitions": _numbers, "arguments": _tables}),
+    st.one_of(
+        _records,
+        st.fixed_dictionaries({"records": st.one_of(st.lists(_records, max_size=3), json_values)}),
     ),
-    st.fixed_dictionaries(
-        {},
-        optional={
-            "partitions": st.one_of(st.integers(-5, 2**65), st.text(max_size=5), json_values),
-            "arguments": st.one_of(
-                st.dictionaries(st.text(max_size=8), json_values, max_size=4), json_values
-            ),
-        },
-    ),
-    json_values,
 )
 _queries = st.dictionaries(
     st.sampled_from(["partition", "limit", "max_bytes", "offset", "timestamp", "other"]),
@@ -298,7 +290,8 @@ def http_json_inputs(draw: st.DrawFn) -> bytes:
     query = urlencode(draw(_queries)).encode()
     body = draw(
         st.one_of(
-            _bodies.map(lambda v: json.dumps(v).encode()),
+            (_BODIES[route] if route < 2 else json_values).map(lambda v: json.dumps(v).encode()),
+            json_values.map(lambda v: json.dumps(v).encode()),
             deep_json.map(lambda d: ('{"value": "v", "headers": {"a": ' + d + "}}").encode()),
             deep_json.map(str.encode),
         )
