@@ -5,6 +5,7 @@ through a real client over loopback where a client can send it.
 from __future__ import annotations
 
 import json
+import socket
 import struct
 from array import array
 from collections.abc import Iterator
@@ -184,3 +185,23 @@ def test_append_after_untruncated_scan_reads_back(tmp_path: Path) -> None:
         assert found.message.body == b"after"
     finally:
         segment.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG server/http/auth.py vhost_of: base64.b64decode of a Basic credential that is "
+    "not ASCII raises a plain ValueError (caught: binascii.Error, UnicodeDecodeError): a 500",
+)
+def test_basic_credentials_not_ascii_are_a_401(tqbroker_thread: RunningBroker) -> None:
+    """Found reading the code next to the base64 bug of the produce route (the same mistake);
+    a raw request, since HTTP clients refuse to send such a header."""
+    assert tqbroker_thread.http_port is not None
+    with socket.create_connection((tqbroker_thread.host, tqbroker_thread.http_port)) as sock:
+        sock.sendall(
+            b"GET /topics/x/offsets HTTP/1.1\r\nHost: localhost\r\n"
+            b"Authorization: Basic \xe9\xe9\r\nConnection: close\r\n\r\n"
+        )
+        response = b""
+        while chunk := sock.recv(65536):
+            response += chunk
+    assert response.startswith(b"HTTP/1.1 401"), response[:200]
