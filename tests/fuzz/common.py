@@ -40,10 +40,10 @@ TARGETS: dict[str, Target] = {}
 def target(
     name: str, *, max_len: int = 4096
 ) -> Callable[[Callable[[bytes], None]], Callable[[bytes], None]]:
-    """Register a fuzz target (its docstring's first line describes it)."""
+    """Register a fuzz target (its docstring's first paragraph describes it)."""
 
     def register(fn: Callable[[bytes], None]) -> Callable[[bytes], None]:
-        doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+        doc = " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
         TARGETS[name] = Target(name, fn, doc, max_len)
         return fn
 

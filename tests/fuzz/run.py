@@ -10,9 +10,11 @@ From the repository root::
     python -m tests.fuzz.run frames crash-1a2b3c         # replay an input (libFuzzer's args)
 
 Each run starts from the checked-in seeds (``tests/fuzz/corpus/<target>/``) and grows a
-working corpus in a temporary directory (``--corpus DIR`` keeps it). A failing input is written
-to ``--artifacts`` (``./fuzz-artifacts/`` by default) and the run exits non-zero. Arguments
-after the targets go to libFuzzer as they are (``-jobs=2``, ``-dict=...``).
+working corpus in a temporary directory (``--corpus DIR`` keeps it, in ``DIR/<target>``). A
+failing input is written to ``--artifacts`` (``./fuzz-artifacts/`` by default) and the run
+exits non-zero. Arguments after the targets go to libFuzzer as they are (``-max_len=65536``,
+``-dict=...``). An input over the time budget counts only if it is over it without atheris'
+instrumentation too (a fresh process replays it).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def main(argv: list[str]) -> int:
                 prefix = bytes((i,)) if name == "all" else b""
                 for seed in sorted((CORPUS / target_name).glob("*")):
                     (seeds / f"{target_name}-{seed.name}").write_bytes(prefix + seed.read_bytes())
-            corpus = args.corpus or Path(workdir) / "corpus"
+            corpus = (args.corpus or Path(workdir)) / name
             corpus.mkdir(parents=True, exist_ok=True)
             args.artifacts.mkdir(parents=True, exist_ok=True)
             command = [
