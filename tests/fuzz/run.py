@@ -23,6 +23,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -129,6 +130,7 @@ def _fuzz(name: str, args: argparse.Namespace, extra: list[str]) -> int:
         from fuzz.common import BUDGET_S, SlowInput
         from fuzz.targets import TARGETS, check, run_any
 
+    function: Callable[[bytes], None]
     if name == "all":
         function, max_len = run_any, 1 + max(t.max_len for t in TARGETS.values())
     else:

@@ -17,7 +17,7 @@ from pathlib import Path
 from tqbroker.backends.log.format import encode_record
 from tqbroker.backends.log.segment import Segment, segment_name
 from tqbroker.model import Message
-from tqbroker.protocol.codec import Long, encode_table
+from tqbroker.protocol.codec import FieldTable, Long, encode_table
 from tqbroker.protocol.frames import (
     FRAME_BODY,
     FRAME_HEAD,
@@ -50,7 +50,7 @@ from .amqp_targets import HANDSHAKE
 from .http_targets import json_body
 
 HERE = Path(__file__).resolve().parent
-TABLE = {
+TABLE: FieldTable = {
     "bool": True,
     "int": 7,
     "long": Long(-(2**40)),

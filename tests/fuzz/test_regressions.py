@@ -20,7 +20,7 @@ from tqbroker.backends.log.format import RecordError, encode_record
 from tqbroker.backends.log.recovery import scan_segment
 from tqbroker.backends.log.segment import Segment, segment_name
 from tqbroker.model import Message
-from tqbroker.protocol.codec import MAX_TABLE_DEPTH
+from tqbroker.protocol.codec import MAX_TABLE_DEPTH, FieldTable
 from tqbroker.protocol.frames import PROTOCOL_HEADER
 from tqbroker.protocol.methods import BasicProperties, ConnectionStart, ConnectionStartOk
 from tqbroker.recordbatch import BinaryColumn, WriteBatch, encode_write
@@ -57,7 +57,7 @@ def test_amqplain_bad_utf8_refused_with_403(tqbroker_thread: RunningBroker) -> N
         conn.send(PROTOCOL_HEADER)
         conn.expect_method(ConnectionStart)
         response = BAD_AMQPLAIN.decode("utf-8", "surrogateescape")
-        capabilities = {"capabilities": {"authentication_failure_close": True}}
+        capabilities: FieldTable = {"capabilities": {"authentication_failure_close": True}}
         conn.send_method(0, ConnectionStartOk(capabilities, "AMQPLAIN", response, "en_US"))
         close = conn.expect_connection_close(403)
         assert "UTF-8" in close.reply_text
