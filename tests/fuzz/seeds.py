@@ -120,6 +120,9 @@ def frames() -> Iterator[bytes]:
         + encode_method(0, ConnectionClose(200, "bye", 0, 0))
     )
     yield b"\x01\x00" + encode_method(1, BasicPublish(0, "", "q", False, False)) + b"\x01\x00"
+    # A frame over the negotiated frame_max (4096), a byte at a time: refused from its head.
+    big = QueueDeclare(0, "q", False, True, False, False, False, {"x": "y" * 5000})
+    yield b"\x03\x00" + encode_method(1, big)
 
 
 def methods() -> Iterator[bytes]:
