@@ -7,9 +7,11 @@ stepped over or truncated); reads raise ``RecordError`` for a damaged record onl
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -29,9 +31,12 @@ _DIRECTORY: Path | None = None
 def directory() -> Path:
     """A directory of this process for the segment files (in memory when /dev/shm exists)."""
     global _DIRECTORY
+    if _DIRECTORY is None and os.environ.get("TQBROKER_FUZZ_TMP"):  # the runner's, removed by it
+        _DIRECTORY = Path(os.environ["TQBROKER_FUZZ_TMP"])
     if _DIRECTORY is None:
         parent = "/dev/shm" if os.path.isdir("/dev/shm") else None
         _DIRECTORY = Path(tempfile.mkdtemp(prefix="tqbroker-fuzz-", dir=parent))
+        atexit.register(shutil.rmtree, _DIRECTORY, ignore_errors=True)
     return _DIRECTORY
 
 

@@ -20,6 +20,7 @@ instrumentation too (a fresh process replays it).
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,8 @@ def main(argv: list[str]) -> int:
     for name in targets:
         if len(targets) > 1:
             print(f"=== {name}", flush=True)
-        with tempfile.TemporaryDirectory(prefix=f"tqbroker-fuzz-{name}-") as workdir:
+        memory = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.TemporaryDirectory(prefix=f"tqbroker-fuzz-{name}-", dir=memory) as workdir:
             seeds = Path(workdir) / "seeds"
             seeds.mkdir()
             for i, target_name in enumerate(ORDER):
@@ -104,7 +106,11 @@ def main(argv: list[str]) -> int:
                 str(seeds),
                 *extra,
             ]
-            status = subprocess.run(command, check=False).returncode or status
+            files = Path(workdir) / "files"  # the log target's segment files
+            files.mkdir()
+            environment = {**os.environ, "TQBROKER_FUZZ_TMP": str(files)}
+            done = subprocess.run(command, check=False, env=environment)
+            status = done.returncode or status
     return status
 
 
