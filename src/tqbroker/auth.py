@@ -81,7 +81,8 @@ class UserStore:
 
 
 def parse_response(mechanism: str, response: bytes) -> tuple[str, str]:
-    """``(username, password)`` from a start-ok response; ValueError if it does not parse."""
+    """``(username, password)`` from a start-ok response, valid Unicode text; ValueError if it
+    does not parse."""
     if mechanism == "PLAIN":
         parts = response.split(b"\0")
         if len(parts) != 3:
@@ -95,6 +96,12 @@ def parse_response(mechanism: str, response: bytes) -> tuple[str, str]:
         login, password = table.get("LOGIN"), table.get("PASSWORD")
         if not isinstance(login, str) or not isinstance(password, str):
             raise ValueError("AMQPLAIN response lacks LOGIN or PASSWORD")
+        # Table strings keep bytes that are not UTF-8 (surrogateescape); credentials are text.
+        for text in (login, password):
+            try:
+                text.encode()
+            except UnicodeEncodeError:
+                raise ValueError("AMQPLAIN LOGIN or PASSWORD is not valid UTF-8") from None
         return login, password
     raise ValueError(f"unknown mechanism {mechanism!r}")
 

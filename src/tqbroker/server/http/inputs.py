@@ -3,14 +3,13 @@ JSON, integer parameters, offsets, timestamps and the records of a JSON produce.
 
 Values travel as text (``"encoding": "utf-8"``, the default) or base64 (``"encoding":
 "base64"``); timestamps are milliseconds since the epoch or ISO-8601; header values become
-field-table values (64-bit integers, names of at most 255 bytes). Bad input is a
-``RequestError`` (400, or 413 for sizes).
+field-table values (64-bit integers, names of at most 255 bytes, nested as deep as the AMQP
+decoder reads). Bad input is a ``RequestError`` (400, or 413 for sizes).
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
 from typing import Any
@@ -20,7 +19,7 @@ from starlette.requests import Request
 
 from ... import clock
 from ...broker.streams.topics import ProducerRecord
-from ...protocol.codec import FieldTable, FieldValue
+from ...protocol.codec import MAX_TABLE_DEPTH, FieldTable, FieldValue
 from .errors import RequestError
 
 log = logging.getLogger(__name__)
@@ -56,6 +55,8 @@ async def json_object(request: Request) -> dict[str, Any]:
         body = json.loads(raw, parse_constant=no_constants)
     except ValueError as exc:
         raise RequestError(400, f"the request body is not JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError(400, "the request body is nested too deep") from None
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     return body
@@ -121,7 +122,7 @@ def producer_record(raw: object, max_size: int) -> ProducerRecord:
     elif encoding == "base64":
         try:
             body = base64.b64decode(value, validate=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or text that is not ASCII
             raise RequestError(400, f"'value' is not valid base64: {exc}") from None
     else:
         raise RequestError(400, f"'encoding' must be 'utf-8' or 'base64' (got {encoding!r})")
@@ -144,16 +145,26 @@ def _utf8(text: str, name: str) -> bytes:
         raise RequestError(400, f"'{name}' is not valid Unicode text") from None
 
 
-def field_table(value: object, name: str) -> FieldTable:
+def field_table(value: object, name: str, depth: int = 0) -> FieldTable:
+    """A JSON object as a field table that the AMQP decoder reads back: tables and arrays
+    nested at most as deep as it reads them (``MAX_TABLE_DEPTH``, counting as it counts)."""
     if not isinstance(value, dict):
         raise RequestError(400, f"'{name}' must be a JSON object")
+    _check_depth(depth, name)
     for key in value:
         if len(_utf8(key, name)) > 255:
             raise RequestError(400, f"'{name}': a name is limited to 255 bytes ({key[:20]!r}...)")
-    return {k: _field_value(v, name) for k, v in value.items()}
+    return {k: _field_value(v, name, depth + 1) for k, v in value.items()}
 
 
-def _field_value(value: object, name: str) -> FieldValue:
+def _check_depth(depth: int, name: str) -> None:
+    if depth >= MAX_TABLE_DEPTH:
+        raise RequestError(
+            400, f"'{name}': objects and arrays nested deeper than {MAX_TABLE_DEPTH} levels"
+        )
+
+
+def _field_value(value: object, name: str, depth: int) -> FieldValue:
     if isinstance(value, str):
         _utf8(value, name)
         return value
@@ -164,7 +175,8 @@ def _field_value(value: object, name: str) -> FieldValue:
             raise RequestError(400, f"'{name}': {value} does not fit in 64 bits")
         return value
     if isinstance(value, list):
-        return [_field_value(v, name) for v in value]
+        _check_depth(depth, name)
+        return [_field_value(v, name, depth + 1) for v in value]
     if isinstance(value, dict):
-        return field_table(value, name)
+        return field_table(value, name, depth)
     raise RequestError(400, f"'{name}': unsupported value {value!r}")
