@@ -16,7 +16,7 @@ import pytest
 
 from rawamqp import RawAMQP
 from tqbroker.auth import parse_response
-from tqbroker.backends.log.format import RecordError, encode_record
+from tqbroker.backends.log.format import encode_record
 from tqbroker.backends.log.recovery import scan_segment
 from tqbroker.backends.log.segment import Segment, segment_name
 from tqbroker.model import Message
@@ -129,11 +129,6 @@ def test_produce_refuses_with_400(http: httpx.Client, body: bytes) -> None:
     assert http.get("/topics/fuzzed/messages", params={"offset": "earliest"}).status_code == 200
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG server/http/record_routes.py _records: json.loads of a record's headers "
-    "catches ValueError only; a RecursionError (headers nested ~1000 deep) is a 500",
-)
 def test_bulk_write_deep_headers_is_a_400(http: httpx.Client) -> None:
     assert http.put("/topics/fuzzed-bulk", json={"partitions": 1}).status_code in (200, 201)
     deep = b'{"h": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
@@ -156,13 +151,6 @@ def test_bulk_write_deep_headers_is_a_400(http: httpx.Client) -> None:
 # -- log segment recovery -----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecordError,
-    reason="BUG backends/log/segment.py: after scan_segment(truncate=False) stops at a damaged "
-    "record, the bytes past it stay in the file and in the read-ahead cache (read_at); a "
-    "record appended over them reads back as damaged (RecordError)",
-)
 def test_append_after_untruncated_scan_reads_back(tmp_path: Path) -> None:
     """The fuzzer's case: the active segment of a clean shutdown whose last record is damaged
     (``Log.open`` loads it, ``load_segment`` finds its tail inconsistent and rescans it
@@ -187,11 +175,6 @@ def test_append_after_untruncated_scan_reads_back(tmp_path: Path) -> None:
         segment.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG server/http/auth.py vhost_of: base64.b64decode of a Basic credential that is "
-    "not ASCII raises a plain ValueError (caught: binascii.Error, UnicodeDecodeError): a 500",
-)
 def test_basic_credentials_not_ascii_are_a_401(tqbroker_thread: RunningBroker) -> None:
     """Found reading the code next to the base64 bug of the produce route (the same mistake);
     a raw request, since HTTP clients refuse to send such a header."""

@@ -130,6 +130,10 @@ class Segment:
                 # Leave the file as it was before this call: a retry rewrites everything.
                 fsio.fs.ftruncate(self._fd, self.written)
                 raise
+            if self._read_pos + len(self._read_buf) > self.written:
+                # The read-ahead holds what the file had past the end (bytes a scan stopped
+                # at, never cut): stale now that records are written over them.
+                self._read_buf = b""
             self.written += len(data)
             self._buffer.clear()
             self.dirty = True

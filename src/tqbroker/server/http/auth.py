@@ -11,7 +11,6 @@ Responsibilities:
 from __future__ import annotations
 
 import base64
-import binascii
 import logging
 
 import trio
@@ -38,7 +37,7 @@ async def user_of(request: Request) -> User:
     scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
     try:
         username, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # not base64 (binascii.Error), not ASCII, not UTF-8
         username = password = ""
     if scheme.lower() != "basic" or not username:
         raise RequestError(401, "HTTP Basic credentials of a broker user are required")

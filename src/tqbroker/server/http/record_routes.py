@@ -73,32 +73,31 @@ def _producer(request: Request) -> tuple[str, int] | None:
 
 
 async def _records(batch: WriteBatch, limit: int) -> list[ProducerRecord]:
-    """The batch's records, each checked (values of at most ``limit`` bytes), giving way to
-    other clients now and then."""
+    """The batch's records, each checked (``record_at``), giving way to other clients now and
+    then."""
     records = []
     pacer = Pacer()
     for i in range(len(batch)):
+        records.append(record_at(batch, i, limit))
         await pacer.step()
-        value = batch.values[i]
-        if len(value) > limit:
-            raise RequestError(413, f"a value is limited to {limit} bytes (got {len(value)})")
-        raw_headers = batch.headers[i]
-        try:
-            key = batch.keys[i].decode()
-            headers = (
-                json.loads(raw_headers, parse_constant=inputs.no_constants) if raw_headers else {}
-            )
-        except ValueError as exc:
-            raise RequestError(400, f"record {i}: {exc}") from None
-        if len(batch.keys[i]) > 255:
-            raise RequestError(400, f"record {i}: a key is limited to 255 bytes")
-        partition = batch.partitions[i]
-        records.append(
-            ProducerRecord(
-                value,
-                key,
-                inputs.field_table(headers, "headers"),
-                partition if partition >= 0 else None,
-            )
-        )
     return records
+
+
+def record_at(batch: WriteBatch, i: int, limit: int) -> ProducerRecord:
+    """Record ``i`` of the batch, checked: a value of at most ``limit`` bytes (413), a key of
+    UTF-8 within 255 bytes and headers that are a JSON object of field-table values (400)."""
+    value = batch.values[i]
+    if len(value) > limit:
+        raise RequestError(413, f"a value is limited to {limit} bytes (got {len(value)})")
+    raw_headers = batch.headers[i]
+    try:
+        key = batch.keys[i].decode()
+        headers = json.loads(raw_headers, parse_constant=inputs.no_constants) if raw_headers else {}
+    except (ValueError, RecursionError) as exc:
+        raise RequestError(400, f"record {i}: {exc}") from None
+    if len(batch.keys[i]) > 255:
+        raise RequestError(400, f"record {i}: a key is limited to 255 bytes")
+    partition = batch.partitions[i]
+    return ProducerRecord(
+        value, key, inputs.field_table(headers, "headers"), partition if partition >= 0 else None
+    )
