@@ -73,6 +73,17 @@ def test_a_user_reaches_only_the_vhosts_it_may_open(broker: RunningBroker) -> No
         assert limited.post("/topics/mine/messages", json={"value": "x"}).status_code == 201
 
 
+def test_a_wrong_password_is_refused_after_a_right_one(broker: RunningBroker) -> None:
+    """Verified credentials are cached (the hash is slow): the cache must be keyed by the
+    password too."""
+    for user, right in (("guest", "guest"), ("remote", "secret")):
+        with client(broker, user, right) as good, client(broker, user, "wrong") as bad:
+            assert good.get("/topics/none/offsets").status_code == 404  # logged in
+            refused = bad.get("/topics/none/offsets")
+            assert refused.status_code == 401, refused.text
+            assert good.get("/topics/none/offsets").status_code == 404
+
+
 def test_is_loopback_is_the_loopback_ranges() -> None:
     for host in ("127.0.0.1", "127.0.0.2", "::1"):
         assert is_loopback(host), host
