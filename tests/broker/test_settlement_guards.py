@@ -129,3 +129,22 @@ def test_a_stream_nack_gives_the_prefetch_credit_back(channel: BlockingChannel) 
         channel, "s-credit", ["nack", "reject", "ack"], arguments={"x-stream-offset": "first"}
     )
     assert [body for body, _ in got] == [b"a", b"b", b"c"]
+
+
+def test_a_dead_letter_routing_key_drops_the_cc_header(channel: BlockingChannel) -> None:
+    """With ``x-dead-letter-routing-key`` the copy is routed by that key alone: the ``CC``
+    keys the message was published with are dropped (as RabbitMQ does)."""
+    channel.exchange_declare("dlx", "direct")
+    channel.queue_declare(
+        "src", arguments={"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead"}
+    )
+    for queue, key in (("dead", "dead"), ("cc-target", "cc-key")):
+        channel.queue_declare(queue)
+        channel.queue_bind(queue, "dlx", key)
+    channel.basic_publish("", "src", b"x", pika.BasicProperties(headers={"CC": ["cc-key"]}))
+    tag, _props, _body = get_one(channel, "src")
+    channel.basic_reject(tag, requeue=False)
+    _tag, props, body = get_one(channel, "dead")
+    assert body == b"x"
+    assert "CC" not in props.headers
+    assert channel.queue_declare("cc-target", passive=True).method.message_count == 0
