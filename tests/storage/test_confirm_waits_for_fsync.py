@@ -5,10 +5,12 @@ done. Classic queues and streams on the log backend, aio-pika over loopback."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 from pathlib import Path
 
 import aio_pika
+import aio_pika.exceptions
 import pamqp.commands
 import pytest
 
@@ -25,6 +27,7 @@ class HeldSync:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.entered = threading.Event()
+        self.fail = False
         self._released = threading.Event()
         self._released.set()
         real = segment_module.Segment.sync
@@ -33,6 +36,8 @@ class HeldSync:
             if not self._released.is_set():
                 self.entered.set()
                 self._released.wait(30)
+            if self.fail:
+                raise OSError(errno.EIO, "injected I/O error")
             real(segment, indexes=indexes)
 
         monkeypatch.setattr(segment_module.Segment, "sync", sync)
@@ -41,7 +46,9 @@ class HeldSync:
         self.entered.clear()
         self._released.clear()
 
-    def release(self) -> None:
+    def release(self, *, fail: bool = False) -> None:
+        """Let the held fsync go on; with ``fail`` it (and every later one) fails."""
+        self.fail = fail
         self._released.set()
 
 
@@ -73,6 +80,48 @@ def test_no_confirm_while_the_fsync_covering_the_publish_is_in_flight(
             held.release()
             result = await asyncio.wait_for(confirm, 10)
             assert isinstance(result, pamqp.commands.Basic.Ack)
+
+    with running_broker(BrokerConfig(port=0, data_dir=tmp_path)) as broker:
+        asyncio.run(asyncio.wait_for(main(broker.url), 30))
+
+
+async def confirm_of(publish: asyncio.Task[object]) -> str:
+    """ "ack" or "nack", however the client reports it."""
+    try:
+        result = await asyncio.wait_for(publish, 10)
+    except aio_pika.exceptions.DeliveryError:
+        return "nack"
+    return "ack" if isinstance(result, pamqp.commands.Basic.Ack) else "nack"
+
+
+def test_a_failed_fsync_nacks_the_publishes_that_came_while_it_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish that came while a flush was failing may share its lost pages: it is nacked
+    with the publishes that flush covered, not only at a later retry."""
+    held = HeldSync(monkeypatch)
+
+    async def main(url: str) -> None:
+        loop = asyncio.get_running_loop()
+        connection = await aio_pika.connect(url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            await channel.declare_queue("q", durable=True, arguments={"x-queue-backend": "log"})
+            exchange = channel.default_exchange
+            held.hold()
+            covered = asyncio.create_task(
+                exchange.publish(aio_pika.Message(b"covered", delivery_mode=2), "q")
+            )
+            assert await loop.run_in_executor(None, held.entered.wait, 10), "no fsync began"
+            later = asyncio.create_task(
+                exchange.publish(aio_pika.Message(b"later", delivery_mode=2), "q")
+            )
+            await asyncio.sleep(0.3)  # it reached the broker while the fsync was held
+            held.release(fail=True)
+            assert await confirm_of(covered) == "nack"
+            nacked_at = loop.time()
+            assert await confirm_of(later) == "nack"
+            assert loop.time() - nacked_at < 0.5  # the same failure, not the retry a second later
 
     with running_broker(BrokerConfig(port=0, data_dir=tmp_path)) as broker:
         asyncio.run(asyncio.wait_for(main(broker.url), 30))
