@@ -11,7 +11,9 @@ from pathlib import Path
 
 import aio_pika
 import aio_pika.exceptions
+import httpx
 import pamqp.commands
+import pika
 import pytest
 
 from tqbroker.backends.log import segment as segment_module
@@ -125,3 +127,29 @@ def test_a_failed_fsync_nacks_the_publishes_that_came_while_it_ran(
 
     with running_broker(BrokerConfig(port=0, data_dir=tmp_path)) as broker:
         asyncio.run(asyncio.wait_for(main(broker.url), 30))
+
+
+def test_a_failed_fdatasync_stays_final_after_the_flushers_retries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a failed fdatasync the kernel may have dropped the pages: a later fsync that
+    "succeeds" proves nothing, so the backend refuses durable writes (and /health says so)
+    until a restart, however long the flusher goes on retrying."""
+    held = HeldSync(monkeypatch)
+    with running_broker(BrokerConfig(port=0, data_dir=tmp_path)) as broker:
+        channel = pika.BlockingConnection(pika.URLParameters(broker.url)).channel()
+        channel.confirm_delivery()
+        channel.queue_declare("d", durable=True, arguments={"x-queue-backend": "log"})
+        channel.basic_publish("", "d", b"kept", pika.BasicProperties(delivery_mode=2))
+        held.fail = True
+        with pytest.raises(pika.exceptions.NackError):
+            channel.basic_publish("", "d", b"lost", pika.BasicProperties(delivery_mode=2))
+        held.fail = False  # the disk "recovers"
+        # Consumers go on acking (each ack asks for a flush); the flusher retries meanwhile.
+        while (got := channel.basic_get("d"))[0] is not None:
+            channel.basic_ack(got[0].delivery_tag)
+        channel.connection.sleep(2.5)
+        with pytest.raises(pika.exceptions.NackError):
+            channel.basic_publish("", "d", b"after", pika.BasicProperties(delivery_mode=2))
+        assert httpx.get(f"{broker.http_url}/health").status_code == 503
+        channel.connection.close()
