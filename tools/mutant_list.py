@@ -302,8 +302,7 @@ def mutants() -> list[Mutant]:
             "backends/log/segment.py",
             "os.fdatasync(self._fd)",
             "pass",
-            (*LOG_STORE, *FLUSHES),
-            survives=POWER_CUT,
+            ("tests/storage/test_group_commit.py", *LOG_STORE, *FLUSHES),
         ),
         Mutant(
             "atomic-write-no-fsync",

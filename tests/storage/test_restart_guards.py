@@ -47,16 +47,16 @@ def test_an_idempotent_producers_sequence_survives_a_crash(tmp_path: Path) -> No
             written = post(http, [b"r0", b"r1", b"r2"], 0)
             assert written.status_code == 201, written.text  # durable: the write was fsync'd
         broker.kill()
-    with start_broker_process(tmp_path) as broker:
-        with httpx.Client(base_url=broker.http_url, auth=("guest", "guest"), timeout=10) as http:
-            retried = post(http, [b"r0", b"r1", b"r2"], 0)  # the client never saw the answer
-            assert retried.status_code == 200, retried.text
-            assert retried.json()["duplicate"]
-            assert post(http, [b"r2", b"r3"], 2).json() == {"count": 1, "skipped": 1}
-            batch = decode_read(
-                http.get("/topics/once/partitions/0/records").content, headers=False
-            )
-            assert [batch.values[i] for i in range(len(batch))] == [b"r0", b"r1", b"r2", b"r3"]
+    with (
+        start_broker_process(tmp_path) as broker,
+        httpx.Client(base_url=broker.http_url, auth=("guest", "guest"), timeout=10) as http,
+    ):
+        retried = post(http, [b"r0", b"r1", b"r2"], 0)  # the client never saw the answer
+        assert retried.status_code == 200, retried.text
+        assert retried.json()["duplicate"]
+        assert post(http, [b"r2", b"r3"], 2).json() == {"count": 1, "skipped": 1}
+        batch = decode_read(http.get("/topics/once/partitions/0/records").content, headers=False)
+        assert [batch.values[i] for i in range(len(batch))] == [b"r0", b"r1", b"r2", b"r3"]
 
 
 def consume_tracked(url: str, *, ack: int, take: int) -> list[int]:
