@@ -25,6 +25,7 @@ class Mutant:
 
 # Test selections, the most pointed first (pytest runs with -x: a kill stops at once).
 LOG_STORE = (
+    "tests/storage/test_log_guards.py",
     "tests/backends/test_log_store.py",
     "tests/storage/test_log_recovery.py",
     "tests/storage/test_log_corruption.py",
