@@ -39,6 +39,7 @@ STREAMS = (
     "tests/storage/test_restart_guards.py",
     "tests/storage/test_stream_durable_reads.py",
     "tests/interop/test_streams.py",
+    "tests/interop/test_stream_group_commits.py",
     "tests/broker/test_consumer_groups.py",
     "tests/interop/test_stream_groups.py",
     "tests/http/test_bulk_records.py",
