@@ -57,6 +57,16 @@ def backends(session: nox.Session, backend: str) -> None:
 
 
 @nox.session(venv_backend="none")
+def mutants(session: nox.Session) -> None:
+    """The curated mutation session (``tools/mutants.py``; the mutants are in
+    ``tools/mutant_list.py``): each mutant applied to a temporary copy of ``src/``, its tests run
+    against it; a table of killed and survived (``-- --area storage``, ``-- --only ID``,
+    ``-- --list``). ``pytest -m slow tests/mutation`` runs the same list as tests."""
+    python, env = dev_env(session)
+    session.run(python, "tools/mutants.py", *session.posargs, env=env, external=True)
+
+
+@nox.session(venv_backend="none")
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over the package, the sibling distributions, tools, examples and
     benchmarks; then the layer contracts of ``.importlinter`` (import-linter)."""

@@ -1,0 +1,551 @@
+"""The curated mutants of ``tools/mutants.py``: one-line (or one-statement) breakages of the
+storage, flusher, settlement, dead-lettering, auth and stream-offset code, each with the tests
+that must catch it. The first of each area are the breakages issue 14 (item 10) found the suite
+blind to. ``survives`` marks a known survivor and says why it is tolerated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """In ``path`` (relative to ``src/tqbroker``) the snippet ``original`` (found exactly once)
+    becomes ``replacement``; ``tests`` (pytest arguments) must fail on it. ``survives``: why a
+    known survivor is tolerated; None: it must be killed."""
+
+    id: str
+    area: str
+    path: str
+    original: str
+    replacement: str
+    tests: tuple[str, ...]
+    survives: str | None = None
+
+
+# Test selections, the most pointed first (pytest runs with -x: a kill stops at once).
+LOG_STORE = (
+    "tests/storage/test_log_guards.py",
+    "tests/backends/test_log_store.py",
+    "tests/storage/test_log_recovery.py",
+    "tests/storage/test_log_corruption.py",
+    "tests/storage/test_group_commit.py",
+    "tests/storage/test_log_policies.py",
+    "tests/backends/test_log_conformance.py",
+    "tests/storage/test_durability.py",
+)
+STREAMS = (
+    "tests/broker/test_stream_queue.py",
+    "tests/storage/test_restart_guards.py",
+    "tests/storage/test_stream_durable_reads.py",
+    "tests/interop/test_streams.py",
+    "tests/interop/test_stream_group_commits.py",
+    "tests/broker/test_consumer_groups.py",
+    "tests/interop/test_stream_groups.py",
+    "tests/http/test_bulk_records.py",
+)
+FLUSHES = (
+    "tests/storage/test_confirm_waits_for_fsync.py",
+    "tests/storage/test_flush_failures.py",
+    "tests/http/test_http_guards.py",
+    "tests/storage/test_group_commit.py",
+    "tests/storage/test_stream_durable_reads.py",
+)
+SETTLEMENT = (
+    "tests/broker/test_settlement_guards.py",
+    "tests/broker/test_queue_semantics.py",
+    "tests/interop/test_pika_blocking.py",
+    "tests/interop/test_aio_pika.py",
+    "tests/interop/test_queue_features.py",
+)
+DEAD_LETTERS = (
+    "tests/broker/test_settlement_guards.py",
+    "tests/broker/test_queue_semantics.py",
+    "tests/interop/test_queue_features.py",
+)
+HTTP_AUTH = (
+    "tests/http/test_http_guards.py",
+    "tests/http/test_topics_api.py",
+    "tests/http/test_bulk_records.py",
+)
+_BAD_INPUT = "tests/interop/test_bad_input.py::"
+AMQP_AUTH = (
+    _BAD_INPUT + "test_r04_wrong_credentials_with_capability_get_403",
+    _BAD_INPUT + "test_r04_wrong_credentials_without_capability_close_tcp",
+    _BAD_INPUT + "test_r05_guest_from_non_loopback_is_refused",
+    _BAD_INPUT + "test_r10_open_vhost_without_permission",
+)
+
+POWER_CUT = (
+    "only a power cut (or a kernel crash) shows a missing fsync: a kill -9 keeps the page "
+    "cache; the power-cut simulation (issue 14 item 5) is the test for it"
+)
+
+
+def mutants() -> list[Mutant]:
+    return [
+        # -- dead-lettering (broker/deadletter.py) -------------------------------------------
+        Mutant(
+            "deadletter-same-death-queue-only",
+            "deadletter",
+            "broker/deadletter.py",
+            'return death.get("queue") == queue and death.get("reason") == reason',
+            'return death.get("queue") == queue',
+            DEAD_LETTERS,
+        ),
+        Mutant(
+            "deadletter-count-not-incremented",
+            "deadletter",
+            "broker/deadletter.py",
+            '"count": (count if isinstance(count, int) else 0) + 1}',
+            '"count": (count if isinstance(count, int) else 0)}',
+            DEAD_LETTERS,
+        ),
+        Mutant(
+            "deadletter-rejection-does-not-break-cycle",
+            "deadletter",
+            "broker/deadletter.py",
+            'if death.get("reason") == "rejected":\n            return False',
+            'if death.get("reason") == "never":\n            return False',
+            DEAD_LETTERS,
+        ),
+        Mutant(
+            "deadletter-no-cycle-detection",
+            "deadletter",
+            "broker/deadletter.py",
+            'if death.get("queue") == target_queue:\n            return True',
+            'if death.get("queue") == target_queue:\n            return False',
+            DEAD_LETTERS,
+        ),
+        Mutant(
+            "deadletter-expiration-kept",
+            "deadletter",
+            "broker/deadletter.py",
+            "attrs.evolve(properties, headers=headers, expiration=None)",
+            "attrs.evolve(properties, headers=headers)",
+            DEAD_LETTERS,
+        ),
+        Mutant(
+            "deadletter-first-death-overwritten",
+            "deadletter",
+            "broker/deadletter.py",
+            'headers.setdefault(f"x-first-death-{key}", value)',
+            'headers[f"x-first-death-{key}"] = value',
+            DEAD_LETTERS,
+        ),
+        Mutant(
+            "deadletter-cc-kept-with-routing-key",
+            "deadletter",
+            "broker/deadletter.py",
+            'headers.pop("CC", None)',
+            "pass",
+            DEAD_LETTERS,
+        ),
+        # -- settlement (broker/classic.py, server/deliveries.py, server/confirms.py) --------
+        Mutant(
+            "classic-requeue-keeps-prefetch-credit",
+            "settlement",
+            "broker/classic.py",
+            "        if consumer is not None:\n            consumer.unacked -= 1\n"
+            "        self._wakeup.set()\n        if self.delivery_limit is not None:",
+            "        self._wakeup.set()\n        if self.delivery_limit is not None:",
+            SETTLEMENT,
+        ),
+        Mutant(
+            "classic-ack-keeps-prefetch-credit",
+            "settlement",
+            "broker/classic.py",
+            "            consumer.unacked -= 1\n            self._wakeup.set()",
+            "            self._wakeup.set()",
+            SETTLEMENT,
+        ),
+        Mutant(
+            "classic-reject-not-dead-lettered",
+            "settlement",
+            "broker/classic.py",
+            "if message is not None and not self.deleted:\n            self._discard_new(message,"
+            ' "rejected")',
+            'if False:\n            self._discard_new(message, "rejected")',
+            DEAD_LETTERS,
+        ),
+        Mutant(
+            "deliveries-multiple-ack-stops-before-tag",
+            "settlement",
+            "server/deliveries.py",
+            "if t > tag:",
+            "if t >= tag:",
+            SETTLEMENT,
+        ),
+        Mutant(
+            "deliveries-requeue-settles-as-ack",
+            "settlement",
+            "server/deliveries.py",
+            "elif settlement is _REQUEUE:\n            self.queue.requeue(",
+            "elif settlement is _REQUEUE:\n            self.queue.ack(",
+            SETTLEMENT,
+        ),
+        Mutant(
+            "deliveries-reject-requeues",
+            "settlement",
+            "server/deliveries.py",
+            "return _REQUEUE if requeue else _REJECT",
+            "return _REQUEUE",
+            SETTLEMENT,
+        ),
+        Mutant(
+            "deliveries-take-all-keeps-them",
+            "settlement",
+            "server/deliveries.py",
+            "taken = list(self.unacked.items())\n        self.unacked.clear()",
+            "taken = list(self.unacked.items())",
+            SETTLEMENT,
+        ),
+        Mutant(
+            "confirms-ack-before-the-flush",
+            "settlement",
+            "server/confirms.py",
+            "elif not all(flusher.completed >= ticket for flusher, ticket in head.waits):",
+            "elif False:",
+            FLUSHES,
+        ),
+        Mutant(
+            "confirms-nack-sent-as-ack",
+            "settlement",
+            "server/confirms.py",
+            "self._send(BasicNack(head.seq, False, False))",
+            "self._send(BasicAck(head.seq, False))",
+            FLUSHES,
+        ),
+        Mutant(
+            "confirms-failed-flush-spares-its-last-ticket",
+            "settlement",
+            "server/confirms.py",
+            "flusher.completed < t <= upto",
+            "flusher.completed < t < upto",
+            FLUSHES,
+        ),
+        Mutant(
+            "confirms-never-multiple",
+            "settlement",
+            "server/confirms.py",
+            "self._send(BasicAck(seq, seq - self.confirmed > 1))",
+            "self._send(BasicAck(seq, False))",
+            (*SETTLEMENT, "tests/storage/test_flush_failures.py"),
+        ),
+        # -- the flusher (broker/flusher.py) and what waits on it ----------------------------
+        Mutant(
+            "flusher-completes-before-the-fsync",
+            "flusher",
+            "broker/flusher.py",
+            "            covering = self.requested\n",
+            "            covering = self.requested\n            self.completed = covering\n",
+            FLUSHES,
+        ),
+        Mutant(
+            "flusher-failure-spares-later-tickets",
+            "flusher",
+            "broker/flusher.py",
+            "failed = self.requested",
+            "failed = covering",
+            FLUSHES,
+        ),
+        Mutant(
+            "flusher-never-polls-the-backend",
+            "flusher",
+            "broker/flusher.py",
+            "if not self._wakeup.is_set() and not self.backend.needs_flush:",
+            "if not self._wakeup.is_set():",
+            (*STREAMS, *FLUSHES),
+        ),
+        Mutant(
+            "flusher-waiter-ignores-failure",
+            "flusher",
+            "broker/flusher.py",
+            "            self.ok = False\n",
+            "            self.ok = True\n",
+            FLUSHES,
+        ),
+        Mutant(
+            "topics-produce-ignores-a-failed-flush",
+            "flusher",
+            "broker/streams/topics.py",
+            "if not await flusher.wait(ticket):",
+            "if not await flusher.wait(ticket) and False:",
+            (*FLUSHES, *HTTP_AUTH),
+        ),
+        Mutant(
+            "health-ignores-the-backends",
+            "flusher",
+            "server/http/app.py",
+            "unhealthy = sorted(f.backend.name for f in flushers if not f.backend.healthy)",
+            "unhealthy = sorted(f.backend.name for f in flushers if False)",
+            (*HTTP_AUTH, *FLUSHES),
+        ),
+        # -- storage: the log backend (backends/log/*, fsutil.py) ----------------------------
+        Mutant(
+            "log-failed-fdatasync-not-final",
+            "storage",
+            "backends/log/log.py",
+            "self.sync_failed = True",
+            "self.sync_failed = False",
+            (*FLUSHES, *LOG_STORE),
+        ),
+        Mutant(
+            "backend-forgets-a-failed-fdatasync",
+            "storage",
+            "backends/log/__init__.py",
+            "if any(store.log.sync_failed for store in stores):",
+            "if False:",
+            (*FLUSHES, *LOG_STORE),
+        ),
+        Mutant(
+            "segment-no-fdatasync",
+            "storage",
+            "backends/log/segment.py",
+            "os.fdatasync(self._fd)",
+            "pass",
+            ("tests/storage/test_group_commit.py", *LOG_STORE, *FLUSHES),
+        ),
+        Mutant(
+            "atomic-write-no-fsync",
+            "storage",
+            "fsutil.py",
+            "            os.fsync(f.fileno())",
+            "            pass",
+            (*LOG_STORE, *STREAMS[:3]),
+            survives=POWER_CUT,
+        ),
+        Mutant(
+            "store-ack-never-settles",
+            "storage",
+            "backends/log/store.py",
+            "if self._unacked.pop(message_id, None) is not None:\n"
+            "            self._settle(message_id)",
+            "self._unacked.pop(message_id, None)",
+            LOG_STORE,
+        ),
+        Mutant(
+            "store-requeue-loses-the-message",
+            "storage",
+            "backends/log/store.py",
+            "heapq.heappush(self._requeued, (message_id, size))",
+            "pass",
+            LOG_STORE,
+        ),
+        Mutant(
+            "store-no-redelivered-flag-after-restart",
+            "storage",
+            "backends/log/store.py",
+            "        self._unacked[offset] = size\n"
+            "        return offset, record.message, requeued or offset < self.redelivered_below",
+            "        self._unacked[offset] = size\n        return offset, record.message, requeued",
+            LOG_STORE,
+        ),
+        Mutant(
+            "store-delivers-past-the-reservation",
+            "storage",
+            "backends/log/store.py",
+            "if offset >= self.delivered_reserved:\n                self._request_reservation(",
+            "if False:\n                self._request_reservation(",
+            (*LOG_STORE, "tests/storage/test_flush_failures.py"),
+        ),
+        Mutant(
+            "rangeset-adjacent-ranges-not-merged",
+            "storage",
+            "backends/log/store.py",
+            "i = bisect_left(self.ends, start)",
+            "i = bisect_right(self.ends, start)",
+            LOG_STORE,
+        ),
+        Mutant(
+            "store-checkpoint-without-settled",
+            "storage",
+            "backends/log/store.py",
+            '"settled": self.settled.as_list(),',
+            '"settled": [],',
+            LOG_STORE,
+        ),
+        Mutant(
+            "recovery-torn-tail-not-truncated",
+            "storage",
+            "backends/log/recovery.py",
+            "cut = not intact and truncate",
+            "cut = False",
+            LOG_STORE,
+        ),
+        Mutant(
+            "recovery-tail-not-walked",
+            "storage",
+            "backends/log/recovery.py",
+            "        and _indexes_agree(segment)\n        and _tail_consistent(segment)\n",
+            "        and _indexes_agree(segment)\n",
+            LOG_STORE,
+        ),
+        Mutant(
+            "recovery-accepts-offsets-going-back",
+            "storage",
+            "backends/log/recovery.py",
+            "if record.offset < expected:\n                raise RecordError(",
+            "if False:\n                raise RecordError(",
+            LOG_STORE,
+        ),
+        Mutant(
+            "log-trusts-unsynced-segments",
+            "storage",
+            "backends/log/log.py",
+            "if clean or (next_base is not None and next_base < recovery_point):",
+            "if True:",
+            LOG_STORE,
+        ),
+        Mutant(
+            "stream-durable-end-before-the-fsync",
+            "storage",
+            "backends/log/stream.py",
+            "        if fsync:\n            sync = self.log.sync_work()\n",
+            "        if fsync:\n            sync = self.log.sync_work()\n"
+            "            self._durable_end = written\n",
+            STREAMS,
+        ),
+        Mutant(
+            "stream-producers-never-persisted",
+            "storage",
+            "backends/log/stream.py",
+            '"producers": dict(self.producers),',
+            '"producers": {},',
+            STREAMS,
+        ),
+        Mutant(
+            "stream-offsets-persisted-only-at-shutdown",
+            "storage",
+            "backends/log/stream.py",
+            "bool(self._obsolete or self._offsets_dirty or self._retired)",
+            "bool(self._obsolete or self._retired)",
+            STREAMS,
+        ),
+        # -- stream offsets (broker/streams/*) ------------------------------------------------
+        Mutant(
+            "stream-reads-past-the-durable-end",
+            "streams",
+            "broker/streams/queue.py",
+            "        end = stream.durable_end\n        position = max(position, stream.first",
+            "        end = stream.next_offset\n        position = max(position, stream.first",
+            STREAMS,
+        ),
+        Mutant(
+            "stream-tracked-offset-not-resumed",
+            "streams",
+            "broker/streams/queue.py",
+            "if stored is not None:  # it consumed before",
+            "if False:  # it consumed before",
+            STREAMS,
+        ),
+        Mutant(
+            "stream-tracked-offset-stores-the-acked-one",
+            "streams",
+            "broker/streams/queue.py",
+            "max(stored, message_id + 1)",
+            "max(stored, message_id)",
+            STREAMS,
+        ),
+        Mutant(
+            "stream-group-commits-past-unacked",
+            "streams",
+            "broker/streams/queue.py",
+            "return self.delivered[0] if self.delivered else self.position",
+            "return self.position",
+            STREAMS,
+        ),
+        Mutant(
+            "stream-group-requeue-not-rewound",
+            "streams",
+            "broker/streams/queue.py",
+            "self.position = min(self.position, offset)",
+            "pass",
+            STREAMS,
+        ),
+        Mutant(
+            "stream-last-is-the-end",
+            "streams",
+            "broker/streams/queue.py",
+            "return max(first, end - 1)",
+            "return end",
+            STREAMS,
+        ),
+        Mutant(
+            "stream-requeue-keeps-prefetch-credit",
+            "streams",
+            "broker/streams/queue.py",
+            "        consumer.unacked -= 1\n        self._wakeup.set()\n"
+            "        if not consumer.unacked and consumer not in self._positions:",
+            "        if not requeue:\n            consumer.unacked -= 1\n"
+            "        self._wakeup.set()\n"
+            "        if not consumer.unacked and consumer not in self._positions:",
+            (*SETTLEMENT, *STREAMS),
+        ),
+        Mutant(
+            "topics-idempotent-producer-never-skips",
+            "streams",
+            "broker/streams/topics.py",
+            "skip = min(len(records), expected - producer[1])",
+            "skip = 0",
+            STREAMS,
+        ),
+        # -- auth (auth.py, server/http/auth.py, server/handshake.py) -------------------------
+        Mutant(
+            "http-no-vhost-permission-check",
+            "auth",
+            "server/http/auth.py",
+            "if not user.may_open(name):",
+            "if False:",
+            HTTP_AUTH,
+        ),
+        Mutant(
+            "http-loopback-only-user-from-anywhere",
+            "auth",
+            "server/http/auth.py",
+            "if user.loopback_only and not is_loopback(",
+            "if False and not is_loopback(",
+            HTTP_AUTH,
+        ),
+        Mutant(
+            "amqp-loopback-only-user-from-anywhere",
+            "auth",
+            "server/handshake.py",
+            "elif user.loopback_only and not is_loopback(self._peer_host):",
+            "elif False:",
+            AMQP_AUTH,
+        ),
+        Mutant(
+            "user-may-open-every-vhost",
+            "auth",
+            "auth.py",
+            "return self.vhosts is None or vhost in self.vhosts",
+            "return True",
+            (*HTTP_AUTH, *AMQP_AUTH),
+        ),
+        Mutant(
+            "is-loopback-always",
+            "auth",
+            "auth.py",
+            'return ipaddress.ip_address(host.split("%")[0]).is_loopback',
+            "return True",
+            (*HTTP_AUTH, *AMQP_AUTH),
+        ),
+        Mutant(
+            "credential-cache-ignores-the-password",
+            "auth",
+            "auth.py",
+            'token = name.encode() + b"\\0" + hmac.digest(self._cache_key, password.encode(), '
+            '"sha256")',
+            'token = name.encode() + b"\\0"',
+            (*HTTP_AUTH, *AMQP_AUTH),
+        ),
+        Mutant(
+            "plain-response-any-password",
+            "auth",
+            "auth.py",
+            "if not hmac.compare_digest(_hash(password, user.salt), user.password_hash):",
+            "if False:",
+            (*HTTP_AUTH, *AMQP_AUTH),
+        ),
+    ]
