@@ -76,11 +76,6 @@ AMQP_AUTH = (
     _BAD_INPUT + "test_r10_open_vhost_without_permission",
 )
 
-POWER_CUT = (
-    "only a power cut (or a kernel crash) shows a missing fsync: a kill -9 keeps the page "
-    "cache; the power-cut simulation (issue 14 item 5) is the test for it"
-)
-
 
 def mutants() -> list[Mutant]:
     return [
@@ -276,9 +271,9 @@ def mutants() -> list[Mutant]:
         Mutant(
             "health-ignores-the-backends",
             "flusher",
-            "server/http/app.py",
-            "unhealthy = sorted(f.backend.name for f in flushers if not f.backend.healthy)",
-            "unhealthy = sorted(f.backend.name for f in flushers if False)",
+            "server/http/health_routes.py",
+            "for f in broker.flushers.values() if not f.backend.healthy)",
+            "for f in broker.flushers.values() if False)",
             (*HTTP_AUTH, *FLUSHES),
         ),
         # -- storage: the log backend (backends/log/*, fsutil.py) ----------------------------
@@ -286,8 +281,10 @@ def mutants() -> list[Mutant]:
             "log-failed-fdatasync-not-final",
             "storage",
             "backends/log/log.py",
-            "self.sync_failed = True",
-            "self.sync_failed = False",
+            "over lost data. The log stops taking durable writes.\n"
+            "                self.sync_failed = True",
+            "over lost data. The log stops taking durable writes.\n"
+            "                self.sync_failed = False",
             (*FLUSHES, *LOG_STORE),
         ),
         Mutant(
@@ -302,7 +299,7 @@ def mutants() -> list[Mutant]:
             "segment-no-fdatasync",
             "storage",
             "backends/log/segment.py",
-            "os.fdatasync(self._fd)",
+            "fsio.fs.fdatasync(self._fd)",
             "pass",
             ("tests/storage/test_group_commit.py", *LOG_STORE, *FLUSHES),
         ),
@@ -310,10 +307,9 @@ def mutants() -> list[Mutant]:
             "atomic-write-no-fsync",
             "storage",
             "fsutil.py",
-            "            os.fsync(f.fileno())",
-            "            pass",
-            (*LOG_STORE, *STREAMS[:3]),
-            survives=POWER_CUT,
+            "fs.write_file(tmp, data, fsync=fsync)",
+            "fs.write_file(tmp, data, fsync=False)",
+            ("tests/powercut/test_powercut.py", *LOG_STORE),
         ),
         Mutant(
             "store-ack-never-settles",

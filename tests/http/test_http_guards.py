@@ -133,7 +133,7 @@ def test_health_is_503_once_a_backend_cannot_write(
     broker: RunningBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with httpx.Client(base_url=broker.http_url, timeout=10) as anonymous:
-        assert anonymous.get("/health").json() == {"status": "ok"}
+        assert anonymous.get("/health").json() == {"status": "ok", "alarms": []}
         channel = pika.BlockingConnection(pika.URLParameters(broker.url)).channel()
         channel.confirm_delivery()
         channel.queue_declare("d", durable=True, arguments={"x-queue-backend": "log"})
@@ -142,7 +142,7 @@ def test_health_is_503_once_a_backend_cannot_write(
             channel.basic_publish("", "d", b"x", pika.BasicProperties(delivery_mode=2))
         health = anonymous.get("/health")
         assert health.status_code == 503
-        assert health.json() == {"status": "degraded", "failing_backends": ["log"]}
+        assert health.json() == {"status": "degraded", "failing_backends": ["log"], "alarms": []}
         channel.connection.close()
 
 
