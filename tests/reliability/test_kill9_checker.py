@@ -50,12 +50,19 @@ def got_going(history: History, rnd: int, reads_before: int) -> bool:
 
 
 def run_checker(
-    data_dir: Path, backend: str, rounds: int, seed: int, verbose: bool = False
+    data_dir: Path,
+    backend: str,
+    rounds: int,
+    seed: int,
+    verbose: bool = False,
+    round_seconds: float | None = None,
 ) -> History:
     """The rounds and the end. A round's kill comes at a random moment: in 40% of the even
     rounds after the first, within 0.8 s of the start, while the clients reconnect; otherwise
     0.05-1 s after the round got going (a confirm, a delivery, a stream read). In the odd
-    rounds the consumers stop acking first and hold at least one delivery at the kill."""
+    rounds the consumers stop acking first and hold at least one delivery at the kill. With
+    ``round_seconds`` (the soak, ``soak.py``) each round runs that long, printing the broker's
+    resident memory and open descriptors every ``SAMPLE_SECONDS``, before its kill."""
     rng = random.Random(seed)
     random.seed(seed)  # body sizes
     history = History()
@@ -86,7 +93,10 @@ def run_checker(
                     c.hold.set()
                 wait_for(lambda: sum(c.held for c in consumers) > 0, "held delivery")
                 held_rounds += 1
-            time.sleep(rng.uniform(0.05, 1.0))
+            if round_seconds is None:
+                time.sleep(rng.uniform(0.05, 1.0))
+            else:
+                soak_round(broker.proc.pid, started + round_seconds, history)
         killed.set()
         broker.kill()
         stop.set()
@@ -128,6 +138,28 @@ def run_checker(
         assert not client.errors, f"{client.name}: {client.errors[:3]!r}"
     assert held_rounds == rounds // 2
     return history
+
+
+SAMPLE_SECONDS = 10.0
+
+
+def soak_round(pid: int, until: float, history: History) -> None:
+    """Let the clients run until ``until``, printing the broker's resident memory, open file
+    descriptors and the running totals every ``SAMPLE_SECONDS``."""
+    while (left := until - time.monotonic()) > 0:
+        time.sleep(min(SAMPLE_SECONDS, left))
+        try:
+            with open(f"/proc/{pid}/statm") as statm:
+                rss = int(statm.read().split()[1]) * 4096
+            fds = len(os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            return
+        print(
+            f"  round {history.round}: rss={rss / 2**20:.1f} MiB fds={fds} "
+            f"confirmed={sum(history.confirmed_in.values())} "
+            f"delivered={len(history.deliveries)} stream_reads={reads(history)}",
+            flush=True,
+        )
 
 
 def check(history: History, rounds: int, seed: int, started: float) -> None:
