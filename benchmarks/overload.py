@@ -1,7 +1,8 @@
 """Overload probes: one client's large job against a canary client's latency.
 
-    python benchmarks/overload.py [--url amqp://...] [--jobs teardown,consumers,bulk]
+    python benchmarks/overload.py [--url amqp://...] [--jobs teardown,consumers,bulk,...]
                                   [--queues 100000] [--consumers 100000] [--records 500000]
+                                  [--connections 10000] [--backlog 1000000]
 
 Without ``--url`` a broker is started here (``python -m tqbroker`` on loopback, a temporary
 data directory). While each job runs, a canary connection publishes a message and receives it
@@ -13,7 +14,13 @@ Jobs:
   deletes them all;
 - ``consumers``: one channel holds ``--consumers`` consumers on one queue, then the connection
   closes: the broker cancels them all;
-- ``bulk``: one HTTP ``POST /topics/{t}/records`` of ``--records`` small records.
+- ``bulk``: one HTTP ``POST /topics/{t}/records`` of ``--records`` small records;
+- ``connections``: ``--connections`` clients connect (handshake, a channel), then all close;
+- ``backlog``: ``--backlog`` transient 1 KiB messages published as fast as one connection can
+  to a queue whose one consumer (prefetch 1) acks one message a second;
+- ``flood``: as ``backlog`` against a broker whose memory watermark (when started here: 128MiB)
+  the flood reaches: the publisher is blocked, the canary (it consumes, ``basic.get``, rather
+  than publish: publishers are blocked too) must not be.
 
 A probe, not a test: it asserts nothing. The issue's figures, before pacing: 4.9 s, 1.7 s, 6.0 s.
 """
@@ -34,27 +41,37 @@ from pathlib import Path
 
 from rawclient import CHANNEL, Endpoint, RawClient, publish_frames
 
-from tqbroker.protocol.methods import BasicConsume, QueueDeclare
+from tqbroker.protocol.methods import BasicConsume, BasicGet, QueueDeclare
 from tqbroker.recordbatch import BinaryColumn, WriteBatch, encode_write
 
 
 class Canary(threading.Thread):
     """Round trips (publish, then receive it back) on a connection of its own."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, *, consume_only: bool = False) -> None:
         super().__init__(daemon=True)
+        self.consume_only = consume_only
         self.client = RawClient.connect(endpoint)
         self.client.declare("canary", durable=False)
-        self.client.subscribe("canary", prefetch=10, tag="canary")
         self.frames = publish_frames("canary", b"tweet")
+        if consume_only:  # a stock of messages to get, one round trip each
+            self.client.publish(self.frames, 100_000)
+            self.client.declare("canary", durable=False)
+        else:
+            self.client.subscribe("canary", prefetch=10, tag="canary")
         self.samples: list[tuple[float, float]] = []  # (when it began, seconds)
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
             began = time.perf_counter()
-            self.client.publish(self.frames, 1)
-            self.client.receive(1, ack_every=1)
+            if self.consume_only:
+                self.client.call(BasicGet(queue="canary", no_ack=True))
+                self.client.read_frame()  # the content header
+                self.client.read_frame()  # the body
+            else:
+                self.client.publish(self.frames, 1)
+                self.client.receive(1, ack_every=1)
             self.samples.append((began, time.perf_counter() - began))
             time.sleep(0.002)
 
@@ -84,6 +101,36 @@ def consumers(endpoint: Endpoint, count: int) -> tuple[float, float]:
     start = time.perf_counter()
     client.close()
     return start, time.perf_counter()
+
+
+def connections(endpoint: Endpoint, count: int) -> tuple[float, float]:
+    start = time.perf_counter()
+    clients = [RawClient.connect(endpoint) for _ in range(count)]
+    for client in clients:
+        client.close()
+    return start, time.perf_counter()
+
+
+def backlog(endpoint: Endpoint, count: int, queue: str = "backlog") -> tuple[float, float]:
+    slow = RawClient.connect(endpoint)
+    slow.declare(queue, durable=False)
+    slow.subscribe(queue, prefetch=1, tag="slow")
+    stop = threading.Event()
+
+    def consume_slowly() -> None:
+        while not stop.is_set():
+            slow.receive(1, ack_every=1)
+            stop.wait(1.0)
+
+    threading.Thread(target=consume_slowly, daemon=True).start()
+    publisher = RawClient.connect(endpoint)
+    start = time.perf_counter()
+    publisher.publish(publish_frames(queue, b"b" * 1024), count, batch=256)
+    publisher.declare(queue, durable=False)  # answered once every publish before it is queued
+    end = time.perf_counter()
+    stop.set()
+    publisher.close()
+    return start, end
 
 
 def bulk(http: str, count: int) -> tuple[float, float]:
@@ -118,23 +165,28 @@ def main() -> int:
     parser.add_argument("--queues", type=int, default=100_000)
     parser.add_argument("--consumers", type=int, default=100_000)
     parser.add_argument("--records", type=int, default=500_000)
+    parser.add_argument("--connections", type=int, default=10_000)
+    parser.add_argument("--backlog", type=int, default=1_000_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tqbroker-overload-") as tmp:
         broker = None
         url, http = args.url, args.http
         if url is None:
-            broker, url, http = _start(Path(tmp))
+            broker, url, http = _start(Path(tmp), "flood" in args.jobs.split(","))
         try:
             endpoint = Endpoint.from_url(url)
             jobs: dict[str, Callable[[], tuple[float, float]]] = {
                 "teardown": lambda: teardown(endpoint, args.queues),
                 "consumers": lambda: consumers(endpoint, args.consumers),
                 "bulk": lambda: bulk(http, args.records),
+                "connections": lambda: connections(endpoint, args.connections),
+                "backlog": lambda: backlog(endpoint, args.backlog),
+                "flood": lambda: backlog(endpoint, args.backlog, "flood"),
             }
             print("| job | size | job time | canary round trips | p50 | p99 | longest |")
             print("|---|---|---|---|---|---|---|")
             for name in args.jobs.split(","):
-                canary = Canary(endpoint)
+                canary = Canary(endpoint, consume_only=name == "flood")
                 canary.start()
                 time.sleep(0.5)
                 start, end = jobs[name]()
@@ -142,9 +194,12 @@ def main() -> int:
                 canary.stop.set()
                 canary.join()
                 took = canary.during(start, end + 0.5)
-                size = {"teardown": args.queues, "consumers": args.consumers}.get(
-                    name, args.records
-                )
+                size = {
+                    "teardown": args.queues,
+                    "consumers": args.consumers,
+                    "connections": args.connections,
+                    "bulk": args.records,
+                }.get(name, args.backlog)
                 print(
                     f"| {name} | {size} | {end - start:.2f} s | {len(took)} | "
                     f"{_ms(statistics.median(took))} | {_ms(_p99(took))} | {_ms(max(took))} |"
@@ -157,11 +212,12 @@ def main() -> int:
     return 0
 
 
-def _start(directory: Path) -> tuple[subprocess.Popen[str], str, str]:
+def _start(directory: Path, flood: bool) -> tuple[subprocess.Popen[str], str, str]:
+    watermark = ["--memory-high-watermark", "128MiB"] if flood else []
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "tqbroker", "--port", "0", "--http-port", "0"),
-            *("--data-dir", str(directory / "data"), "--log-level", "WARNING"),
+            *("--data-dir", str(directory / "data"), "--log-level", "WARNING", *watermark),
         ],
         stdout=subprocess.PIPE,
         text=True,
