@@ -183,12 +183,16 @@ def main() -> int:
                 "backlog": lambda: backlog(endpoint, args.backlog),
                 "flood": lambda: backlog(endpoint, args.backlog, "flood"),
             }
-            print("| job | size | job time | canary round trips | p50 | p99 | longest |")
-            print("|---|---|---|---|---|---|---|")
+            print(
+                "| job | size | job time | canary round trips | p50 | p99 | longest "
+                "| broker RSS before / after |"
+            )
+            print("|---|---|---|---|---|---|---|---|")
             for name in args.jobs.split(","):
                 canary = Canary(endpoint, consume_only=name == "flood")
                 canary.start()
                 time.sleep(0.5)
+                rss_before = _rss(broker)
                 start, end = jobs[name]()
                 time.sleep(0.5)  # what the broker still does after the client is done
                 canary.stop.set()
@@ -202,7 +206,8 @@ def main() -> int:
                 }.get(name, args.backlog)
                 print(
                     f"| {name} | {size} | {end - start:.2f} s | {len(took)} | "
-                    f"{_ms(statistics.median(took))} | {_ms(_p99(took))} | {_ms(max(took))} |"
+                    f"{_ms(statistics.median(took))} | {_ms(_p99(took))} | {_ms(max(took))} | "
+                    f"{rss_before} / {_rss(broker)} |"
                 )
                 canary.client.close()
         finally:
@@ -226,6 +231,14 @@ def _start(directory: Path, flood: bool) -> tuple[subprocess.Popen[str], str, st
     line = proc.stdout.readline()  # tqbroker X ready: listening on amqp://H:P, http://H:P
     amqp, http = (part.strip() for part in line.split("listening on ")[1].split(","))
     return proc, amqp.replace("amqp://", "amqp://guest:guest@") + "/", http
+
+
+def _rss(broker: subprocess.Popen[str] | None) -> str:
+    """The resident memory of the broker started here ("-" for one at ``--url``)."""
+    if broker is None:
+        return "-"
+    with open(f"/proc/{broker.pid}/statm") as statm:
+        return f"{int(statm.read().split()[1]) * 4096 / 2**20:.0f} MiB"
 
 
 def _p99(values: list[float]) -> float:
