@@ -258,7 +258,7 @@ class ModelBroker:
     on the same data directory. Every queue the model declares names ``backend`` in
     ``x-queue-backend``."""
 
-    def __init__(self, backend: str, data_dir: Path) -> None:
+    def __init__(self, backend: str, data_dir: Path, server: ForkServer | None = None) -> None:
         self.backend = backend
         self.data_dir = data_dir
         self.restartable = backend != "memory"
@@ -270,7 +270,7 @@ class ModelBroker:
         self.running = False
         self._stack = ExitStack()
         if self.restartable:
-            self._server = self._stack.enter_context(closing(ForkServer()))
+            self._server = server or self._stack.enter_context(closing(ForkServer()))
             self.start()
         else:
             config = BrokerConfig(port=0, data_dir=data_dir)

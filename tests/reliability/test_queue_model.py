@@ -22,7 +22,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
+    initialize,
     RuleBasedStateMachine,
     invariant,
     precondition,
@@ -41,6 +44,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from queue_model import (
     READY,
     UNACKED,
+    ForkServer,
     ModelBroker,
     ModelViolation,
     QueueModel,
@@ -51,6 +55,7 @@ from queue_model import (
 BACKENDS = ["memory", "log", "rocksdb"]
 MAX_CHANNELS = 3
 SIZES = st.one_of(st.sampled_from([0, 1, 4096, 65536]), st.integers(0, 65536))
+MESSAGES = st.lists(st.tuples(st.booleans(), SIZES), min_size=1, max_size=4)  # persistent, size
 PICK = st.integers(0, 63)  # which channel / which delivery, modulo how many there are
 DELIVERY_TIMEOUT = 10.0
 
@@ -74,6 +79,7 @@ class Chan:
 class QueueMachine(RuleBasedStateMachine):
     broker: ModelBroker  # set by machine_for()
     max_restarts = 2
+    stats: Counter[str]  # what the runs did, for the summary line
 
     def __init__(self) -> None:
         super().__init__()
@@ -154,6 +160,8 @@ class QueueMachine(RuleBasedStateMachine):
             self._check_content(msg_id, body, props)
             self.model.deliver(msg_id, redelivered)
             chan.unacked[tag] = (msg_id, ctag)
+            self.stats["deliver"] += 1
+            self.stats["redelivered"] += redelivered
 
     def message_count(self) -> int:
         frame = self.control.queue_declare(self.queue, passive=True)
@@ -181,15 +189,23 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- publishing and getting --------------------------------------------------------------
 
+    @initialize(confirm=st.booleans(), messages=MESSAGES)
+    def start(self, confirm: bool, messages: list[tuple[bool, int]]) -> None:
+        self.open_channel(confirm)
+        self.publish(0, messages)
+
     @precondition(lambda self: self.chans)
-    @rule(pick=PICK, persistent=st.booleans(), size=SIZES)
-    def publish(self, pick: int, persistent: bool, size: int) -> None:
+    @rule(pick=PICK, messages=MESSAGES)
+    def publish(self, pick: int, messages: list[tuple[bool, int]]) -> None:
         _key, chan = self._chan(pick)
-        msg_id = self.model.publish(size, persistent)
-        props = pika.BasicProperties(message_id=str(msg_id), delivery_mode=2 if persistent else 1)
-        chan.ch.basic_publish("", self.queue, body_for(msg_id, size), props)
-        if chan.confirm:  # pika waited for the ack (a nack would have raised NackError)
-            self.model.confirmed(msg_id)
+        for persistent, size in messages:
+            msg_id = self.model.publish(size, persistent)
+            mode = 2 if persistent else 1
+            props = pika.BasicProperties(message_id=str(msg_id), delivery_mode=mode)
+            chan.ch.basic_publish("", self.queue, body_for(msg_id, size), props)
+            if chan.confirm:  # pika waited for the ack (a nack would have raised NackError)
+                self.model.confirmed(msg_id)
+            self.stats["publish"] += 1
         self.settle()
 
     @precondition(lambda self: self.chans)
@@ -207,6 +223,7 @@ class QueueMachine(RuleBasedStateMachine):
             raise ModelViolation(f"basic.get returned {msg_id}; the model expected {ready[:1]}")
         self._check_content(msg_id, body, props)
         self.model.deliver(msg_id, method.redelivered, settle=auto_ack)
+        self.stats["get"] += 1
         if not auto_ack:
             chan.unacked[method.delivery_tag] = (msg_id, None)
         self.settle()
@@ -292,7 +309,9 @@ class QueueMachine(RuleBasedStateMachine):
     # -- restarts ----------------------------------------------------------------------------
 
     def _can_restart(self) -> bool:
-        return self.broker.restartable and self.restarts < self.max_restarts
+        return bool(
+            self.broker.restartable and self.restarts < self.max_restarts and self.model.msgs
+        )
 
     def _requeue_all(self) -> None:
         for chan in self.chans.values():
@@ -304,6 +323,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule()
     def restart_clean(self) -> None:
         self.restarts += 1
+        self.stats["clean restart"] += 1
         self.message_count()  # a round trip: every frame sent before it has been handled
         self.broker.stop(lambda: self.conn.process_data_events(time_limit=0.01))
         self._requeue_all()
@@ -315,6 +335,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule()
     def restart_dirty(self) -> None:
         self.restarts += 1
+        self.stats["dirty restart"] += 1
         self.broker.kill()
         self._requeue_all()
         must, may = self.model.crash()
@@ -332,6 +353,10 @@ class QueueMachine(RuleBasedStateMachine):
             if not must <= present:
                 raise ModelViolation(f"lost after a crash: {sorted(must - present)}")
         self.model.recovered(present)
+        self.stats["came back though acked"] += sum(
+            1 for i in present & may if self.model.msgs[i].delivered
+        )
+        self.stats["ambiguous crash"] += len(must) < count < len(must) + len(may)
         if self.broker.backend == "log":  # TODO: the bug test_log_fresh_message_after_crash
             self.model.new_flag_any = True
 
@@ -359,6 +384,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def count_matches(self) -> None:
+        self.stats["steps"] += 1
         count, expected = self.message_count(), len(self.model.ready())
         if count != expected:
             raise ModelViolation(f"message_count {count}, the model has {expected} ready")
@@ -370,15 +396,21 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 def machine_for(broker: ModelBroker, restarts: int) -> type[QueueMachine]:
-    return type("QueueMachineOn" + broker.backend.title(), (QueueMachine,), {
-        "broker": broker,
-        "max_restarts": restarts,
-    })
+    attributes = {"broker": broker, "max_restarts": restarts, "stats": Counter[str]()}
+    return type("QueueMachineOn" + broker.backend.title(), (QueueMachine,), attributes)
+
+
+@pytest.fixture(scope="module")
+def fork_server() -> Iterator[ForkServer]:
+    with closing(ForkServer()) as server:
+        yield server
 
 
 @pytest.fixture(params=BACKENDS)
-def model_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ModelBroker]:
-    broker = ModelBroker(request.param, tmp_path / "data")
+def model_broker(
+    request: pytest.FixtureRequest, tmp_path: Path, fork_server: ForkServer
+) -> Iterator[ModelBroker]:
+    broker = ModelBroker(request.param, tmp_path / "data", fork_server)
     yield broker
     broker.close()
 
@@ -396,10 +428,11 @@ def run_model(broker: ModelBroker, examples: int, steps: int, restarts: int) -> 
             suppress_health_check=list(HealthCheck),
         ),
     )
+    stats = ", ".join(f"{k} {v}" for k, v in sorted(machine.stats.items()))
     print(
-        f"{broker.backend}: {examples} examples x {steps} steps in "
+        f"\n{broker.backend}: {examples} examples x {steps} steps in "
         f"{time.monotonic() - began:.1f} s ({broker.starts} broker starts, "
-        f"{broker.start_seconds:.1f} s of them)"
+        f"{broker.start_seconds:.1f} s of them); {stats}"
     )
 
 
@@ -422,21 +455,22 @@ def test_queue_model_long(model_broker: ModelBroker) -> None:
     "below it are delivered flagged redelivered although never delivered",
 )
 @pytest.mark.parametrize("persistent", [False, True])
-def test_log_fresh_message_after_crash(tmp_path: Path, persistent: bool) -> None:
+def test_log_fresh_message_after_crash(
+    tmp_path: Path, fork_server: ForkServer, persistent: bool
+) -> None:
     """The minimal case the model found: declare, kill -9, restart, publish, get."""
-    broker = ModelBroker("log", tmp_path / "data")
+    broker = ModelBroker("log", tmp_path / "data", fork_server)
     try:
         conn = broker.connect()
         conn.channel().queue_declare("q", durable=True, arguments={"x-queue-backend": "log"})
         broker.kill()
         broker.start()
-        conn = broker.connect()
-        ch = conn.channel()
-        props = pika.BasicProperties(delivery_mode=2 if persistent else 1)
-        ch.basic_publish("", "q", b"never delivered", props)
-        method, _props, _body = ch.basic_get("q")
+        with closing(broker.connect()) as conn:
+            ch = conn.channel()
+            props = pika.BasicProperties(delivery_mode=2 if persistent else 1)
+            ch.basic_publish("", "q", b"never delivered", props)
+            method, _props, _body = ch.basic_get("q")
         assert method is not None
         assert not method.redelivered
-        conn.close()
     finally:
         broker.close()
