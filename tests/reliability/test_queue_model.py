@@ -33,16 +33,16 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    initialize,
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
     run_state_machine_as_test,
 )
 from pika.adapters.blocking_connection import BlockingChannel
+
 from queue_model import (
-    READY,
     UNACKED,
     ForkServer,
     ModelBroker,
@@ -108,13 +108,18 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _chan(self, pick: int, *, need_unacked: bool = False) -> tuple[int, Chan]:
-        keys = sorted(k for k, c in self.chans.items() if c.unacked or not need_unacked)
+    # Preconditions depend only on what the rules drew (channels, consumers, publishes), never
+    # on what a crash kept: Hypothesis replays a draw sequence and needs the same rules enabled.
+
+    def _chan(self, pick: int) -> tuple[int, Chan]:
+        keys = sorted(self.chans)
         key = keys[pick % len(keys)]
         return key, self.chans[key]
 
-    def _has_unacked(self) -> bool:
-        return any(c.unacked for c in self.chans.values())
+    def _unacked_chan(self, pick: int) -> Chan | None:
+        """A channel holding unacked deliveries (None: no channel holds any)."""
+        keys = sorted(k for k, c in self.chans.items() if c.unacked)
+        return self.chans[keys[pick % len(keys)]] if keys else None
 
     def _on_message(self, key: int) -> object:
         def on_message(
@@ -122,9 +127,7 @@ class QueueMachine(RuleBasedStateMachine):
         ) -> None:
             assert isinstance(method, pika.spec.Basic.Deliver)
             tag = method.consumer_tag
-            self.inbox.append(
-                (key, tag, method.delivery_tag, method.redelivered, body, props)  # type: ignore[arg-type]
-            )
+            self.inbox.append((key, tag, method.delivery_tag, method.redelivered, body, props))
 
         return on_message
 
@@ -150,10 +153,11 @@ class QueueMachine(RuleBasedStateMachine):
         ids = [int(props.message_id) for *_rest, props in batch]
         if len(ids) > expected or sorted(ids) != ready[: len(ids)]:
             raise ModelViolation(f"deliveries {ids}; the model expected {ready[:expected]}")
-        for each in deliveries_by_consumer([(k, t, i) for (k, t, *_r), i in zip(batch, ids)]):
+        pairs = zip(batch, ids, strict=True)
+        for each in deliveries_by_consumer([(k, t, i) for (k, t, *_r), i in pairs]):
             if each != sorted(each):
                 raise ModelViolation(f"one consumer received {each}: out of order")
-        for (key, ctag, tag, redelivered, body, props), msg_id in zip(batch, ids):
+        for (key, ctag, tag, redelivered, body, props), msg_id in zip(batch, ids, strict=True):
             chan = self.chans[key]
             if chan.consumer != ctag or chan.credit() < 1:
                 raise ModelViolation(f"message {msg_id} delivered to {ctag} without credit")
@@ -238,7 +242,7 @@ class QueueMachine(RuleBasedStateMachine):
         chan.ch.basic_qos(prefetch_count=prefetch)
         chan.prefetch = prefetch
         on_message = self._on_message(chan.ch.channel_number)
-        chan.consumer = chan.ch.basic_consume(self.queue, on_message)  # type: ignore[arg-type]
+        chan.consumer = chan.ch.basic_consume(self.queue, on_message)
         self.settle()
 
     @precondition(lambda self: any(c.consumer is not None for c in self.chans.values()))
@@ -260,40 +264,48 @@ class QueueMachine(RuleBasedStateMachine):
     def _take(self, chan: Chan, tags: list[int]) -> list[int]:
         return [chan.unacked.pop(t)[0] for t in tags]
 
-    @precondition(_has_unacked)
+    @precondition(lambda self: self.chans)
     @rule(pick=PICK, which=PICK, multiple=st.booleans())
     def ack(self, pick: int, which: int, multiple: bool) -> None:
-        _key, chan = self._chan(pick, need_unacked=True)
+        chan = self._unacked_chan(pick)
+        if chan is None:
+            return
         tags = self._tags(chan, which, multiple)
         chan.ch.basic_ack(tags[-1], multiple=multiple)
         for msg_id in self._take(chan, tags):
             self.model.settle(msg_id)
         self.settle()
 
-    @precondition(_has_unacked)
+    @precondition(lambda self: self.chans)
     @rule(pick=PICK, which=PICK, multiple=st.booleans(), requeue=st.booleans())
     def nack(self, pick: int, which: int, multiple: bool, requeue: bool) -> None:
-        _key, chan = self._chan(pick, need_unacked=True)
+        chan = self._unacked_chan(pick)
+        if chan is None:
+            return
         tags = self._tags(chan, which, multiple)
         chan.ch.basic_nack(tags[-1], multiple=multiple, requeue=requeue)
         for msg_id in self._take(chan, tags):
             (self.model.requeue if requeue else self.model.settle)(msg_id)
         self.settle()
 
-    @precondition(_has_unacked)
+    @precondition(lambda self: self.chans)
     @rule(pick=PICK, which=PICK, requeue=st.booleans())
     def reject(self, pick: int, which: int, requeue: bool) -> None:
-        _key, chan = self._chan(pick, need_unacked=True)
+        chan = self._unacked_chan(pick)
+        if chan is None:
+            return
         tags = self._tags(chan, which, False)
         chan.ch.basic_reject(tags[0], requeue=requeue)
         for msg_id in self._take(chan, tags):
             (self.model.requeue if requeue else self.model.settle)(msg_id)
         self.settle()
 
-    @precondition(_has_unacked)
+    @precondition(lambda self: self.chans)
     @rule(pick=PICK)
     def recover(self, pick: int) -> None:
-        _key, chan = self._chan(pick, need_unacked=True)
+        chan = self._unacked_chan(pick)
+        if chan is None:
+            return
         chan.ch.basic_recover(requeue=True)
         for msg_id in self._take(chan, sorted(chan.unacked)):
             self.model.requeue(msg_id)
@@ -309,9 +321,8 @@ class QueueMachine(RuleBasedStateMachine):
     # -- restarts ----------------------------------------------------------------------------
 
     def _can_restart(self) -> bool:
-        return bool(
-            self.broker.restartable and self.restarts < self.max_restarts and self.model.msgs
-        )
+        published = self.model.next_id > 1
+        return self.broker.restartable and self.restarts < self.max_restarts and published
 
     def _requeue_all(self) -> None:
         for chan in self.chans.values():
