@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pika
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -57,7 +57,7 @@ MAX_CHANNELS = 3
 SIZES = st.one_of(st.sampled_from([0, 1, 4096, 65536]), st.integers(0, 65536))
 MESSAGES = st.lists(st.tuples(st.booleans(), SIZES), min_size=1, max_size=4)  # persistent, size
 PICK = st.integers(0, 63)  # which channel / which delivery, modulo how many there are
-DELIVERY_TIMEOUT = 10.0
+DELIVERY_TIMEOUT = 5.0
 
 
 @dataclass
@@ -437,6 +437,9 @@ def run_model(broker: ModelBroker, examples: int, steps: int, restarts: int) -> 
             deadline=None,
             database=None,
             suppress_health_check=list(HealthCheck),
+            # TQ_MODEL_NO_SHRINK=1: report the first failure as found (shrinking a run with
+            # restarts can take minutes; useful for mutation checks)
+            phases=[Phase.generate] if os.environ.get("TQ_MODEL_NO_SHRINK") else list(Phase),
         ),
     )
     stats = ", ".join(f"{k} {v}" for k, v in sorted(machine.stats.items()))
@@ -448,7 +451,7 @@ def run_model(broker: ModelBroker, examples: int, steps: int, restarts: int) -> 
 
 
 def test_queue_model(model_broker: ModelBroker) -> None:
-    examples = int(os.environ.get("TQ_MODEL_EXAMPLES", "12"))
+    examples = int(os.environ.get("TQ_MODEL_EXAMPLES", "20"))
     run_model(model_broker, examples, steps=30, restarts=2)
 
 
