@@ -178,7 +178,10 @@ class Queue(abc.ABC):
 
     @property
     def has_exclusive_consumer(self) -> bool:
-        return any(c.exclusive for c in self.consumers)
+        # An exclusive consumer is its queue's only consumer (checked in constant time: a queue
+        # may have 100k consumers).
+        consumers = self.consumers
+        return len(consumers) == 1 and consumers[0].exclusive
 
     def add_consumer(self, consumer: Consumer) -> None:
         # Keep the list ordered by priority, highest first, registration order among equals.
