@@ -69,10 +69,6 @@ class QueueModel:
     def __init__(self) -> None:
         self.msgs: dict[int, Msg] = {}
         self.next_id = 1
-        # TODO(log backend bug, see test_queue_model.py::test_log_fresh_message_after_crash):
-        # after a crash the log backend flags redelivered the new messages whose offsets fall
-        # in the recovered delivery window; until fixed, the model lets them be flagged.
-        self.new_flag_any = False
 
     def ready(self) -> list[int]:
         return sorted(i for i, m in self.msgs.items() if m.state == READY)
@@ -80,7 +76,7 @@ class QueueModel:
     def publish(self, size: int, persistent: bool) -> int:
         msg_id = self.next_id
         self.next_id += 1
-        self.msgs[msg_id] = Msg(msg_id, size, persistent, flag_any=self.new_flag_any)
+        self.msgs[msg_id] = Msg(msg_id, size, persistent)
         return msg_id
 
     def confirmed(self, msg_id: int) -> None:

@@ -160,7 +160,10 @@ class LogQueueStore:
             delivered = int(state.get("delivered_exact", delivered))
         if state_lost:
             delivered = end  # nothing is known: flag every surviving message redelivered
-        self.redelivered_below = self.delivered_reserved = self._reserve_target = delivered
+        self.delivered_reserved = self._reserve_target = delivered
+        # The reservation may reach past the recovered end: offsets from the end on are new
+        # messages (never delivered), not redeliveries.
+        self.redelivered_below = min(delivered, end)
         self.cursor = self.head
         self._recovered_end = end
         # Reserve a first delivery window now, durably, so delivery starts without a flush.
