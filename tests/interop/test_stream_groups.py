@@ -199,10 +199,17 @@ def test_committed_offsets_survive_a_broker_kill(tmp_path: Path) -> None:
                 held[p].add(offset)
         # Deterministic: every partition not read to its end has unacked deliveries at the
         # kill (the members' credit, 20 each), right after its last ack.
-        sizes = [
-            ch.queue_declare(f"orders-{p}", passive=True).method.message_count
-            for p in range(PARTITIONS)
-        ]
+        # (A stream counts what is durable: wait for the last flush to take in all 900.)
+        deadline = time.monotonic() + 10
+        while True:
+            sizes = [
+                ch.queue_declare(f"orders-{p}", passive=True).method.message_count
+                for p in range(PARTITIONS)
+            ]
+            if sum(sizes) == 900 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert sum(sizes) == 900
         unfinished = [p for p in range(PARTITIONS) if acked[p] + 1 < sizes[p]]
         assert unfinished
         for p in unfinished:
