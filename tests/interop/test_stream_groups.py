@@ -52,6 +52,7 @@ class Member:
         self.received: list[tuple[int, int]] = []  # (partition, offset)
         self.acked: list[tuple[int, int]] = []
         self.hold = False  # set: deliveries are kept unacked (in ``held``)
+        self.hold_after: int | None = None  # hold from this many acks on
         self.held: list[tuple[int, int]] = []
         self.bodies: list[int] = []
         self.cancelled: list[int] = []
@@ -71,6 +72,8 @@ class Member:
         delivery = (partition, properties.headers["x-stream-offset"])
         self.received.append(delivery)
         self.bodies.append(int(body))
+        if self.hold_after is not None and len(self.acked) >= self.hold_after:
+            self.hold = True
         if self.hold:
             self.held.append(delivery)
         else:
@@ -186,8 +189,10 @@ def test_committed_offsets_survive_a_broker_kill(tmp_path: Path) -> None:
         members = [Member(broker.url) for _ in range(3)]
         settle(members)
         publish(ch, 900)
+        for member in members:  # past 150 acks each, deliveries stay unacked (uncommitted)
+            member.hold_after = 150
         pump(members, 450)
-        for member in members:  # from now on deliveries stay unacked, hence uncommitted
+        for member in members:
             member.hold = True
         settle(members, 0.6)  # the commits of what was acked reach the disk (flushes: 0.2 s)
         acked: dict[int, int] = defaultdict(lambda: -1)
