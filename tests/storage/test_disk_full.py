@@ -87,12 +87,18 @@ def brokers(tmpfs: Path, tmp_path: Path) -> Iterator[list[BrokerProcess]]:
 
 
 def start(
-    brokers: list[BrokerProcess], tmpfs: Path, tmp_path: Path, *, disk_free_limit: str = "0"
+    brokers: list[BrokerProcess],
+    tmpfs: Path,
+    tmp_path: Path,
+    *,
+    disk_free_limit: str = "0",
+    durable_backend: str | None = None,
 ) -> BrokerProcess:
     """``python -m tqbroker`` on the tmpfs; its log goes to ``broker.log`` (not on the tmpfs).
     The disk alarm is off unless asked for: these tests fill the disk past it on purpose."""
     broker = start_broker_process(
         tmpfs / "data",
+        durable_backend=durable_backend,
         stderr=tmp_path / "broker.log",
         extra_args=["--disk-free-limit", disk_free_limit],
         log_level="INFO",
@@ -348,9 +354,11 @@ def test_a_broker_restarted_on_a_full_disk_starts_blocks_publishers_and_serves_r
 ) -> None:
     """Probe of the issue: a restart while the disk is full was a crash loop (the unused RocksDB
     backend could not open; a classic queue's reservation could not be written). Now the broker
-    starts with its disk alarm set, blocks publishers, and consumers get every acked message."""
+    starts with its disk alarm set, blocks publishers, and consumers get every acked message.
+    On the log backend: RocksDB writes when it opens, so a broker whose durable backend it is
+    cannot start on a disk with no byte left (the start fails with one line saying so)."""
     rng = random.Random("restart-full")
-    broker = start(brokers, tmpfs, tmp_path)
+    broker = start(brokers, tmpfs, tmp_path, durable_backend="log")
     declare(broker)
     connection = pika.BlockingConnection(params(broker))
     connection.channel().queue_declare("stream", durable=True, arguments={"x-queue-type": "stream"})
@@ -362,7 +370,7 @@ def test_a_broker_restarted_on_a_full_disk_starts_blocks_publishers_and_serves_r
     fill_completely(tmpfs).rename(tmpfs / "filler2")  # not one byte left
     broker.kill()
 
-    broker = start(brokers, tmpfs, tmp_path, disk_free_limit="50MB")
+    broker = start(brokers, tmpfs, tmp_path, disk_free_limit="50MB", durable_backend="log")
     blocked: list[str] = []
     connection = pika.BlockingConnection(params(broker))
     connection.add_on_connection_blocked_callback(lambda _c, f: blocked.append(f.method.reason))
