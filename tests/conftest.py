@@ -1,10 +1,12 @@
 """Shared test fixtures. The broker fixtures come from tqbroker's pytest plugin
-(``tqbroker_broker`` for Trio tests, ``tqbroker_thread`` for synchronous clients)."""
+(``tqbroker_broker`` for Trio tests, ``tqbroker_thread`` for synchronous clients); ``channel``
+is a pika channel on it, ``http`` an httpx client of its HTTP API logged in as guest."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
@@ -19,3 +21,12 @@ def channel(tqbroker_thread: RunningBroker) -> Iterator[BlockingChannel]:
     yield connection.channel()
     if connection.is_open:
         connection.close()
+
+
+@pytest.fixture
+def http(tqbroker_thread: RunningBroker) -> Iterator[httpx.Client]:
+    """An httpx client of the test broker's HTTP API, logged in as guest."""
+    with httpx.Client(
+        base_url=tqbroker_thread.http_url, auth=("guest", "guest"), timeout=10
+    ) as client:
+        yield client

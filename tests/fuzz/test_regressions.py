@@ -8,7 +8,6 @@ import json
 import socket
 import struct
 from array import array
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -100,14 +99,6 @@ def test_base64_value_that_is_not_ascii_is_a_400() -> None:
     with pytest.raises(RequestError, match="base64") as refused:
         inputs.producer_record({"value": "\u00e9", "encoding": "base64"}, 1024)
     assert refused.value.status == 400
-
-
-@pytest.fixture
-def http(tqbroker_thread: RunningBroker) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=tqbroker_thread.http_url, auth=("guest", "guest"), timeout=10
-    ) as client:
-        yield client
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ other error, a nack included, is recorded); its state carries over to the next r
 
 from __future__ import annotations
 
+import abc
 import random
 import threading
 from collections.abc import Callable
@@ -63,7 +64,7 @@ def drain(port: int, history: History) -> None:
     conn.close()
 
 
-class Client:
+class Client(abc.ABC):
     """A thread per round; ``errors`` keeps whatever ended a run but a lost connection."""
 
     def __init__(self, name: str, history: History) -> None:
@@ -92,8 +93,9 @@ class Client:
         except BaseException as exc:
             self.errors.append(exc)
 
+    @abc.abstractmethod
     def run(self, conn: pika.BlockingConnection, stop: threading.Event) -> None:
-        raise NotImplementedError
+        """One round's work on ``conn`` until ``stop``."""
 
     def publish(self, ch: BlockingChannel, msg_id: str) -> bool:
         """Publish ``msg_id`` (persistent) and wait for its confirm: True if acked."""
