@@ -68,9 +68,6 @@ class Limit:
         assert self.fraction is not None
         return int(self.fraction * available_memory)
 
-    def __str__(self) -> str:
-        return str(self.fraction) if self.absolute is None else f"{self.absolute} bytes"
-
 
 def parse_limit(value: float | int | str, what: str) -> Limit:
     """A limit from a config value or a flag: a float (or a string with a decimal point) is a

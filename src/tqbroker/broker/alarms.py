@@ -87,9 +87,8 @@ class MemoryMonitor:
         on_pressure: Callable[[bool], None] = lambda _pressed: None,
     ) -> None:
         self.alarms = alarms
-        self.available = available_memory()
-        self.limit = watermark.bytes(self.available)
-        self.used = 0
+        self.limit = watermark.bytes(available_memory())
+        self.used = 0  # the last measurement
         self.pressed = False  # over PRESSURE_FRACTION of the watermark: queues page out sooner
         self._on_pressure = on_pressure
         self._resident = ResidentSet()
@@ -129,7 +128,7 @@ class DiskMonitor:
         self.alarms = alarms
         self.directory = directory
         self.limit = limit.bytes(available_memory())
-        self.free = -1
+        self.free = -1  # the last measurement
         self._free_bytes = free_bytes
 
     async def check(self) -> float:
