@@ -15,6 +15,9 @@ Jobs:
 - ``consumers``: one channel holds ``--consumers`` consumers on one queue, then the connection
   closes: the broker cancels them all;
 - ``bulk``: one HTTP ``POST /topics/{t}/records`` of ``--records`` small records;
+- ``durable``: one connection declares ``--queues`` durable queues (log backend) and publishes
+  a persistent message to each, all confirmed: the broker's open descriptors stay within its
+  file-handle cache's limit (a quarter of its descriptor limit);
 - ``connections``: ``--connections`` clients connect (handshake, a channel), then all close;
 - ``backlog``: ``--backlog`` transient 1 KiB messages published as fast as one connection can
   to a queue whose one consumer (prefetch 1) acks one message a second;
@@ -28,6 +31,7 @@ A probe, not a test: it asserts nothing. The issue's figures, before pacing: 4.9
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -101,6 +105,26 @@ def consumers(endpoint: Endpoint, count: int) -> tuple[float, float]:
     start = time.perf_counter()
     client.close()
     return start, time.perf_counter()
+
+
+def durable(endpoint: Endpoint, count: int) -> tuple[float, float]:
+    client = RawClient.connect(endpoint)
+    start = time.perf_counter()
+    on_log = {"x-queue-backend": "log"}
+    for n in range(count):
+        client.send(
+            CHANNEL, QueueDeclare(queue=f"d{n}", durable=True, arguments=on_log, nowait=True)
+        )
+        if n % 1000 == 999:
+            client.declare(f"d{n}", on_log)  # a thousand declares in flight at most
+    client.declare("d-sync", on_log)
+    client.confirm_select()
+    for n in range(count):
+        client.publish(publish_frames(f"d{n}", b"m%d" % n, persistent=True), 1)
+    client.publish_confirmed_frames(publish_frames("d-sync", b"", persistent=True), 1)
+    end = time.perf_counter()
+    client.close()
+    return start, end
 
 
 def connections(endpoint: Endpoint, count: int) -> tuple[float, float]:
@@ -180,14 +204,15 @@ def main() -> int:
                 "consumers": lambda: consumers(endpoint, args.consumers),
                 "bulk": lambda: bulk(http, args.records),
                 "connections": lambda: connections(endpoint, args.connections),
+                "durable": lambda: durable(endpoint, args.queues),
                 "backlog": lambda: backlog(endpoint, args.backlog),
                 "flood": lambda: backlog(endpoint, args.backlog, "flood"),
             }
             print(
                 "| job | size | job time | canary round trips | p50 | p99 | longest "
-                "| broker RSS before / after |"
+                "| broker RSS before / after | broker descriptors after |"
             )
-            print("|---|---|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|---|---|")
             for name in args.jobs.split(","):
                 canary = Canary(endpoint, consume_only=name == "flood")
                 canary.start()
@@ -200,6 +225,7 @@ def main() -> int:
                 took = canary.during(start, end + 0.5)
                 size = {
                     "teardown": args.queues,
+                    "durable": args.queues,
                     "consumers": args.consumers,
                     "connections": args.connections,
                     "bulk": args.records,
@@ -207,7 +233,7 @@ def main() -> int:
                 print(
                     f"| {name} | {size} | {end - start:.2f} s | {len(took)} | "
                     f"{_ms(statistics.median(took))} | {_ms(_p99(took))} | {_ms(max(took))} | "
-                    f"{rss_before} / {_rss(broker)} |"
+                    f"{rss_before} / {_rss(broker)} | {_descriptors(broker)} |"
                 )
                 canary.client.close()
         finally:
@@ -239,6 +265,10 @@ def _rss(broker: subprocess.Popen[str] | None) -> str:
         return "-"
     with open(f"/proc/{broker.pid}/statm") as statm:
         return f"{int(statm.read().split()[1]) * 4096 / 2**20:.0f} MiB"
+
+
+def _descriptors(broker: subprocess.Popen[str] | None) -> str:
+    return "-" if broker is None else str(len(os.listdir(f"/proc/{broker.pid}/fd")))
 
 
 def _p99(values: list[float]) -> float:

@@ -9,20 +9,18 @@ Responsibilities:
 - the broker's memory use: its resident set, after handing the allocator's free pages back to the
   system (``malloc_trim``) when it looks over the limit, so that memory freed by a consumer or a
   queue delete counts as free;
-- the free space on the data directory's file system;
-- file descriptors: how many are open, and whether opening more for a new queue would eat into
-  the reserve kept for accepting connections and for the broker's own files.
+- the free space on the data directory's file system.
+
+File descriptors are the file-handle cache's business (``filecache``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import errno
 import functools
 import os
 import re
-import resource
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -147,30 +145,3 @@ def _malloc_trim() -> Callable[[int], object] | None:
 def free_disk_bytes(path: Path) -> int:
     """Free space on the file system holding ``path`` (for an unprivileged user)."""
     return shutil.disk_usage(path).free
-
-
-# Descriptors kept for accepting connections, checkpoints and definitions: a new durable queue
-# is refused (506) rather than take them.
-DESCRIPTOR_RESERVE_FRACTION: Final = 0.1
-DESCRIPTOR_RESERVE_MIN: Final = 32
-DESCRIPTOR_RESERVE_MAX: Final = 1024
-
-
-def check_descriptor_room(needed: int) -> None:
-    """Raise ``OSError(EMFILE)`` if opening ``needed`` more descriptors would leave fewer than
-    the reserve free (blocking: lists ``/proc/self/fd``)."""
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if limit == resource.RLIM_INFINITY:
-        return
-    reserve = int(limit * DESCRIPTOR_RESERVE_FRACTION)
-    reserve = max(DESCRIPTOR_RESERVE_MIN, min(DESCRIPTOR_RESERVE_MAX, reserve))
-    try:
-        in_use = len(os.listdir("/proc/self/fd"))
-    except FileNotFoundError:  # not Linux
-        return
-    if in_use + needed > limit - reserve:
-        raise OSError(
-            errno.EMFILE,
-            f"Too many open files ({in_use} of {limit} in use; {reserve} are kept for "
-            "connections and the broker's own files)",
-        )

@@ -668,12 +668,15 @@ def test_flushes_in_a_worker_thread_while_pushing(tmp_path: Path) -> None:
     work_queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
     errors: list[BaseException] = []
     in_flush = threading.Event()
+    overlapped = threading.Event()  # a push happened during a flush
     completed: list[int] = []
 
     def worker() -> None:
         try:
             while (work := work_queue.get()) is not None:
                 in_flush.set()
+                if not completed:  # the first flush waits for a push (however busy the machine)
+                    overlapped.wait(timeout=10)
                 work()
                 in_flush.clear()
                 completed.append(1)
@@ -693,7 +696,9 @@ def test_flushes_in_a_worker_thread_while_pushing(tmp_path: Path) -> None:
             message_id = store.push(msg, persistent=is_persistent)
             if is_persistent:
                 persistent[message_id] = msg
-            pushes_during_flushes += in_flush.is_set()
+            if in_flush.is_set():
+                pushes_during_flushes += 1
+                overlapped.set()
             if n % 3 == 0:
                 popped = store.pop()  # never blocks: a held-back pop just waits for a flush
                 if popped is not None and popped is not FLUSH_FIRST:

@@ -341,9 +341,9 @@ def damage(stream: LogStream, offset: int) -> None:
     position = next(
         pos
         for pos in range(segment.written)
-        if os.pread(segment._fd, 8, pos + 8) == offset.to_bytes(8, "big")
+        if segment.file.pread(8, pos + 8) == offset.to_bytes(8, "big")
     )
-    os.pwrite(segment._fd, b"\xff", position + record.size - 1)
+    segment.file.pwrite(b"\xff", position + record.size - 1)
     segment._read_pos = -1  # forget the read-ahead
 
 

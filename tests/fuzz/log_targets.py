@@ -18,6 +18,7 @@ from pathlib import Path
 from tqbroker.backends.log.format import RecordError, decode_record, encode_record
 from tqbroker.backends.log.recovery import load_segment, scan_segment
 from tqbroker.backends.log.segment import Segment, read_file_records, segment_name
+from tqbroker.filecache import Directory
 from tqbroker.model import Message
 
 from .common import Reader, target
@@ -70,7 +71,7 @@ def fuzz_log(data: bytes) -> None:
     paths = [where / segment_name(base, suffix) for suffix in (".log", ".index", ".timeindex")]
     for path, raw in zip(paths, (log_raw, index_raw, time_raw), strict=True):
         path.write_bytes(raw)
-    segment = Segment(where, base, interval)
+    segment = Segment(Directory(where), base, interval)
     try:
         end_offset = base + mode // 8 if mode & 4 else None
         truncate = bool(mode & 2)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tqbroker.backends.log.format import encode_record
 from tqbroker.backends.log.segment import Segment, segment_name
+from tqbroker.filecache import Directory
 from tqbroker.model import Message
 from tqbroker.protocol.codec import FieldTable, Long, encode_table
 from tqbroker.protocol.frames import (
@@ -151,7 +152,7 @@ def sasl() -> Iterator[bytes]:
 def log() -> Iterator[bytes]:
     with tempfile.TemporaryDirectory() as name:
         directory = Path(name)
-        segment = Segment(directory, 1000, 64)
+        segment = Segment(Directory(directory), 1000, 64)
         properties = BasicProperties(delivery_mode=2).encode()
         for i in range(4):
             message = Message("ex", f"rk{i}", properties, b"body %d" % i * (i + 1))

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from protocol.strategies import any_method, basic_properties, field_tables, method_instances
 from tqbroker.backends.log.format import encode_record
 from tqbroker.backends.log.segment import Segment, segment_name
+from tqbroker.filecache import Directory
 from tqbroker.model import Message
 from tqbroker.protocol import methods
 from tqbroker.protocol.codec import encode_table
@@ -166,7 +167,7 @@ def segment_files(
     """The record file and index files a segment with these records writes."""
     with tempfile.TemporaryDirectory() as name:
         directory = Path(name)
-        segment = Segment(directory, base, interval)
+        segment = Segment(Directory(directory), base, interval)
         offset = base - 1
         for gap, stamp, exchange, key, props, body in records:
             offset += gap

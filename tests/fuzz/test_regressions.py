@@ -18,6 +18,7 @@ from tqbroker.auth import parse_response
 from tqbroker.backends.log.format import encode_record
 from tqbroker.backends.log.recovery import scan_segment
 from tqbroker.backends.log.segment import Segment, segment_name
+from tqbroker.filecache import Directory
 from tqbroker.model import Message
 from tqbroker.protocol.codec import MAX_TABLE_DEPTH, FieldTable
 from tqbroker.protocol.frames import PROTOCOL_HEADER
@@ -151,7 +152,7 @@ def test_append_after_untruncated_scan_reads_back(tmp_path: Path) -> None:
     )
     damaged = b"\x00\x00\x00\x1a" + b"\x00" * 26  # an impossible length: 26
     (tmp_path / segment_name(0, ".log")).write_bytes(records + damaged)
-    segment = Segment(tmp_path, 0, 4096)
+    segment = Segment(Directory(tmp_path), 0, 4096)
     try:
         assert not scan_segment(segment, truncate=False)
         assert segment.next_offset == 2

@@ -21,7 +21,6 @@ from typing import Final
 from ..backends.base import Backend, QueueStore
 from ..backends.streams import StreamBackend, StreamLog
 from ..protocol.errors import AMQPError, ReplyCode
-from ..resources import check_descriptor_room
 from .arguments import STREAM, QueueArguments
 from .plugin_errors import backend_failed
 from .priority import PriorityStore, level_store_names
@@ -87,11 +86,7 @@ class QueueStorage:
 
     def open(self, name: str, backend_name: str, arguments: QueueArguments) -> None:
         """Open (recover) the queue's stores, so that creating the queue finds them open (a
-        backend returns an open store again). Blocking: run in a worker thread. On a durable
-        backend, refused (``OSError`` EMFILE) if the queue's files would take descriptors the
-        broker keeps in reserve."""
-        if self.backends[backend_name].durable:
-            check_descriptor_room(DESCRIPTORS_PER_QUEUE * len(store_names(name, arguments)))
+        backend returns an open store again). Blocking: run in a worker thread."""
         if arguments.kind == STREAM:
             self.open_stream(backend_name, name, arguments)
         else:
@@ -127,8 +122,6 @@ class QueueStorage:
             raise failed from exc
 
 
-# What a durable store keeps open, about: a segment's record file and its two indexes.
-DESCRIPTORS_PER_QUEUE: Final = 3
 # Out of space, quota, descriptors or memory: the resource the client asked too much of.
 RESOURCE_ERRNOS: Final = frozenset(
     {errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.ENOMEM}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -180,6 +181,18 @@ class BrokerProcess:
             self.kill()
 
 
+def _popen(
+    args: list[str], cwd: Path | None, stderr: int | IO[str] | None, max_open_files: int | None
+) -> subprocess.Popen[str]:
+    def limit_files() -> None:
+        if max_open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+
+    return subprocess.Popen(
+        args, cwd=cwd, stdout=subprocess.PIPE, stderr=stderr, text=True, preexec_fn=limit_files
+    )
+
+
 def start_broker_process(
     data_dir: Path | None,
     *,
@@ -189,13 +202,15 @@ def start_broker_process(
     log_level: str | None = "WARNING",
     cwd: Path | None = None,
     timeout: float = 30,
+    max_open_files: int | None = None,
 ) -> BrokerProcess:
     """Run ``python -m tqbroker --port 0`` and wait for its startup line. ``data_dir`` None is
     the CLI's default (``tqbroker-data`` in ``cwd``); ``durable_backend`` defaults to
     ``durable_backend_for_tests()``; ``log_level`` None is the CLI's default (INFO).
     ``stderr`` (the broker's log): DEVNULL, None (inherited), PIPE, an open file, or a path
     to append to. Raises ``RuntimeError`` with what the broker printed if it exits, prints
-    something else or stays silent for ``timeout`` seconds."""
+    something else or stays silent for ``timeout`` seconds. ``max_open_files``: the broker's
+    descriptor limit (``RLIMIT_NOFILE``, soft and hard), as ``ulimit -n`` would set it."""
     args = [sys.executable, "-m", "tqbroker", "--port", "0", "--http-port", "0"]
     args += ["--durable-backend", durable_backend or durable_backend_for_tests()]
     if data_dir is not None:
@@ -205,9 +220,9 @@ def start_broker_process(
     args += extra_args
     if isinstance(stderr, Path):
         with open(stderr, "a") as log:
-            proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=log, text=True)
+            proc = _popen(args, cwd, log, max_open_files)
     else:
-        proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        proc = _popen(args, cwd, stderr, max_open_files)
     assert proc.stdout is not None
     line = _first_line(proc.stdout, timeout)
     match = _STARTUP_LINE.search(line or "")

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import attrs
 
 from ... import fsio
+from ...filecache import Directory
 from ...fsutil import fsync_dir
 from ..streams import CompactionPolicy
 from .format import RecordError
@@ -160,7 +161,7 @@ def _rewrite(
     """Copy the records of ``source`` that are the latest of their key (or have none) to a new
     segment in ``scratch``, fsync'd; None if the source went away meanwhile (retention). Raises
     OSError if it no longer reads as it did a moment ago."""
-    out = Segment(scratch, source.segment.base_offset, index_interval_bytes)
+    out = Segment(Directory(scratch), source.segment.base_offset, index_interval_bytes)
     removed = 0
     try:
         for record, raw in read_file_records(source.path, source.size):

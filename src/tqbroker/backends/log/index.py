@@ -12,38 +12,37 @@ so far -> relative offset).
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from array import array
 from bisect import bisect_right
 from pathlib import Path
 
-from ... import fsio
+from ...filecache import CachedFile
 
 log = logging.getLogger(__name__)
 
 
 class SparseIndex:
-    """One index file of a segment, its descriptor open for the segment's life."""
+    """One index file of a segment (its descriptor from the file-handle cache)."""
 
     __slots__ = (
         "_buffer",
         "_entry",
-        "_fd",
         "_key_type",
         "_value_type",
         "_written",
+        "file",
         "keys",
-        "path",
         "values",
     )
 
-    def __init__(self, path: Path, entry: struct.Struct, key_type: str, value_type: str) -> None:
-        self.path = path
+    def __init__(
+        self, file: CachedFile, entry: struct.Struct, key_type: str, value_type: str
+    ) -> None:
+        self.file = file
         self._entry = entry
         self._key_type = key_type
         self._value_type = value_type
-        self._fd = fsio.fs.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self.keys = array(key_type)
         self.values = array(value_type)
         self._buffer = bytearray()
@@ -64,18 +63,18 @@ class SparseIndex:
         were any."""
         if not self._buffer:
             return False
-        self._written += fsio.fs.pwrite(self._fd, bytes(self._buffer), self._written)
+        self._written += self.file.pwrite(bytes(self._buffer), self._written)
         self._buffer.clear()
         return True
 
     def sync(self) -> None:
-        fsio.fs.fdatasync(self._fd)
+        self.file.fdatasync()
 
     def load(self, value_limit: int | None = None) -> bool:
         """Read the entries back from the file; False (the index left as it was) if it is not a
         valid index: a partial entry, keys not strictly increasing, or (with ``value_limit``) a
         value at or above it."""
-        raw = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
+        raw = self.file.pread(self.file.size(), 0)
         if len(raw) % self._entry.size:
             return False
         keys, values = array(self._key_type), array(self._value_type)
@@ -95,10 +94,11 @@ class SparseIndex:
 
     def rewrite(self) -> None:
         """Empty the file: every entry in memory is written again by the next ``write_out``."""
-        fsio.fs.ftruncate(self._fd, 0)
+        self.file.ftruncate(0)
         self._written = 0
         entries = zip(self.keys, self.values, strict=True)
         self._buffer[:] = b"".join(self._entry.pack(key, value) for key, value in entries)
 
-    def close(self) -> None:
-        fsio.fs.close(self._fd)
+    @property
+    def path(self) -> Path:
+        return self.file.path

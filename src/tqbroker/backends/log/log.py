@@ -28,7 +28,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Final
 
-from ... import fsio
+from ... import filecache, fsio
+from ...filecache import Directory
 from ...fsutil import fsync_dir
 from ...model import Message
 from .format import Record, RecordError, encode_record, parse_record
@@ -115,7 +116,8 @@ class Log:
         index_interval_bytes: int = 4096,
         cache: RecordCache | None = None,
     ) -> None:
-        self.directory = directory
+        # Shared with every segment of the log: ``move`` renames it for all of them at once.
+        self._directory = Directory(directory)
         self.segment_bytes = segment_bytes
         self.segment_ms = segment_ms
         self.index_interval_bytes = index_interval_bytes
@@ -127,6 +129,10 @@ class Log:
         self.corrupt_records = 0
         self.sync_failed = False  # an fdatasync failed: nothing written since can be trusted
         self._directory_dirty = False  # a segment was created since the last sync
+
+    @property
+    def directory(self) -> Path:
+        return self._directory.path
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -143,7 +149,8 @@ class Log:
         )
         self._remove_orphans(set(bases))
         for i, base in enumerate(bases):
-            segment = Segment(self.directory, base, self.index_interval_bytes)
+            segment = Segment(self._directory, base, self.index_interval_bytes)
+            self._add(segment)  # closed with the log if what follows fails
             next_base = bases[i + 1] if i + 1 < len(bases) else None
             # Trusted: the segments a recovery point passed. One that ends exactly at it may
             # have been the active segment when that checkpoint was written, its indexes not
@@ -151,10 +158,8 @@ class Log:
             if clean or (next_base is not None and next_base < recovery_point):
                 load_segment(segment, next_base)
             elif not scan_segment(segment):
-                self._add(segment)
                 self._drop_after(i, bases)
                 break
-            self._add(segment)
         if marker.exists():
             fsio.fs.unlink(marker)
             fsync_dir(self.directory)
@@ -178,7 +183,7 @@ class Log:
         """A segment was truncated: every later segment is unreachable garbage."""
         for base in bases[i + 1 :]:
             log.warning("%s: discarding segment %d after a truncated one", self.directory, base)
-            Segment(self.directory, base, self.index_interval_bytes).delete()
+            Segment(self._directory, base, self.index_interval_bytes).delete()
 
     def _add(self, segment: Segment) -> None:
         self.segments.append(segment)
@@ -194,7 +199,7 @@ class Log:
     def _roll(self, base_offset: int) -> None:
         # The old segment's buffered records are written out by the next ``write_out``; the
         # next sync makes the new files' directory entries durable.
-        self._add(Segment(self.directory, base_offset, self.index_interval_bytes))
+        self._add(Segment(self._directory, base_offset, self.index_interval_bytes))
         self._segment_created_ms = _now_ms()
         self._directory_dirty = True
 
@@ -410,6 +415,15 @@ class Log:
             self._bases.pop(0)
             total -= oldest.size
         return removed
+
+    def move(self, target: Path) -> None:
+        """Rename the log's directory to ``target`` (the queue is being deleted): every segment,
+        detached ones included, reopens its files there from now on."""
+        filecache.files.move(self._directory, target)
+
+    def install(self, segment: Segment) -> None:
+        """Move a compacted copy (``Segment.install``) into the log's directory."""
+        segment.install(self._directory)
 
     def close(self, *, clean: bool) -> None:
         """Close every file; with ``clean`` (after a final sync) leave the clean marker."""

@@ -16,20 +16,22 @@ Responsibilities:
   of the segment it replaces.
 
 The segment never fsyncs by itself; ``sync`` (run by the flusher's worker thread) does, the
-record file alone while the segment is active, the indexes too once it is sealed. File
-descriptors stay open for the segment's life so that reads never race a close.
+record file alone while the segment is active, the indexes too once it is sealed. Its three
+files take descriptors from the file-handle cache (``filecache``) only while they are used;
+``keep_open`` holds them for a segment whose names are about to go (an unlink, a compacted copy
+installed over it) while a reader or a flush in flight may still use it.
 """
 
 from __future__ import annotations
 
 import logging
 import mmap
-import os
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ... import fsio
+from ... import filecache, fsio
+from ...filecache import CachedFile, Directory
 from .format import (
     HEAD_SIZE,
     INDEX_ENTRY,
@@ -53,20 +55,22 @@ def segment_name(base_offset: int, suffix: str) -> str:
 
 
 class Segment:
-    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int) -> None:
-        self.directory = directory
+    def __init__(self, directory: Directory, base_offset: int, index_interval_bytes: int) -> None:
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
-        self.log_path = directory / segment_name(base_offset, ".log")
-        self._fd = fsio.fs.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        files: list[CachedFile] = []
+        try:  # creates the three files (a failure leaves no descriptor open)
+            for suffix in (".log", ".index", ".timeindex"):
+                files.append(filecache.files.file(directory, segment_name(base_offset, suffix)))
+        except BaseException:
+            for file in files:
+                file.close()
+            raise
+        self.file = files[0]
         # Offset index: relative offset -> file position; time index: timestamp -> relative
         # offset.
-        self.offset_index = SparseIndex(
-            directory / segment_name(base_offset, ".index"), INDEX_ENTRY, "I", "I"
-        )
-        self.time_index = SparseIndex(
-            directory / segment_name(base_offset, ".timeindex"), TIME_ENTRY, "Q", "I"
-        )
+        self.offset_index = SparseIndex(files[1], INDEX_ENTRY, "I", "I")
+        self.time_index = SparseIndex(files[2], TIME_ENTRY, "Q", "I")
         self.size = 0  # bytes of records in the file plus the buffer
         self.written = 0  # bytes of records already in the file
         self.next_offset = base_offset
@@ -81,6 +85,14 @@ class Segment:
         self._read_buf = b""
         # Where the last walk stopped: (least offset, file position) of the next record.
         self._hint = (-1, 0)
+
+    @property
+    def files(self) -> tuple[CachedFile, CachedFile, CachedFile]:
+        return self.file, self.offset_index.file, self.time_index.file
+
+    @property
+    def log_path(self) -> Path:
+        return self.file.path
 
     @property
     def index_path(self) -> Path:
@@ -125,10 +137,10 @@ class Segment:
             written = 0
             try:
                 while written < len(data):
-                    written += fsio.fs.pwrite(self._fd, data[written:], self.written + written)
+                    written += self.file.pwrite(data[written:], self.written + written)
             except OSError:
                 # Leave the file as it was before this call: a retry rewrites everything.
-                fsio.fs.ftruncate(self._fd, self.written)
+                self.file.ftruncate(self.written)
                 raise
             if self._read_pos + len(self._read_buf) > self.written:
                 # The read-ahead holds what the file had past the end (bytes a scan stopped
@@ -147,7 +159,7 @@ class Segment:
         active segment's group commits sync the record file alone: recovery rebuilds the
         indexes of every segment it rescans, and a segment is synced with its indexes once it
         is sealed, before a recovery point can pass it."""
-        fsio.fs.fdatasync(self._fd)
+        self.file.fdatasync()
         if indexes:
             self.offset_index.sync()
             self.time_index.sync()
@@ -263,7 +275,7 @@ class Segment:
         j = bisect_right(positions, pos)
         limit, limit_offset = self._entry(j) if j < len(positions) else (self.written, None)
         end = min(limit, self.written)
-        head = os.pread(self._fd, 4, pos)
+        head = self.file.pread(4, pos)
         if len(head) == 4:
             candidate = pos + 4 + int.from_bytes(head, "big")
             found = self._intact_at(candidate, least + 1) if candidate < end else None
@@ -272,7 +284,7 @@ class Segment:
         last = least + 1 + RESYNC_RECORDS
         if limit_offset is not None:
             last = min(last, limit_offset)
-        with mmap.mmap(self._fd, end, access=mmap.ACCESS_READ) as view:
+        with self.file.map(end) as view:
             for offset in range(least + 1, last):
                 needle = offset.to_bytes(8, "big")
                 at = view.find(needle, pos + 1 + HEAD_SIZE, end)
@@ -308,11 +320,11 @@ class Segment:
                 if record is not None:
                     return record
         # Refill: at least the whole record (its length is in the first 4 bytes).
-        head = os.pread(self._fd, READ_AHEAD, pos)
+        head = self.file.pread(READ_AHEAD, pos)
         if len(head) >= 4:
             length = int.from_bytes(head[:4], "big")
             if 4 + length > len(head) and pos + 4 + length <= self.written:
-                head += os.pread(self._fd, 4 + length - len(head), pos + len(head))
+                head += self.file.pread(4 + length - len(head), pos + len(head))
         self._read_pos, self._read_buf = pos, head
         record = decode_record(head, 0)
         if record is None:
@@ -336,12 +348,12 @@ class Segment:
     def adopt_file(self) -> int:
         """Take the record file as it is: its length is the size, all of it written; returns
         it."""
-        self.size = self.written = os.fstat(self._fd).st_size
+        self.size = self.written = self.file.size()
         return self.size
 
     def map_records(self) -> mmap.mmap:
         """A read-only map of the record file's first ``size`` bytes (``size`` > 0)."""
-        return mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ)
+        return self.file.map(self.size)
 
     def reset_indexes(self) -> None:
         """Forget both indexes and the greatest timestamp, before a scan finds them again."""
@@ -373,7 +385,7 @@ class Segment:
         next offset: adopt that and rewrite both index files from what it found."""
         self.next_offset = next_offset
         if cut:
-            fsio.fs.ftruncate(self._fd, end)
+            self.file.ftruncate(end)
         self.size = self.written = end
         self._read_pos, self._read_buf = -1, b""
         self._hint = (-1, 0)
@@ -384,39 +396,42 @@ class Segment:
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        fsio.fs.close(self._fd)
-        self.offset_index.close()
-        self.time_index.close()
+        for file in self.files:
+            file.close()
 
     def delete(self) -> None:
         self.close()
-        self.unlink()
+        self._unlink_files()
+
+    def keep_open(self) -> None:
+        """Hold the descriptors until ``close``: the names are about to go (``unlink``, or a
+        compacted copy installed over them) while this segment may still be read or synced."""
+        for file in self.files:
+            file.hold()
 
     def unlink(self) -> None:
-        """Remove the files (the record file first: index files without one are orphans, which
-        a start removes); the descriptors stay open until ``close``."""
+        """Remove the files; the segment stays usable (``keep_open``) until ``close``."""
+        self.keep_open()
+        self._unlink_files()
+
+    def _unlink_files(self) -> None:
+        """The record file first: index files without one are orphans, which a start
+        removes."""
         for path in (self.log_path, self.index_path, self.time_path):
             fsio.fs.unlink(path, missing_ok=True)
 
-    def install(self, directory: Path) -> None:
+    def install(self, directory: Directory) -> None:
         """Move the files of this segment (a compacted copy, written and synced in another
         directory of the same file system) into ``directory``, over those of the segment with
         the same base offset. The replaced index files go first, then the record file is
         renamed over the old one (atomic), then the new indexes follow: a crash at any point
         leaves the old or the new record file, with its own indexes or none (rebuilt at the next
-        start). Making the renames durable (``fsync_dir``) is the caller's business."""
-        paths = [
-            directory / segment_name(self.base_offset, suffix)
-            for suffix in (".log", ".index", ".timeindex")
-        ]
-        for path in paths[1:]:
-            fsio.fs.unlink(path, missing_ok=True)
-        for source, target in zip(
-            (self.log_path, self.index_path, self.time_path), paths, strict=True
-        ):
-            fsio.fs.replace(source, target)
-        self.directory = directory
-        self.log_path, self.offset_index.path, self.time_index.path = paths
+        start). The replaced segment must ``keep_open`` first if it may still be used. Making
+        the renames durable (``fsync_dir``) is the caller's business."""
+        for file in self.files[1:]:
+            fsio.fs.unlink(directory.path / file.name, missing_ok=True)
+        for file in self.files:
+            filecache.files.move_file(file, directory)
 
 
 def read_file_records(path: Path, size: int) -> Iterator[tuple[Record, bytes]]:

@@ -31,7 +31,6 @@ from typing import Any
 
 import cbor2
 
-from ... import fsio
 from ...fsutil import atomic_write
 from ...model import Message
 from ..base import FLUSH_FIRST, FlushFirst, Popped
@@ -487,7 +486,7 @@ class LogQueueStore:
         and the directory moves to ``move_to`` (atomically with respect to those writes). The
         files stay open until ``close_abandoned`` (after any flush in flight has finished)."""
         with self._state_lock:
-            fsio.fs.rename(self.directory, move_to)  # OSError: nothing changed, the queue stays
+            self.log.move(move_to)  # OSError: nothing changed, the queue stays
             self.abandoned = True
 
     def close_abandoned(self) -> None:

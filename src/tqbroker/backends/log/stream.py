@@ -216,8 +216,9 @@ class LogStream:
                 continue
             if new is None:
                 old.unlink()
-            else:
-                new.install(self.directory)
+            else:  # a flush in flight may still sync the old files: they stay open
+                old.keep_open()
+                self.log.install(new)
             self.log.replace_segment(old, new)
             self._retired.append(old)
             removed += swap.removed
@@ -317,7 +318,7 @@ class LogStream:
 
     def abandon(self, move_to: Path) -> None:
         with self._lock:
-            fsio.fs.rename(self.directory, move_to)  # OSError: nothing changed, the queue stays
+            self.log.move(move_to)  # OSError: nothing changed, the queue stays
             self.abandoned = True
 
     def close_abandoned(self) -> None:
