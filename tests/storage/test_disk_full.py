@@ -13,6 +13,7 @@ Needs root (``mount -t tmpfs``); skipped otherwise."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import random
 import subprocess
@@ -27,6 +28,7 @@ import pika.exceptions
 import pytest
 
 from rawamqp import RawAMQP, SocketClosed
+from tqbroker.backends import FLUSH_FIRST
 from tqbroker.backends.log import LogBackend
 from tqbroker.model import Message
 from tqbroker.protocol.methods import (
@@ -48,6 +50,13 @@ pytestmark = pytest.mark.skipif(
 QUEUE = "full-disk"
 HEADROOM = 1536 * 1024  # left free on the tmpfs once the filler is written
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
+ROCKSDB = pytest.param(
+    "rocksdb",
+    marks=pytest.mark.skipif(
+        importlib.util.find_spec("tqbroker_rocksdb") is None,
+        reason="tqbroker-rocksdb not installed",
+    ),
+)
 CONNECTION_ERRORS = (pika.exceptions.AMQPConnectionError, pika.exceptions.StreamLostError)
 
 
@@ -349,16 +358,17 @@ def test_full_disk_with_many_publishes_in_flight(
     broker.stop()
 
 
+@pytest.mark.parametrize("backend", ["log", ROCKSDB])
 def test_a_broker_restarted_on_a_full_disk_starts_blocks_publishers_and_serves_readers(
-    tmpfs: Path, tmp_path: Path, brokers: list[BrokerProcess]
+    tmpfs: Path, tmp_path: Path, brokers: list[BrokerProcess], backend: str
 ) -> None:
     """Probe of the issue: a restart while the disk is full was a crash loop (the unused RocksDB
     backend could not open; a classic queue's reservation could not be written). Now the broker
-    starts with its disk alarm set, blocks publishers, and consumers get every acked message.
-    On the log backend: RocksDB writes when it opens, so a broker whose durable backend it is
-    cannot start on a disk with no byte left (the start fails with one line saying so)."""
+    starts with its disk alarm set, blocks publishers, and consumers get every acked message,
+    on either durable backend (RocksDB, which cannot open read-write without writing a new
+    MANIFEST, is opened read-only until a flush finds space)."""
     rng = random.Random("restart-full")
-    broker = start(brokers, tmpfs, tmp_path, durable_backend="log")
+    broker = start(brokers, tmpfs, tmp_path, durable_backend=backend)
     declare(broker)
     connection = pika.BlockingConnection(params(broker))
     connection.channel().queue_declare("stream", durable=True, arguments={"x-queue-type": "stream"})
@@ -370,7 +380,7 @@ def test_a_broker_restarted_on_a_full_disk_starts_blocks_publishers_and_serves_r
     fill_completely(tmpfs).rename(tmpfs / "filler2")  # not one byte left
     broker.kill()
 
-    broker = start(brokers, tmpfs, tmp_path, disk_free_limit="50MB", durable_backend="log")
+    broker = start(brokers, tmpfs, tmp_path, disk_free_limit="50MB", durable_backend=backend)
     blocked: list[str] = []
     connection = pika.BlockingConnection(params(broker))
     connection.add_on_connection_blocked_callback(lambda _c, f: blocked.append(f.method.reason))
@@ -386,6 +396,24 @@ def test_a_broker_restarted_on_a_full_disk_starts_blocks_publishers_and_serves_r
     log = (tmp_path / "broker.log").read_text()
     assert "disk resource limit alarm set" in log
     assert "Traceback" not in log
+
+
+def test_rocksdb_cannot_create_its_database_on_a_full_disk_and_says_so_in_one_line(
+    tmpfs: Path, tmp_path: Path, brokers: list[BrokerProcess]
+) -> None:
+    """A new database needs space (RocksDB writes a MANIFEST, rocksdict its settings): a first
+    start on a full disk fails, with one line naming the directory and no traceback."""
+    pytest.importorskip("tqbroker_rocksdb")
+    fill_completely(tmpfs)
+    with pytest.raises(RuntimeError, match="exit status 1") as failed:
+        start(brokers, tmpfs, tmp_path, durable_backend="rocksdb")
+    log = (tmp_path / "broker.log").read_text()
+    assert "Traceback" not in log
+    lines = [line for line in log.splitlines() if line.startswith("tqbroker: cannot start")]
+    assert len(lines) == 1, log
+    assert f"cannot open the RocksDB database in {tmpfs / 'data' / 'rocksdb'}: " in lines[0]
+    assert "No space left on device" in lines[0]
+    assert "cannot start" in str(failed.value)
 
 
 # -- in process: a checkpoint that cannot be written ---------------------------------------------
@@ -442,4 +470,90 @@ def test_failed_checkpoint_write_is_retried_once_space_is_back(tmpfs: Path) -> N
     store = backend.open_queue("/", "q")
     entries = [store.pop(), store.pop()]
     assert [e[1].body if e else None for e in entries] == [b"second", None]
+    backend.close()
+
+
+def test_rocksdb_opens_read_only_on_a_full_disk_and_starts_its_run_once_space_is_back(
+    tmpfs: Path,
+) -> None:
+    """RocksDB writes a new MANIFEST whenever it opens read-write, so on a full disk the backend
+    opens the database read-only: recovered messages are delivered, writes (the run's new epoch
+    included) wait for the first flush that can write, which reopens it read-write."""
+    pytest.importorskip("tqbroker_rocksdb")
+    from tqbroker_rocksdb import RocksDBBackend
+    from tqbroker_rocksdb.codec import META_EPOCH, TRANSIENT, TRANSIENT_END
+
+    def message(body: bytes, mode: int = 2) -> Message:
+        return Message("", "q", BasicProperties(delivery_mode=mode).encode(), body)
+
+    def flush(backend: RocksDBBackend) -> None:
+        work = backend.begin_flush()
+        assert work is not None
+        work()
+
+    def transient_keys(backend: RocksDBBackend) -> list[bytes]:
+        with backend.writer.reading() as db:
+            keys = db.keys(from_key=TRANSIENT)
+            return [k for k in keys if isinstance(k, bytes) and TRANSIENT <= k < TRANSIENT_END]
+
+    backend = RocksDBBackend()
+    backend.open(tmpfs / "data")
+    store = backend.open_queue("/", "q")
+    for body in (b"first", b"second", b"never delivered"):
+        store.push(message(body), persistent=True)
+    store.push(message(b"transient", mode=1))
+    flush(backend)
+    for _ in range(2):
+        assert isinstance(store.pop(), tuple)  # delivered, never acked
+    first_epoch = backend.writer.read_u64(META_EPOCH)
+    assert transient_keys(backend)
+    backend.close()
+    filler = fill_completely(tmpfs)
+
+    backend = RocksDBBackend()
+    backend.open(tmpfs / "data")  # read-write fails: "No space left on device"
+    assert backend.writer.read_only
+    assert not backend.healthy
+    assert backend.needs_flush  # the run's start, waiting to be written
+    assert backend.writer.read_u64(META_EPOCH) == first_epoch  # not written yet
+    store = backend.open_queue("/", "q")
+    # Messages that may have been delivered come back (flagged) while the disk is full; a
+    # never-delivered one waits for a flush that can write its delivery reservation.
+    popped = [store.pop(), store.pop()]
+    assert [(p[1].body, p[2]) for p in popped if isinstance(p, tuple)] == [
+        (b"first", True),
+        (b"second", True),
+    ]
+    assert store.pop() is FLUSH_FIRST
+    store.ack(popped[0][0])  # type: ignore[index]
+    store.push(message(b"third"), persistent=True)
+    work = backend.begin_flush()
+    assert work is not None
+    with pytest.raises(OSError, match="No space left"):
+        work()
+    assert not backend.healthy
+    assert backend.writer.read_only
+
+    filler.unlink()
+    flush(backend)  # reopens read-write: the run's start, then the ack, the push, a reservation
+    assert backend.healthy
+    assert not backend.writer.read_only
+    assert backend.writer.read_u64(META_EPOCH) == (first_epoch or 0) + 1
+    assert transient_keys(backend) == []
+    entry = store.pop()
+    assert isinstance(entry, tuple)
+    assert entry[1].body == b"never delivered"
+    backend.close()
+
+    backend = RocksDBBackend()
+    backend.open(tmpfs / "data")
+    store = backend.open_queue("/", "q")
+    bodies = []
+    while (entry := store.pop()) is not None:
+        if entry is FLUSH_FIRST:
+            flush(backend)
+            continue
+        bodies.append((entry[1].body, entry[2]))
+        store.ack(entry[0])
+    assert bodies == [(b"second", True), (b"never delivered", True), (b"third", False)]
     backend.close()
