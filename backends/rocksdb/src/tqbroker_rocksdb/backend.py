@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tqbroker.backends import Message
+from tqbroker.fsutil import make_dirs
 
 from .codec import (
     EPOCH_SHIFT,
@@ -87,7 +88,7 @@ class RocksDBBackend:
             raise RuntimeError("the rocksdb backend is already open")
         path = Path(data_dir) / DB_DIRECTORY
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            make_dirs(path)  # its entry in data_dir durable: RocksDB syncs only its own
             db = self.writer.open(path)
             self._opened = True
             run = start_run(self.writer, db, path)
