@@ -279,7 +279,7 @@ class Writer:
         failed handle still serves reads). Reopening read-write can itself fail while the disk
         is full (recovery writes the replayed log to a table file): then open it read-only, so
         that reads go on, and try again at the next flush."""
-        log.warning("reopening the RocksDB database in %s after a write error", self._path)
+        log.warning("reopening the RocksDB database in %s read-write to write", self._path)
         with self._db_lock:
             db, self._db = self._db, None
             if db is not None:
