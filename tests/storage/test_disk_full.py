@@ -16,10 +16,8 @@ import contextlib
 import importlib.util
 import os
 import random
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +26,6 @@ import pika.exceptions
 import pytest
 
 from rawamqp import RawAMQP, SocketClosed
-from tqbroker.backends import FLUSH_FIRST
 from tqbroker.backends.log import LogBackend
 from tqbroker.model import Message
 from tqbroker.protocol.methods import (
@@ -66,33 +63,6 @@ def params(broker: BrokerProcess) -> pika.ConnectionParameters:
 
 def alive(broker: BrokerProcess) -> bool:
     return broker.proc.poll() is None
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        if subprocess.run(["umount", str(mount)], capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-@pytest.fixture
-def brokers(tmpfs: Path, tmp_path: Path) -> Iterator[list[BrokerProcess]]:
-    """Started brokers, killed at the end (before the tmpfs is unmounted)."""
-    started: list[BrokerProcess] = []
-    yield started
-    for broker in started:
-        broker.kill()
 
 
 def start(
@@ -398,24 +368,6 @@ def test_a_broker_restarted_on_a_full_disk_starts_blocks_publishers_and_serves_r
     assert "Traceback" not in log
 
 
-def test_rocksdb_cannot_create_its_database_on_a_full_disk_and_says_so_in_one_line(
-    tmpfs: Path, tmp_path: Path, brokers: list[BrokerProcess]
-) -> None:
-    """A new database needs space (RocksDB writes a MANIFEST, rocksdict its settings): a first
-    start on a full disk fails, with one line naming the directory and no traceback."""
-    pytest.importorskip("tqbroker_rocksdb")
-    fill_completely(tmpfs)
-    with pytest.raises(RuntimeError, match="exit status 1") as failed:
-        start(brokers, tmpfs, tmp_path, durable_backend="rocksdb")
-    log = (tmp_path / "broker.log").read_text()
-    assert "Traceback" not in log
-    lines = [line for line in log.splitlines() if line.startswith("tqbroker: cannot start")]
-    assert len(lines) == 1, log
-    assert f"cannot open the RocksDB database in {tmpfs / 'data' / 'rocksdb'}: " in lines[0]
-    assert "No space left on device" in lines[0]
-    assert "cannot start" in str(failed.value)
-
-
 # -- in process: a checkpoint that cannot be written ---------------------------------------------
 
 
@@ -470,90 +422,4 @@ def test_failed_checkpoint_write_is_retried_once_space_is_back(tmpfs: Path) -> N
     store = backend.open_queue("/", "q")
     entries = [store.pop(), store.pop()]
     assert [e[1].body if e else None for e in entries] == [b"second", None]
-    backend.close()
-
-
-def test_rocksdb_opens_read_only_on_a_full_disk_and_starts_its_run_once_space_is_back(
-    tmpfs: Path,
-) -> None:
-    """RocksDB writes a new MANIFEST whenever it opens read-write, so on a full disk the backend
-    opens the database read-only: recovered messages are delivered, writes (the run's new epoch
-    included) wait for the first flush that can write, which reopens it read-write."""
-    pytest.importorskip("tqbroker_rocksdb")
-    from tqbroker_rocksdb import RocksDBBackend
-    from tqbroker_rocksdb.codec import META_EPOCH, TRANSIENT, TRANSIENT_END
-
-    def message(body: bytes, mode: int = 2) -> Message:
-        return Message("", "q", BasicProperties(delivery_mode=mode).encode(), body)
-
-    def flush(backend: RocksDBBackend) -> None:
-        work = backend.begin_flush()
-        assert work is not None
-        work()
-
-    def transient_keys(backend: RocksDBBackend) -> list[bytes]:
-        with backend.writer.reading() as db:
-            keys = db.keys(from_key=TRANSIENT)
-            return [k for k in keys if isinstance(k, bytes) and TRANSIENT <= k < TRANSIENT_END]
-
-    backend = RocksDBBackend()
-    backend.open(tmpfs / "data")
-    store = backend.open_queue("/", "q")
-    for body in (b"first", b"second", b"never delivered"):
-        store.push(message(body), persistent=True)
-    store.push(message(b"transient", mode=1))
-    flush(backend)
-    for _ in range(2):
-        assert isinstance(store.pop(), tuple)  # delivered, never acked
-    first_epoch = backend.writer.read_u64(META_EPOCH)
-    assert transient_keys(backend)
-    backend.close()
-    filler = fill_completely(tmpfs)
-
-    backend = RocksDBBackend()
-    backend.open(tmpfs / "data")  # read-write fails: "No space left on device"
-    assert backend.writer.read_only
-    assert not backend.healthy
-    assert backend.needs_flush  # the run's start, waiting to be written
-    assert backend.writer.read_u64(META_EPOCH) == first_epoch  # not written yet
-    store = backend.open_queue("/", "q")
-    # Messages that may have been delivered come back (flagged) while the disk is full; a
-    # never-delivered one waits for a flush that can write its delivery reservation.
-    popped = [store.pop(), store.pop()]
-    assert [(p[1].body, p[2]) for p in popped if isinstance(p, tuple)] == [
-        (b"first", True),
-        (b"second", True),
-    ]
-    assert store.pop() is FLUSH_FIRST
-    store.ack(popped[0][0])  # type: ignore[index]
-    store.push(message(b"third"), persistent=True)
-    work = backend.begin_flush()
-    assert work is not None
-    with pytest.raises(OSError, match="No space left"):
-        work()
-    assert not backend.healthy
-    assert backend.writer.read_only
-
-    filler.unlink()
-    flush(backend)  # reopens read-write: the run's start, then the ack, the push, a reservation
-    assert backend.healthy
-    assert not backend.writer.read_only
-    assert backend.writer.read_u64(META_EPOCH) == (first_epoch or 0) + 1
-    assert transient_keys(backend) == []
-    entry = store.pop()
-    assert isinstance(entry, tuple)
-    assert entry[1].body == b"never delivered"
-    backend.close()
-
-    backend = RocksDBBackend()
-    backend.open(tmpfs / "data")
-    store = backend.open_queue("/", "q")
-    bodies = []
-    while (entry := store.pop()) is not None:
-        if entry is FLUSH_FIRST:
-            flush(backend)
-            continue
-        bodies.append((entry[1].body, entry[2]))
-        store.ack(entry[0])
-    assert bodies == [(b"second", True), (b"never delivered", True), (b"third", False)]
     backend.close()
