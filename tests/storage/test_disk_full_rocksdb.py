@@ -83,10 +83,11 @@ def test_rocksdb_opens_read_only_on_a_full_disk_and_starts_its_run_once_space_is
     backend = RocksDBBackend()
     backend.open(tmpfs / "data")  # read-write fails: "No space left on device"
     assert backend.writer.read_only
-    assert not backend.healthy
-    assert backend.needs_flush  # the run's start, waiting to be written
-    assert backend.writer.read_u64(META_EPOCH) == first_epoch  # not written yet
+    assert backend.healthy  # until a write fails: nothing may need to be written
+    assert not backend.needs_flush
+    assert backend.writer.read_u64(META_EPOCH) == first_epoch  # the run's start waits
     store = backend.open_queue("/", "q")
+    assert backend.needs_flush  # the queue's first delivery reservation
     # Messages that may have been delivered come back (flagged) while the disk is full; a
     # never-delivered one waits for a flush that can write its delivery reservation.
     popped = [store.pop(), store.pop()]

@@ -180,8 +180,10 @@ class Writer:
     def open(self, path: Path) -> Rdict:
         """Open (creating) the database in ``path``. On a full disk it is opened read-only
         instead (``read_only`` true): RocksDB writes a new MANIFEST at every read-write open,
-        and no option avoids it. Reads go on; the writer is unhealthy and broken, so the first
-        flush reopens it read-write (and fails, read-only again, while the disk is still full)."""
+        and no option avoids it. Reads go on; the writer is broken, so the first flush that has
+        something to write reopens it read-write (and fails, read-only again, while the disk is
+        still full). Healthy until then, as the log backend on a full disk: a backend nothing
+        writes to (not the durable one) does not fail the broker's health check."""
         self._path = path
         try:
             db = self._db = self._open_db()
@@ -201,7 +203,6 @@ class Writer:
                 exc,
             )
             self._broken = True
-            self._healthy = False
         return db
 
     @property
