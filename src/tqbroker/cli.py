@@ -134,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         options = {name: dict(values) for name, values in config.backend_options.items()}
         options.setdefault("log", {})["fsync"] = args.fsync
         config = attrs.evolve(config, backend_options=options)
-    make_dirs(config.data_dir)
+    try:
+        make_dirs(config.data_dir)
+    except OSError as exc:
+        print(f"tqbroker: cannot start: cannot create the data directory: {exc}", file=sys.stderr)
+        return 1
     _raise_open_file_limit()
     # The ~35,000 objects of the imported modules are never garbage: leaving them out of the
     # garbage collector's full collections shortens each pause by ~4 ms.
