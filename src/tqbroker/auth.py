@@ -107,8 +107,13 @@ def parse_response(mechanism: str, response: bytes) -> tuple[str, str]:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether a peer address is a loopback one (where ``loopback_only`` users may log in)."""
+    """Whether a peer address is a loopback one (where ``loopback_only`` users may log in):
+    127.0.0.0/8, ``::1``, and 127.0.0.0/8 mapped into IPv6 (``::ffff:127.0.0.1``, what a
+    dual-stack socket reports for an IPv4 peer), as RabbitMQ's ``loopback_users`` check."""
     try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+        address = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback

@@ -27,6 +27,7 @@ from .backends.log import parse_fsync_policy
 from .broker.definitions import StartupError
 from .commands import add_commands, run_command
 from .config import BrokerConfig, ConfigError, load_config
+from .fsutil import make_dirs
 from .server.listener import serve
 
 GC_THRESHOLDS = (100_000, 50, 10)
@@ -133,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         options = {name: dict(values) for name, values in config.backend_options.items()}
         options.setdefault("log", {})["fsync"] = args.fsync
         config = attrs.evolve(config, backend_options=options)
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        make_dirs(config.data_dir)
+    except OSError as exc:
+        print(f"tqbroker: cannot start: cannot create the data directory: {exc}", file=sys.stderr)
+        return 1
     _raise_open_file_limit()
     # The ~35,000 objects of the imported modules are never garbage: leaving them out of the
     # garbage collector's full collections shortens each pause by ~4 ms.

@@ -2,6 +2,7 @@
 
 Responsibilities:
 - ``fsync_dir``: make a directory's entries (creates, renames, unlinks) durable;
+- ``make_dirs``: create a directory and its missing parents durably (each new entry fsync'd);
 - ``atomic_write``: replace a file so that a crash leaves either the old or the new content:
   write a temporary file, fsync it, rename it over the target, fsync the directory.
 
@@ -28,6 +29,24 @@ def _shedding(operation: Callable[[], None]) -> None:
 
 def fsync_dir(path: Path) -> None:
     _shedding(lambda: fsio.fs.fsync_dir(path))
+
+
+def make_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents, each followed by an fsync of its parent, so
+    that a power cut cannot lose a new directory's entry (and with it everything later made
+    durable inside it). Directories that exist are left as they are."""
+    if path.is_dir():
+        return
+    parent = path.parent
+    if parent != path:
+        make_dirs(parent)
+    try:
+        fsio.fs.mkdir(path)
+    except FileExistsError:
+        if path.is_dir():
+            return  # created meanwhile, by someone who syncs it
+        raise
+    fsio.fs.fsync_dir(parent)
 
 
 def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:

@@ -138,3 +138,18 @@ def test_a_backend_option_for_a_backend_that_cannot_load_is_a_clear_error(tmp_pa
     assert result.returncode == 1
     assert "'log' storage backend could not be loaded" in result.stderr
     assert "fsync policy" in result.stderr  # the loader's log line says why
+
+
+def test_a_data_directory_that_cannot_be_created_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    done = subprocess.run(
+        [sys.executable, "-m", "tqbroker", "--port", "0", "--data-dir", "file/data"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("tqbroker: cannot start: cannot create the data directory: ")
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.splitlines()) == 1

@@ -25,6 +25,7 @@ import trio
 from ..auth import UserStore
 from ..backends.memory import MemoryBackend
 from ..config import BrokerConfig
+from ..fsutil import make_dirs
 from ..plugins.loader import load_backends, load_exchange_types
 from ..protocol.connection import BodyBudget
 from ..resources import parse_limit
@@ -115,7 +116,7 @@ class Broker:
         """Open storage, restore definitions, host the queue actors and flushers until
         cancelled; then close the backends cleanly."""
         data_dir = self.config.data_dir
-        data_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(data_dir)
         # A full disk sets the alarm (publishers blocked) rather than stopping the start.
         await self.disk_monitor.check()
         # Checked before any backend opens: a refused start leaves the data directory as it is.

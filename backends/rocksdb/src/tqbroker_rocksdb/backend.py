@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tqbroker.backends import Message
+from tqbroker.fsutil import make_dirs
 
 from .codec import (
     EPOCH_SHIFT,
@@ -35,7 +36,7 @@ from .codec import (
 from .recovery import RecoveredQueue, scan_queue, start_run
 from .reservations import ReservationPlanner
 from .store import RocksDBQueueStore
-from .writer import Writer, is_storage_error, storage_error
+from .writer import Writer, is_storage_error, open_error
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,10 @@ class RocksDBBackend:
             raise RuntimeError("the rocksdb backend is already open")
         path = Path(data_dir) / DB_DIRECTORY
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            make_dirs(path)  # its entry in data_dir durable: RocksDB syncs only its own
             db = self.writer.open(path)
             self._opened = True
-            run = start_run(db, path, sync=self.writer.sync)
+            run = start_run(self.writer, db, path)
             self.recovered_cleanly = run.recovered_cleanly
             self._id_base, self._id_limit = run.id_base, run.id_limit
             self._next_qid = run.next_qid
@@ -98,7 +99,7 @@ class RocksDBBackend:
         except Exception as exc:
             self._abandon()
             if is_storage_error(exc):
-                raise storage_error(exc) from exc
+                raise open_error(path, exc) from exc
             raise
 
     def open_queue(self, vhost: str, queue: str) -> RocksDBQueueStore:

@@ -2,7 +2,8 @@
 
 Responsibilities:
 - ``start_run``: check the database format, start a new run (raise the epoch with a synced write,
-  drop every transient record and the clean-shutdown mark) and load the queue registry;
+  drop every transient record and the clean-shutdown mark; on a database opened read-only, the
+  first write of the run) and load the queue registry;
 - ``scan_queue``: rebuild a recovered queue's index from its records and its reservation.
 """
 
@@ -72,32 +73,47 @@ class RecoveredQueue:
         return cls(next_id=id_base, reserved=0, flagged=array("Q"), fresh=array("Q"), ready_bytes=0)
 
 
-def start_run(db: Rdict, path: Path, *, sync: bool) -> Run:
-    """At ``open``: check the format, start a new run (epoch), load the queue registry."""
+def start_run(writer: Writer, db: Rdict, path: Path) -> Run:
+    """At ``open``: check the format, start a new run (epoch), load the queue registry. When
+    the database could only be opened read-only (a full disk), the writes that start the run
+    are the first batch the writer writes: every id of this run that reaches the disk does so
+    with or after the new epoch, so none is ever handed out twice either."""
     recovered_cleanly: bool | None = None
     stored_format = db.get(META_FORMAT)
-    start = WriteBatch(raw_mode=True)
+    ops: dict[bytes, bytes | None] = {}
+    ranges: list[tuple[bytes, bytes]] = []
     if stored_format is None:
         if next(iter(db.keys()), None) is not None:
             raise RuntimeError(f"{path} holds a database that is not tqbroker's")
-        start.put(META_FORMAT, FORMAT_VERSION)
+        ops[META_FORMAT] = FORMAT_VERSION
         epoch = 0
     elif stored_format != FORMAT_VERSION:
         raise RuntimeError(f"{path}: unsupported format {stored_format!r}")
     else:
         recovered_cleanly = db.get(META_CLEAN) is not None
-        start.delete(META_CLEAN)
+        ops[META_CLEAN] = None
         # Transient messages never survive a restart, clean or not.
-        start.delete_range(TRANSIENT, TRANSIENT_END)
+        ranges.append((TRANSIENT, TRANSIENT_END))
         stored_epoch = db.get(META_EPOCH)
         epoch = unpack_u64(stored_epoch) + 1 if stored_epoch is not None else 1
         if epoch > MAX_EPOCH:
             raise RuntimeError(f"{path}: out of run epochs")
     # Durable before any id of this run is handed out, so none is ever handed out twice.
-    start.put(META_EPOCH, pack_u64(epoch))
-    options = WriteOptions()
-    options.sync = sync
-    db.write(start, options)
+    ops[META_EPOCH] = pack_u64(epoch)
+    if writer.read_only:
+        writer.defer(ops, ranges)
+    else:
+        start = WriteBatch(raw_mode=True)
+        for meta, stored in ops.items():
+            if stored is None:
+                start.delete(meta)
+            else:
+                start.put(meta, stored)
+        for begin, end in ranges:
+            start.delete_range(begin, end)
+        options = WriteOptions()
+        options.sync = writer.sync
+        db.write(start, options)
     next_qid = db.get(META_NEXT_QUEUE_ID)
     run = Run(
         recovered_cleanly=recovered_cleanly,

@@ -11,9 +11,11 @@ See "RocksDB backend" in docs/storage-format.md for why a write is unsynced plus
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,8 +51,32 @@ def storage_error(exc: BaseException) -> OSError:
     return OSError(f"RocksDB: {exc}")
 
 
+def open_error(path: Path, exc: BaseException) -> OSError:
+    """A storage error met opening the database in ``path``, saying where (rocksdict's own
+    errors do not, e.g. "No space left on device (os error 28)"), with ``errno`` ENOSPC for a
+    full disk."""
+    detail = str(storage_error(exc)).removeprefix("RocksDB: ")
+    error = OSError(f"cannot open the RocksDB database in {path}: {detail}")
+    error.errno = exc.errno if isinstance(exc, OSError) else None
+    if error.errno is None and is_no_space(exc):
+        error.errno = errno.ENOSPC
+    return error
+
+
 def is_storage_error(exc: BaseException) -> bool:
     return type(exc) is Exception or isinstance(exc, OSError | DbClosedError)
+
+
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE_TEXTS = tuple(os.strerror(code) for code in _NO_SPACE_ERRNOS)
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """A storage error saying the disk (or the quota) is full: RocksDB's ``IO error: No space
+    left on device`` (rocksdict raises a plain ``Exception`` with RocksDB's message)."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno in _NO_SPACE_ERRNOS
+    return is_storage_error(exc) and any(text in str(exc) for text in _NO_SPACE_TEXTS)
 
 
 def _close(db: Rdict) -> None:
@@ -152,10 +178,47 @@ class Writer:
         return not self._healthy and bool(self._sealed)
 
     def open(self, path: Path) -> Rdict:
-        """Open (creating) the database in ``path``."""
+        """Open (creating) the database in ``path``. On a full disk it is opened read-only
+        instead (``read_only`` true): RocksDB writes a new MANIFEST at every read-write open,
+        and no option avoids it. Reads go on; the writer is broken, so the first flush that has
+        something to write reopens it read-write (and fails, read-only again, while the disk is
+        still full). Healthy until then, as the log backend on a full disk: a backend nothing
+        writes to (not the durable one) does not fail the broker's health check."""
         self._path = path
-        db = self._db = self._open_db()
+        try:
+            db = self._db = self._open_db()
+        except Exception as exc:
+            if not is_no_space(exc):
+                raise
+            try:
+                db = self._db = self._open_db(read_only=True)
+            except Exception as again:
+                if not is_storage_error(again):
+                    raise
+                raise exc from None  # a new database, say: why the read-write open failed
+            log.warning(
+                "no space left on device for RocksDB to open %s read-write: opened read-only, "
+                "every write waits until there is space (%s)",
+                path,
+                exc,
+            )
+            self._broken = True
         return db
+
+    @property
+    def read_only(self) -> bool:
+        """The handle is read-only (opened on a full disk, or reopened after a write error
+        while the disk was still full): no write can succeed before a reopen."""
+        return self._broken
+
+    def defer(self, ops: Mapping[bytes, bytes | None], ranges: list[tuple[bytes, bytes]]) -> None:
+        """Seal ``ops`` then ``ranges`` as a batch of their own, written (before anything
+        recorded later) by the first flush that can write: for the writes that start a run
+        when the database could only be opened read-only."""
+        assert not self.has_writes
+        assert not self.reservations
+        self.ops, self.ranges = dict(ops), list(ranges)
+        self.seal()
 
     # -- writing (the flush thread) ------------------------------------------------------------
 
@@ -217,7 +280,7 @@ class Writer:
         failed handle still serves reads). Reopening read-write can itself fail while the disk
         is full (recovery writes the replayed log to a table file): then open it read-only, so
         that reads go on, and try again at the next flush."""
-        log.warning("reopening the RocksDB database in %s after a write error", self._path)
+        log.warning("reopening the RocksDB database in %s read-write to write", self._path)
         with self._db_lock:
             db, self._db = self._db, None
             if db is not None:
