@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -29,6 +30,10 @@ from .errors import RequestError
 log = logging.getLogger(__name__)
 
 RECORDS_MEDIA_TYPE = "application/x-tqbroker-records"
+# Decoding (and checking) a body takes ~0.2 us a record: bodies over 1 MiB (>= 16 bytes a
+# record) are decoded in a worker
+# thread, so that a 500k-record body does not stop the broker for ~100 ms.
+DECODE_IN_THREAD_BYTES = 1 << 20
 
 
 async def read_records(request: Request) -> Response:
@@ -52,8 +57,12 @@ async def write_records(request: Request) -> Response:
     id and the sequence of its first record."""
     vhost = await vhost_of(request)
     producer = _producer(request)
+    body = await inputs.read_body(request)
     try:
-        batch = decode_write(await inputs.read_body(request))
+        if len(body) < DECODE_IN_THREAD_BYTES:
+            batch = decode_write(body)
+        else:  # pure work on the body alone; the event loop keeps running meanwhile
+            batch = await trio.to_thread.run_sync(decode_write, body)
     except ValueError as exc:
         raise RequestError(400, f"not a valid TQW1 body: {exc}") from None
     records = await _records(batch, broker_of(request).config.max_message_size)
