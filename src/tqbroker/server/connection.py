@@ -21,13 +21,15 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
+import trio.lowlevel
 
 from .. import clock
-from ..broker.pacing import Pacer
+from ..broker.pacing import SLICE_SECONDS, Pacer
 from ..broker.storage import storage_error
 from ..broker.vhost import VirtualHost
 from ..model import Message
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
+EVENTS_PER_CLOCK_LOOK = 64  # the read loop looks at the clock this often (SLICE_SECONDS)
 # Deliveries pause while this much is waiting to be written to a slow client.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 # How long to wait for close-ok after sending connection.close.
@@ -348,7 +351,15 @@ class AMQPConnection:
             protocol.receive_data(data)
             # Messages are stamped with when the read that brought them returned.
             now_ms = clock.now_ms()
+            # A read of small frames (4,000 consumes) is work enough to give way in between.
+            handled, give_way_at = 0, time.perf_counter() + SLICE_SECONDS
             while True:
+                handled += 1
+                if handled % EVENTS_PER_CLOCK_LOOK == 0 and time.perf_counter() >= give_way_at:
+                    self._flush_confirms()
+                    await trio.lowlevel.checkpoint()
+                    give_way_at = time.perf_counter() + SLICE_SECONDS
+                    now_ms = clock.now_ms()
                 try:
                     event = protocol.next_event()
                 except BadProtocolHeader:
