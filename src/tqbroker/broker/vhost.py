@@ -450,8 +450,12 @@ class VirtualHost:
         """Delete the exclusive queues ``owner`` declared (giving way to other tasks now and
         then: there may be many)."""
         pacer = Pacer(max_items=QUEUES_PER_SLICE)
-        for queue in [q for q in self.queues.values() if q.exclusive_owner is owner]:
-            self._remove_or_log(queue)
+        doomed = [q for q in self.queues.values() if q.exclusive_owner is owner]
+        doomed.reverse()
+        while doomed:
+            # Popped, not iterated: the list would hold the last reference to every deleted
+            # queue, and freeing 100k of them in one go when it is dropped took ~350 ms.
+            self._remove_or_log(doomed.pop())
             await pacer.step()
 
     # -- as the queues' host (``QueueHost``) ---------------------------------------------------

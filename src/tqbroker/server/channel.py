@@ -393,6 +393,7 @@ class Channel:
         settle(taken, Settlement.REQUEUE)
         if self.confirms is not None:
             self.confirms.close()
+            self.confirms = None  # it holds our bound method: a reference cycle
         self.reply_to.close()
 
 

@@ -63,3 +63,9 @@ class ReplyTo:
         self.tag = None
         if self.address is not None:
             self._vhost.unregister_reply_consumer(self.address)
+        # The channel's bound method made a reference cycle (channel -> self -> channel).
+        self._deliver = _closed
+
+
+def _closed(tag: str, message: Message) -> None:
+    """A closed channel's reply-to delivers nothing (``tag`` is None by then anyway)."""

@@ -40,8 +40,10 @@ from ...protocol.errors import AMQPError, ReplyCode
 from ...protocol.methods import BasicProperties
 from ...recordbatch import BinaryColumn, ReadBatch, encode_headers
 from ..declaring import open_and_declare_queue
+from ..exchange import Exchange
 from ..pacing import Pacer
 from ..vhost import VirtualHost
+from .durability import Durability
 from .groups import natural_key
 from .queue import StreamQueue
 
@@ -254,11 +256,32 @@ async def produce(
             return None
     index = {queue: n for n, queue in enumerate(found)}
     exchange = vhost.exchanges.get(topic)
-    waits = []
     landed: list[tuple[int, int]] = []
     records = records[skip:]
+    with Durability() as durability:
+        await _append(vhost, topic, records, found, index, exchange, landed, durability)
+        if producer is not None:  # durable with the records: the same flush writes both
+            following = producer[1] + skip + len(records)
+            found[0].stream.record_producer(producer[0], max(following, expected or 0))
+        if not await durability.wait():
+            raise Unavailable(f"topic '{topic}': the write could not be made durable")
+    return landed
+
+
+async def _append(
+    vhost: VirtualHost,
+    topic: str,
+    records: Sequence[ProducerRecord],
+    found: list[StreamQueue],
+    index: dict[StreamQueue, int],
+    exchange: Exchange | None,
+    landed: list[tuple[int, int]],
+    durability: Durability,
+) -> None:
+    """Append each record to its partition, saying in ``landed`` where, giving way to other
+    clients now and then (a large batch)."""
     source, now_ms = (exchange.name if exchange is not None else ""), clock.now_ms()
-    pacer = Pacer()  # a large batch gives way to other clients now and then
+    pacer = Pacer()
     for record in records:
         message = _message(source, record, now_ms)
         properties = message.properties
@@ -278,16 +301,9 @@ async def produce(
         tickets, refused = vhost.enqueue([target], message)
         if refused:
             raise Unavailable(f"topic '{topic}': partition storage cannot write")
-        waits.extend(tickets)
+        durability.add(tickets)
         landed.append((index[target], offset))
         await pacer.step()
-    if producer is not None:  # durable with the records: the same flush writes both
-        following = producer[1] + skip + len(records)
-        found[0].stream.record_producer(producer[0], max(following, expected or 0))
-    for flusher, ticket in waits:
-        if not await flusher.wait(ticket):
-            raise Unavailable(f"topic '{topic}': the write could not be made durable")
-    return landed
 
 
 def _message(exchange: str, record: ProducerRecord, now_ms: int) -> Message:
