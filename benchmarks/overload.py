@@ -45,6 +45,7 @@ from pathlib import Path
 
 from rawclient import CHANNEL, Endpoint, RawClient, publish_frames
 
+from tqbroker.protocol.codec import FieldTable
 from tqbroker.protocol.methods import BasicConsume, BasicGet, QueueDeclare
 from tqbroker.recordbatch import BinaryColumn, WriteBatch, encode_write
 
@@ -110,7 +111,7 @@ def consumers(endpoint: Endpoint, count: int) -> tuple[float, float]:
 def durable(endpoint: Endpoint, count: int) -> tuple[float, float]:
     client = RawClient.connect(endpoint)
     start = time.perf_counter()
-    on_log = {"x-queue-backend": "log"}
+    on_log: FieldTable = {"x-queue-backend": "log"}
     for n in range(count):
         client.send(
             CHANNEL, QueueDeclare(queue=f"d{n}", durable=True, arguments=on_log, nowait=True)
