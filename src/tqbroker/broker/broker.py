@@ -116,13 +116,13 @@ class Broker:
         """Open storage, restore definitions, host the queue actors and flushers until
         cancelled; then close the backends cleanly."""
         data_dir = self.config.data_dir
-        make_dirs(data_dir)
+        await trio.to_thread.run_sync(make_dirs, data_dir)  # it fsyncs: never on this thread
         # A full disk sets the alarm (publishers blocked) rather than stopping the start.
         await self.disk_monitor.check()
         # Checked before any backend opens: a refused start leaves the data directory as it is.
         stored = self.definitions_file.load()
         dormant = self._check_definitions(stored)
-        self._open_backends(stored)
+        await trio.to_thread.run_sync(self._open_backends, stored)  # they create and fsync
         try:
             async with trio.open_nursery() as nursery:
                 for flusher in [*self.flushers.values(), self.definitions_flusher]:
