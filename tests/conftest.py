@@ -11,6 +11,7 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tqbroker.backends.log import LogBackend
 from tqbroker.testing import RunningBroker
 
 
@@ -30,3 +31,14 @@ def http(tqbroker_thread: RunningBroker) -> Iterator[httpx.Client]:
         base_url=tqbroker_thread.http_url, auth=("guest", "guest"), timeout=10
     ) as client:
         yield client
+
+
+@pytest.fixture(autouse=True)
+def log_stores_say_when_they_change() -> Iterator[None]:
+    """Every log-backend flush in every test checks that each store with work to do had said
+    so (``Log.changed``): a flush covers only those, so one that did not would go unflushed."""
+    unmarked: list[str] = []
+    LogBackend.unmarked = unmarked
+    yield
+    LogBackend.unmarked = None
+    assert not unmarked, f"stores with work to flush that never said so: {unmarked[:5]}"

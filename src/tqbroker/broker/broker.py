@@ -34,11 +34,11 @@ from .definitions import (
     StartupError,
     Unrestorable,
     backends_in_use,
+    encode_snapshot,
     missing_backend,
     open_stored,
     refusal,
     restore,
-    snapshot,
     unrestorable,
 )
 from .definitions_file import DefinitionsCommit, DefinitionsFile
@@ -73,7 +73,9 @@ class Broker:
             )
         self.vhosts: dict[str, VirtualHost] = {}
         self.supervisor = Supervisor()
-        self.definitions_file = DefinitionsFile(config.data_dir, lambda: snapshot(self.vhosts))
+        self.definitions_file = DefinitionsFile(
+            config.data_dir, lambda: encode_snapshot(self.vhosts)
+        )
         self.definitions_flusher = Flusher(self.definitions_file)
         self.definitions = DefinitionsCommit(
             self.definitions_file, self.definitions_flusher, self._spawn

@@ -40,7 +40,7 @@ class DefinitionsFile:
 
     name = "definitions"
 
-    def __init__(self, data_dir: Path, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, data_dir: Path, snapshot: Callable[[], bytes]) -> None:
         self.path = data_dir / DEFINITIONS_FILE
         self._snapshot = snapshot
         self._dirty = False
@@ -69,7 +69,7 @@ class DefinitionsFile:
     def begin_flush(self) -> Callable[[], None] | None:
         if not self._dirty:
             return None
-        data = cbor2.dumps(self._snapshot())
+        data = self._snapshot()
         self._dirty = False
 
         def work() -> None:
@@ -86,7 +86,7 @@ class DefinitionsFile:
     def write_work(self) -> Callable[[], None]:
         """The work of writing the topology as it is now, whatever is dirty (start-up and
         shutdown): run it in a worker thread."""
-        data = cbor2.dumps(self._snapshot())
+        data = self._snapshot()
         self._dirty = False
         return functools.partial(atomic_write, self.path, data)
 

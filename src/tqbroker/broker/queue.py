@@ -90,6 +90,9 @@ class Queue(abc.ABC):
         # Why the queue failed (its actor or its store raised); None while it works.
         self.failure: str | None = None
         self.consumer_timeout_ms: int | None = None  # x-consumer-timeout, where the kind has it
+        # Its entry in the definitions file, encoded once (``definitions.encode_snapshot``):
+        # what it holds (name, backend, auto-delete, arguments) never changes.
+        self.definition_cbor: bytes | None = None
         self._had_consumer = False
         self._last_used = trio.current_time()
         self._wakeup = trio.Event()

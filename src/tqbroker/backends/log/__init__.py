@@ -6,7 +6,9 @@ Responsibilities:
 - group commit: ``begin_flush`` writes out every queue's buffered records and returns one piece of
   blocking work that fsyncs them all, so a single flush covers every message appended since the
   last one; it also makes the deletes since the last one durable (the directory fsync of their
-  renames into the trash) and empties the trash;
+  renames into the trash) and empties the trash. A flush visits only the stores that changed
+  since the last one (each says so through ``Log.changed``): with 100k idle durable queues a
+  flush costs what changed, not 100k checks;
 - threads: ``open_queue``/``open_stream`` (recovery) and ``delete_queue`` may run in a worker
   thread while the Trio thread flushes; the registry of open stores is guarded by a lock, and a
   store enters it only once open;
@@ -29,6 +31,7 @@ Responsibilities:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import threading
@@ -36,6 +39,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import cbor2
 
@@ -82,6 +86,8 @@ class LogBackend:
 
     name = "log"
     durable = True
+    # Tests set a list: each flush adds the stores that had work to do without saying so.
+    unmarked: ClassVar[list[str] | None] = None
 
     def __init__(
         self,
@@ -103,6 +109,10 @@ class LogBackend:
         self._streams: dict[tuple[str, str], LogStream] = {}
         self._trash: list[Path] = []  # renamed there; not yet durable nor removed
         self._abandoned: list[LogQueueStore | LogStream] = []  # deleted; closed by the next flush
+        # The stores with something for the next flush to do (their ``Log.changed`` puts them
+        # here): a flush costs what changed, not the number of queues. Under _lock.
+        self._dirty: dict[LogQueueStore | LogStream, None] = {}
+        self._sync_failed = False  # a store's fdatasync failed: see ``begin_flush``
         # Hot records of all queues, served from memory while they are in an active segment.
         self.cache = RecordCache(cache_bytes)
         self._healthy = True
@@ -134,6 +144,8 @@ class LogBackend:
             found = self._queues.setdefault(key, store)
         if found is not store:  # opened by another thread meanwhile: keep one
             store.log.close(clean=False)
+        else:
+            self._track(store)
         return found
 
     def open_stream(
@@ -155,7 +167,19 @@ class LogBackend:
             found = self._streams.setdefault(key, store)
         if found is not store:  # opened by another thread meanwhile: keep one
             store.log.close(clean=False)
+        else:
+            self._track(store)
         return found
+
+    def _track(self, store: LogQueueStore | LogStream) -> None:
+        """From now on the store tells when it has something to flush; and it may already
+        (recovery cut a tail, say)."""
+        store.log.changed = functools.partial(self._changed, store)
+        self._changed(store)
+
+    def _changed(self, store: LogQueueStore | LogStream) -> None:
+        with self._lock:
+            self._dirty[store] = None
 
     def _stores(self) -> list[LogQueueStore | LogStream]:
         with self._lock:
@@ -211,15 +235,21 @@ class LogBackend:
 
     @property
     def needs_flush(self) -> bool:
-        return bool(self._trash or self._abandoned) or any(s.needs_flush for s in self._stores())
+        return bool(self._trash or self._abandoned or self._dirty)
 
     @property
     def healthy(self) -> bool:
         return self._healthy
 
     def begin_flush(self) -> Callable[[], None] | None:
-        stores = self._stores()
-        if any(store.log.sync_failed for store in stores):
+        with self._lock:
+            dirty, self._dirty = self._dirty, {}
+        if self.unmarked is not None:  # (tests) every store with work to do said so
+            missing = [s for s in self._stores() if s.needs_flush and s not in dirty]
+            self.unmarked.extend(str(s.directory) for s in missing)
+        stores = [store for store in dirty if not store.abandoned]
+        if self._sync_failed or any(store.log.sync_failed for store in stores):
+            self._sync_failed = True
             self._healthy = False
 
             def refuse() -> None:
@@ -241,9 +271,12 @@ class LogBackend:
                 work = store.begin_flush(fsync=fsync)
             except OSError as exc:  # this store could not write; the others still flush
                 write_error = write_error or exc
+                self._changed(store)
                 continue
             if work is not None:
                 works.append(work)
+            if store.needs_flush:  # left for a later flush (an fsync the policy defers)
+                self._changed(store)
         if write_error is not None:
             self._healthy = False
             log.error("log backend: write failed: %s", write_error)
@@ -269,8 +302,14 @@ class LogBackend:
                 with self._lock:
                     self._trash.extend(trash)
                     self._abandoned.extend(abandoned)
+                    for store in stores:  # each tries again (or refuses: ``sync_failed``)
+                        self._dirty[store] = None
+                self._sync_failed = any(store.log.sync_failed for store in stores)
                 log.error("log backend: flush failed: %s", exc)
                 raise
+            for store in stores:  # its work may have left more (deleted segments' entries)
+                if store.needs_flush:
+                    self._changed(store)
             for store in abandoned:  # no flush of theirs is in flight any more
                 store.close_abandoned()
             for path in trash:

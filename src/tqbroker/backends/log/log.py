@@ -129,6 +129,9 @@ class Log:
         self.corrupt_records = 0
         self.sync_failed = False  # an fdatasync failed: nothing written since can be trusted
         self._directory_dirty = False  # a segment was created since the last sync
+        # Called whenever the log (or its store) gets something for the next flush to do: the
+        # backend flushes only the stores that called it (see ``LogBackend``).
+        self.changed: Callable[[], None] = _nothing
 
     @property
     def directory(self) -> Path:
@@ -202,6 +205,7 @@ class Log:
         self._add(Segment(self._directory, base_offset, self.index_interval_bytes))
         self._segment_created_ms = _now_ms()
         self._directory_dirty = True
+        self.changed()
 
     # -- appending and reading ---------------------------------------------------------------
 
@@ -231,6 +235,7 @@ class Log:
             self._roll(offset)
             active = self.segments[-1]
         active.append(offset, timestamp_ms, record)
+        self.changed()
         if hot and self.cache.max_bytes:
             self.cache.put(self._cache_id, offset, record)
         if active.pending >= 256 * 1024:
@@ -368,6 +373,7 @@ class Log:
         """The caller deleted detached segments (worker thread): the next sync makes the
         unlinks durable."""
         self._directory_dirty = True
+        self.changed()
 
     def delete_segments_below(self, offset: int) -> list[Segment]:
         """Detach the segments whose every record is below ``offset`` (never the active one);
@@ -435,6 +441,10 @@ class Log:
         self.segments.clear()
         self._bases.clear()
         self.cache.unregister(self._cache_id)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _now_ms() -> int:

@@ -111,13 +111,24 @@ class LogQueueStore:
         self.redelivered_below = 0  # offsets below this were (maybe) delivered in an earlier run
         self.delivered_reserved = 0  # durable: we may deliver offsets below this
         self._reserve_target = 0
-        self._state_dirty = False
+        self._state_is_dirty = False
         self._obsolete: list[Segment] = []
         self._recovered_end = 0  # offsets below this predate this run (transient ones are stale)
         self._state_seq = 0  # snapshots taken
         self._state_written = 0  # the newest snapshot on disk
         self._state_lock = threading.Lock()
         self.abandoned = False  # the queue was deleted: write nothing more
+
+    @property
+    def _state_dirty(self) -> bool:
+        """The checkpoint is out of date; setting it tells the backend (``Log.changed``)."""
+        return self._state_is_dirty
+
+    @_state_dirty.setter
+    def _state_dirty(self, dirty: bool) -> None:
+        self._state_is_dirty = dirty
+        if dirty:
+            self.log.changed()
 
     # -- recovery ----------------------------------------------------------------------------
 

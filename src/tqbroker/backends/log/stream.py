@@ -62,7 +62,7 @@ class LogStream:
         self.group_offsets: dict[str, int] = {}
         # Idempotent producers (HTTP bulk writes): the next sequence expected, by producer id.
         self.producers: dict[str, int] = {}
-        self._offsets_dirty = False
+        self._offsets_are_dirty = False
         self._lock = threading.Lock()
         self.abandoned = False
         # Segments replaced by compacted copies: closed by the next flush's work (a sync of
@@ -71,6 +71,17 @@ class LogStream:
         self._compaction_policy: CompactionPolicy | None = None
         self._compacted_upto = -1
         self._tombstone_due_ms: int | None = None
+
+    @property
+    def _offsets_dirty(self) -> bool:
+        """Stored offsets changed since the checkpoint; setting it tells the backend."""
+        return self._offsets_are_dirty
+
+    @_offsets_dirty.setter
+    def _offsets_dirty(self, dirty: bool) -> None:
+        self._offsets_are_dirty = dirty
+        if dirty:
+            self.log.changed()
 
     def open(self) -> None:
         try:
@@ -151,6 +162,8 @@ class LogStream:
             max_bytes=max_bytes, max_age_ms=max_age_ms, now_ms=now_ms
         )
         self._obsolete.extend(removed)
+        if removed:
+            self.log.changed()
         return len(removed)
 
     # -- compaction --------------------------------------------------------------------------
@@ -221,6 +234,7 @@ class LogStream:
                 self.log.install(new)
             self.log.replace_segment(old, new)
             self._retired.append(old)
+            self.log.changed()
             removed += swap.removed
         with contextlib.suppress(OSError):
             fsio.fs.rmdir(self.directory / COMPACTION_DIR)
