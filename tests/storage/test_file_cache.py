@@ -16,7 +16,9 @@ queues needed 300k descriptors and a declare past the limit was refused.
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,7 +62,6 @@ class CacheMachine(RuleBasedStateMachine):
         super().__init__()
         self.root = Path(os.environ["TQBROKER_CACHE_MACHINE_DIR"])
         self.cache = FileCache(limit=3)
-        self.moves = 0
         self.dirs = [Directory(self._fresh_dir()), Directory(self._fresh_dir())]
         self.files: list[CachedFile] = []
         self.model: list[bytearray] = []
@@ -68,10 +69,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.closed: set[int] = set()
 
     def _fresh_dir(self) -> Path:
-        self.moves += 1
-        path = self.root / f"d{id(self)}-{self.moves}"
-        path.mkdir()
-        return path
+        return Path(tempfile.mkdtemp(dir=self.root))
 
     def _live(self) -> list[int]:
         return [i for i in range(len(self.files)) if i not in self.closed]
@@ -124,8 +122,7 @@ class CacheMachine(RuleBasedStateMachine):
     @rule()
     def move_directory(self) -> None:
         """Rename the first directory: its files, open or not, follow."""
-        target = self.root / f"moved{id(self)}-{self.moves}"
-        self.moves += 1
+        target = self.root / f"moved-{uuid.uuid4().hex}"
         self.cache.move(self.dirs[0], target)
         assert self.dirs[0].path == target
 
