@@ -15,6 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import cbor2
+
 from tqbroker.backends.base import FLUSH_FIRST
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.store import LogQueueStore
@@ -272,8 +274,9 @@ class DefinitionsWorkload:
     def run(self, data_dir: Path, recorder: Recorder) -> None:
         version = 0
 
-        def snapshot() -> dict[str, Any]:
-            return {"version": version, "queues": [f"queue-{i}" for i in range(version * 40)]}
+        def snapshot() -> bytes:
+            queues = [f"queue-{i}" for i in range(version * 40)]
+            return cbor2.dumps({"version": version, "queues": queues})
 
         file = DefinitionsFile(data_dir, snapshot)
         for version in range(1, self.versions + 1):
@@ -284,7 +287,7 @@ class DefinitionsWorkload:
             recorder.mark(definitions=[version])
 
     def check(self, data_dir: Path, marks: list[dict[str, Any]]) -> Counter[str]:
-        loaded = DefinitionsFile(data_dir, dict).load()
+        loaded = DefinitionsFile(data_dir, bytes).load()
         version = loaded.get("version", 0)
         found: Counter[str] = Counter()
         if version < max(union(marks, "definitions"), default=0):
