@@ -299,7 +299,7 @@ def mutants() -> list[Mutant]:
             "segment-no-fdatasync",
             "storage",
             "backends/log/segment.py",
-            "fsio.fs.fdatasync(self._fd)",
+            "self.file.fdatasync()",
             "pass",
             ("tests/storage/test_group_commit.py", *LOG_STORE, *FLUSHES),
         ),
@@ -348,7 +348,7 @@ def mutants() -> list[Mutant]:
         Mutant(
             "rangeset-adjacent-ranges-not-merged",
             "storage",
-            "backends/log/store.py",
+            "backends/log/ranges.py",
             "i = bisect_left(self.ends, start)",
             "i = bisect_right(self.ends, start)",
             LOG_STORE,
@@ -414,8 +414,8 @@ def mutants() -> list[Mutant]:
             "stream-offsets-persisted-only-at-shutdown",
             "storage",
             "backends/log/stream.py",
-            "bool(self._obsolete or self._offsets_dirty or self._retired)",
-            "bool(self._obsolete or self._retired)",
+            "if not (self._obsolete or self._offsets_dirty or self._retired or sealed_past):",
+            "if not (self._obsolete or self._retired or sealed_past):",
             STREAMS,
         ),
         # -- stream offsets (broker/streams/*) ------------------------------------------------

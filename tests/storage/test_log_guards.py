@@ -11,8 +11,9 @@ from pathlib import Path
 import cbor2
 
 from tqbroker.backends.log import LogBackend
+from tqbroker.backends.log.ranges import RangeSet
 from tqbroker.backends.log.segment import segment_name
-from tqbroker.backends.log.store import STATE_FILE, RangeSet
+from tqbroker.backends.log.store import STATE_FILE
 from tqbroker.model import Message
 
 from .logdata import T0, append_random, assert_log_holds, open_log, record_bounds, sync

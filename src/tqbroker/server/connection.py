@@ -22,9 +22,8 @@ import functools
 import logging
 import math
 import time
-import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 import trio
 import trio.lowlevel
@@ -66,13 +65,12 @@ from .deliveries import AckTimeouts, Deliveries
 from .encoding import write_deliver, write_get_ok, write_return
 from .flow import PublisherFlow
 from .handshake import Handshake, HangUp
+from .weakcall import weakly
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
 
 log = logging.getLogger(__name__)
-P = ParamSpec("P")
-R = TypeVar("R")
 
 RECEIVE_SIZE = 256 * 1024
 EVENTS_PER_CLOCK_LOOK = 64  # the read loop looks at the clock this often (SLICE_SECONDS)
@@ -80,19 +78,6 @@ EVENTS_PER_CLOCK_LOOK = 64  # the read loop looks at the clock this often (SLICE
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 # How long to wait for close-ok after sending connection.close.
 CLOSE_TIMEOUT = 3.0
-
-
-def _weakly(method: Callable[P, R], gone: R) -> Callable[P, R]:
-    """``method`` for a helper the connection owns, without a reference to the connection:
-    bound methods made reference cycles, so each closed connection (~45 objects) waited for a
-    full garbage collection (10k of them: one pause of ~0.8 s) rather than being freed at once."""
-    ref = weakref.WeakMethod(method)
-
-    def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        bound = ref()
-        return gone if bound is None else bound(*args, **kwargs)
-
-    return call
 
 
 class AMQPConnection:
@@ -118,7 +103,7 @@ class AMQPConnection:
             self.peer, self.peer_host = "unknown", ""
         self.out = bytearray()
         self.channels: dict[int, Channel] = {}
-        send = _weakly(self._send_handshake, None)
+        send = weakly(self._send_handshake, None)
         self.handshake = Handshake(broker, self.peer, self.peer_host, send)
         self.vhost: VirtualHost | None = None
         self._writer_wakeup = trio.Event()
@@ -131,7 +116,7 @@ class AMQPConnection:
         self._nursery: trio.Nursery | None = None
         self._sent_at = trio.current_time()
         self._ack_timeouts = AckTimeouts(
-            self.peer, _weakly(self._unacked, []), _weakly(self.fail_channel, None)
+            self.peer, weakly(self._unacked, []), weakly(self.fail_channel, None)
         )
         self._receive_scope: trio.CancelScope | None = None  # the reader's, while it waits
         self.flow = PublisherFlow(broker.alarms, send, self.handshake, self.peer)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import pairwise
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from ... import filecache, fsio
 from ...filecache import Directory
@@ -441,6 +441,22 @@ class Log:
         self.segments.clear()
         self._bases.clear()
         self.cache.unregister(self._cache_id)
+
+
+class ChangeFlag:
+    """A store's boolean "the next flush has work" attribute (a descriptor): setting it True
+    also tells the backend, through the store's ``log.changed``."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = "_flag" + name
+
+    def __get__(self, store: object, owner: type | None = None) -> bool:
+        return bool(getattr(store, self._name, False))
+
+    def __set__(self, store: Any, dirty: bool) -> None:
+        setattr(store, self._name, dirty)
+        if dirty:
+            store.log.changed()
 
 
 def _nothing() -> None:

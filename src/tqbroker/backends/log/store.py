@@ -24,7 +24,6 @@ import errno
 import heapq
 import logging
 import threading
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,8 @@ from ...fsutil import atomic_write
 from ...model import Message
 from ..base import FLUSH_FIRST, FlushFirst, Popped
 from .format import FLAG_PERSISTENT, Record
-from .log import RESOURCE_ERRNOS, Log
+from .log import RESOURCE_ERRNOS, ChangeFlag, Log
+from .ranges import RangeSet
 from .segment import Segment
 
 log = logging.getLogger(__name__)
@@ -45,54 +45,9 @@ RESERVE_WINDOW = 8192
 HOT_BACKLOG = 1024  # messages behind the delivery cursor that are still worth caching
 
 
-class RangeSet:
-    """Disjoint half-open ranges of ints, kept sorted and merged."""
-
-    def __init__(self, ranges: list[tuple[int, int]] | None = None) -> None:
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-        for start, end in ranges or ():
-            self.add(start, end)
-
-    def add(self, start: int, end: int) -> None:
-        if start >= end:
-            return
-        i = bisect_left(self.ends, start)  # first range that ends at or after start
-        j = bisect_right(self.starts, end)  # ranges before j start at or before end
-        if i < j:
-            start = min(start, self.starts[i])
-            end = max(end, self.ends[j - 1])
-        self.starts[i:j] = [start]
-        self.ends[i:j] = [end]
-
-    def __contains__(self, value: int) -> bool:
-        i = bisect_right(self.starts, value) - 1
-        return i >= 0 and value < self.ends[i]
-
-    def pop_prefix(self, head: int) -> int:
-        """If a range starts at ``head``, remove it and return its end; else return ``head``."""
-        if self.starts and self.starts[0] <= head:
-            end = max(head, self.ends[0])
-            del self.starts[0]
-            del self.ends[0]
-            return end
-        return head
-
-    def drop_below(self, value: int) -> None:
-        while self.starts and self.ends[0] <= value:
-            del self.starts[0]
-            del self.ends[0]
-        if self.starts and self.starts[0] < value:
-            self.starts[0] = value
-
-    def as_list(self) -> list[tuple[int, int]]:
-        return list(zip(self.starts, self.ends, strict=True))
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-
 class LogQueueStore:
+    _state_dirty = ChangeFlag()  # the checkpoint is out of date
+
     def __init__(self, directory: Path, log: Log) -> None:
         self.directory = directory
         self.log = log
@@ -111,24 +66,13 @@ class LogQueueStore:
         self.redelivered_below = 0  # offsets below this were (maybe) delivered in an earlier run
         self.delivered_reserved = 0  # durable: we may deliver offsets below this
         self._reserve_target = 0
-        self._state_is_dirty = False
+        self._state_dirty = False
         self._obsolete: list[Segment] = []
         self._recovered_end = 0  # offsets below this predate this run (transient ones are stale)
         self._state_seq = 0  # snapshots taken
         self._state_written = 0  # the newest snapshot on disk
         self._state_lock = threading.Lock()
         self.abandoned = False  # the queue was deleted: write nothing more
-
-    @property
-    def _state_dirty(self) -> bool:
-        """The checkpoint is out of date; setting it tells the backend (``Log.changed``)."""
-        return self._state_is_dirty
-
-    @_state_dirty.setter
-    def _state_dirty(self, dirty: bool) -> None:
-        self._state_is_dirty = dirty
-        if dirty:
-            self.log.changed()
 
     # -- recovery ----------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ from ...model import Message
 from ..streams import CompactionPolicy
 from .compaction import CompactionResult, Source, compact
 from .format import FLAG_PERSISTENT, Record
-from .log import COMPACTION_DIR, RESOURCE_ERRNOS, Log
+from .log import COMPACTION_DIR, RESOURCE_ERRNOS, ChangeFlag, Log
 from .segment import Segment
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,8 @@ STATE_FILE = "stream.cbor"
 
 
 class LogStream:
+    _offsets_dirty = ChangeFlag()  # stored offsets changed since the checkpoint
+
     def __init__(self, directory: Path, log: Log) -> None:
         self.directory = directory
         self.log = log
@@ -62,7 +64,7 @@ class LogStream:
         self.group_offsets: dict[str, int] = {}
         # Idempotent producers (HTTP bulk writes): the next sequence expected, by producer id.
         self.producers: dict[str, int] = {}
-        self._offsets_are_dirty = False
+        self._offsets_dirty = False
         self._lock = threading.Lock()
         self.abandoned = False
         # Segments replaced by compacted copies: closed by the next flush's work (a sync of
@@ -71,17 +73,6 @@ class LogStream:
         self._compaction_policy: CompactionPolicy | None = None
         self._compacted_upto = -1
         self._tombstone_due_ms: int | None = None
-
-    @property
-    def _offsets_dirty(self) -> bool:
-        """Stored offsets changed since the checkpoint; setting it tells the backend."""
-        return self._offsets_are_dirty
-
-    @_offsets_dirty.setter
-    def _offsets_dirty(self, dirty: bool) -> None:
-        self._offsets_are_dirty = dirty
-        if dirty:
-            self.log.changed()
 
     def open(self) -> None:
         try:
