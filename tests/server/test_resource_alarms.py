@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,14 +71,24 @@ def test_pika_publisher_is_blocked_over_the_watermark_and_unblocked_after_a_drai
     )
     consumer_only.channel().queue_declare("other")
 
-    published = 0
+    # Published from a thread of its own: once the broker stops reading, a basic_publish may
+    # wait for socket room (the blocked notice arriving meanwhile) until the drain below.
+    counts = [0]
     deadline = time.monotonic() + 60
+
+    def publish_until_blocked() -> None:
+        while not events and time.monotonic() < deadline:
+            channel.basic_publish("", "backlog", BODY)
+            counts[0] += 1
+            publisher.process_data_events(0)
+
+    publishing = threading.Thread(target=publish_until_blocked, daemon=True)
+    publishing.start()
     while not events:
-        assert time.monotonic() < deadline, f"never blocked after {published} publishes"
-        channel.basic_publish("", "backlog", BODY)
-        published += 1
-        publisher.process_data_events(0)
-    assert events == [("blocked", "low on memory")]
+        assert time.monotonic() < deadline, f"never blocked after {counts[0]} publishes"
+        time.sleep(0.05)
+    published = counts[0]
+    assert events[:1] == [("blocked", "low on memory")]
     assert published * len(BODY) > 30 * 1024 * 1024  # blocked by the watermark, not at once
 
     # The consumer-only connection is not blocked and is still served.
@@ -85,6 +96,8 @@ def test_pika_publisher_is_blocked_over_the_watermark_and_unblocked_after_a_drai
     assert ("consumer blocked", "low on memory") not in events
     drained = drain(broker.url, "backlog")
     assert drained >= published - 64  # what the broker had read of the publisher's writes
+    publishing.join(30)  # its last publish went through once the broker read again
+    assert not publishing.is_alive()
     deadline = time.monotonic() + 30
     while events[-1][0] != "unblocked":
         assert time.monotonic() < deadline, "never unblocked after the drain"
