@@ -44,6 +44,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--http-port", type=int, help="HTTP API port, 0 = ephemeral, -1 = off (15672)"
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="Prometheus metrics port, 0 = ephemeral, -1 = off (15692)",
+    )
+    parser.add_argument(
+        "--definitions",
+        type=Path,
+        help="a definitions file (RabbitMQ's JSON) to import at boot (load_definitions)",
+    )
     parser.add_argument("--data-dir", help="where data lives (./tqbroker-data)")
     parser.add_argument(
         "--durable-backend",
@@ -115,11 +125,14 @@ def main(argv: list[str] | None = None) -> int:
             ("keep_unloadable_definitions", args.keep_unloadable_definitions),
             ("memory_high_watermark", args.memory_high_watermark),
             ("disk_free_limit", args.disk_free_limit),
+            ("load_definitions", args.definitions),
         )
         if value is not None
     }
     if args.http_port is not None:
         overrides["http_port"] = None if args.http_port < 0 else args.http_port
+    if args.metrics_port is not None:
+        overrides["metrics_port"] = None if args.metrics_port < 0 else args.metrics_port
     try:
         config = load_config(args.config, **overrides) if args.config else BrokerConfig(**overrides)
     except (ConfigError, ValueError) as exc:

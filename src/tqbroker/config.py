@@ -83,6 +83,14 @@ class BrokerConfig:
     # its channels; a content header beyond it is refused with 406 (and across all connections,
     # at most a tenth of the memory high watermark).
     max_incomplete_body_per_connection: int = 64 * 1024 * 1024
+    # Prometheus metrics (/metrics, /metrics/per-object) on a port of their own, on the same
+    # host (RabbitMQ's 15692); 0 = an ephemeral port, None = off. The HTTP API serves them too.
+    metrics_port: int | None = 15692
+    # A definitions file (RabbitMQ's JSON schema) imported at boot, as RabbitMQ's
+    # load_definitions: what it declares is created if missing.
+    load_definitions: Path | None = attrs.field(
+        default=None, converter=attrs.converters.optional(Path)
+    )
 
 
 class ConfigError(Exception):

@@ -64,13 +64,15 @@ def durable_backend_for_tests() -> str:
 
 
 def _isolated(config: BrokerConfig | None, data_dir: str) -> BrokerConfig:
-    """Port 0 by default (AMQP and HTTP), and a private data directory unless ``config`` names
+    """Port 0 by default (AMQP, HTTP and metrics), and a private data directory unless ``config`` names
     one: a test broker never reads or writes ``./tqbroker-data``. The durable backend follows
     ``durable_backend_for_tests()`` unless ``config`` chose one."""
     defaults = BrokerConfig()
     config = config or BrokerConfig(port=0)
     if config.http_port == defaults.http_port:
         config = attrs.evolve(config, http_port=0)
+    if config.metrics_port == defaults.metrics_port:
+        config = attrs.evolve(config, metrics_port=0)
     if config.data_dir == defaults.data_dir:
         config = attrs.evolve(config, data_dir=Path(data_dir))
     if config.durable_backend == defaults.durable_backend:
@@ -212,6 +214,7 @@ def start_broker_process(
     something else or stays silent for ``timeout`` seconds. ``max_open_files``: the broker's
     descriptor limit (``RLIMIT_NOFILE``, soft and hard), as ``ulimit -n`` would set it."""
     args = [sys.executable, "-m", "tqbroker", "--port", "0", "--http-port", "0"]
+    args += ["--metrics-port", "0"]
     args += ["--durable-backend", durable_backend or durable_backend_for_tests()]
     if data_dir is not None:
         args += ["--data-dir", str(data_dir)]
