@@ -78,7 +78,9 @@ class MessageStats:
         if before is None or seconds <= 0:
             self._rates = (0.0,) * len(COUNTERS)
         else:
-            self._rates = tuple((now - then) / seconds for now, then in zip(counts, before, strict=True))
+            self._rates = tuple(
+                (now - then) / seconds for now, then in zip(counts, before, strict=True)
+            )
         self._sampled = counts
 
     def rates(self) -> dict[str, float]:
