@@ -9,7 +9,7 @@ Responsibilities:
   the rate since the previous sample (a long walk yields, as every long job on the loop does);
 - ``message_stats``: one object's counters and rates as RabbitMQ's JSON: ``{"publish": 5,
   "publish_details": {"rate": 1.0}, ...}``, with ``deliver_get`` (the sum RabbitMQ reports)
-  and without the counters that never moved (as RabbitMQ leaves them out).
+  ``{}`` for an object whose counters never moved (as RabbitMQ leaves them out).
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ class MessageStats:
         return dict(zip(COUNTERS, self._rates, strict=True))
 
 
-def message_stats(stats: MessageStats) -> dict[str, Any]:
-    """RabbitMQ's ``message_stats`` object for ``stats``: each counter that moved, with its
+def message_stats(stats: MessageStats, keys: tuple[str, ...] = COUNTERS) -> dict[str, Any]:
+    """RabbitMQ's ``message_stats`` object for ``stats``: empty until a counter moved, then
+    each of ``keys`` (the counters RabbitMQ shows for that kind of object) with its
     ``<name>_details`` rate, and ``deliver_get`` (deliveries and gets of every kind)."""
     counts = dict(zip(COUNTERS, stats.counts(), strict=True))
     rates = stats.rates()
@@ -98,11 +99,13 @@ def message_stats(stats: MessageStats) -> dict[str, Any]:
     rates["deliver_get"] = sum(
         rates[name] for name in ("deliver", "deliver_no_ack", "get", "get_no_ack")
     )
+    if not any(counts[name] or rates[name] for name in keys):
+        return {}
+    shown = sorted({*keys, "deliver_get"} if "deliver" in keys else set(keys))
     found: dict[str, Any] = {}
-    for name, count in counts.items():
-        if count or rates[name]:
-            found[name] = count
-            found[f"{name}_details"] = {"rate": round(rates[name], 1)}
+    for name in shown:
+        found[name] = counts[name]
+        found[f"{name}_details"] = {"rate": round(rates[name], 1)}
     return found
 
 
