@@ -351,3 +351,16 @@ def test_health_checks(http: httpx.Client, tqbroker_thread: RunningBroker) -> No
     assert body["status"] == "failed"
     assert body["missing"] == 1
     assert port in body["ports"]
+
+
+def test_users_and_permissions_read_only(http: httpx.Client) -> None:
+    assert http.get("/api/users").json() == [
+        {"name": "guest", "tags": ["administrator"], "limits": {}}
+    ]
+    assert http.get("/api/users/guest").json()["name"] == "guest"
+    assert_api_error(http.get("/api/users/nobody"), 404, "Object Not Found", "Not Found")
+    everything = {"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}
+    assert http.get("/api/permissions").json() == [everything]
+    assert http.get("/api/users/guest/permissions").json() == [everything]
+    assert http.get("/api/vhosts/%2F/permissions").json() == [everything]
+    assert http.put("/api/users/someone", json={"password": "x", "tags": ""}).status_code == 405

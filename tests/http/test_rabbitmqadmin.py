@@ -87,6 +87,8 @@ def test_rabbitmqadmin_commands(tqbroker_thread: RunningBroker) -> None:
     admin(port, "purge", "queue", "name=audit")
     assert "| audit  | 0        |" in admin(port, "list", "queues")
     assert "queue_totals.messages" in admin(port, "show", "overview")
+    assert "| guest | administrator |" in admin(port, "list", "users", "name", "tags")
+    assert "| /     | guest |" in admin(port, "list", "permissions", "vhost", "user")
     connection = pika.BlockingConnection(pika.URLParameters(tqbroker_thread.url))
     try:
         channel = connection.channel()

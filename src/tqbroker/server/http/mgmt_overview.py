@@ -30,6 +30,7 @@ from .auth import broker_of
 from .errors import ApiError
 from .mgmt_common import api_user, api_vhost, listing, not_found, segment, visible_vhosts
 from .mgmt_connections import connections_of
+from .mgmt_users import user_tags
 
 API_VERSION = "3.10.8"  # the RabbitMQ management API this one follows
 _STARTED = time.monotonic()
@@ -102,11 +103,9 @@ async def overview(request: Request) -> Response:
 
 
 async def whoami(request: Request) -> Response:
-    """``GET /api/whoami``: until users get tags (the security work), a user who may use every
-    vhost is an ``administrator``, any other a ``management`` user."""
+    """``GET /api/whoami`` (tags as ``mgmt_users`` gives them)."""
     user = await api_user(request)
-    tags = ["administrator"] if user.vhosts is None else ["management"]
-    return JSONResponse({"name": user.name, "tags": tags})
+    return JSONResponse({"name": user.name, "tags": user_tags(user)})
 
 
 async def cluster_name(request: Request) -> Response:
