@@ -36,7 +36,7 @@ def _permissions(user: User, vhosts: list[str]) -> list[dict[str, Any]]:
 async def users(request: Request) -> Response:
     """``GET /api/users``."""
     await api_user(request)
-    return listing(request, (_user_json(u) for u in broker_of(request).users.all()))
+    return await listing(request, (_user_json(u) for u in broker_of(request).users.all()))
 
 
 async def user(request: Request) -> Response:
@@ -55,7 +55,7 @@ async def user_permissions(request: Request) -> Response:
     found = broker.users.get(segment(request, "name"))
     if found is None:
         raise not_found()
-    return listing(request, _permissions(found, sorted(broker.vhosts)))
+    return await listing(request, _permissions(found, sorted(broker.vhosts)))
 
 
 async def permissions(request: Request) -> Response:
@@ -63,12 +63,12 @@ async def permissions(request: Request) -> Response:
     await api_user(request)
     broker = broker_of(request)
     vhosts = sorted(broker.vhosts)
-    return listing(request, [p for u in broker.users.all() for p in _permissions(u, vhosts)])
+    return await listing(request, [p for u in broker.users.all() for p in _permissions(u, vhosts)])
 
 
 async def vhost_permissions(request: Request) -> Response:
     """``GET /api/vhosts/{vhost}/permissions``."""
     vhost = await api_vhost(request)
-    return listing(
+    return await listing(
         request, [p for u in broker_of(request).users.all() for p in _permissions(u, [vhost.name])]
     )
