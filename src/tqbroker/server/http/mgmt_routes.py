@@ -10,6 +10,7 @@ from . import mgmt_connections as connections
 from . import mgmt_exchanges as exchanges
 from . import mgmt_overview as overview
 from . import mgmt_queues as queues
+from . import mgmt_users as users
 
 _BINDING = "/api/bindings/{vhost}/e/{source}/{kind}/{destination}"
 _QUEUE = "/api/queues/{vhost}/{name}"
@@ -25,6 +26,11 @@ MANAGEMENT_ROUTES = [
     Route("/api/vhosts/{vhost}", overview.vhost),
     Route("/api/vhosts/{vhost}/connections", connections.list_connections),
     Route("/api/vhosts/{vhost}/channels", connections.list_channels),
+    Route("/api/vhosts/{vhost}/permissions", users.vhost_permissions),
+    Route("/api/users", users.users),
+    Route("/api/users/{name}", users.user),
+    Route("/api/users/{name}/permissions", users.user_permissions),
+    Route("/api/permissions", users.permissions),
     Route("/api/aliveness-test/{vhost}", overview.aliveness_test),
     Route("/api/health/checks/virtual-hosts", overview.virtual_hosts_check),
     Route("/api/health/checks/port-listener/{port}", overview.port_listener_check),
