@@ -18,6 +18,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from tqbroker.config import BrokerConfig
 from tqbroker.testing import RunningBroker, running_broker
 
 ARTIFACTS_ENV = "TQBROKER_UI_ARTIFACTS"
@@ -42,8 +43,14 @@ def artifacts() -> Path:
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[RunningBroker]:
-    with running_broker() as running:
+def other_vhost() -> str:
+    """The broker's second vhost, whose name needs encoding in a URL path (``ui%2Fops``)."""
+    return "ui/ops"
+
+
+@pytest.fixture(scope="module")
+def broker(other_vhost: str) -> Iterator[RunningBroker]:
+    with running_broker(BrokerConfig(port=0, vhosts=("/", other_vhost))) as running:
         yield running
 
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pika
@@ -109,6 +110,12 @@ def scene(broker: RunningBroker, api: httpx.Client) -> Iterator[pika.BlockingCon
         for n in range(count):
             channel.basic_publish("", queue, f"{queue} {n}".encode())
     channel.queue_bind("ui-orders", "ui-events", "order.#")
+    other = "/api/queues/ui%2Fops/ui-ops"  # in the vhost ui/ops (other_vhost), by the API
+    assert api.put(other, json={"durable": True}).status_code == 201
+    for n in range(2):
+        message = {"properties": {}, "routing_key": "ui-ops", "payload": str(n)}
+        published = api.post("/api/exchanges/ui%2Fops/amq.default/publish", json=message)
+        assert published.json() == {"routed": True}, published.text
     assert api.put("/topics/ui-clicks", json={"partitions": 3}).status_code == 201
     for n in range(10):
         record = {"value": f"click {n}", "partition": n % 2}
@@ -237,6 +244,29 @@ def test_purge_through_the_ui_empties_the_queue(
     assert channel.queue_declare("ui-purged", passive=True).method.message_count == 0
     assert row(page, "queues", "ui-purged").split()[5:8] == ["0", "0", "0"]
     channel.close()
+
+
+def test_vhost_selection_narrows_the_lists_and_names_travel_encoded(
+    page: WebDriver, broker: RunningBroker, other_vhost: str, artifacts: Path
+) -> None:
+    show(page, "queues")
+    assert row(page, "queues", "ui-ops").split()[:3] == [other_vhost, "ui-ops", "classic"]
+    click(page, f'#vhost option[value="{other_vhost}"]')
+    wait(page, lambda b: "ui-orders" not in b.find_element(By.ID, "view").text, "one vhost")
+    page.save_screenshot(str(artifacts / "queues-one-vhost.png"))
+    (only,) = page.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
+    assert only.get_attribute("data-name") == "ui-ops"
+    click(page, '#queues tr[data-name="ui-ops"] button.purge')
+    confirm(page, artifacts, "purge-other-vhost.png")
+    flash(page, "Queue 'ui-ops' purged.")
+    parameters = pika.URLParameters(broker.url + quote(other_vhost, safe=""))
+    connection = pika.BlockingConnection(parameters)
+    try:
+        declared = connection.channel().queue_declare("ui-ops", passive=True)
+        assert declared.method.message_count == 0
+    finally:
+        connection.close()
+        click(page, '#vhost option[value=""]')
 
 
 def test_delete_through_the_ui_deletes_the_queue(
