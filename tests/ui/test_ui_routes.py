@@ -27,7 +27,8 @@ def test_the_page_needs_no_credentials_and_forbids_outside_resources(api: httpx.
 
 
 @pytest.mark.parametrize(
-    ("name", "kind"), [("app.js", "text/javascript"), ("style.css", "text/css")]
+    ("name", "kind"),
+    [("app.js", "text/javascript"), ("pages.js", "text/javascript"), ("style.css", "text/css")],
 )
 def test_assets_are_the_package_files(api: httpx.Client, name: str, kind: str) -> None:
     response = api.get(f"/ui/{name}")
@@ -40,12 +41,13 @@ def test_everything_the_page_loads_is_served_here(api: httpx.Client) -> None:
     page = api.get("/").text
     loaded = re.findall(r'(?:src|href)="([^"#][^"]*)"', page)
     assert "ui/app.js" in loaded
+    assert "ui/pages.js" in loaded
     assert "ui/style.css" in loaded
     for url in loaded:
         if url.startswith("data:"):
             continue
         assert api.get("/" + url).status_code == 200, url
-    for name in ("index.html", "app.js", "style.css"):
+    for name in ("index.html", "app.js", "pages.js", "style.css"):
         text = UI.joinpath(name).read_text()
         assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/", text), name  # no CDN
 

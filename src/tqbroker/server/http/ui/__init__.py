@@ -1,4 +1,4 @@
-"""The web UI: one HTML page with its script and style sheet, served from this package (no build
+"""The web UI: one HTML page with its scripts and style sheet, served from this package (no build
 step, nothing fetched from elsewhere) at ``/`` and ``/ui/{name}``. The page reads and acts only
 through the management API (``/api/...``) and the topic API (``/topics/...``), sending the HTTP
 Basic credentials its login form keeps in the tab's ``sessionStorage``; the routes serving it need
@@ -19,6 +19,7 @@ from ..errors import RequestError
 _TYPES = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
+    "pages.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
 # The page runs its own script only, talks to its own origin only, and is never framed.
