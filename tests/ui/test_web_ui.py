@@ -37,19 +37,22 @@ def text_of(browser: WebDriver, element_id: str) -> str:
     return found[0].text if found and found[0].is_displayed() else ""
 
 
-def show(browser: WebDriver, page: str) -> str:
-    """Go to ``#/page`` and wait until it is drawn afresh; the view's text."""
+def redrawn(browser: WebDriver, action: Callable[[], object], what: str) -> str:
+    """Do ``action`` and wait until the page is drawn afresh; the view's text."""
     before = browser.find_element(By.ID, "view").get_attribute("data-loaded")
-    browser.execute_script(
-        "location.hash = arguments[0]; window.dispatchEvent(new HashChangeEvent('hashchange'))",
-        "#/" + page,
-    )
+    action()
     wait(
         browser,
         lambda b: b.find_element(By.ID, "view").get_attribute("data-loaded") not in (None, before),
-        f"page {page}",
+        what,
     )
     return str(browser.find_element(By.ID, "view").text)
+
+
+def show(browser: WebDriver, page: str) -> str:
+    """Go to ``#/page`` and wait until it is drawn afresh; the view's text."""
+    script = "location.hash = arguments[0]; window.dispatchEvent(new HashChangeEvent('hashchange'))"
+    return redrawn(browser, lambda: browser.execute_script(script, "#/" + page), f"page {page}")
 
 
 def row(browser: WebDriver, table: str, name: str) -> str:
@@ -212,8 +215,7 @@ def test_topics_pages_show_partitions_and_group_lag(page: WebDriver, artifacts: 
     show(page, "topics")
     page.save_screenshot(str(artifacts / "topics.png"))
     assert row(page, "topics", "ui-clicks").split() == ["ui-clicks", "3"]
-    click(page, '#topics tr[data-name="ui-clicks"] a')
-    wait(page, lambda b: b.find_elements(By.ID, "partitions"), "partitions")
+    redrawn(page, lambda: click(page, '#topics tr[data-name="ui-clicks"] a'), "the topic")
     partitions = page.find_element(By.ID, "partitions").text.splitlines()[1:]
     assert [p.split()[:2] for p in partitions] == [
         ["0", "ui-clicks-0"],
@@ -224,10 +226,11 @@ def test_topics_pages_show_partitions_and_group_lag(page: WebDriver, artifacts: 
     group = page.find_element(By.ID, "group-name")
     group.clear()
     group.send_keys("ui-readers")
-    page.find_element(By.CSS_SELECTOR, "#group-form button").click()
-    lag = wait(page, lambda b: b.find_elements(By.ID, "lag-ui-readers"), "the group's lag")[0]
+    submit = page.find_element(By.CSS_SELECTOR, "#group-form button")
+    text = redrawn(page, submit.click, "the group's lag")
     page.save_screenshot(str(artifacts / "topic.png"))
-    assert "Group 'ui-readers': lag 2" in page.find_element(By.ID, "view").text
+    assert "Group 'ui-readers': lag 2" in text
+    lag = page.find_element(By.ID, "lag-ui-readers")
     # partition, committed, log end, lag, consumer
     assert lag.text.splitlines()[1].split()[:4] == ["0", "3", "5", "2"]
 
