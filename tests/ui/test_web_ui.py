@@ -51,7 +51,11 @@ def redrawn(browser: WebDriver, action: Callable[[], object], what: str) -> str:
 
 def show(browser: WebDriver, page: str) -> str:
     """Go to ``#/page`` and wait until it is drawn afresh; the view's text."""
-    script = "location.hash = arguments[0]; window.dispatchEvent(new HashChangeEvent('hashchange'))"
+    script = (  # one redraw: the hash changes, or the same page is asked for again
+        "if (location.hash === arguments[0])"
+        " window.dispatchEvent(new HashChangeEvent('hashchange'));"
+        " else location.hash = arguments[0];"
+    )
     return redrawn(browser, lambda: browser.execute_script(script, "#/" + page), f"page {page}")
 
 

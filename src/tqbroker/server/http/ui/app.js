@@ -121,13 +121,15 @@ function confirmAction(title, text, reason) {
 async function act(title, text, reason, action, done) {
   const answer = await confirmAction(title, text, reason);
   if (answer === null) return;
+  let message = done;
+  let failed = false;
   try {
     await action(answer);
-    flash(done);
   } catch (e) {
-    flash(e.message, true);
+    [message, failed] = [e.message, true];
   }
-  render();
+  await render(); // the outcome is announced once the page shows it
+  flash(message, failed);
 }
 
 // ---- routing, login, refresh ---------------------------------------------------------------
