@@ -18,7 +18,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from tqbroker.config import BrokerConfig
+from tqbroker.config import BrokerConfig, UserConfig
 from tqbroker.testing import RunningBroker, running_broker
 
 ARTIFACTS_ENV = "TQBROKER_UI_ARTIFACTS"
@@ -50,7 +50,13 @@ def other_vhost() -> str:
 
 @pytest.fixture(scope="module")
 def broker(other_vhost: str) -> Iterator[RunningBroker]:
-    with running_broker(BrokerConfig(port=0, vhosts=("/", other_vhost))) as running:
+    """guest, and ``ui-viewer`` (password ``viewer``) who may use only the other vhost."""
+    users = (
+        UserConfig("guest", "guest", loopback_only=True),
+        UserConfig("ui-viewer", "viewer", vhosts=(other_vhost,)),
+    )
+    config = BrokerConfig(port=0, vhosts=("/", other_vhost), users=users)
+    with running_broker(config) as running:
         yield running
 
 

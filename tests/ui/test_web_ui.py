@@ -150,20 +150,32 @@ def scene(broker: RunningBroker, api: httpx.Client) -> Iterator[pika.BlockingCon
         connection.close()
 
 
+def log_in(browser: WebDriver, user: str, password: str) -> None:
+    """Fill in and send the login form, and wait for the first page (or the refusal)."""
+    wait(browser, lambda b: b.find_element(By.ID, "username").is_displayed(), "the login form")
+    before = browser.find_element(By.ID, "view").get_attribute("data-loaded")
+    browser.find_element(By.ID, "username").clear()
+    browser.find_element(By.ID, "username").send_keys(user)
+    browser.find_element(By.ID, "password").send_keys(password)
+    browser.find_element(By.ID, "login-button").click()
+    wait(
+        browser,
+        lambda b: (
+            text_of(b, "login-error")
+            or b.find_element(By.ID, "view").get_attribute("data-loaded") not in (None, before)
+        ),
+        "a page or a refusal",
+    )
+
+
 @pytest.fixture(scope="module")
 def page(browser: WebDriver, broker: RunningBroker, scene: Any, artifacts: Path) -> WebDriver:
     """The UI, logged in as guest through its form (a wrong password refused first)."""
     browser.get(broker.http_url + "/")
-    for password in ("wrong", "guest"):
-        wait(browser, lambda b: b.find_element(By.ID, "username").is_displayed(), "the login form")
-        browser.find_element(By.ID, "username").clear()
-        browser.find_element(By.ID, "username").send_keys("guest")
-        browser.find_element(By.ID, "password").send_keys(password)
-        browser.find_element(By.ID, "login-button").click()
-        if password == "wrong":
-            assert "refused" in wait(browser, lambda b: text_of(b, "login-error"), "a refusal")
-            browser.save_screenshot(str(artifacts / "login-refused.png"))
-    wait(browser, lambda b: b.find_element(By.ID, "view").get_attribute("data-loaded"), "a page")
+    log_in(browser, "guest", "wrong")
+    assert "refused" in text_of(browser, "login-error")
+    browser.save_screenshot(str(artifacts / "login-refused.png"))
+    log_in(browser, "guest", "guest")
     assert text_of(browser, "whoami") == "guest"
     # No redraws behind the tests' backs: each check draws its page afresh.
     browser.find_element(By.CSS_SELECTOR, '#refresh option[value="0"]').click()
@@ -218,7 +230,7 @@ def test_connections_page_lists_connections(
 def test_topics_pages_show_partitions_and_group_lag(page: WebDriver, artifacts: Path) -> None:
     show(page, "topics")
     page.save_screenshot(str(artifacts / "topics.png"))
-    assert row(page, "topics", "ui-clicks").split() == ["ui-clicks", "3"]
+    assert row(page, "topics", "ui-clicks").split() == ["/", "ui-clicks", "3"]
     redrawn(page, lambda: click(page, '#topics tr[data-name="ui-clicks"] a'), "the topic")
     partitions = page.find_element(By.ID, "partitions").text.splitlines()[1:]
     assert [p.split()[:2] for p in partitions] == [
@@ -348,3 +360,34 @@ def test_definitions_export_downloads_and_import_declares(
     page.find_element(By.ID, "import").click()
     flash(page, "imported")
     assert scene.channel().queue_declare("ui-imported", passive=True).method.message_count == 0
+
+
+def test_a_user_sees_only_their_vhosts_and_a_refusal_keeps_them_logged_in(
+    page: WebDriver, other_vhost: str, artifacts: Path
+) -> None:
+    click(page, "#logout")
+    try:
+        log_in(page, "ui-viewer", "viewer")
+        assert text_of(page, "whoami") == "ui-viewer"
+        show(page, "queues")
+        rows = page.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
+        assert [r.get_attribute("data-name") for r in rows] == ["ui-ops"]
+        # A topic of a vhost this user may not use: the API refuses (403), the page says so.
+        page.execute_script("location.hash = arguments[0]", "#/topics/%2F/ui-clicks")
+        assert "no access to vhost '/'" in flash(page, "no access")
+        page.save_screenshot(str(artifacts / "refused-vhost.png"))
+        assert text_of(page, "whoami") == "ui-viewer"  # still logged in
+        # The management API's refusal is a 401 too (RabbitMQ's not_authorised, "Access
+        # refused."), as when access to a vhost is revoked while its page is open: not a logout.
+        show(page, "queues")
+        page.execute_script(
+            "const select = document.getElementById('vhost');"
+            "select.add(new Option('/', '/')); select.value = '/';"
+            "select.dispatchEvent(new Event('change'));"
+        )
+        assert "401 Access refused." in flash(page, "Access refused")
+        assert text_of(page, "whoami") == "ui-viewer"
+    finally:
+        click(page, "#logout")
+        log_in(page, "guest", "guest")
+        page.find_element(By.CSS_SELECTOR, '#refresh option[value="0"]').click()

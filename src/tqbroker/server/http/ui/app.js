@@ -12,9 +12,10 @@ let timer = null;
 let rendering = 0;
 
 class ApiError extends Error {
-  constructor(status, message) {
+  constructor(status, message, loggedOut = false) {
     super(message);
     this.status = status;
+    this.loggedOut = loggedOut; // the credentials were refused: the login form is showing
   }
 }
 
@@ -28,11 +29,7 @@ async function api(method, path, { body, headers, raw } = {}) {
     init.headers["Content-Type"] = "application/json";
   }
   const response = await fetch(path, init);
-  if (response.status === 401) {
-    logout("Your credentials were refused: log in again.");
-    throw new ApiError(401, "login refused");
-  }
-  if (raw) return response;
+  if (raw && response.status !== 401) return response;
   const text = await response.text();
   let data = null;
   try {
@@ -40,6 +37,13 @@ async function api(method, path, { body, headers, raw } = {}) {
   } catch (e) {
     data = null;
   }
+  // 401 is both "who are you?" (not_authorized, Login failed) and, in RabbitMQ's API, "you may
+  // not" (not_authorised): only the first sends the user back to the login form.
+  if (response.status === 401 && !(data && data.error === "not_authorised")) {
+    logout("Your credentials were refused: log in again.");
+    throw new ApiError(401, "login refused", true);
+  }
+  if (raw) return new Response(text, { status: response.status, headers: response.headers });
   if (!response.ok) {
     const why = data && (data.reason || data.message || data.error);
     throw new ApiError(response.status, `${method} ${path}: ${response.status} ${why || response.statusText}`);
@@ -143,14 +147,19 @@ async function render() {
   const mine = ++rendering;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("current", a.dataset.page === name);
   try {
-    const content = name === "topics" && rest.length ? await topicPage(vhost, decodeURIComponent(rest.join("/"))) : await PAGES[name](vhost);
+    // #/topics/{vhost}/{topic}, each URL-encoded: one topic's page.
+    const [topicVhost, topic] = rest.map(decodeURIComponent);
+    const content = name === "topics" && topic !== undefined ? await topicPage(topicVhost, topic) : await PAGES[name](vhost);
     if (mine !== rendering || !store.getItem(KEY + "auth")) return; // a newer render (or a logout) won
     const view = $("view");
     view.replaceChildren(...[content].flat(3).filter((n) => n));
     view.dataset.page = name;
     view.dataset.loaded = String(mine);
   } catch (e) {
-    if (e.status !== 401) flash(e.message, true);
+    if (e.loggedOut || mine !== rendering) return;
+    flash(e.message, true);
+    $("view").replaceChildren(h("p", { class: "muted" }, "This page could not be loaded."));
+    $("view").dataset.page = name;
   }
   schedule();
 }
@@ -203,7 +212,7 @@ document.addEventListener("DOMContentLoaded", () => {
     try {
       await start();
     } catch (e) {
-      if (e.status !== 401) logout(e.message);
+      if (!e.loggedOut) logout(e.message);
     }
   });
   $("logout").addEventListener("click", () => logout());
@@ -220,6 +229,6 @@ document.addEventListener("DOMContentLoaded", () => {
     flash("");
     render();
   });
-  if (store.getItem(KEY + "auth")) start().catch((e) => e.status !== 401 && flash(e.message, true));
+  if (store.getItem(KEY + "auth")) start().catch((e) => e.loggedOut || flash(e.message, true));
   else showLogin();
 });

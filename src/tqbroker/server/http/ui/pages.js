@@ -106,18 +106,19 @@ async function topicNames(vhost) {
   return [...found.values()].sort((a, b) => (a.name < b.name ? -1 : 1));
 }
 
+// "All" lists the topics of every vhost the user sees (the topic API answers for one at a time).
 async function topicsPage(vhost) {
-  vhost = vhost || "/";
-  const topics = await topicNames(vhost);
-  const link = (t) => h("a", { href: `#/topics/${enc(t.name)}` }, t.name);
+  const vhosts = vhost ? [vhost] : [...$("vhost").options].map((o) => o.value).filter(Boolean);
+  const topics = [];
+  for (const v of vhosts) for (const t of await topicNames(v)) topics.push({ ...t, vhost: v });
+  const link = (t) => h("a", { href: `#/topics/${enc(t.vhost)}/${enc(t.name)}` }, t.name);
   return [
-    h("h1", {}, `Topics in vhost '${vhost}'`),
-    table("topics", [["Topic", link], ["Partitions", (t) => num(typeof t.partitions === "number" ? t.partitions : (t.partitions || []).length), "num"]], topics, "No topics."),
+    h("h1", {}, vhost ? `Topics in vhost '${vhost}'` : "Topics"),
+    table("topics", [["Virtual host", (t) => t.vhost], ["Topic", link], ["Partitions", (t) => num(typeof t.partitions === "number" ? t.partitions : (t.partitions || []).length), "num"]], topics, "No topics."),
   ];
 }
 
 async function topicPage(vhost, topic) {
-  vhost = vhost || "/";
   const base = `topics/${enc(topic)}`;
   let partitions;
   let described = {};
@@ -134,7 +135,7 @@ async function topicPage(vhost, topic) {
   } catch (e) {
     if (e.status !== 404 && e.status !== 405) throw e;
   }
-  const shown = store.getItem(KEY + "group:" + topic);
+  const shown = store.getItem(KEY + "group:" + vhost + ":" + topic);
   const names = new Set(groups.map((g) => g.group || g.name));
   if (shown) names.add(shown);
   const lags = [];
@@ -148,7 +149,7 @@ async function topicPage(vhost, topic) {
   const pick = (o, ...keys) => keys.map((k) => o[k]).find((v) => v !== undefined);
   const lookup = h("form", { id: "group-form", onsubmit: (ev) => {
     ev.preventDefault();
-    store.setItem(KEY + "group:" + topic, $("group-name").value.trim());
+    store.setItem(KEY + "group:" + vhost + ":" + topic, $("group-name").value.trim());
     render();
   } }, h("label", {}, "Consumer group ", h("input", { id: "group-name", value: shown || "" })), " ", h("button", { type: "submit" }, "Show lag"));
   return [
