@@ -364,3 +364,17 @@ def test_users_and_permissions_read_only(http: httpx.Client) -> None:
     assert http.get("/api/users/guest/permissions").json() == [everything]
     assert http.get("/api/vhosts/%2F/permissions").json() == [everything]
     assert http.put("/api/users/someone", json={"password": "x", "tags": ""}).status_code == 405
+
+
+def test_checks_and_features_it_does_not_have(http: httpx.Client) -> None:
+    assert http.get("/api/health/checks/protocol-listener/amqp091").json() == {
+        "status": "ok",
+        "protocol": "amqp",
+    }
+    missing = http.get("/api/health/checks/protocol-listener/mqtt")
+    assert missing.status_code == 503
+    assert {"amqp", "http"} <= set(missing.json()["protocols"])
+    single = {"status": "ok", "reason": "single node cluster"}
+    assert http.get("/api/health/checks/node-is-quorum-critical").json() == single
+    for path in ("/api/policies", "/api/parameters", "/api/users/without-permissions"):
+        assert http.get(path).json() == [], path

@@ -265,3 +265,37 @@ async def ready_to_serve_clients(request: Request) -> Response:
             {"status": "failed", "reason": "resource alarms in effect"}, status_code=503
         )
     return JSONResponse({"status": "ok"})
+
+
+async def protocol_listener_check(request: Request) -> Response:
+    """``GET /api/health/checks/protocol-listener/{protocol}`` (``amqp`` or ``amqp091``,
+    ``http``, ``http/prometheus``)."""
+    await api_user(request)
+    wanted = segment(request, "protocol")
+    protocol = "amqp" if wanted in ("amqp", "amqp091", "amqp0-9-1") else wanted
+    protocols = sorted({p for p, _ip, _port in connections_of(request).listeners})
+    if protocol in protocols:
+        return JSONResponse({"status": "ok", "protocol": protocol})
+    return JSONResponse(
+        {
+            "status": "failed",
+            "reason": "No active listener",
+            "missing": wanted,
+            "protocols": protocols,
+        },
+        status_code=503,
+    )
+
+
+async def single_node_check(request: Request) -> Response:
+    """``node-is-quorum-critical`` and ``node-is-mirror-sync-critical``: a single node never
+    is."""
+    await api_user(request)
+    return JSONResponse({"status": "ok", "reason": "single node cluster"})
+
+
+async def empty_list(request: Request) -> Response:
+    """Routes of features tqbroker does not have, answered as RabbitMQ answers them when none
+    is defined (``/api/policies``, ``/api/parameters``, ``/api/extensions``...)."""
+    await api_user(request)
+    return JSONResponse([])

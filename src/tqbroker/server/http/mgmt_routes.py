@@ -17,6 +17,21 @@ _QUEUE = "/api/queues/{vhost}/{name}"
 _EXCHANGE = "/api/exchanges/{vhost}/{name}"
 
 MANAGEMENT_ROUTES = [
+    # Features tqbroker does not have: none defined, as RabbitMQ lists them then.
+    *(
+        Route(path, overview.empty_list)
+        for path in (
+            "/api/extensions",
+            "/api/policies",
+            "/api/policies/{vhost}",
+            "/api/operator-policies",
+            "/api/parameters",
+            "/api/vhost-limits",
+            "/api/topic-permissions",
+            "/api/vhosts/{vhost}/topic-permissions",
+            "/api/users/without-permissions",
+        )
+    ),
     Route("/api/overview", overview.overview),
     Route("/api/whoami", overview.whoami),
     Route("/api/cluster-name", overview.cluster_name),
@@ -35,6 +50,9 @@ MANAGEMENT_ROUTES = [
     Route("/api/health/checks/virtual-hosts", overview.virtual_hosts_check),
     Route("/api/health/checks/port-listener/{port}", overview.port_listener_check),
     Route("/api/health/checks/ready-to-serve-clients", overview.ready_to_serve_clients),
+    Route("/api/health/checks/protocol-listener/{protocol}", overview.protocol_listener_check),
+    Route("/api/health/checks/node-is-quorum-critical", overview.single_node_check),
+    Route("/api/health/checks/node-is-mirror-sync-critical", overview.single_node_check),
     Route("/api/queues", queues.list_queues),
     Route("/api/queues/{vhost}", queues.list_queues),
     Route(_QUEUE, queues.show_queue, methods=["GET"]),
