@@ -39,6 +39,8 @@ def artifacts() -> Path:
     """Where screenshots go (kept by CI)."""
     path = Path(os.environ.get(ARTIFACTS_ENV) or ROOT / "tests-artifacts" / "ui")
     path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("FAILED-*.png"):  # an earlier run's failures
+        stale.unlink()
     return path
 
 
