@@ -174,6 +174,8 @@ def page(browser: WebDriver, broker: RunningBroker, scene: Any, artifacts: Path)
     browser.get(broker.http_url + "/")
     log_in(browser, "guest", "wrong")
     assert "refused" in text_of(browser, "login-error")
+    assert not browser.find_element(By.ID, "session").is_displayed()  # nothing but the form
+    assert not browser.find_element(By.ID, "nav").is_displayed()
     browser.save_screenshot(str(artifacts / "login-refused.png"))
     log_in(browser, "guest", "guest")
     assert text_of(browser, "whoami") == "guest"

@@ -40,7 +40,7 @@ async function api(method, path, { body, headers, raw } = {}) {
   // 401 is both "who are you?" (not_authorized, Login failed) and, in RabbitMQ's API, "you may
   // not" (not_authorised): only the first sends the user back to the login form.
   if (response.status === 401 && !(data && data.error === "not_authorised")) {
-    logout("Your credentials were refused: log in again.");
+    logout("Login refused: check the user name and password.");
     throw new ApiError(401, "login refused", true);
   }
   if (raw) return new Response(text, { status: response.status, headers: response.headers });
