@@ -21,7 +21,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tqbroker.testing import RunningBroker
+from tqbroker.config import BrokerConfig
+from tqbroker.testing import RunningBroker, running_broker
 
 TIMEOUT = 10
 
@@ -393,3 +394,26 @@ def test_a_user_sees_only_their_vhosts_and_a_refusal_keeps_them_logged_in(
         click(page, "#logout")
         log_in(page, "guest", "guest")
         page.find_element(By.CSS_SELECTOR, '#refresh option[value="0"]').click()
+
+
+def test_overview_shows_a_resource_alarm(
+    page: WebDriver, broker: RunningBroker, artifacts: Path
+) -> None:
+    """A broker whose data directory is always short of space (another origin for the browser:
+    a login of its own)."""
+    with running_broker(BrokerConfig(port=0, disk_free_limit="1000TB")) as alarmed:
+        try:
+            page.get(alarmed.http_url + "/")
+            log_in(page, "guest", "guest")
+            found = wait(
+                page,
+                lambda b: "disk space" in show(b, "overview") and b.find_element(By.ID, "overview"),
+                "the disk alarm",
+            )
+            page.save_screenshot(str(artifacts / "overview-alarm.png"))
+            assert "disk space" in found.find_element(By.CSS_SELECTOR, ".alarm").text
+            assert not page.find_elements(By.ID, "no-alarms")
+        finally:
+            page.get(broker.http_url + "/")  # the module's broker, still logged in (this tab)
+            wait(page, lambda b: b.find_element(By.ID, "view").get_attribute("data-loaded"), "it")
+    assert text_of(page, "whoami") == "guest"
