@@ -122,6 +122,30 @@ def test_queues_page_lists_queues_with_depth(page: WebDriver, artifacts: Path) -
     assert "stream" in row(page, "queues", "ui-clicks-0")
 
 
+def test_the_name_filter_narrows_a_list(page: WebDriver, artifacts: Path) -> None:
+    show(page, "queues")
+
+    def filter_by(words: str) -> list[str | None]:
+        field = page.find_element(By.ID, "filter")
+        field.clear()
+        field.send_keys(words)
+        submit = page.find_element(By.CSS_SELECTOR, "#filter-form button")
+        redrawn(page, submit.click, f"the queues named like {words!r}")
+        return [
+            r.get_attribute("data-name")
+            for r in page.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
+        ]
+
+    try:
+        assert filter_by("ui-clicks-") == ["ui-clicks-0", "ui-clicks-1", "ui-clicks-2"]
+        page.save_screenshot(str(artifacts / "queues-filtered.png"))
+        assert filter_by("nothing-like-it") == []
+        assert "No queues." in page.find_element(By.ID, "view").text
+    finally:
+        filter_by("")
+    assert len(page.find_elements(By.CSS_SELECTOR, "#queues tbody tr")) > 3
+
+
 def test_exchanges_page_lists_exchanges_and_bindings(page: WebDriver, artifacts: Path) -> None:
     text = show(page, "exchanges")
     page.save_screenshot(str(artifacts / "exchanges.png"))

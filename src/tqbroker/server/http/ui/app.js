@@ -51,6 +51,31 @@ async function api(method, path, { body, headers, raw } = {}) {
   return data;
 }
 
+// A list route's first PAGE_SIZE rows whose name contains `filter` (RabbitMQ's page, page_size
+// and name parameters; a route that does not paginate answers a plain list): [rows, note].
+const PAGE_SIZE = 500;
+async function listing(path, filter) {
+  const query = new URLSearchParams({ page: "1", page_size: String(PAGE_SIZE) });
+  if (filter) query.set("name", filter);
+  const data = await api("GET", `${path}?${query}`);
+  const paged = data && !Array.isArray(data);
+  const all = paged ? items(data) : items(data).filter((r) => String(r.name).includes(filter || ""));
+  const rows = all.slice(0, PAGE_SIZE);
+  const matching = paged ? data.filtered_count : all.length;
+  return [rows, matching > rows.length ? `Showing the first ${rows.length} of ${matching}.` : null];
+}
+
+// The name filter of a list page (kept for the tab); submitting it redraws the page.
+function filterForm(page) {
+  const value = store.getItem(KEY + "filter:" + page) || "";
+  return h("form", { class: "filter", id: "filter-form", onsubmit: (ev) => {
+    ev.preventDefault();
+    store.setItem(KEY + "filter:" + page, $("filter").value.trim());
+    render();
+  } }, h("label", {}, "Name contains ", h("input", { id: "filter", value })), " ", h("button", { type: "submit" }, "Filter"));
+}
+const filterOf = (page) => store.getItem(KEY + "filter:" + page) || "";
+
 const vhostPath = (vhost) => (vhost ? "/" + enc(vhost) : "");
 const topicQuery = (vhost) => "?vhost=" + enc(vhost || "/");
 const items = (data, key) => (Array.isArray(data) ? data : (data && (data[key] || data.items)) || []);

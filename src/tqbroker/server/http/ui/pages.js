@@ -29,10 +29,12 @@ async function overviewPage() {
 }
 
 async function queuesPage(vhost) {
-  const queues = items(await api("GET", "api/queues" + vhostPath(vhost)));
+  const [queues, note] = await listing("api/queues" + vhostPath(vhost), filterOf("queues"));
   const path = (q) => `api/queues/${enc(q.vhost)}/${enc(q.name)}`;
   return [
     h("h1", {}, "Queues"),
+    filterForm("queues"),
+    note && h("p", { class: "muted" }, note),
     table("queues", [
       ["Virtual host", (q) => q.vhost], ["Name", (q) => q.name], ["Type", (q) => q.type], ["Features", flags],
       ["State", (q) => q.state], ["Ready", (q) => num(q.messages_ready), "num"], ["Unacked", (q) => num(q.messages_unacknowledged), "num"],
@@ -50,30 +52,37 @@ async function queuesPage(vhost) {
 }
 
 async function exchangesPage(vhost) {
-  const [exchanges, bindings] = await Promise.all([api("GET", "api/exchanges" + vhostPath(vhost)), api("GET", "api/bindings" + vhostPath(vhost))]);
+  const [[exchanges, note], bindings] = await Promise.all([listing("api/exchanges" + vhostPath(vhost), filterOf("exchanges")),
+    api("GET", "api/bindings" + vhostPath(vhost))]);
+  const shown = items(bindings).slice(0, PAGE_SIZE);
   return [
     h("h1", {}, "Exchanges"),
+    filterForm("exchanges"),
+    note && h("p", { class: "muted" }, note),
     table("exchanges", [
       ["Virtual host", (e) => e.vhost], ["Name", (e) => e.name || "(AMQP default)"], ["Type", (e) => e.type], ["Features", flags],
       ["Arguments", (e) => args(e.arguments)], ["Rate in", (e) => rate(e.message_stats, "publish_in"), "num"],
       ["Rate out", (e) => rate(e.message_stats, "publish_out"), "num"],
-    ], items(exchanges), "No exchanges."),
+    ], exchanges, "No exchanges."),
     h("h2", {}, "Bindings"),
+    shown.length < items(bindings).length ? h("p", { class: "muted" }, `Showing the first ${shown.length} of ${items(bindings).length}.`) : null,
     table("bindings", [
       ["Virtual host", (b) => b.vhost], ["Source", (b) => b.source || "(AMQP default)"], ["Destination", (b) => b.destination],
       ["Destination type", (b) => b.destination_type], ["Routing key", (b) => b.routing_key], ["Arguments", (b) => args(b.arguments)],
-    ], items(bindings), "No bindings."),
+    ], shown, "No bindings."),
   ];
 }
 
 async function connectionsPage(vhost) {
-  const connections = items(await api("GET", vhost ? `api/vhosts/${enc(vhost)}/connections` : "api/connections"));
+  const [connections, note] = await listing(vhost ? `api/vhosts/${enc(vhost)}/connections` : "api/connections", filterOf("connections"));
   const client = (c) => {
     const p = c.client_properties || {};
     return [p.connection_name, p.product, p.version].filter(Boolean).join(" ");
   };
   return [
     h("h1", {}, "Connections"),
+    filterForm("connections"),
+    note && h("p", { class: "muted" }, note),
     table("connections", [
       ["Name", (c) => c.name], ["User", (c) => c.user], ["Virtual host", (c) => c.vhost],
       ["Peer", (c) => `${c.peer_host}:${c.peer_port}`], ["Client", client], ["Protocol", (c) => c.protocol],
