@@ -242,6 +242,22 @@ def test_delete_through_the_ui_deletes_the_queue(
     assert not page.find_elements(By.CSS_SELECTOR, '#queues tr[data-name="ui-deleted"]')
 
 
+def test_a_failed_action_is_reported(page: WebDriver, api: httpx.Client, artifacts: Path) -> None:
+    """A queue deleted behind the page's back: purging it says why it failed, in one line."""
+    assert api.put("/api/queues/%2F/ui-vanishing", json={}).status_code == 201
+    show(page, "queues")
+    row(page, "queues", "ui-vanishing")
+    assert api.delete("/api/queues/%2F/ui-vanishing").status_code == 204
+    click(page, '#queues tr[data-name="ui-vanishing"] button.purge')
+    confirm(page, artifacts, "purge-vanished-confirm.png")
+    message = flash(page, "404")
+    page.save_screenshot(str(artifacts / "purge-failed.png"))
+    assert message.startswith("DELETE api/queues/%2F/ui-vanishing/contents: 404 ")
+    assert "\n" not in message
+    assert page.find_element(By.ID, "flash").get_attribute("class") == "error"
+    assert not page.find_elements(By.CSS_SELECTOR, '#queues tr[data-name="ui-vanishing"]')
+
+
 def test_close_through_the_ui_closes_the_connection(
     page: WebDriver, broker: RunningBroker, api: httpx.Client, artifacts: Path
 ) -> None:

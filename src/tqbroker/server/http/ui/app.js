@@ -155,6 +155,7 @@ async function act(title, text, reason, action, done) {
   try {
     await action(answer);
   } catch (e) {
+    if (e.loggedOut) return;
     [message, failed] = [e.message, true];
   }
   await render(); // the outcome is announced once the page shows it

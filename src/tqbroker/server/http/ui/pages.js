@@ -191,7 +191,7 @@ async function definitionsPage(vhost) {
   const download = async () => {
     try {
       const response = await api("GET", path, { raw: true });
-      if (!response.ok) throw new ApiError(response.status, `GET ${path}: ${response.status}`);
+      if (!response.ok) await api("GET", path); // throws, with the API's reason
       const url = URL.createObjectURL(await response.blob());
       const day = new Date().toISOString().slice(0, 10);
       const a = h("a", { href: url, download: `tqbroker-definitions${vhost ? "-" + vhost.replace(/[^\w.-]/g, "_") : ""}-${day}.json` });
@@ -201,7 +201,7 @@ async function definitionsPage(vhost) {
       setTimeout(() => URL.revokeObjectURL(url), 10000);
       flash(`Definitions of ${where} downloaded.`);
     } catch (e) {
-      flash(e.message, true);
+      if (!e.loggedOut) flash(e.message, true);
     }
   };
   const upload = async (ev) => {
@@ -212,7 +212,7 @@ async function definitionsPage(vhost) {
       await api("POST", path, { body: await file.text() });
       flash(`Definitions from '${file.name}' imported into ${where}.`);
     } catch (e) {
-      flash(e.message, true);
+      if (!e.loggedOut) flash(e.message, true);
     }
   };
   return [
