@@ -167,6 +167,22 @@ def test_connections_page_lists_connections(
     assert "ui-scene" in text  # the client's connection_name
 
 
+def test_the_page_redraws_itself_every_5_s(page: WebDriver, api: httpx.Client) -> None:
+    show(page, "queues")
+    assert row(page, "queues", "ui-orders").split()[5] == "3"  # ready
+    message = {"properties": {}, "routing_key": "ui-orders", "payload": "one more"}
+    assert api.post("/api/exchanges/%2F/amq.default/publish", json=message).json()["routed"]
+    page.find_element(By.CSS_SELECTOR, '#refresh option[value="5"]').click()
+    try:
+        wait(
+            page,
+            lambda b: row(b, "queues", "ui-orders").split()[5] == "4",
+            "the new message without being asked",
+        )
+    finally:
+        page.find_element(By.CSS_SELECTOR, '#refresh option[value="0"]').click()
+
+
 def test_topics_pages_show_partitions_and_group_lag(page: WebDriver, artifacts: Path) -> None:
     show(page, "topics")
     page.save_screenshot(str(artifacts / "topics.png"))
