@@ -199,9 +199,7 @@ class ServerConnection(FrameReader):
         if frame_type == FRAME_METHOD:
             return self._channel_method(channel, ch, payload)
         if ch is None:
-            raise AMQPError(
-                ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {channel}"
-            )
+            raise AMQPError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'")
         if ch.state is _CHANNEL_CLOSING:
             return None
         if frame_type == FRAME_HEADER:
@@ -267,7 +265,7 @@ class ServerConnection(FrameReader):
             if ch is not None:
                 raise AMQPError(
                     ReplyCode.CHANNEL_ERROR,
-                    f"second 'channel.open' seen on channel {channel}",
+                    "second 'channel.open' seen",
                     class_id=method.CLASS_ID,
                     method_id=method.METHOD_ID,
                 )
@@ -276,7 +274,7 @@ class ServerConnection(FrameReader):
                 return None  # a late close-ok for a channel both sides already closed
             raise AMQPError(
                 ReplyCode.CHANNEL_ERROR,
-                f"expected 'channel.open' on channel {channel}",
+                "expected 'channel.open'",
                 class_id=method.CLASS_ID,
                 method_id=method.METHOD_ID,
             )
