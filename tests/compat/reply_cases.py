@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -83,9 +84,11 @@ def _cleanup(
 
 def _refused(exc: BaseException) -> Answer:
     """The broker's connection.close inside pika's connection-attempt errors."""
-    for cause in (exc, *exc.args):
-        if isinstance(cause, pika.exceptions.ConnectionClosedByBroker):
-            return [cause.reply_code, cause.reply_text]
+    if isinstance(exc, pika.exceptions.ConnectionClosedByBroker):
+        return [exc.reply_code, exc.reply_text]
+    match = re.search(r"\((\d+)\) '(.*)'$", str(exc))  # pika keeps only the words
+    if match is not None:
+        return [int(match.group(1)), match.group(2)]
     return ["error", type(exc).__name__]
 
 
@@ -724,7 +727,6 @@ CASES["unknown_method"] = _raw_case(
 CASES["channel_method_on_channel_zero"] = _raw_case(
     lambda raw: raw.send_method(0, QueueDeclare(queue="c.raw", exclusive=True))
 )
-CASES["channel_above_channel_max"] = _raw_case(lambda raw: raw.open_channel(65535))
 CASES["frame_too_large"] = _raw_case(
     lambda raw: (
         raw.open_channel(1),
@@ -737,11 +739,29 @@ CASES["frame_too_large"] = _raw_case(
 )
 
 
+def capabilities(host: str, port: int) -> dict[str, Any]:
+    """The ``capabilities`` table of the broker's ``connection.start``, as pika saw it."""
+    with _connection(host, port) as conn:
+        table: dict[str, Any] = conn._impl.server_properties["capabilities"]
+        return dict(sorted(table.items()))
+
+
 def capture(host: str, port: int, names: list[str] | None = None) -> dict[str, Answer]:
     """Every case's answer from the broker at ``host:port``."""
     return {name: CASES[name](host, port) for name in (names or list(CASES))}
 
 
-def load_table() -> dict[str, Answer]:
-    table: dict[str, Answer] = json.loads(TABLE.read_text())
+def capture_table(host: str, port: int) -> dict[str, Any]:
+    """What ``rabbitmq_replies.json`` holds, from the broker at ``host:port``."""
+    return {"capabilities": capabilities(host, port), "replies": capture(host, port)}
+
+
+def load_table() -> dict[str, Any]:
+    table: dict[str, Any] = json.loads(TABLE.read_text())
     return table
+
+
+if __name__ == "__main__":  # python tests/compat/reply_cases.py PORT: print a broker's table
+    import sys
+
+    print(json.dumps(capture_table("127.0.0.1", int(sys.argv[1])), indent=1))

@@ -65,6 +65,22 @@ class State(enum.Enum):
     CLOSED = enum.auto()
 
 
+# rabbit_reader's names for where a connection is, in its 504 texts.
+RABBIT_STATE_NAMES: Final = {
+    State.AWAIT_HEADER: "starting",
+    State.HEADER_RECEIVED: "starting",
+    State.AWAIT_START_OK: "starting",
+    State.AUTHENTICATING: "starting",
+    State.AWAIT_TUNE_OK: "tuning",
+    State.AWAIT_OPEN: "opening",
+    State.OPENING: "opening",
+    State.OPEN: "running",
+    State.CLOSE_RECEIVED: "closing",
+    State.CLOSING: "closing",
+    State.CLOSED: "closed",
+}
+
+
 class ChannelState(enum.Enum):
     """Where a channel is; ``CLOSED``: not in the connection's channel table."""
 
