@@ -91,7 +91,7 @@ def _unsupported(what: str) -> Callable[[str], object]:
 
 
 # The queue arguments tqbroker knows, one row each, in the order RabbitMQ checks them
-# (``rabbit_amqqueue:declare_args``; tqbroker's own after):
+# (RabbitMQ 4's ``rabbit_amqqueue:declare_args``; tqbroker's own after):
 #   Argument(name, check, kinds accepting it, compared on redeclare, QueueArguments field[, parse])
 # The kinds follow RabbitMQ 4's ``capabilities()`` of each queue type, plus tqbroker's own
 # extensions (x-delivery-limit on classic queues, x-max-age on classic queues).
@@ -101,6 +101,12 @@ QUEUE_ARGUMENTS: Final = (
     Argument("x-dead-letter-exchange", string, _NOT_STREAM, True, "dead_letter_exchange"),
     # Needs x-dead-letter-exchange too: checked in ``check_queue_arguments``.
     Argument("x-dead-letter-routing-key", string, _NOT_STREAM, True, "dead_letter_routing_key"),
+    Argument(
+        "x-dead-letter-strategy",
+        member(lambda _: Atom("invalid_dlx_strategy"), "at-most-once", "at-least-once"),
+        frozenset({QUORUM}),
+        True,
+    ),
     Argument("x-max-length", non_negative, _NOT_STREAM, True, "max_length"),
     # On a stream: retention (whole segments).
     Argument("x-max-length-bytes", non_negative, _ANY, True, "max_length_bytes"),
@@ -129,13 +135,7 @@ QUEUE_ARGUMENTS: Final = (
     ),
     # Negative: no limit (RabbitMQ 4); a quorum queue's default is QUORUM_DELIVERY_LIMIT.
     Argument("x-delivery-limit", integer, _NOT_STREAM, True, "delivery_limit"),
-    Argument(
-        "x-dead-letter-strategy",
-        member(lambda _: Atom("invalid_dlx_strategy"), "at-most-once", "at-least-once"),
-        frozenset({QUORUM}),
-        True,
-    ),
-    Argument("x-consumer-timeout", at_least(0), _ANY, False, "consumer_timeout_ms"),
+    Argument("x-consumer-timeout", non_negative, _ANY, False, "consumer_timeout_ms"),
     # Compaction (Kafka's cleanup.policy=compact): the latest record per key is kept.
     Argument(
         "x-stream-cleanup-policy",
