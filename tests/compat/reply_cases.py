@@ -19,6 +19,7 @@ from typing import Any
 import reply_cases_channel  # noqa: F401  (registers its cases)
 import reply_cases_declare  # noqa: F401
 import reply_cases_frames  # noqa: F401
+import reply_cases_streams  # noqa: F401
 from reply_harness import CASES, Answer, connection
 
 TABLE = Path(__file__).with_name("rabbitmq_replies.json")

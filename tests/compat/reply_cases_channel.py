@@ -263,3 +263,56 @@ def _consume_twice(raw: RawAMQP) -> None:
 
 
 CASES["reuse_consumer_tag"] = raw_case(_consume_twice)
+
+
+def _elsewhere(queue: str, operation: Any) -> Case:
+    """``operation(channel)`` on a queue another, still open, connection declared exclusive."""
+
+    def run(host: str, port: int) -> Answer:
+        with connection(host, port) as owner:
+            owner.channel().queue_declare(queue, exclusive=True)
+            return channel_case(lambda _conn, ch: operation(ch))(host, port)
+
+    return run
+
+
+CASES["exclusive_purge_elsewhere"] = _elsewhere("c.locked5", lambda ch: ch.queue_purge("c.locked5"))
+CASES["exclusive_delete_elsewhere"] = _elsewhere(
+    "c.locked6", lambda ch: ch.queue_delete("c.locked6")
+)
+CASES["exclusive_bind_elsewhere"] = _elsewhere(
+    "c.locked7", lambda ch: ch.queue_bind("c.locked7", "amq.direct", "rk")
+)
+CASES["exclusive_get_elsewhere"] = _elsewhere("c.locked8", lambda ch: ch.basic_get("c.locked8"))
+
+
+# -- exchanges and bindings ------------------------------------------------------------------------
+
+
+def _on_channel(
+    operation: Any, queues: tuple[str, ...] = (), exchanges: tuple[str, ...] = ()
+) -> Case:
+    return channel_case(lambda _conn, ch: operation(ch), queues, exchanges)
+
+
+CASES["exchange_bind_missing_source"] = _on_channel(
+    lambda ch: ch.exchange_bind("amq.direct", "c.missing-x", "rk")
+)
+CASES["exchange_unbind_missing"] = _on_channel(
+    lambda ch: ch.exchange_unbind("amq.direct", "amq.fanout", "rk")
+)
+CASES["queue_unbind_missing_binding"] = _on_channel(
+    lambda ch: (ch.queue_declare("c.unbind"), ch.queue_unbind("c.unbind", "amq.direct", "rk")),
+    queues=("c.unbind",),
+)
+CASES["queue_unbind_missing_exchange"] = _on_channel(
+    lambda ch: (ch.queue_declare("c.unbind2"), ch.queue_unbind("c.unbind2", "c.missing-x", "rk")),
+    queues=("c.unbind2",),
+)
+CASES["redeclare_amq_direct_as_fanout"] = _on_channel(
+    lambda ch: ch.exchange_declare("amq.direct", "fanout", durable=True)
+)
+CASES["redeclare_amq_direct_unchanged"] = _on_channel(
+    lambda ch: ch.exchange_declare("amq.direct", "direct", durable=True)
+)
+CASES["cancel_unknown_consumer"] = _on_channel(lambda ch: ch.basic_cancel("c-nobody"))

@@ -39,6 +39,23 @@ DIFFERENT_BY_DESIGN: dict[str, tuple[list[Any], str]] = {
         ],
         "classic queues take x-delivery-limit in tqbroker (RabbitMQ 3.10: quorum only)",
     ),
+    "stream_offset_bad": (
+        [
+            406,
+            "PRECONDITION_FAILED - invalid arg 'x-stream-offset' for consumer on stream queue"
+            " 'c.st3' in vhost '/': first, last, next, an offset, a timestamp or an interval"
+            " such as 1h (got 'bogus')",
+        ],
+        "RabbitMQ 3.10 crashes the channel (541 INTERNAL_ERROR); tqbroker says what it takes",
+    ),
+    "stream_segment_size_small": (
+        [
+            406,
+            "PRECONDITION_FAILED - invalid arg 'x-stream-max-segment-size-bytes' for queue"
+            " 'c.st8' in vhost '/': \"must be >= 1048576\"",
+        ],
+        "segments under 1 MiB would let a client exhaust file descriptors (3 files each)",
+    ),
 }
 
 
