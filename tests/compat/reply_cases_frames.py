@@ -16,7 +16,13 @@ from reply_harness import (
 
 from rawamqp import RawAMQP, body_frame, frame, method_arguments, method_frame
 from tqbroker.protocol.frames import FRAME_METHOD
-from tqbroker.protocol.methods import BasicPublish, ChannelOpen, QueueDeclare
+from tqbroker.protocol.methods import (
+    BasicPublish,
+    ChannelOpen,
+    ChannelOpenOk,
+    ConnectionClose,
+    QueueDeclare,
+)
 
 # -- 406 precondition ----------------------------------------------------------------------------
 
@@ -237,3 +243,16 @@ CASES["frame_too_large"] = raw_case(
         ),
     )
 )
+
+
+@case
+def case_channel_number_above_channel_max(host: str, port: int) -> Answer:
+    """channel.open on a number above the negotiated channel_max (2047 for both brokers)."""
+    with RawAMQP(host, port) as raw:
+        raw.handshake()
+        raw.send_method(2048, ChannelOpen())
+        got = raw.next_frame().method
+        if isinstance(got, ChannelOpenOk):
+            return ["ok"]
+        assert isinstance(got, ConnectionClose), got
+        return [got.reply_code, got.reply_text]

@@ -56,6 +56,15 @@ DIFFERENT_BY_DESIGN: dict[str, tuple[list[Any], str]] = {
         ],
         "segments under 1 MiB would let a client exhaust file descriptors (3 files each)",
     ),
+    "channel_number_above_channel_max": (
+        [
+            530,
+            "NOT_ALLOWED - number of channels opened (2048) has reached the negotiated"
+            " channel_max (2047)",
+        ],
+        "the spec's channel-max is the highest channel number; RabbitMQ 3.10 counts open"
+        " channels instead and opens channel 2048",
+    ),
 }
 
 
