@@ -117,6 +117,17 @@ CASES["quorum_redeclare_as_classic"] = declare_twice(
 CASES["quorum_redeclare_without_type"] = declare_twice(
     {"durable": True, "arguments": _QUORUM}, {"durable": True}, "c.qq14"
 )
+CASES["classic_redeclare_with_type"] = declare_twice(
+    {"durable": True}, {"durable": True, "arguments": {"x-queue-type": "classic"}}, "c.qq16"
+)
+CASES["classic_typed_redeclare_without"] = declare_twice(
+    {"durable": True, "arguments": {"x-queue-type": "classic"}}, {"durable": True}, "c.qq17"
+)
+CASES["classic_typed_redeclare_as_quorum"] = declare_twice(
+    {"durable": True, "arguments": {"x-queue-type": "classic"}},
+    {"durable": True, "arguments": _QUORUM},
+    "c.qq18",
+)
 CASES["quorum_passive"] = declare_twice(
     {"durable": True, "arguments": _QUORUM}, {"passive": True}, "c.qq15"
 )

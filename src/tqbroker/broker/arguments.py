@@ -281,6 +281,8 @@ def check_equivalent(
     for key in sorted(set(arguments) | set(current)):
         got: FieldValue = arguments.get(key)
         now_value: FieldValue = current.get(key)
+        if key == "x-queue-type" and got in (None, CLASSIC) and now_value in (None, CLASSIC):
+            continue  # no type is classic (RabbitMQ keeps an explicit one, and compares it)
         if encode_table({key: got}) != encode_table({key: now_value}):
             typed = got is None or now_value is None or not same_class(got, now_value)
             raise AMQPError(
