@@ -128,6 +128,14 @@ CASES["classic_typed_redeclare_as_quorum"] = declare_twice(
     {"durable": True, "arguments": _QUORUM},
     "c.qq18",
 )
+CASES["classic_max_age"] = args_case("c.qq19", {"x-max-age": "1D"})
+CASES["classic_segment_size"] = args_case("c.qq20", {"x-stream-max-segment-size-bytes": 2_000_000})
+CASES["classic_dead_letter_strategy"] = args_case(
+    "c.qq21", {"x-dead-letter-strategy": "at-least-once"}
+)
+CASES["quorum_leader_locator"] = args_case(
+    "c.qq22", {**_QUORUM, "x-queue-leader-locator": "client-local"}, durable=True
+)
 CASES["quorum_passive"] = declare_twice(
     {"durable": True, "arguments": _QUORUM}, {"passive": True}, "c.qq15"
 )

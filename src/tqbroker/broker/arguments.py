@@ -68,6 +68,7 @@ _ANY: Final = frozenset(KINDS)
 _CLASSIC_ONLY: Final = frozenset({CLASSIC})
 _NOT_STREAM: Final = frozenset({CLASSIC, QUORUM})
 _NOT_QUORUM: Final = frozenset({CLASSIC, STREAM})
+_STREAM_ONLY: Final = frozenset({STREAM})
 # A quorum queue's x-delivery-limit when it names none (RabbitMQ 4.0's default).
 QUORUM_DELIVERY_LIMIT: Final = 20
 
@@ -94,7 +95,7 @@ def _unsupported(what: str) -> Callable[[str], object]:
 # (RabbitMQ 4's ``rabbit_amqqueue:declare_args``; tqbroker's own after):
 #   Argument(name, check, kinds accepting it, compared on redeclare, QueueArguments field[, parse])
 # The kinds follow RabbitMQ 4's ``capabilities()`` of each queue type, plus tqbroker's own
-# extensions (x-delivery-limit on classic queues, x-max-age on classic queues).
+# extensions (x-delivery-limit on classic queues; the x-stream-* compaction arguments).
 QUEUE_ARGUMENTS: Final = (
     Argument("x-expires", expires, _NOT_STREAM, True, "expires_ms"),
     Argument("x-message-ttl", message_ttl, _NOT_STREAM, True, "message_ttl"),
@@ -123,13 +124,13 @@ QUEUE_ARGUMENTS: Final = (
     ),
     Argument("x-single-active-consumer", boolean, _NOT_STREAM, True, "single_active_consumer"),
     Argument("x-queue-type", member(_unsupported("queue type"), *KINDS), _ANY, True),
-    Argument("x-max-age", interval, _NOT_QUORUM, True, "max_age_ms", as_interval),
+    Argument("x-max-age", interval, _STREAM_ONLY, True, "max_age_ms", as_interval),
     # A segment keeps three files open: tiny segments would let one client exhaust the
     # broker's file descriptors, so 1 MiB is the least (RabbitMQ's default is 500 MB).
     Argument(
         "x-stream-max-segment-size-bytes",
         at_least(1024 * 1024),
-        _NOT_QUORUM,
+        _STREAM_ONLY,
         True,
         "segment_bytes",
     ),
