@@ -6,6 +6,7 @@ start protocol). ``GET /health`` is here: it needs no credentials.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import cast
 
 import hypercorn.config
@@ -18,6 +19,7 @@ from starlette.routing import Route
 from ...broker.broker import Broker
 from .errors import EXCEPTION_HANDLERS
 from .health_routes import alarms, health, local_alarms
+from .metrics_routes import create_metrics_app, metrics, metrics_detailed, metrics_per_object
 from .record_routes import read_records, write_records
 from .topic_routes import consume, declare_topic, group, offsets, produce
 
@@ -40,6 +42,9 @@ def create_app(broker: Broker) -> Starlette:
             Route("/topics/{topic}/records", write_records, methods=["POST"]),
             Route("/topics/{topic}/partitions/{partition}/records", read_records),
             Route("/topics/{topic}/groups/{group}", group),
+            Route("/metrics", metrics),
+            Route("/metrics/per-object", metrics_per_object),
+            Route("/metrics/detailed", metrics_detailed),
         ],
         exception_handlers=EXCEPTION_HANDLERS,
     )
@@ -47,15 +52,27 @@ def create_app(broker: Broker) -> Starlette:
     return app
 
 
-async def serve_http(
+async def serve_metrics(
     broker: Broker,
     host: str,
     port: int,
     *,
     task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the HTTP API on ``host:port`` until cancelled; ``nursery.start`` returns the bound
-    addresses."""
+    """Serve the Prometheus endpoints on their own port (``metrics_port``)."""
+    await serve_http(broker, host, port, make_app=create_metrics_app, task_status=task_status)
+
+
+async def serve_http(
+    broker: Broker,
+    host: str,
+    port: int,
+    *,
+    make_app: Callable[[Broker], Starlette] = create_app,
+    task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the HTTP API (or ``make_app``'s, e.g. the metrics port's) on ``host:port`` until
+    cancelled; ``nursery.start`` returns the bound addresses."""
     config = hypercorn.config.Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
@@ -63,7 +80,7 @@ async def serve_http(
     config.include_server_header = False
 
     async def started(*, task_status: trio.TaskStatus[list[str]]) -> None:
-        app = cast(Framework, create_app(broker))  # an ASGI app hypercorn's types don't know
+        app = cast(Framework, make_app(broker))  # an ASGI app hypercorn's types don't know
         await hypercorn.trio.serve(app, config, task_status=task_status)
 
     async with trio.open_nursery() as nursery:
