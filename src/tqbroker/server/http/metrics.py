@@ -9,7 +9,6 @@ Responsibilities:
   (RabbitMQ's ``family=`` selection, ``rabbitmq_detailed_`` names); a generator, so that a
   caller can give way between queues (``collect_async``) or not (``BrokerCollector``, a
   prometheus-client ``Collector``);
-- ``render``: the families in Prometheus' text format, through prometheus-client.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from prometheus_client.core import (
     Metric,
     UnknownMetricFamily,
 )
-from prometheus_client.registry import CollectorRegistry
 
 from ..._version import __version__
 from ...broker.classic import ClassicQueue
@@ -34,128 +32,20 @@ from ...broker.pacing import Pacer
 from ...broker.queue import Queue
 from ...broker.stats import COUNTERS, IO_COUNTERS, MessageStats, StatsTotal
 from ...broker.streams.queue import StreamQueue
+from .metrics_names import (
+    BY_QUEUE_TYPE,
+    CHANNEL_COUNTERS,
+    CONNECTION_COUNTERS,
+    DETAILED_FAMILIES,
+    QUEUE_GAUGES,
+    QUEUE_TYPES,
+    QUORUM,
+)
 
 if TYPE_CHECKING:
     from ...broker.broker import Broker
 
-# RabbitMQ's queue_type label values.
-QUEUE_TYPES = {"classic": "rabbit_classic_queue", "stream": "rabbit_stream_queue"}
-_QUORUM = "rabbit_quorum_queue"
-_AMQP = {"protocol": "amqp091"}
 _IDX = {name: index for index, name in enumerate(COUNTERS)}
-
-# RabbitMQ's queue gauges: (name, help), in its order.
-_QUEUE_GAUGES = (
-    ("queue_messages_ready", "Messages ready to be delivered to consumers"),
-    ("queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged"),
-    ("queue_messages", "Sum of ready and unacknowledged messages - total queue depth"),
-    ("queue_consumers", "Consumers on a queue"),
-    ("queue_messages_ready_bytes", "Size in bytes of ready messages"),
-)
-# /metrics/detailed families (RabbitMQ's names) and the queue gauges each has.
-DETAILED_FAMILIES = {
-    "queue_coarse_metrics": (
-        "queue_messages_ready",
-        "queue_messages_unacked",
-        "queue_messages",
-    ),
-    "queue_consumer_count": ("queue_consumers",),
-    "queue_metrics": ("queue_messages_ready_bytes",),
-}
-
-# Global counters by queue type: (RabbitMQ's name, help, the counters summed).
-_BY_QUEUE_TYPE = (
-    (
-        "messages_delivered",
-        "Total number of messages delivered to consumers",
-        ("deliver", "deliver_no_ack", "get", "get_no_ack"),
-    ),
-    (
-        "messages_delivered_consume_manual_ack",
-        "Total number of messages delivered to consumers using basic.consume with manual "
-        "acknowledgment",
-        ("deliver",),
-    ),
-    (
-        "messages_delivered_consume_auto_ack",
-        "Total number of messages delivered to consumers using basic.consume with automatic "
-        "acknowledgment",
-        ("deliver_no_ack",),
-    ),
-    (
-        "messages_delivered_get_manual_ack",
-        "Total number of messages delivered to consumers using basic.get with manual "
-        "acknowledgment",
-        ("get",),
-    ),
-    (
-        "messages_delivered_get_auto_ack",
-        "Total number of messages delivered to consumers using basic.get with automatic "
-        "acknowledgment",
-        ("get_no_ack",),
-    ),
-    (
-        "messages_get_empty",
-        "Total number of times basic.get operations fetched no message",
-        ("get_empty",),
-    ),
-    ("messages_redelivered", "Total number of messages redelivered to consumers", ("redeliver",)),
-    ("messages_acknowledged", "Total number of messages acknowledged by consumers", ("ack",)),
-)
-# Channel counters summed over the open channels: (RabbitMQ's name, help, our counter).
-_CHANNEL_COUNTERS = (
-    (
-        "messages_published",
-        "Total number of messages published into an exchange on a channel",
-        "publish",
-    ),
-    (
-        "messages_confirmed",
-        "Total number of messages published into an exchange and confirmed on the channel",
-        "confirm",
-    ),
-    (
-        "messages_unroutable_returned",
-        "Total number of messages published as mandatory into an "
-        "exchange and returned to the publisher as unroutable",
-        "return_unroutable",
-    ),
-    (
-        "messages_unroutable_dropped",
-        "Total number of messages published as non-mandatory into "
-        "an exchange and dropped as unroutable",
-        "drop_unroutable",
-    ),
-    ("get_empty", "Total number of times basic.get operations fetched no message", "get_empty"),
-    (
-        "get_ack",
-        "Total number of messages fetched with basic.get in manual acknowledgement mode",
-        "get",
-    ),
-    (
-        "get",
-        "Total number of messages fetched with basic.get in automatic acknowledgement mode",
-        "get_no_ack",
-    ),
-    (
-        "messages_delivered_ack",
-        "Total number of messages delivered to consumers in manual acknowledgement mode",
-        "deliver",
-    ),
-    (
-        "messages_delivered",
-        "Total number of messages delivered to consumers in automatic acknowledgement mode",
-        "deliver_no_ack",
-    ),
-    ("messages_redelivered", "Total number of messages redelivered to consumers", "redeliver"),
-    ("messages_acked", "Total number of messages acknowledged by consumers", "ack"),
-)
-_CONNECTION_COUNTERS = (
-    ("incoming_bytes", "Total number of bytes received on a connection", "recv_oct"),
-    ("outgoing_bytes", "Total number of bytes sent on a connection", "send_oct"),
-    ("incoming_packets", "Total number of packets received on a connection", "recv_cnt"),
-    ("outgoing_packets", "Total number of packets sent on a connection", "send_cnt"),
-)
 
 
 def queue_depth(queue: Queue) -> tuple[int, int, int]:
@@ -185,7 +75,7 @@ def walk(
         wanted = [n for f in detailed for n in DETAILED_FAMILIES.get(f, ())]
         yield from _queues(broker, out, wanted, "rabbitmq_detailed_", True, vhosts)
         return
-    names = [name for name, _help in _QUEUE_GAUGES]
+    names = [name for name, _help in QUEUE_GAUGES]
     yield from _queues(broker, out, names, "rabbitmq_", per_object, None)
     _node(broker, out)
     _totals(broker, out)
@@ -201,7 +91,7 @@ def _queues(
     per_object: bool,
     vhosts: Iterable[str] | None,
 ) -> Iterator[None]:
-    helps = dict(_QUEUE_GAUGES)
+    helps = dict(QUEUE_GAUGES)
     labels = ["vhost", "queue"] if per_object else []
     families = {
         name: GaugeMetricFamily(prefix + name, helps[name], labels=labels) for name in wanted
@@ -211,36 +101,36 @@ def _queues(
         "Total number of messages published to queues",
         labels=labels,
     )
-    totals = dict.fromkeys(helps, 0)
+    order = [name for name, _help in QUEUE_GAUGES]  # the order of ``values`` below
+    chosen = [(order.index(name), family) for name, family in families.items()]
+    totals = [0] * (len(order) + 1)  # the gauges, then the published count
     only = set(vhosts) if vhosts is not None else None
     for vhost in list(broker.vhosts.values()):
         if only is not None and vhost.name not in only:
             continue
         for queue in list(vhost.queues.values()):
             ready, unacked, ready_bytes = queue_depth(queue)
-            values = {
-                "queue_messages_ready": ready,
-                "queue_messages_unacked": unacked,
-                "queue_messages": ready + unacked,
-                "queue_consumers": len(queue.consumers),
-                "queue_messages_ready_bytes": ready_bytes,
-            }
+            values = (
+                ready,
+                unacked,
+                ready + unacked,
+                len(queue.consumers),
+                ready_bytes,
+                queue.stats.publish,
+            )
             if per_object:
                 key = [vhost.name, queue.name]
-                for name, family in families.items():
-                    family.add_metric(key, values[name])
-                if not prefix.endswith("detailed_"):
-                    published.add_metric(key, queue.stats.publish)
+                for index, family in chosen:
+                    family.add_metric(key, values[index])
+                published.add_metric(key, values[-1])
             else:
-                for name in totals:
-                    totals[name] += values[name]
-                totals.setdefault("published", 0)
-                totals["published"] += queue.stats.publish
+                for index, value in enumerate(values):
+                    totals[index] += value
             yield None
     if not per_object:
-        for name, family in families.items():
-            family.add_metric([], totals[name])
-        published.add_metric([], totals.get("published", 0))
+        for index, family in chosen:
+            family.add_metric([], totals[index])
+        published.add_metric([], totals[-1])
     out.extend(families.values())
     if not prefix.endswith("detailed_"):
         out.append(published)
@@ -267,14 +157,14 @@ def _node(broker: Broker, out: list[Metric]) -> None:
     )
     for name, help_, value in gauges:
         out.append(GaugeMetricFamily(name, help_, value=value))
-    for name, help_, field in _CHANNEL_COUNTERS:
+    for name, help_, field in CHANNEL_COUNTERS:
         index = _IDX[field]
         out.append(
             CounterMetricFamily(
                 f"rabbitmq_channel_{name}", help_, value=sum(ch.counts()[index] for ch in channels)
             )
         )
-    for name, help_, field in _CONNECTION_COUNTERS:
+    for name, help_, field in CONNECTION_COUNTERS:
         index = len(COUNTERS) + IO_COUNTERS.index(field)
         out.append(
             CounterMetricFamily(
@@ -355,7 +245,7 @@ def _totals(broker: Broker, out: list[Metric]) -> None:
         node[_IDX["confirm"]],
     )
     by_type: dict[str, list[int]] = {
-        t: [0] * len(COUNTERS) for t in (*QUEUE_TYPES.values(), _QUORUM)
+        t: [0] * len(COUNTERS) for t in (*QUEUE_TYPES.values(), QUORUM)
     }
     for vhost in broker.vhosts.values():
         for kind, stats in vhost.deleted_queue_stats.items():
@@ -370,11 +260,11 @@ def _totals(broker: Broker, out: list[Metric]) -> None:
         sum(len(q.consumers) for v in broker.vhosts.values() for q in v.queues.values()),
     )
     out.append(consumers)
-    for name, help_, fields in _BY_QUEUE_TYPE:
+    for name, help_, fields in BY_QUEUE_TYPE:
         family = CounterMetricFamily(
             f"rabbitmq_global_{name}", help_, labels=["protocol", "queue_type"]
         )
-        for kind in (QUEUE_TYPES["classic"], _QUORUM, QUEUE_TYPES["stream"]):
+        for kind in (QUEUE_TYPES["classic"], QUORUM, QUEUE_TYPES["stream"]):
             family.add_metric(["amqp091", kind], sum(by_type[kind][_IDX[f]] for f in fields))
         out.append(family)
 
@@ -492,23 +382,3 @@ async def collect_async(
     for _ in walk(broker, out, per_object=per_object, detailed=detailed, vhosts=vhosts):
         await pacer.step()
     return out
-
-
-class _Fixed(CollectorRegistry):
-    """Families already collected, as the registry ``generate_latest`` renders."""
-
-    def __init__(self, families: list[Metric]) -> None:
-        super().__init__(auto_describe=False)
-        self._families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._families)
-
-
-def render(families: list[Metric]) -> bytes:
-    """The text exposition format (0.0.4, as RabbitMQ serves it)."""
-    return prometheus_client.generate_latest(_Fixed(families))
-
-
-def sample_count(families: list[Metric]) -> int:
-    return sum(len(family.samples) for family in families)

@@ -10,19 +10,43 @@ loop is never held for long.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import prometheus_client
 import trio
+from prometheus_client.core import Metric
+from prometheus_client.registry import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from ...broker.broker import Broker
-from .metrics import collect_async, render, sample_count
+from .metrics import collect_async
 
 # Past this many samples the text is rendered in a worker thread.
 THREAD_RENDER_SAMPLES = 2000
 CONTENT_TYPE = prometheus_client.exposition.CONTENT_TYPE_PLAIN_0_0_4
+
+
+class _Fixed(CollectorRegistry):
+    """Families already collected, as the registry ``generate_latest`` renders."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        super().__init__(auto_describe=False)
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def render(families: list[Metric]) -> bytes:
+    """The text exposition format (0.0.4, as RabbitMQ serves it)."""
+    return prometheus_client.generate_latest(_Fixed(families))
+
+
+def sample_count(families: list[Metric]) -> int:
+    return sum(len(family.samples) for family in families)
 
 
 async def _respond(request: Request, **options: object) -> Response:
