@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [w for w in args.workloads.split(",") if w]
     results: dict[tuple[str, str], list[float]] = {}
     scrapes: list[float] = []
+    cpu: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="tqbroker-metrics-cost-") as tmp:
         target = TqbrokerTarget(Path(tmp) / "tqbroker", []).start()
         baseline = None
@@ -102,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             with _python_path(args.baseline_src):
                 baseline = TqbrokerTarget(Path(tmp) / "baseline", []).start()
         try:
-            assert target.process is not None and target.process.metrics_port is not None
+            assert target.process is not None
+            assert target.process.metrics_port is not None
             url = f"http://127.0.0.1:{target.process.metrics_port}"
             if args.queues:
                 with contextlib.closing(RawClient.connect(target.endpoint)) as client:
@@ -125,27 +127,45 @@ def main(argv: list[str] | None = None) -> int:
                             measures = WORKLOADS[name](broker, settings, tag)
                         for key, measure in measures.items():
                             results.setdefault((key, mode), []).append(measure.value)
-                            print(f"{key} run {run + 1} {mode}: {measure.value:,.0f}",
-                                  file=sys.stderr, flush=True)
+                            if measure.broker_cpu is not None:  # CPU µs per message
+                                cpu_us = 1e6 * measure.broker_cpu / args.messages
+                                cpu.setdefault((key, mode), []).append(cpu_us)
+                            print(
+                                f"{key} run {run + 1} {mode}: {measure.value:,.0f}",
+                                file=sys.stderr,
+                                flush=True,
+                            )
         finally:
             target.close()
             if baseline is not None:
                 baseline.close()
     keys = sorted({key for key, _mode in results})
-    print(f"medians of {args.runs} runs, {args.messages} messages; 'on' = scraped every "
-          f"{args.scrape_interval:g} s ({len(scrapes)} scrapes, median "
-          f"{1000 * statistics.median(scrapes) if scrapes else float('nan'):.1f} ms)")
-    header = "| workload | off | on | on/off |" + (" baseline | off/baseline |" if baseline else "")
-    print(header)
-    print("|" + "---|" * (header.count("|") - 1))
-    for key in keys:
-        off = statistics.median(results[(key, "off")])
-        on = statistics.median(results[(key, "on")])
-        row = f"| {key} | {off:,.0f} | {on:,.0f} | {on / off:.3f} |"
-        if (key, "baseline") in results:
-            base = statistics.median(results[(key, "baseline")])
-            row += f" {base:,.0f} | {off / base:.3f} |"
-        print(row)
+    print(
+        f"medians of {args.runs} runs, {args.messages} messages; 'on' = scraped every "
+        f"{args.scrape_interval:g} s ({len(scrapes)} scrapes, median "
+        f"{1000 * statistics.median(scrapes) if scrapes else float('nan'):.1f} ms)"
+    )
+    modes = ["off", "on"] + (["baseline"] if baseline is not None else [])
+    for title, figures, unit in (
+        ("throughput, msg/s (higher is better)", results, ",.0f"),
+        ("broker CPU per message, µs (lower is better)", cpu, ".2f"),
+    ):
+        print(f"\n{title}")
+        header = "| workload | " + " | ".join(modes) + " | on/off |"
+        header += " off/baseline |" if baseline is not None else ""
+        print(header)
+        print("|" + "---|" * (header.count("|") - 1))
+        for key in keys:
+            medians = {
+                m: statistics.median(figures[(key, m)]) for m in modes if (key, m) in figures
+            }
+            if len(medians) < len(modes):
+                continue
+            row = f"| {key} | " + " | ".join(format(medians[m], unit) for m in modes)
+            row += f" | {medians['on'] / medians['off']:.3f} |"
+            if baseline is not None:
+                row += f" {medians['off'] / medians['baseline']:.3f} |"
+            print(row)
     return 0
 
 

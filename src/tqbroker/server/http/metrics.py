@@ -17,6 +17,7 @@ import platform
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+import attrs
 import prometheus_client
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -30,7 +31,7 @@ from ..._version import __version__
 from ...broker.classic import ClassicQueue
 from ...broker.pacing import Pacer
 from ...broker.queue import Queue
-from ...broker.stats import COUNTERS, IO_COUNTERS, MessageStats, StatsTotal
+from ...broker.stats import COUNTERS, IO_COUNTERS, StatsTotal
 from ...broker.streams.queue import StreamQueue
 from .metrics_names import (
     BY_QUEUE_TYPE,
@@ -56,10 +57,6 @@ def queue_depth(queue: Queue) -> tuple[int, int, int]:
     return queue.message_count, sum(c.unacked for c in queue.consumers), 0
 
 
-def queue_type(queue: Queue) -> str:
-    return QUEUE_TYPES["stream" if isinstance(queue, StreamQueue) else "classic"]
-
-
 def walk(
     broker: Broker,
     out: list[Metric],
@@ -71,16 +68,27 @@ def walk(
     """Append the families to ``out``, yielding after each queue (``collect_async`` gives way
     there). ``detailed``: RabbitMQ's ``/metrics/detailed?family=...`` (only those, per
     object, ``rabbitmq_detailed_`` names; ``vhosts`` filters)."""
+    seen = _Seen()
     if detailed is not None:
         wanted = [n for f in detailed for n in DETAILED_FAMILIES.get(f, ())]
-        yield from _queues(broker, out, wanted, "rabbitmq_detailed_", True, vhosts)
+        yield from _queues(broker, out, wanted, "rabbitmq_detailed_", True, vhosts, seen)
         return
     names = [name for name, _help in QUEUE_GAUGES]
-    yield from _queues(broker, out, names, "rabbitmq_", per_object, None)
-    _node(broker, out)
-    _totals(broker, out)
+    yield from _queues(broker, out, names, "rabbitmq_", per_object, None, seen)
+    _node(broker, out, seen)
+    _totals(broker, out, seen)
     _storage(broker, out)
-    yield from _streams(broker, out)
+    _streams(out, seen)
+
+
+@attrs.define
+class _Seen:
+    """What the pass over the queues found for the node-wide families."""
+
+    queues: int = 0
+    consumers: int = 0
+    counts: dict[str, list[tuple[int, ...]]] = attrs.Factory(dict)  # by RabbitMQ's queue_type
+    streams: list[tuple[str, StreamQueue]] = attrs.Factory(list)
 
 
 def _queues(
@@ -90,6 +98,7 @@ def _queues(
     prefix: str,
     per_object: bool,
     vhosts: Iterable[str] | None,
+    seen: _Seen,
 ) -> Iterator[None]:
     helps = dict(QUEUE_GAUGES)
     labels = ["vhost", "queue"] if per_object else []
@@ -109,12 +118,22 @@ def _queues(
         if only is not None and vhost.name not in only:
             continue
         for queue in list(vhost.queues.values()):
+            if queue.deleted:
+                continue
             ready, unacked, ready_bytes = queue_depth(queue)
+            consumers = len(queue.consumers)
+            seen.queues += 1
+            seen.consumers += consumers
+            stream = isinstance(queue, StreamQueue)
+            kind = QUEUE_TYPES["stream" if stream else "classic"]
+            seen.counts.setdefault(kind, []).append(queue.stats.counts())
+            if stream:
+                seen.streams.append((vhost.name, queue))
             values = (
                 ready,
                 unacked,
                 ready + unacked,
-                len(queue.consumers),
+                consumers,
                 ready_bytes,
                 queue.stats.publish,
             )
@@ -136,19 +155,14 @@ def _queues(
         out.append(published)
 
 
-def _node(broker: Broker, out: list[Metric]) -> None:
+def _node(broker: Broker, out: list[Metric], seen: _Seen) -> None:
     connections = [c for v in broker.vhosts.values() for c in v.stats.parts]
     channels = [ch for c in connections if isinstance(c, StatsTotal) for ch in c.parts]
-    queues = [q for v in broker.vhosts.values() for q in v.queues.values()]
     gauges = (
         ("rabbitmq_connections", "Connections currently open", len(connections)),
         ("rabbitmq_channels", "Channels currently open", len(channels)),
-        ("rabbitmq_queues", "Queues available", len(queues)),
-        (
-            "rabbitmq_consumers",
-            "Consumers currently connected",
-            sum(len(q.consumers) for q in queues),
-        ),
+        ("rabbitmq_queues", "Queues available", seen.queues),
+        ("rabbitmq_consumers", "Consumers currently connected", seen.consumers),
         (
             "rabbitmq_resident_memory_limit_bytes",
             "Memory high watermark in bytes",
@@ -209,7 +223,7 @@ def _node(broker: Broker, out: list[Metric]) -> None:
     out += [build, identity]
 
 
-def _totals(broker: Broker, out: list[Metric]) -> None:
+def _totals(broker: Broker, out: list[Metric], seen: _Seen) -> None:
     """``rabbitmq_global_*``: the node's counters since it started (never going back)."""
     node = broker.stats.counts()
 
@@ -244,21 +258,19 @@ def _totals(broker: Broker, out: list[Metric]) -> None:
         "Total number of messages confirmed to publishers",
         node[_IDX["confirm"]],
     )
-    by_type: dict[str, list[int]] = {
-        t: [0] * len(COUNTERS) for t in (*QUEUE_TYPES.values(), QUORUM)
-    }
-    for vhost in broker.vhosts.values():
+    rows = seen.counts
+    for vhost in broker.vhosts.values():  # deleted queues' counts stay in the totals
         for kind, stats in vhost.deleted_queue_stats.items():
-            _add(by_type[QUEUE_TYPES[kind]], stats)
-        for queue in vhost.queues.values():
-            _add(by_type[queue_type(queue)], queue.stats)
+            rows.setdefault(QUEUE_TYPES[kind], []).append(stats.counts())
+    zeros = (0,) * len(COUNTERS)
+    by_type = {
+        kind: [sum(column) for column in zip(zeros, *rows.get(kind, ()), strict=True)]
+        for kind in (*QUEUE_TYPES.values(), QUORUM)
+    }
     consumers = GaugeMetricFamily(
         "rabbitmq_global_consumers", "Current number of consumers", labels=["protocol"]
     )
-    consumers.add_metric(
-        ["amqp091"],
-        sum(len(q.consumers) for v in broker.vhosts.values() for q in v.queues.values()),
-    )
+    consumers.add_metric(["amqp091"], seen.consumers)
     out.append(consumers)
     for name, help_, fields in BY_QUEUE_TYPE:
         family = CounterMetricFamily(
@@ -267,11 +279,6 @@ def _totals(broker: Broker, out: list[Metric]) -> None:
         for kind in (QUEUE_TYPES["classic"], QUORUM, QUEUE_TYPES["stream"]):
             family.add_metric(["amqp091", kind], sum(by_type[kind][_IDX[f]] for f in fields))
         out.append(family)
-
-
-def _add(into: list[int], stats: MessageStats) -> None:
-    for index, value in enumerate(stats.counts()[: len(into)]):
-        into[index] += value
 
 
 def _storage(broker: Broker, out: list[Metric]) -> None:
@@ -305,7 +312,7 @@ def _storage(broker: Broker, out: list[Metric]) -> None:
     out += [seconds, batches, healthy, recovery]
 
 
-def _streams(broker: Broker, out: list[Metric]) -> Iterator[None]:
+def _streams(out: list[Metric], seen: _Seen) -> None:
     """Ours: each stream's (a topic partition's) first and log-end offsets, and each consumer
     group's committed offset and lag on it."""
     labels = ["vhost", "queue"]
@@ -329,19 +336,17 @@ def _streams(broker: Broker, out: list[Metric]) -> Iterator[None]:
         "Records of a stream a consumer group has not committed yet",
         labels=[*labels, "group"],
     )
-    for vhost in list(broker.vhosts.values()):
-        for queue in list(vhost.queues.values()):
-            if not isinstance(queue, StreamQueue) or queue.deleted:
-                continue
-            stream = queue.stream
-            key = [vhost.name, queue.name]
-            log_end = stream.next_offset
-            first.add_metric(key, stream.first_offset)
-            end.add_metric(key, log_end)
-            for group, offset in sorted(stream.group_offsets.items()):
-                committed.add_metric([*key, group], offset)
-                lag.add_metric([*key, group], max(0, log_end - offset))
-            yield None
+    for vhost, queue in seen.streams:
+        if queue.deleted:
+            continue
+        stream = queue.stream
+        key = [vhost, queue.name]
+        log_end = stream.next_offset
+        first.add_metric(key, stream.first_offset)
+        end.add_metric(key, log_end)
+        for group, offset in sorted(stream.group_offsets.items()):
+            committed.add_metric([*key, group], offset)
+            lag.add_metric([*key, group], max(0, log_end - offset))
     out += [first, end, committed, lag]
 
 
