@@ -15,6 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tqbroker.broker import stats
 from tqbroker.broker.stats import message_stats
+from tqbroker.server.http import metrics
+from tqbroker.server.http.metrics_routes import render
 from tqbroker.testing import (
     RunningBroker,
     durable_backend_for_tests,
@@ -138,6 +140,31 @@ def test_per_object_split_and_http_route(
         )
         assert not any(name.startswith("rabbitmq_global") for name, _ in detailed)
         assert scrape(base, "/metrics/detailed?family=queue_coarse_metrics&vhost=other") == {}
+
+
+def test_per_object_in_pieces_is_one_family_each(
+    tqbroker_thread: RunningBroker,
+    connection: pika.BlockingConnection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A family of many queues is rendered in pieces: the text still has each family once,
+    every queue in it, as prometheus-client's own rendering of the whole would."""
+    monkeypatch.setattr(metrics, "PIECE", 2)
+    channel = connection.channel()
+    for i in range(5):
+        channel.queue_declare(f"m.piece.{i}")
+        channel.basic_publish("", f"m.piece.{i}", b"x" * i)
+    connection.process_data_events(0.2)
+    text = httpx.get(tqbroker_thread.metrics_url + "/metrics/per-object", timeout=10).text
+    assert text.count("# HELP rabbitmq_queue_messages_ready_bytes ") == 1
+    assert text.count("# TYPE rabbitmq_queue_messages_published_total counter") == 1
+    assert tqbroker_thread.broker is not None
+    whole = metrics.BrokerCollector(tqbroker_thread.broker, per_object=True).collect()
+    assert text.encode() == render(list(whole))
+    found = scrape(tqbroker_thread.metrics_url, "/metrics/per-object")
+    for i in range(5):
+        labels = (("queue", f"m.piece.{i}"), ("vhost", "/"))
+        assert found[("rabbitmq_queue_messages_ready_bytes", labels)] == i
 
 
 def test_stream_offsets_and_group_lag(

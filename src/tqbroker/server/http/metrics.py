@@ -4,11 +4,11 @@ under ``tqbroker_`` for what it lacks.
 
 Responsibilities:
 - ``walk``: one pass over the broker (vhosts, queues, connections and channels through their
-  stats, flushers, streams) building the families of ``/metrics`` (queue figures summed),
-  ``/metrics/per-object`` (per queue, ``vhost`` and ``queue`` labels) or ``/metrics/detailed``
-  (RabbitMQ's ``family=`` selection, ``rabbitmq_detailed_`` names); a generator, so that a
-  caller can give way between queues (``collect_async``) or not (``BrokerCollector``, a
-  prometheus-client ``Collector``);
+  stats, flushers, streams) building the node-wide families of ``/metrics`` (queue figures
+  summed); a generator, so that a caller can give way between queues (``collect_async``) or
+  not (``BrokerCollector``, a prometheus-client ``Collector``);
+- ``per_queue``: the queue families per queue (``vhost`` and ``queue`` labels) of
+  ``/metrics/per-object`` and ``/metrics/detailed`` (``rabbitmq_detailed_`` names), in pieces.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ from .metrics_names import (
     BY_QUEUE_TYPE,
     CHANNEL_COUNTERS,
     CONNECTION_COUNTERS,
-    DETAILED_FAMILIES,
-    QUEUE_GAUGES,
+    QUEUE_FAMILIES,
     QUEUE_TYPES,
     QUORUM,
 )
@@ -47,6 +46,8 @@ if TYPE_CHECKING:
     from ...broker.broker import Broker
 
 _IDX = {name: index for index, name in enumerate(COUNTERS)}
+PIECE = 500  # queues per rendered piece of a per-queue family
+QUEUE_NAMES = [name for name, _help, _counter in QUEUE_FAMILIES]
 
 
 def queue_depth(queue: Queue) -> tuple[int, int, int]:
@@ -57,24 +58,12 @@ def queue_depth(queue: Queue) -> tuple[int, int, int]:
     return queue.message_count, sum(c.unacked for c in queue.consumers), 0
 
 
-def walk(
-    broker: Broker,
-    out: list[Metric],
-    *,
-    per_object: bool = False,
-    detailed: Iterable[str] | None = None,
-    vhosts: Iterable[str] | None = None,
-) -> Iterator[None]:
-    """Append the families to ``out``, yielding after each queue (``collect_async`` gives way
-    there). ``detailed``: RabbitMQ's ``/metrics/detailed?family=...`` (only those, per
-    object, ``rabbitmq_detailed_`` names; ``vhosts`` filters)."""
+def walk(broker: Broker, out: list[Metric], *, per_object: bool = False) -> Iterator[None]:
+    """Append the node-wide families to ``out`` (with the queue figures summed, unless
+    ``per_object``: then ``per_queue`` gives them), yielding after each queue (``collect_async``
+    gives way there)."""
     seen = _Seen()
-    if detailed is not None:
-        wanted = [n for f in detailed for n in DETAILED_FAMILIES.get(f, ())]
-        yield from _queues(broker, out, wanted, "rabbitmq_detailed_", True, vhosts, seen)
-        return
-    names = [name for name, _help in QUEUE_GAUGES]
-    yield from _queues(broker, out, names, "rabbitmq_", per_object, None, seen)
+    yield from _queues(broker, out, seen, summed=not per_object)
     _node(broker, out, seen)
     _totals(broker, out, seen)
     _storage(broker, out)
@@ -91,68 +80,60 @@ class _Seen:
     streams: list[tuple[str, StreamQueue]] = attrs.Factory(list)
 
 
-def _queues(
-    broker: Broker,
-    out: list[Metric],
-    wanted: list[str],
-    prefix: str,
-    per_object: bool,
-    vhosts: Iterable[str] | None,
-    seen: _Seen,
-) -> Iterator[None]:
-    helps = dict(QUEUE_GAUGES)
-    labels = ["vhost", "queue"] if per_object else []
-    families = {
-        name: GaugeMetricFamily(prefix + name, helps[name], labels=labels) for name in wanted
-    }
-    published = CounterMetricFamily(
-        "rabbitmq_queue_messages_published",
-        "Total number of messages published to queues",
-        labels=labels,
-    )
-    order = [name for name, _help in QUEUE_GAUGES]  # the order of ``values`` below
-    chosen = [(order.index(name), family) for name, family in families.items()]
-    totals = [0] * (len(order) + 1)  # the gauges, then the published count
-    only = set(vhosts) if vhosts is not None else None
+def queue_values(queue: Queue) -> tuple[int, ...]:
+    """A queue's figures, in ``QUEUE_FAMILIES`` order."""
+    ready, unacked, ready_bytes = queue_depth(queue)
+    return ready, unacked, ready + unacked, len(queue.consumers), ready_bytes, queue.stats.publish
+
+
+def _queues(broker: Broker, out: list[Metric], seen: _Seen, *, summed: bool) -> Iterator[None]:
+    totals = [0] * len(QUEUE_FAMILIES)
     for vhost in list(broker.vhosts.values()):
-        if only is not None and vhost.name not in only:
-            continue
         for queue in list(vhost.queues.values()):
             if queue.deleted:
                 continue
-            ready, unacked, ready_bytes = queue_depth(queue)
-            consumers = len(queue.consumers)
+            values = queue_values(queue)
             seen.queues += 1
-            seen.consumers += consumers
+            seen.consumers += values[3]
             stream = isinstance(queue, StreamQueue)
             kind = QUEUE_TYPES["stream" if stream else "classic"]
             seen.counts.setdefault(kind, []).append(queue.stats.counts())
             if stream:
                 seen.streams.append((vhost.name, queue))
-            values = (
-                ready,
-                unacked,
-                ready + unacked,
-                consumers,
-                ready_bytes,
-                queue.stats.publish,
-            )
-            if per_object:
-                key = [vhost.name, queue.name]
-                for index, family in chosen:
-                    family.add_metric(key, values[index])
-                published.add_metric(key, values[-1])
-            else:
-                for index, value in enumerate(values):
-                    totals[index] += value
+            for index, value in enumerate(values):
+                totals[index] += value
             yield None
-    if not per_object:
-        for index, family in chosen:
-            family.add_metric([], totals[index])
-        published.add_metric([], totals[-1])
-    out.extend(families.values())
-    if not prefix.endswith("detailed_"):
-        out.append(published)
+    if summed:
+        for (name, help_, counter), total in zip(QUEUE_FAMILIES, totals, strict=True):
+            family = CounterMetricFamily if counter else GaugeMetricFamily
+            out.append(family(f"rabbitmq_{name}", help_, value=total))
+
+
+def per_queue(
+    broker: Broker, names: Iterable[str], prefix: str, vhosts: Iterable[str] | None = None
+) -> Iterator[tuple[Metric, bool]]:
+    """The queue families ``names`` (of ``QUEUE_FAMILIES``) per queue (``vhost``, ``queue``
+    labels), family after family, each in pieces of ``PIECE`` queues: ``(piece, first)``.
+    Rendered piece by piece (nothing piles up for the garbage collector to walk: a scrape of
+    10k queues would otherwise set off full collections)."""
+    only = set(vhosts) if vhosts is not None else None
+    queues = [
+        (vhost.name, queue)
+        for vhost in list(broker.vhosts.values())
+        if only is None or vhost.name in only
+        for queue in list(vhost.queues.values())
+    ]
+    index_of = {name: index for index, (name, _h, _c) in enumerate(QUEUE_FAMILIES)}
+    for name in names:
+        index = index_of[name]
+        _name, help_, counter = QUEUE_FAMILIES[index]
+        kind = CounterMetricFamily if counter else GaugeMetricFamily
+        for start in range(0, max(len(queues), 1), PIECE):
+            piece = kind(prefix + name, help_, labels=["vhost", "queue"])
+            for vhost, queue in queues[start : start + PIECE]:
+                if not queue.deleted:
+                    piece.add_metric([vhost, queue.name], queue_values(queue)[index])
+            yield piece, start == 0
 
 
 def _node(broker: Broker, out: list[Metric], seen: _Seen) -> None:
@@ -369,21 +350,21 @@ class BrokerCollector(prometheus_client.registry.Collector):
 
     def collect(self) -> Iterable[Metric]:
         out: list[Metric] = []
+        if self.per_object:
+            for piece, first in per_queue(self.broker, QUEUE_NAMES, "rabbitmq_"):
+                if first:
+                    out.append(piece)
+                else:
+                    out[-1].samples += piece.samples
         for _ in walk(self.broker, out, per_object=self.per_object):
             pass
         return out
 
 
-async def collect_async(
-    broker: Broker,
-    *,
-    per_object: bool = False,
-    detailed: Iterable[str] | None = None,
-    vhosts: Iterable[str] | None = None,
-) -> list[Metric]:
+async def collect_async(broker: Broker, *, per_object: bool = False) -> list[Metric]:
     """``walk`` giving way to the other tasks every few milliseconds (10k queues)."""
     out: list[Metric] = []
     pacer = Pacer()
-    for _ in walk(broker, out, per_object=per_object, detailed=detailed, vhosts=vhosts):
+    for _ in walk(broker, out, per_object=per_object):
         await pacer.step()
     return out

@@ -10,20 +10,17 @@ QUEUE_TYPES = {"classic": "rabbit_classic_queue", "stream": "rabbit_stream_queue
 QUORUM = "rabbit_quorum_queue"
 
 # RabbitMQ's queue gauges: (name, help), in its order.
-QUEUE_GAUGES = (
-    ("queue_messages_ready", "Messages ready to be delivered to consumers"),
-    ("queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged"),
-    ("queue_messages", "Sum of ready and unacknowledged messages - total queue depth"),
-    ("queue_consumers", "Consumers on a queue"),
-    ("queue_messages_ready_bytes", "Size in bytes of ready messages"),
+QUEUE_FAMILIES = (  # (name, help, a counter?)
+    ("queue_messages_ready", "Messages ready to be delivered to consumers", False),
+    ("queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged", False),
+    ("queue_messages", "Sum of ready and unacknowledged messages - total queue depth", False),
+    ("queue_consumers", "Consumers on a queue", False),
+    ("queue_messages_ready_bytes", "Size in bytes of ready messages", False),
+    ("queue_messages_published", "Total number of messages published to queues", True),
 )
-# /metrics/detailed families (RabbitMQ's names) and the queue gauges each has.
+# /metrics/detailed families (RabbitMQ's names) and the queue families each has.
 DETAILED_FAMILIES = {
-    "queue_coarse_metrics": (
-        "queue_messages_ready",
-        "queue_messages_unacked",
-        "queue_messages",
-    ),
+    "queue_coarse_metrics": ("queue_messages_ready", "queue_messages_unacked", "queue_messages"),
     "queue_consumer_count": ("queue_consumers",),
     "queue_metrics": ("queue_messages_ready_bytes",),
 }

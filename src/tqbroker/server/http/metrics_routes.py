@@ -4,16 +4,16 @@
 RabbitMQ's; ``serve_metrics``). No credentials, as RabbitMQ's.
 
 A scrape reads the broker on the event loop, giving way between queues (``collect_async``);
-a large exposition (10k queues) is rendered in a worker thread from the families read, so the
-loop is never held for long.
+a large exposition (10k queues, per object) is rendered a slice at a time too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import prometheus_client
 import trio
+import trio.lowlevel
 from prometheus_client.core import Metric
 from prometheus_client.registry import CollectorRegistry
 from starlette.applications import Starlette
@@ -22,10 +22,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...broker.broker import Broker
-from .metrics import collect_async
+from .metrics import QUEUE_NAMES, collect_async, per_queue
+from .metrics_names import DETAILED_FAMILIES
 
-# Past this many samples the text is rendered in a worker thread.
-THREAD_RENDER_SAMPLES = 2000
 CONTENT_TYPE = prometheus_client.exposition.CONTENT_TYPE_PLAIN_0_0_4
 
 
@@ -45,22 +44,34 @@ def render(families: list[Metric]) -> bytes:
     return prometheus_client.generate_latest(_Fixed(families))
 
 
-def sample_count(families: list[Metric]) -> int:
-    return sum(len(family.samples) for family in families)
+async def render_paced(families: Iterable[tuple[Metric, bool]]) -> bytes:
+    """``render`` piece by piece with a checkpoint between: ``(piece, first)`` pairs, a piece
+    after the first of its family rendered without its ``# HELP``/``# TYPE`` lines, so the text
+    is the same as ``render``'s of the whole families."""
+    parts: list[bytes] = []
+    for piece, first in families:
+        text = render([piece])
+        parts.append(text if first else text.split(b"\n", 2)[2])
+        await trio.lowlevel.checkpoint()
+    return b"".join(parts)
 
 
-async def _respond(request: Request, **options: object) -> Response:
+def _whole(families: list[Metric]) -> Iterator[tuple[Metric, bool]]:
+    return ((family, True) for family in families)
+
+
+async def _respond(request: Request, *, per_object: bool) -> Response:
     broker: Broker = request.app.state.broker
-    families = await collect_async(broker, **options)  # type: ignore[arg-type]
-    if sample_count(families) > THREAD_RENDER_SAMPLES:
-        body = await trio.to_thread.run_sync(render, families)
-    else:
-        body = render(families)
+    body = b""
+    if per_object:
+        body = await render_paced(per_queue(broker, QUEUE_NAMES, "rabbitmq_"))
+    families = await collect_async(broker, per_object=per_object)
+    body += await render_paced(_whole(families))
     return Response(body, media_type=CONTENT_TYPE)
 
 
 async def metrics(request: Request) -> Response:
-    return await _respond(request)
+    return await _respond(request, per_object=False)
 
 
 async def metrics_per_object(request: Request) -> Response:
@@ -68,12 +79,12 @@ async def metrics_per_object(request: Request) -> Response:
 
 
 async def metrics_detailed(request: Request) -> Response:
-    vhosts = request.query_params.getlist("vhost")
-    return await _respond(
-        request,
-        detailed=request.query_params.getlist("family"),
-        vhosts=vhosts or None,
-    )
+    """RabbitMQ's ``/metrics/detailed?family=F&vhost=V`` (families it has that we have)."""
+    params = request.query_params
+    names = [n for f in params.getlist("family") for n in DETAILED_FAMILIES.get(f, ())]
+    vhosts = params.getlist("vhost") or None
+    pieces = per_queue(request.app.state.broker, names, "rabbitmq_detailed_", vhosts)
+    return Response(await render_paced(pieces), media_type=CONTENT_TYPE)
 
 
 ROUTES = [
