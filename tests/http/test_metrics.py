@@ -80,6 +80,8 @@ def test_counters_move_under_load(
             break
     channel.cancel()
 
+    after: Samples = {}
+
     def moved(name: str, labels: tuple[tuple[str, str], ...] = AMQP) -> float:
         return after[(name, labels)] - before.get((name, labels), 0)
 
@@ -88,7 +90,6 @@ def test_counters_move_under_load(
         after = scrape(url)
         return moved("rabbitmq_global_messages_acknowledged_total", CLASSIC) == n
 
-    after: Samples = {}
     wait_for(settled)
     assert moved("rabbitmq_global_messages_received_total") == n + 1
     assert moved("rabbitmq_global_messages_routed_total") == n

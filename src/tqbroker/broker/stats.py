@@ -54,6 +54,8 @@ COUNTERS: Final = (
 # RabbitMQ's socket counters of a connection (top-level fields of its JSON, not message_stats).
 IO_COUNTERS: Final = ("recv_oct", "recv_cnt", "send_oct", "send_cnt")
 _DELIVER_GET: Final = ("deliver", "deliver_no_ack", "get", "get_no_ack")
+_READ_COUNTERS: Final[Callable[[Any], tuple[int, ...]]] = operator.attrgetter(*COUNTERS)
+_READ_ALL: Final[Callable[[Any], tuple[int, ...]]] = operator.attrgetter(*COUNTERS, *IO_COUNTERS)
 
 
 class MessageStats:
@@ -61,8 +63,6 @@ class MessageStats:
 
     __slots__ = (*COUNTERS, "_sampled", "_rates", "__weakref__")
     FIELDS: ClassVar[tuple[str, ...]] = COUNTERS
-    # The counters in one C call (not a descriptor: ``self._read(self)``).
-    _read: ClassVar[Callable[[Any], tuple[int, ...]]] = operator.attrgetter(*COUNTERS)
 
     def __init__(self) -> None:
         for name in self.FIELDS:
@@ -87,7 +87,10 @@ class MessageStats:
 
     def counts(self) -> tuple[int, ...]:
         """Every counter, in ``FIELDS`` order."""
-        return self._read(self)
+        return self._own()
+
+    def _own(self) -> tuple[int, ...]:
+        return _READ_COUNTERS(self)  # one C call
 
     def count(self, name: str) -> int:
         return self.counts()[self.FIELDS.index(name)]
@@ -118,7 +121,7 @@ class StatsTotal(MessageStats):
         self.parts: set[MessageStats] = set()
 
     def counts(self) -> tuple[int, ...]:
-        own = self._read(self)
+        own = self._own()
         if not self.parts:
             return own
         # The message counters add up; extra fields (a connection's octets) are each one's own.
@@ -147,7 +150,9 @@ class ConnectionStats(StatsTotal):
 
     __slots__ = IO_COUNTERS
     FIELDS: ClassVar[tuple[str, ...]] = (*COUNTERS, *IO_COUNTERS)
-    _read: ClassVar[Callable[[Any], tuple[int, ...]]] = operator.attrgetter(*COUNTERS, *IO_COUNTERS)
+
+    def _own(self) -> tuple[int, ...]:
+        return _READ_ALL(self)
 
     recv_oct: int
     recv_cnt: int

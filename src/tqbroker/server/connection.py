@@ -491,8 +491,8 @@ class AMQPConnection:
     def _channel_method(self, number: int, method: Method) -> Awaitable[None] | None:
         if isinstance(method, ChannelOpen):
             assert self.vhost is not None
-            channel = self.channels[number] = Channel(self, number, self.vhost)
-            self.broker.stats_sampler.register(channel.stats)
+            opened = self.channels[number] = Channel(self, number, self.vhost)
+            self.broker.stats_sampler.register(opened.stats)
             self.write(self.protocol.send_method(number, ChannelOpenOk()))
         elif isinstance(method, ChannelClose):
             channel = self.channels.pop(number, None)

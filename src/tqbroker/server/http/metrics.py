@@ -95,11 +95,11 @@ def _queues(broker: Broker, out: list[Metric], seen: _Seen, *, summed: bool) -> 
             values = queue_values(queue)
             seen.queues += 1
             seen.consumers += values[3]
-            stream = isinstance(queue, StreamQueue)
-            kind = QUEUE_TYPES["stream" if stream else "classic"]
-            seen.counts.setdefault(kind, []).append(queue.stats.counts())
-            if stream:
+            kind = QUEUE_TYPES["classic"]
+            if isinstance(queue, StreamQueue):
+                kind = QUEUE_TYPES["stream"]
                 seen.streams.append((vhost.name, queue))
+            seen.counts.setdefault(kind, []).append(queue.stats.counts())
             for index, value in enumerate(values):
                 totals[index] += value
             yield None
