@@ -108,6 +108,17 @@ def test_counters_move_under_load(
     assert after[("tqbroker_group_commit_batch_size_sum", backend)] >= n
     assert after[("tqbroker_backend_healthy", backend)] == 1
 
+    # Totals never go back when the connection closes; the open-channel sums do (as RabbitMQ's).
+    connection.close()
+    wait_for(lambda: scrape(url)[("rabbitmq_connections", ())] == 0)
+    closed = scrape(url)
+    for name in (
+        "rabbitmq_global_messages_received_total",
+        "rabbitmq_global_messages_confirmed_total",
+    ):
+        assert closed[(name, AMQP)] == after[(name, AMQP)]
+    assert closed[("rabbitmq_channel_messages_published_total", ())] == 0
+
 
 def test_per_object_split_and_http_route(
     tqbroker_thread: RunningBroker, connection: pika.BlockingConnection
@@ -214,9 +225,13 @@ def test_rates_are_sampled(monkeypatch: pytest.MonkeyPatch) -> None:
                 channel.basic_publish("", "m.rate", b"x")
             connection.process_data_events(0.05)
             rate = message_stats(queue.stats).get("publish_details", {}).get("rate", 0.0)
+        channel.queue_declare("m.rate", passive=True)  # every publish before it is handled
         found = message_stats(broker.broker.stats)
         assert found["publish"] >= 20
         assert found["publish_details"]["rate"] > 0
+        # The default exchange took them in and out to the one queue.
+        exchange = message_stats(broker.broker.vhosts["/"].exchanges[""].stats)
+        assert exchange["publish_in"] == exchange["publish_out"] == found["publish"]
         connection.close()
 
 
