@@ -97,6 +97,7 @@ async def run(config: BrokerConfig) -> None:
         bound = ", ".join(
             [f"amqp://{host}:{port}" for host, port in listening.amqp]
             + [f"http://{host}:{port}" for host, port in listening.http]
+            + [f"metrics http://{host}:{port}/metrics" for host, port in listening.metrics]
         )
         print(f"tqbroker {__version__} ready: listening on {bound}", flush=True)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
@@ -43,7 +44,7 @@ from .definitions import (
 )
 from .definitions_file import DefinitionsCommit, DefinitionsFile
 from .flusher import Flusher
-from .stats import StatsSampler
+from .stats import MessageStats, StatsSampler, StatsTotal
 from .supervisor import FailureHandler, Supervisor
 from .vhost import VirtualHost
 
@@ -86,8 +87,13 @@ class Broker:
         self.node_name = f"tqbroker@{socket.gethostname()}"
         self.alarms = ResourceAlarms()
         # The node's message counters and rates, and the sampler of every object's rates.
+        # The broker's counters are its vhosts' (``StatsTotal``); the sampler walks the vhosts,
+        # queues and exchanges (``_all_stats``), and connections and channels register.
         self.stats_sampler = StatsSampler()
-        self.stats = self.stats_sampler.new()
+        self.stats = StatsTotal()
+        self.stats_sampler.add_source(self._all_stats)
+        # Seconds the start took to open the stores and restore the definitions (metrics).
+        self.recovery_seconds: float | None = None
         self.memory_monitor = MemoryMonitor(
             self.alarms,
             parse_limit(config.memory_high_watermark, "memory_high_watermark"),
@@ -103,7 +109,7 @@ class Broker:
         )
 
     def _new_vhost(self, name: str) -> VirtualHost:
-        return VirtualHost(
+        vhost = VirtualHost(
             name,
             exchange_types=self.exchange_types,
             backends=self.backends,
@@ -112,6 +118,18 @@ class Broker:
             spawn=self._spawn,
             definitions=self.definitions,
         )
+        self.stats.add(vhost.stats)
+        return vhost
+
+    def _all_stats(self) -> Iterator[MessageStats]:
+        """The node's, every vhost's, queue's and exchange's counters (for the sampler)."""
+        yield self.stats
+        for vhost in list(self.vhosts.values()):
+            yield vhost.stats
+            for queue in list(vhost.queues.values()):
+                yield queue.stats
+            for exchange in list(vhost.exchanges.values()):
+                yield exchange.stats
 
     def _spawn(
         self, fn: Callable[[], Awaitable[object]], *, on_failure: FailureHandler | None = None
@@ -136,6 +154,8 @@ class Broker:
                 await nursery.start(self.supervisor.run)
                 self._spawn(self.memory_monitor.run)
                 self._spawn(self.disk_monitor.run)
+                self._spawn(self.stats_sampler.run)
+                recovery_started = time.monotonic()
                 # Recovery (scanning segments, cutting a torn tail) in a worker thread: the
                 # restore below then finds every store open.
                 await trio.to_thread.run_sync(
@@ -143,6 +163,7 @@ class Broker:
                 )
                 self._restore(stored, dormant)
                 self._restored = True
+                self.recovery_seconds = time.monotonic() - recovery_started
                 try:
                     await trio.to_thread.run_sync(self.definitions_file.write_work())
                 except OSError as exc:  # e.g. a full disk: what is stored stays as it was

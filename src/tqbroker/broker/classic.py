@@ -285,6 +285,7 @@ class ClassicQueue(Queue):
         flusher = self.flusher
         persistent = self.durable and flusher is not None and message.properties.delivery_mode == 2
         self.store.push(message, persistent)  # OSError: the caller refuses the publish
+        self.stats.publish += 1
         if deliver_now or (limited and self.consumers):
             # Deliver before counting against the limit, as RabbitMQ does: a consumer with
             # credit takes the message instead of it piling up (and being dropped or refused).

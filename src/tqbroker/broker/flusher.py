@@ -8,19 +8,22 @@ Responsibilities:
   in a worker thread, so one fsync covers every message appended meanwhile;
 - telling whoever waits: channels confirm (or, on failure, nack) their publishes; queues that
   paused for a flush resume;
-- after a failure, retry once a second while the backend has something to flush.
+- after a failure, retry once a second while the backend has something to flush;
+- for the metrics: each flush's duration and the requests it covered (``Histogram``s).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from ..plugins.spec import FlushListener, GroupCommit
+from .stats import BATCH_BUCKETS, FSYNC_BUCKETS, Histogram
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -55,6 +58,10 @@ class Flusher:
         self._listeners: set[FlushListener] = set()
         self._waiting_queues: set[Queue] = set()
         self._callbacks: list[Callable[[], None]] = []
+        # For the metrics: how long each flush's work took (its fsyncs), and how many requests
+        # (publishes, deletes...) each flush covered: the group commit's batch size.
+        self.flush_seconds = Histogram(FSYNC_BUCKETS)
+        self.batch_sizes = Histogram(BATCH_BUCKETS)
 
     @property
     def healthy(self) -> bool:
@@ -111,7 +118,10 @@ class Flusher:
             try:
                 work = self.backend.begin_flush()
                 if work is not None:
+                    started = time.perf_counter()
                     await trio.to_thread.run_sync(work)
+                    self.flush_seconds.observe(time.perf_counter() - started)
+                    self.batch_sizes.observe(covering - self.completed)
             except Exception as exc:
                 # Every outstanding ticket fails, not only those this flush covered: records
                 # written since may share the failed pages and must never be acked. A bug in the

@@ -44,7 +44,7 @@ from .pacing import Pacer
 from .queue import Queue
 from .reply_to import ReplyTo
 from .routing import Routing
-from .stats import MessageStats
+from .stats import MessageStats, StatsTotal, fold
 from .storage import QueueStorage, storage_error
 from .streams.groups import ConsumerGroups
 from .streams.queue import StreamQueue
@@ -82,7 +82,9 @@ class VirtualHost:
         self.prepared_stores: set[str] = set()  # holding exchanges' (holding.open_holding_store)
         self.queues: dict[str, Queue] = {}
         # The vhost's message counters and rates (``broker/stats.py``).
-        self.stats = MessageStats()
+        self.stats = StatsTotal()  # its connections' (and what the HTTP API counts)
+        # Deleted queues' counters, by kind ("classic", "stream"): global totals never go back.
+        self.deleted_queue_stats: dict[str, MessageStats] = {}
         self.dormant = Dormant(name)  # stored definitions kept but not running
         self.consumer_groups = ConsumerGroups(spawn)  # on streams (x-stream-group)
         self.default_exchange = DefaultExchange(name, self.queues)
@@ -437,6 +439,8 @@ class VirtualHost:
         self.storage.delete_stores(queue.backend_name, queue.name, queue.arguments)
         del self.queues[queue.name]
         queue.deleted = True
+        kind = "stream" if isinstance(queue, StreamQueue) else "classic"
+        fold(self.deleted_queue_stats.setdefault(kind, MessageStats()), queue.stats)
         for source, key, args_id in list(queue.bound_by):
             source.unbind(queue, key, args_id)
             self._maybe_auto_delete(source)

@@ -33,6 +33,7 @@ from ..broker.consumer import Consumer
 from ..broker.exchange import Exchange
 from ..broker.queue import Queue
 from ..broker.reply_to import REPLY_TO
+from ..broker.stats import MessageStats, StatsTotal
 from ..broker.vhost import VirtualHost
 from ..model import Message
 from ..protocol import frames
@@ -50,6 +51,11 @@ log = logging.getLogger(__name__)
 
 class ChannelHost(AckDeadlines, Protocol):
     """What a channel needs of its connection (``AMQPConnection``)."""
+
+    @property
+    def stats(self) -> StatsTotal:
+        """The connection's counters: its channels' are parts of it."""
+        ...
 
     @property
     def notifies_cancel(self) -> bool:
@@ -117,6 +123,9 @@ class Channel:
         # stamps every delivery.
         self._now = trio.lowlevel.current_clock().current_time
         self.closed = False
+        # Message counters (``broker/stats.py``), part of the connection's total.
+        self.stats = MessageStats()
+        host.stats.add(self.stats)
 
     def handle(self, method: m.Method) -> Awaitable[None] | None:
         """Carry out one method; raises ``AMQPError`` to refuse it. A change to durable
@@ -163,10 +172,12 @@ class Channel:
             clock.now_ms() if timestamp_ms is None else timestamp_ms,
             self.reply_to,
         )
+        stats = self.stats
+        stats.publish += 1
         if self.tx is not None:
             self.tx.publishes.append((exchange, message, method.mandatory))
             return
-        waits, refused, returned = route(self.vhost, exchange, message, method.mandatory)
+        waits, refused, returned = route(self.vhost, exchange, message, method.mandatory, stats)
         if returned is not None:
             self.host.write_return(self.number, returned)
         if self.confirms is not None:
@@ -176,7 +187,7 @@ class Channel:
     def _route(
         self, exchange: Exchange, message: Message, mandatory: bool
     ) -> tuple[list[Wait], bool]:
-        waits, refused, returned = route(self.vhost, exchange, message, mandatory)
+        waits, refused, returned = route(self.vhost, exchange, message, mandatory, self.stats)
         if returned is not None:
             self.host.write_return(self.number, returned)
         return waits, refused
@@ -189,7 +200,7 @@ class Channel:
         if self.tx is not None:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         if self.confirms is None:
-            self.confirms = PublisherConfirms(self._send, self.host.internal_error)
+            self.confirms = PublisherConfirms(self._send, self.host.internal_error, self.stats)
         self._reply(method.nowait, m.ConfirmSelectOk())
 
     def _tx_select(self, _method: m.TxSelect) -> None:
@@ -282,16 +293,26 @@ class Channel:
             assert queue.flusher is not None
             queue.flusher.call_after_flush(lambda: self._answer_get_later(queue, no_ack))
             return
+        stats, queue_stats = self.stats, queue.stats
         if entry is None:
+            stats.get_empty += 1
+            queue_stats.get_empty += 1
             self._send(m.BasicGetEmpty())
             return
         message_id, message, redelivered = entry
         deliveries = self.deliveries
         tag = deliveries.next_tag
         deliveries.next_tag = tag + 1
+        if redelivered:
+            stats.redeliver += 1
+            queue_stats.redeliver += 1
         if no_ack:
+            stats.get_no_ack += 1
+            queue_stats.get_no_ack += 1
             queue.ack(message_id, None)
         else:
+            stats.get += 1
+            queue_stats.get += 1
             deliveries.track(tag, Delivery(queue, message_id, None, self._now()))
         self.host.write_get_ok(self.number, tag, redelivered, message, queue.message_count)
 
@@ -304,7 +325,9 @@ class Channel:
     # -- settling ----------------------------------------------------------------------------
 
     def _ack(self, method: m.BasicAck) -> None:
-        self._settle(self.deliveries.take(method.delivery_tag, method.multiple), Settlement.ACK)
+        taken = self.deliveries.take(method.delivery_tag, method.multiple)
+        self.stats.ack += len(taken)  # the queues count theirs as they settle (``settle``)
+        self._settle(taken, Settlement.ACK)
 
     def _nack(self, method: m.BasicNack) -> None:
         taken = self.deliveries.take(method.delivery_tag, method.multiple)
@@ -344,9 +367,18 @@ class Channel:
             deliveries = self.deliveries
             tag = deliveries.next_tag
             deliveries.next_tag = tag + 1
-            if not consumer.no_ack:  # tracked first: requeued if the rest fails
+            stats, queue_stats = self.stats, consumer.queue.stats
+            if consumer.no_ack:
+                stats.deliver_no_ack += 1
+                queue_stats.deliver_no_ack += 1
+            else:  # tracked first: requeued if the rest fails
+                stats.deliver += 1
+                queue_stats.deliver += 1
                 delivery = Delivery(consumer.queue, message_id, consumer, self._now())
                 deliveries.track(tag, delivery)
+            if redelivered:
+                stats.redeliver += 1
+                queue_stats.redeliver += 1
             encoded_tag = self._tag_cache.get(consumer.tag) or self._encode_tag(consumer.tag)
             self.host.write_deliver(self.number, encoded_tag, tag, redelivered, message)
         except Exception as exc:  # a bug: this connection closes, not the queue actor
@@ -360,6 +392,7 @@ class Channel:
         """A reply for our direct reply-to consumer (no ack expected)."""
         tag = self.deliveries.next_tag
         self.deliveries.next_tag = tag + 1
+        self.stats.deliver_no_ack += 1
         try:
             encoded_tag = self._tag_cache.get(consumer_tag) or self._encode_tag(consumer_tag)
             self.host.write_deliver(self.number, encoded_tag, tag, False, message)
@@ -395,6 +428,7 @@ class Channel:
             self.confirms.close()
             self.confirms = None  # it holds our bound method: a reference cycle
         self.reply_to.close()
+        self.host.stats.remove(self.stats)  # its counts stay in the connection's
 
 
 # -- dispatch --------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ Responsibilities:
   on durable queues) or that a queue refused (its storage cannot write);
 - confirm them in order with as few ``basic.ack(multiple=True)`` as possible (the connection
   calls ``flush`` once per read batch), ``basic.nack`` those refused or whose flush failed;
+  count the acked ones (the channel's ``confirm`` counter);
 - be the flushers' listener for the publishes that wait on them (``FlushListener``).
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Callable
 
 import attrs
 
+from ..broker.stats import MessageStats
 from ..plugins.spec import GroupCommit
 from ..protocol.methods import BasicAck, BasicNack, Method
 
@@ -36,9 +38,13 @@ class _Pending:
 
 class PublisherConfirms:
     def __init__(
-        self, send: Callable[[Method], None], internal_error: Callable[[Exception, str], None]
+        self,
+        send: Callable[[Method], None],
+        internal_error: Callable[[Exception, str], None],
+        stats: MessageStats,
     ) -> None:
         self._send = send
+        self._stats = stats  # the channel's: ``confirm`` counts the publishes acked
         self._internal_error = internal_error
         self.publish_seq = 0
         self.confirmed = 0  # every publish up to this one has been acked or nacked
@@ -72,6 +78,7 @@ class PublisherConfirms:
     def _ack_upto(self, seq: int) -> None:
         if seq > self.confirmed:
             self._send(BasicAck(seq, seq - self.confirmed > 1))
+            self._stats.confirm += seq - self.confirmed
             self.confirmed = seq
 
     def close(self) -> None:

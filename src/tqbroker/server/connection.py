@@ -30,6 +30,7 @@ import trio.lowlevel
 
 from .. import clock
 from ..broker.pacing import SLICE_SECONDS, Pacer
+from ..broker.stats import ConnectionStats
 from ..broker.storage import storage_error
 from ..broker.vhost import VirtualHost
 from ..model import Message
@@ -120,6 +121,9 @@ class AMQPConnection:
         )
         self._receive_scope: trio.CancelScope | None = None  # the reader's, while it waits
         self.flow = PublisherFlow(broker.alarms, send, self.handshake, self.peer)
+        # Its channels' counters and its socket's (``broker/stats.py``); part of its vhost's.
+        self.stats = ConnectionStats()
+        broker.stats_sampler.register(self.stats)
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -168,6 +172,7 @@ class AMQPConnection:
             channel.close()
             await pacer.step()
         if self.vhost is not None:
+            self.vhost.stats.remove(self.stats)  # its counts stay in the vhost's
             await self.vhost.connection_closed(self)
 
     # -- unexpected exceptions ---------------------------------------------------------------
@@ -286,8 +291,11 @@ class AMQPConnection:
             while True:
                 await self._writer_wakeup.wait()
                 self._writer_wakeup = trio.Event()
+                stats = self.stats
                 while self.out:
                     data, self.out = self.out, bytearray()
+                    stats.send_oct += len(data)
+                    stats.send_cnt += 1
                     await self.stream.send_all(data)
                     self._sent_at = trio.current_time()
                 self._drained.set()
@@ -354,6 +362,9 @@ class AMQPConnection:
             data = await self._receive()
             if data is None:
                 return
+            stats = self.stats
+            stats.recv_oct += len(data)
+            stats.recv_cnt += 1
             protocol.receive_data(data)
             # Messages are stamped with when the read that brought them returned.
             now_ms = clock.now_ms()
@@ -480,7 +491,8 @@ class AMQPConnection:
     def _channel_method(self, number: int, method: Method) -> Awaitable[None] | None:
         if isinstance(method, ChannelOpen):
             assert self.vhost is not None
-            self.channels[number] = Channel(self, number, self.vhost)
+            opened = self.channels[number] = Channel(self, number, self.vhost)
+            self.broker.stats_sampler.register(opened.stats)
             self.write(self.protocol.send_method(number, ChannelOpenOk()))
         elif isinstance(method, ChannelClose):
             channel = self.channels.pop(number, None)
@@ -505,6 +517,7 @@ class AMQPConnection:
                     )
             case ConnectionOpen():
                 self.vhost = self.handshake.open(method)
+                self.vhost.stats.add(self.stats)
             case ConnectionClose():
                 # Release everything (exclusive queues included) before the client hears close-ok.
                 await self._teardown()

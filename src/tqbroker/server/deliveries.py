@@ -3,7 +3,8 @@
 Responsibilities:
 - delivery tags (one sequence per channel, consumers' deliveries and ``basic.get`` alike);
 - the unacked deliveries (``Delivery``), taken by ``basic.ack`` / ``nack`` / ``reject`` (``take``)
-  and settled (``Settlement``: ack, requeue, or reject, which dead-letters or drops);
+  and settled (``Settlement``: ack, requeue, or reject, which dead-letters or drops); an ack
+  counts in its queue's ``ack`` counter;
 - the delivery-acknowledgement timeout: when the oldest unacked delivery is due
   (``ack_deadline``), and the connection's task that closes a channel with 406 when it passes
   (``AckTimeouts``).
@@ -57,6 +58,7 @@ class Delivery:
 
     def settle(self, settlement: Settlement) -> None:
         if settlement is _ACK:
+            self.queue.stats.ack += 1
             self.queue.ack(self.message_id, self.consumer)
         elif settlement is _REQUEUE:
             self.queue.requeue(self.message_id, self.consumer)
@@ -151,7 +153,9 @@ def settle(taken: Iterable[tuple[int, Delivery]], settlement: Settlement) -> Non
     """Settle deliveries alike (the common acks without a call per delivery)."""
     if settlement is _ACK:
         for _tag, delivery in taken:
-            delivery.queue.ack(delivery.message_id, delivery.consumer)
+            queue = delivery.queue
+            queue.stats.ack += 1
+            queue.ack(delivery.message_id, delivery.consumer)
     else:
         for _tag, delivery in taken:
             delivery.settle(settlement)

@@ -22,7 +22,7 @@ import trio
 from ..broker.broker import Broker
 from ..config import BrokerConfig
 from .connection import AMQPConnection
-from .http import serve_http
+from .http import serve_http, serve_metrics
 from .registry import Connections
 
 log = logging.getLogger(__name__)
@@ -32,11 +32,14 @@ Address = tuple[str, int]
 
 @attrs.frozen
 class Listening:
-    """Where a running broker listens: AMQP and HTTP ``(host, port)`` addresses (no HTTP
-    addresses when ``http_port`` is None)."""
+    """Where a running broker listens: AMQP, HTTP and Prometheus metrics ``(host, port)``
+    addresses (none for HTTP or metrics when ``http_port`` or ``metrics_port`` is None), and
+    the broker (for embedding code and tests)."""
 
     amqp: list[Address]
     http: list[Address]
+    metrics: list[Address] = attrs.field(factory=list)
+    broker: Broker | None = attrs.field(default=None, eq=False, repr=False)
 
 
 async def serve(
@@ -69,6 +72,12 @@ async def serve(
                 serve_http, broker, connections, config.host, config.http_port
             )
             connections.listeners += [("http", host, port) for host, port in http]
+        metrics: list[Address] = []
+        if config.metrics_port is not None and config.metrics_port >= 0:
+            metrics = await broker_nursery.start(
+                serve_metrics, broker, connections, config.host, config.metrics_port
+            )
+            connections.listeners += [("http/prometheus", host, port) for host, port in metrics]
 
         async def handle(stream: trio.SocketStream) -> None:
             connection = AMQPConnection(broker, stream)
@@ -91,7 +100,7 @@ async def serve(
                         trio.serve_listeners, handle, listeners, handler_nursery=handler_nursery
                     )
                 )
-                task_status.started(Listening(addresses, http))
+                task_status.started(Listening(addresses, http, metrics, broker))
                 if shutdown is None:
                     await trio.sleep_forever()
                 await shutdown.wait()

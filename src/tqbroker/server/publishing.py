@@ -8,7 +8,8 @@ Responsibilities:
 - ``route``: replies to a direct reply-to address, sender-selected distribution (``CC`` and
   ``BCC`` headers; ``BCC`` removed before delivery), the exchange's routing, enqueueing; what a
   confirm must wait for, whether a queue refused the message, and the message to return when
-  it was ``mandatory`` and reached no queue.
+  it was ``mandatory`` and reached no queue; the exchange's and the channel's counters of it
+  (``broker/stats.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..broker.deadletter import parse_expiration
 from ..broker.exchange import Exchange
 from ..broker.queue import Queue
 from ..broker.reply_to import REPLY_TO, REPLY_TO_PREFIX
+from ..broker.stats import MessageStats
 from ..broker.vhost import VirtualHost
 from ..model import Message
 from ..protocol.errors import AMQPError, DecodeError, ReplyCode
@@ -85,12 +87,20 @@ def check_publish(
     return exchange, message
 
 
-def route(vhost: VirtualHost, exchange: Exchange, message: Message, mandatory: bool) -> Routed:
-    """Route and enqueue a message."""
+def route(
+    vhost: VirtualHost, exchange: Exchange, message: Message, mandatory: bool, stats: MessageStats
+) -> Routed:
+    """Route and enqueue a message; count it in the exchange's stats (``publish_in``, and
+    ``publish_out`` once per queue reached) and, when it reached none, in ``stats`` (the
+    publishing channel's ``return_unroutable`` or ``drop_unroutable``)."""
     waits: list[Wait] = []
     refused = False
+    exchange_stats = exchange.stats
+    exchange_stats.publish_in += 1
     if exchange is vhost.default_exchange and message.routing_key.startswith(REPLY_TO_PREFIX):
         routed = vhost.deliver_reply(message.routing_key, message)
+        if routed:
+            exchange_stats.publish_out += 1
     else:
         if message.properties_raw[0] & _HEADERS_FLAG_HIGH:
             # Sender-selected distribution: routed on CC and BCC keys too; BCC never delivered.
@@ -107,9 +117,17 @@ def route(vhost: VirtualHost, exchange: Exchange, message: Message, mandatory: b
                 _NO_PROPERTIES if exchange is vhost.default_exchange else message.properties,
             )
         waits, refused = vhost.enqueue(queues, message)
+        if queues:
+            exchange_stats.publish_out += len(queues)
         # A destination that holds the message to route it later (x-delayed-message) is not
         # a route yet: a mandatory message reaching only such is returned, as in RabbitMQ.
         routed = bool(queues) and (
             not mandatory or any(isinstance(queue, Queue) for queue in queues)
         )
-    return waits, refused, (message if not routed and mandatory else None)
+    if routed:
+        return waits, refused, None
+    if mandatory:
+        stats.return_unroutable += 1
+        return waits, refused, message
+    stats.drop_unroutable += 1
+    return waits, refused, None

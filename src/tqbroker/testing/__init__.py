@@ -29,6 +29,7 @@ from typing import IO
 import attrs
 import trio
 
+from ..broker.broker import Broker
 from ..config import BrokerConfig
 from ..server.listener import Listening, serve
 
@@ -38,6 +39,8 @@ class RunningBroker:
     host: str
     port: int
     http_port: int | None = None
+    metrics_port: int | None = None
+    broker: Broker | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -48,10 +51,21 @@ class RunningBroker:
         """The HTTP API's base URL (``http://127.0.0.1:PORT``)."""
         return f"http://{self.host}:{self.http_port}"
 
+    @property
+    def metrics_url(self) -> str:
+        """The metrics port's base URL (``http://127.0.0.1:PORT``)."""
+        return f"http://{self.host}:{self.metrics_port}"
+
     @classmethod
     def at(cls, listening: Listening) -> RunningBroker:
         host, port = listening.amqp[0]
-        return cls(host, port, listening.http[0][1] if listening.http else None)
+        return cls(
+            host,
+            port,
+            listening.http[0][1] if listening.http else None,
+            listening.metrics[0][1] if listening.metrics else None,
+            listening.broker,
+        )
 
 
 DURABLE_BACKEND_ENV = "TQBROKER_TEST_DURABLE_BACKEND"
@@ -137,6 +151,7 @@ def _run_in_thread(config: BrokerConfig) -> Iterator[RunningBroker]:
 # and the HTTP API's port.
 _STARTUP_LINE = re.compile(r"ready: listening on amqp://(\S+?):(\d+)(?:,|$)")
 _HTTP_PORT = re.compile(r"http://\S+?:(\d+)(?:,|$)")
+_METRICS_PORT = re.compile(r"metrics http://\S+?:(\d+)/metrics(?:,|$)")
 
 
 @attrs.frozen
@@ -148,6 +163,7 @@ class BrokerProcess:
     host: str
     port: int
     http_port: int | None = None
+    metrics_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -156,6 +172,10 @@ class BrokerProcess:
     @property
     def http_url(self) -> str:
         return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}"
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 30) -> int:
         """Ask for a graceful shutdown (SIGTERM, or ``signum``) and wait for the exit; returns
@@ -232,8 +252,13 @@ def start_broker_process(
     if match is None:
         raise _startup_failure(proc, line, timeout, stderr)
     http = _HTTP_PORT.search(line or "")
+    metrics = _METRICS_PORT.search(line or "")
     return BrokerProcess(
-        proc, match.group(1), int(match.group(2)), int(http.group(1)) if http else None
+        proc,
+        match.group(1),
+        int(match.group(2)),
+        int(http.group(1)) if http else None,
+        int(metrics.group(1)) if metrics else None,
     )
 
 

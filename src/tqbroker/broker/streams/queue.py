@@ -234,6 +234,7 @@ class StreamQueue(Queue):
     def publish(self, message: Message) -> Durability:
         """Append; the confirm waits for the backend's next flush (fsync'd per its policy)."""
         self.stream.append(message)  # OSError: the caller refuses the publish
+        self.stats.publish += 1
         if self.max_bytes is not None:
             self._wakeup.set()
         flusher = self.flusher

@@ -11,9 +11,11 @@ inside the broker's nursery. The management API will extend this same app.
 - HTTP Basic authentication against the broker's users and their vhost permissions
   (``auth.py``); request bodies, parameters and records read and checked (``inputs.py``);
 - every error is JSON with its status (``errors.py``);
+- Prometheus' ``/metrics``, ``/metrics/per-object``, ``/metrics/detailed`` (``metrics.py``,
+  ``metrics_routes.py``), here and on their own port (``serve_metrics``);
 - the app and ``serve_http`` (``app.py``).
 """
 
-from .app import create_app, serve_http
+from .app import create_app, serve_http, serve_metrics
 
-__all__ = ["create_app", "serve_http"]
+__all__ = ["create_app", "serve_http", "serve_metrics"]

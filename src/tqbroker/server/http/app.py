@@ -6,6 +6,7 @@ start protocol). ``GET /health`` is here: it needs no credentials.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import cast
 
 import hypercorn.config
@@ -20,6 +21,7 @@ from ...broker.broker import Broker
 from ..registry import Connections
 from .errors import EXCEPTION_HANDLERS
 from .health_routes import alarms, health, local_alarms
+from .metrics_routes import create_metrics_app, metrics, metrics_detailed, metrics_per_object
 from .mgmt_common import RawApiPaths
 from .mgmt_routes import MANAGEMENT_ROUTES
 from .record_routes import read_records, write_records
@@ -31,7 +33,7 @@ log = logging.getLogger(__name__)
 Address = tuple[str, int]
 
 
-def create_app(broker: Broker, connections: Connections | None = None) -> Starlette:
+def create_app(broker: Broker, connections: Connections) -> Starlette:
     """The ASGI app serving ``broker`` (and listing ``connections``, its AMQP connections)."""
     app = Starlette(
         routes=[
@@ -45,6 +47,9 @@ def create_app(broker: Broker, connections: Connections | None = None) -> Starle
             Route("/topics/{topic}/records", write_records, methods=["POST"]),
             Route("/topics/{topic}/partitions/{partition}/records", read_records),
             Route("/topics/{topic}/groups/{group}", group),
+            Route("/metrics", metrics),
+            Route("/metrics/per-object", metrics_per_object),
+            Route("/metrics/detailed", metrics_detailed),
             *MANAGEMENT_ROUTES,
             *UI_ROUTES,  # the web UI: / and /ui/{name}
         ],
@@ -52,8 +57,22 @@ def create_app(broker: Broker, connections: Connections | None = None) -> Starle
         middleware=[Middleware(RawApiPaths)],
     )
     app.state.broker = broker
-    app.state.connections = connections if connections is not None else Connections()
+    app.state.connections = connections
     return app
+
+
+async def serve_metrics(
+    broker: Broker,
+    connections: Connections,
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the Prometheus endpoints on their own port (``metrics_port``)."""
+    await serve_http(
+        broker, connections, host, port, make_app=create_metrics_app, task_status=task_status
+    )
 
 
 async def serve_http(
@@ -62,10 +81,11 @@ async def serve_http(
     host: str,
     port: int,
     *,
+    make_app: Callable[[Broker, Connections], Starlette] = create_app,
     task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the HTTP API on ``host:port`` until cancelled; ``nursery.start`` returns the bound
-    addresses."""
+    """Serve the HTTP API (or ``make_app``'s, e.g. the metrics port's) on ``host:port`` until
+    cancelled; ``nursery.start`` returns the bound addresses."""
     config = hypercorn.config.Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
@@ -73,9 +93,7 @@ async def serve_http(
     config.include_server_header = False
 
     async def started(*, task_status: trio.TaskStatus[list[str]]) -> None:
-        app = cast(
-            Framework, create_app(broker, connections)
-        )  # an ASGI app hypercorn's types don't know
+        app = cast(Framework, make_app(broker, connections))  # hypercorn's types: any ASGI app
         await hypercorn.trio.serve(app, config, task_status=task_status)
 
     async with trio.open_nursery() as nursery:

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from ...broker.consumer import Consumer
 from ...broker.queue import Queue
-from ...broker.stats import message_stats
+from ...broker.stats import io_stats, message_stats
 from ...recordbatch import json_value
 from ..channel import Channel
 from ..connection import AMQPConnection
@@ -68,11 +68,7 @@ def connection_json(entry: Registered, node: str) -> dict[str, Any]:
         "client_properties": json_value(dict(properties)),
         "user_provided_name": properties.get("connection_name"),
     }
-    stats = getattr(connection, "stats", None)
-    for field in ("recv_oct", "send_oct", "recv_cnt", "send_cnt"):
-        value = getattr(stats, field, None)
-        if isinstance(value, int):
-            found[field] = value
+    found.update(io_stats(connection.stats))
     return found
 
 
@@ -101,11 +97,9 @@ def channel_json(entry: Registered, channel: Channel, node: str) -> dict[str, An
         "transactional": channel.tx is not None,
         "messages_unacknowledged": len(channel.deliveries),
     }
-    stats = getattr(channel, "stats", None)
-    if stats is not None:
-        shown = message_stats(stats, CHANNEL_STATS)
-        if shown:
-            found["message_stats"] = shown
+    shown = message_stats(channel.stats, CHANNEL_STATS)
+    if shown:
+        found["message_stats"] = shown
     return found
 
 

@@ -169,7 +169,9 @@ async def publish(request: Request) -> Response:
         exchange = vhost.get_exchange(_name(request))
         raw = properties.encode()
         message = Message(exchange.name, routing_key, raw, payload, properties, clock.now_ms())
-        waits, refused, returned = route(vhost, exchange, message, True)
+        # Mandatory, as RabbitMQ's management plugin publishes: whether it was routed.
+        vhost.stats.publish += 1
+        waits, refused, returned = route(vhost, exchange, message, True, vhost.stats)
     except AMQPError as exc:
         raise bad_request(str(exc)) from None
     except (ValueError, OverflowError) as exc:
