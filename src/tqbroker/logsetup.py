@@ -29,10 +29,7 @@ ACCESS_LOGGER = "tqbroker.http.access"
 def formatter(log_format: str) -> logging.Formatter:
     """The formatter of ``log_format`` (``text`` or ``json``)."""
     if log_format == "json":
-        try:
-            from pythonjsonlogger.json import JsonFormatter
-        except ImportError:  # python-json-logger < 3
-            from pythonjsonlogger.jsonlogger import JsonFormatter  # type: ignore[no-redef]
+        from pythonjsonlogger.json import JsonFormatter  # imported only when wanted
         return JsonFormatter(
             "%(levelname)s %(name)s %(message)s",
             rename_fields={"levelname": "level", "name": "logger"},

@@ -18,10 +18,10 @@ import functools
 import inspect
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -48,7 +48,7 @@ def parse_setting(key: str, text: str, source: str) -> object:
     try:
         value = _parse(key, field.type, text.strip())
         if field.converter is not None and value is not None:
-            value = field.converter(value)  # type: ignore[call-arg]
+            value = cast(Callable[[object], object], field.converter)(value)
         if field.validator is not None:
             field.validator(None, field, value)
     except ValueError as exc:

@@ -58,7 +58,14 @@ async def serve_http(
     addresses."""
     config = hypercorn.config.Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.accesslog = None
+    # The access log (``http_access_log``, off by default): a logger of ours, so it goes where
+    # and how the broker logs (logsetup.py); hypercorn's atoms, never a credential header.
+    if broker.config.http_access_log:
+        config.accesslog = logging.getLogger("tqbroker.http.access")
+        config.accesslog.addFilter(_responded)
+        config.access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss "%(a)s"'
+    else:
+        config.accesslog = None
     config.errorlog = log
     config.include_server_header = False
 
@@ -75,3 +82,9 @@ def _address(bind: str) -> Address:
     """``("127.0.0.1", 15672)`` from hypercorn's ``http://127.0.0.1:15672``."""
     host, _, port = bind.removeprefix("http://").rpartition(":")
     return host.strip("[]"), int(port)
+
+
+def _responded(record: logging.LogRecord) -> bool:
+    """Drop hypercorn's second line for a request whose client closed the stream (status
+    ``-``, logged besides the real one, sometimes before it)."""
+    return not (isinstance(record.args, dict) and record.args.get("s") == "-")
