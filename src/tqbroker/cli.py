@@ -193,13 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(to_toml(config), end="")
             return 0
-        check_data_dir(config.data_dir)
         try:
             configure_logging(config)
         except OSError as exc:
             raise SettingError(
                 "log_file", f"cannot open {config.log_file}: {exc.strerror}"
             ) from None
+        check_data_dir(config.data_dir)
     except (ConfigError, ValueError) as exc:
         print(f"tqbroker: {exc}", file=sys.stderr)
         return CONFIG_ERROR
