@@ -180,8 +180,15 @@ class ConfigError(Exception):
 _converter = cattrs.Converter(forbid_extra_keys=True)
 _converter.register_structure_hook(Path, lambda value, _type: Path(value))
 _converter.register_structure_hook(float | str, lambda value, _type: _limit_value(value))
-for _type in (int, float):
-    _converter.register_structure_hook(_type, lambda value, type_: _number(value, type_))
+_converter.register_structure_hook(int, lambda value, _type: _number(value, int))
+_converter.register_structure_hook(float, lambda value, _type: _number(value, float))
+_converter.register_structure_hook(bool, lambda value, _type: _boolean(value))
+
+
+def _boolean(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
 
 
 def _number(value: object, type_: type[Any]) -> Any:

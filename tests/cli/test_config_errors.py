@@ -116,6 +116,13 @@ CASES = {
     ),
     "fsync flag": (["--fsync", "sometimes"], {}, None, "--fsync: fsync policy must be one of"),
     "unknown key": ([], {}, "prot = 5672", "extra fields found (prot)"),
+    "a fractional port": ([], {}, "port = 5.5", "expected int @ $.port"),
+    "a number for a switch": (
+        [],
+        {},
+        "keep_unloadable_definitions = 1",
+        "expected bool @ $.keep_unloadable_definitions",
+    ),
     "log file in a missing directory": (
         ["--log-file", "missing/tqbroker.log"],
         {},
