@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tqbroker.cli import main
+
 # (flags, environment, config file, the error line after "tqbroker: ")
 CASES = {
     "port too high": (
@@ -142,7 +144,7 @@ def run_broker(
         env={**environ, **(env or {})},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=30,
     )
 
 
@@ -155,15 +157,51 @@ def assert_config_error(done: subprocess.CompletedProcess[str], expected: str) -
     assert expected in done.stderr
 
 
-@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+# The issue's own examples run as a user runs them; the others through ``main`` in this
+# process (the same code from the flags on, and quicker).
+AS_A_USER = (
+    "port too high",
+    "negative port",
+    "http_port = -1 in the file",
+    "negative heartbeat",
+    "tiny frame_max",
+    "negative channel_max",
+    "negative max_message_size",
+    "environment port",
+    "backend option value",
+)
+
+
+@pytest.mark.parametrize("case", AS_A_USER)
 def test_a_bad_value_is_one_line_naming_the_setting(tmp_path: Path, case: str) -> None:
     flags, env, config, expected = CASES[case]
     if config is not None:
         (tmp_path / "tqbroker.toml").write_text(config + "\n")
         flags = ["--config", "tqbroker.toml", *flags]
-    done = run_broker(tmp_path, ["--port", "0", *flags] if "--port" not in flags else flags, env)
+    elif "--port" not in flags and "TQBROKER_PORT" not in env:
+        flags = ["--port", "0", *flags]  # should it start after all: not on 5672
+    done = run_broker(tmp_path, flags, env)
     assert_config_error(done, expected)
     assert not (tmp_path / "tqbroker-data").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case not in AS_A_USER])
+def test_other_bad_values_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    flags, env, config, expected = CASES[case]
+    monkeypatch.chdir(tmp_path)
+    for name in [name for name in os.environ if name.startswith("TQBROKER_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if config is not None:
+        (tmp_path / "tqbroker.toml").write_text(config + "\n")
+        flags = ["--config", "tqbroker.toml", *flags]
+    status = main(flags)
+    out, err = capsys.readouterr()
+    assert_config_error(subprocess.CompletedProcess(flags, status, out, err), expected)
+    assert not (tmp_path / "tqbroker-data").exists()
 
 
 def test_the_flag_error_is_exactly_one_line(tmp_path: Path) -> None:
