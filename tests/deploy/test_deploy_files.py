@@ -140,19 +140,19 @@ def test_the_dockerfile_installs_the_checkout_and_runs_the_broker_unprivileged()
 
 def test_what_the_dockerfile_copies_is_enough_to_build_the_package(tmp_path: Path) -> None:
     """The build context the image sees (what COPY takes) builds the wheel with the broker."""
-    context = tmp_path / "context"
+    context = tmp_path / "context"  # the WORKDIR where ``pip install .`` runs
     for keyword, args in instructions(DOCKERFILE.read_text()):
-        if keyword == "COPY":
-            *sources, _ = args.split()
+        if keyword == "COPY":  # Docker's rules: a directory's contents go into the target
+            *sources, target = args.split()
+            into = context / target
             for source in sources:
-                target = context / source
                 if (ROOT / source).is_dir():
-                    shutil.copytree(
-                        ROOT / source, target, ignore=shutil.ignore_patterns("__pycache__")
-                    )
+                    ignore = shutil.ignore_patterns("__pycache__")
+                    shutil.copytree(ROOT / source, into, ignore=ignore, dirs_exist_ok=True)
                 else:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy(ROOT / source, target)
+                    copy = into / source if target.endswith("/") or len(sources) > 1 else into
+                    copy.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(ROOT / source, copy)
     done = subprocess.run(
         [
             sys.executable,
