@@ -30,6 +30,7 @@ def formatter(log_format: str) -> logging.Formatter:
     """The formatter of ``log_format`` (``text`` or ``json``)."""
     if log_format == "json":
         from pythonjsonlogger.json import JsonFormatter  # imported only when wanted
+
         return JsonFormatter(
             "%(levelname)s %(name)s %(message)s",
             rename_fields={"levelname": "level", "name": "logger"},

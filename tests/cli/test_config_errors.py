@@ -245,7 +245,7 @@ def test_an_unwritable_data_directory() -> None:
     assert_config_error(done, f"data_dir: {data} is not writable: Permission denied")
 
 
-def _unprivileged_user() -> dict[str, int]:
+def _unprivileged_user() -> dict[str, object]:
     return {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
 
 
