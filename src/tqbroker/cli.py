@@ -125,9 +125,11 @@ async def run(config: BrokerConfig) -> None:
             [f"amqp://{host}:{port}" for host, port in listening.amqp]
             + [f"http://{host}:{port}" for host, port in listening.http]
         )
-        print(f"tqbroker {__version__} ready: listening on {bound}", flush=True)
-        notify(f"READY=1\nSTATUS=listening on {bound}\nMAINPID={os.getpid()}")
+        # Handle the signals before saying "ready": a SIGTERM right after READY=1 (a service
+        # manager stopping what it just started) is a graceful shutdown, not a kill.
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            print(f"tqbroker {__version__} ready: listening on {bound}", flush=True)
+            notify(f"READY=1\nSTATUS=listening on {bound}\nMAINPID={os.getpid()}")
             async for signum in signals:
                 logging.getLogger("tqbroker").info(
                     "received %s: shutting down", signal.Signals(signum).name

@@ -88,6 +88,15 @@ def _upper(value: object) -> object:
 _port = _between(0, MAX_PORT)
 
 
+def _frame_max(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    _between(0, MAX_FRAME_MAX)(instance, attribute, value)
+    if 0 < value < FRAME_MIN_SIZE:
+        raise SettingError(
+            attribute.name,
+            f"must be 0 (no limit) or between {FRAME_MIN_SIZE} and {MAX_FRAME_MAX} (got {value})",
+        )
+
+
 @attrs.frozen
 class UserConfig:
     name: str
@@ -119,7 +128,8 @@ class BrokerConfig:
     users: tuple[UserConfig, ...] = (UserConfig("guest", "guest", loopback_only=True),)
     # Offered in connection.tune (RabbitMQ's defaults and limits).
     channel_max: int = attrs.field(default=2047, validator=_between(0, MAX_PORT))
-    frame_max: int = attrs.field(default=131072, validator=_between(FRAME_MIN_SIZE, MAX_FRAME_MAX))
+    # 0 = no limit (the spec's, as RabbitMQ's frame_max = 0).
+    frame_max: int = attrs.field(default=131072, validator=_frame_max)
     heartbeat: int = attrs.field(default=60, validator=_between(0, MAX_PORT))
     max_message_size: int = attrs.field(
         default=16 * 1024 * 1024, validator=_between(1, MAX_MESSAGE_SIZE)

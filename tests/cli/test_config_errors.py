@@ -47,7 +47,7 @@ CASES = {
         [],
         {},
         "frame_max = 10",
-        "frame_max: must be between 4096 and 4294967295 (got 10)",
+        "frame_max: must be 0 (no limit) or between 4096 and 4294967295 (got 10)",
     ),
     "negative channel_max": (
         [],

@@ -74,11 +74,12 @@ def test_ports_turn_off_in_a_file(tmp_path: Path, off: str) -> None:
 def test_python_callers_are_refused_too() -> None:
     with pytest.raises(SettingError, match=r"^port: must be between 0 and 65535 \(got 70000\)$"):
         BrokerConfig(port=70000)
-    with pytest.raises(SettingError, match=r"^frame_max: must be between 4096"):
+    with pytest.raises(SettingError, match=r"^frame_max: must be 0 \(no limit\) or between 4096"):
         BrokerConfig(frame_max=4095)
     with pytest.raises(SettingError, match=r"^heartbeat: "):
         BrokerConfig(heartbeat=-1)
     assert BrokerConfig(frame_max=4096, channel_max=0, heartbeat=0).frame_max == 4096
+    assert BrokerConfig(frame_max=0).frame_max == 0  # no limit, as the spec says
     assert BrokerConfig(log_level="debug").log_level == "DEBUG"
 
 
