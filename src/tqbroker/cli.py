@@ -89,6 +89,8 @@ CONFIG_ERROR = 2
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tqbroker",
+        # No abbreviations: the tools' own flags (``--http``) are not prefixes of ours.
+        allow_abbrev=False,
         description="Run a tqbroker broker (no COMMAND), or talk to a running one (a COMMAND). "
         "Every setting can also come from the config file or a TQBROKER_<KEY> environment "
         "variable (flags win over variables, variables over the file).",
