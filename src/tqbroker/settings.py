@@ -60,6 +60,8 @@ def parse_setting(key: str, text: str, source: str) -> object:
 def _parse(key: str, type_: object, text: str) -> object:
     if key in OFF_KEYS and text.lower() == "off":
         return None
+    if type_ == Path | None and not text:
+        return None  # TQBROKER_LOG_FILE= : not set
     if type_ in (int, int | None):
         try:
             return int(text, 10)
@@ -83,6 +85,9 @@ def _parse(key: str, type_: object, text: str) -> object:
 def environment_settings(environ: Mapping[str, str]) -> dict[str, object]:
     """The settings given as ``TQBROKER_<KEY>`` variables (other ``TQBROKER_*`` variables, such
     as the test suite's, are not settings and are left alone)."""
+    for key in FILE_ONLY:
+        if ENV_PREFIX + key.upper() in environ:
+            raise SettingError(ENV_PREFIX + key.upper(), f"{key} come from the config file only")
     return {
         key: parse_setting(key, environ[ENV_PREFIX + key.upper()], ENV_PREFIX + key.upper())
         for key in _fields()

@@ -104,6 +104,12 @@ CASES = {
         None,
         "TQBROKER_HTTP_ACCESS_LOG: must be true or false (got 'maybe')",
     ),
+    "a table from the environment": (
+        [],
+        {"TQBROKER_USERS": "app:secret"},
+        None,
+        "TQBROKER_USERS: users come from the config file only",
+    ),
     "backend option value": (
         [],
         {},
