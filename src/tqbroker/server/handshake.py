@@ -117,9 +117,13 @@ class Handshake:
         }
 
     def log_accepted(self) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
         log.info("accepting AMQP connection %s", self.label(), extra=self.log_fields())
 
     def log_closed(self) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
         duration = round(time.monotonic() - self._accepted_at, 3)
         known = (
             f", vhost: '{self.vhost_name}', user: '{self.user.name}'"
