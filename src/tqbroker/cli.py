@@ -25,7 +25,6 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-import attrs
 import trio
 
 from ._version import __version__
@@ -157,16 +156,14 @@ def effective_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Br
     path = args.config or (
         Path(environ["TQBROKER_CONFIG"]) if environ.get("TQBROKER_CONFIG") else None
     )
-    config = resolve(path, environ, flags)
+    backend_flags = {}
     if args.fsync is not None:
         try:
             parse_fsync_policy(args.fsync)
         except ValueError as exc:
             raise SettingError("--fsync", str(exc)) from None
-        options = {name: dict(values) for name, values in config.backend_options.items()}
-        options.setdefault("log", {})["fsync"] = args.fsync
-        config = attrs.evolve(config, backend_options=options)
-    return config
+        backend_flags["log"] = {"fsync": args.fsync}
+    return resolve(path, environ, flags, backend_flags)
 
 
 def check_data_dir(path: Path) -> None:
@@ -201,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             configure_logging(config)
         except OSError as exc:
             raise SettingError(
-                "log_file", f"cannot open {config.log_file}: {exc.strerror}"
+                "log_file", f"cannot open {config.log_file}: {exc.strerror or exc}"
             ) from None
         check_data_dir(config.data_dir)
     except (ConfigError, ValueError) as exc:

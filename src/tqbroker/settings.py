@@ -96,12 +96,21 @@ def environment_settings(environ: Mapping[str, str]) -> dict[str, object]:
 
 
 def resolve(
-    path: Path | None, environ: Mapping[str, str], flags: Mapping[str, object]
+    path: Path | None,
+    environ: Mapping[str, str],
+    flags: Mapping[str, object],
+    backend_flags: Mapping[str, Mapping[str, object]] | None = None,
 ) -> BrokerConfig:
     """The effective configuration: ``flags`` (already parsed) over ``environ`` over the file
-    over the defaults. Raises ``SettingError`` (a bad variable or flag) or ``ConfigError``."""
+    over the defaults; ``backend_flags`` over the file's options of each backend (``--fsync``).
+    Raises ``SettingError`` (a bad variable or flag) or ``ConfigError``."""
     overrides = {**environment_settings(environ), **flags}
     config = load_config(path, **overrides) if path else BrokerConfig(**overrides)  # type: ignore[arg-type]
+    if backend_flags:
+        options = {name: dict(values) for name, values in config.backend_options.items()}
+        for name, values in backend_flags.items():
+            options.setdefault(name, {}).update(values)
+        config = attrs.evolve(config, backend_options=options)
     check_backend_options(config.backend_options)
     return config
 

@@ -86,3 +86,10 @@ def test_python_callers_are_refused_too() -> None:
 def test_log_level_in_any_case(tmp_path: Path) -> None:
     shown = tomllib.loads(print_config(tmp_path, "--log-level", "debug").stdout)
     assert shown["log_level"] == "DEBUG"
+
+
+def test_the_fsync_flag_beats_the_files_backend_option(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text('[backend_options.log]\nfsync = "sometimes"\n')
+    done = print_config(tmp_path, "--config", "c.toml", "--fsync", "never")
+    assert done.returncode == 0, done.stderr
+    assert tomllib.loads(done.stdout)["backend_options"] == {"log": {"fsync": "never"}}
