@@ -18,6 +18,7 @@ from zipfile import ZipFile
 
 import pytest
 
+from tqbroker.sdnotify import notify
 from tqbroker.testing import start_broker_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,3 +219,13 @@ def test_the_image_builds_and_prints_its_config(tmp_path: Path) -> None:
         assert whoami.stdout.strip() != "0"
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
+def test_notify_without_a_manager_or_with_a_missing_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert notify("READY=1") is False  # not under systemd: nothing to do, nothing said
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "gone"))
+    assert notify("READY=1") is False
+    assert "cannot notify systemd through" in caplog.text
