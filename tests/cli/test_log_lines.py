@@ -101,6 +101,8 @@ def test_json_lines_of_a_connection_a_refused_login_and_http_requests(
     access = [line for line in lines if line["logger"] == "tqbroker.http.access"]
     assert len(access) == 1  # one line per request
     assert '"GET /health 1.1" 200 ' in access[0]["message"]
+    assert (access[0]["method"], access[0]["path"], access[0]["status"]) == ("GET", "/health", 200)
+    assert access[0]["peer"].startswith("127.0.0.1:")
 
 
 def test_text_lines_on_stderr_by_default_and_no_access_log(

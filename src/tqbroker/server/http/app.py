@@ -86,5 +86,12 @@ def _address(bind: str) -> Address:
 
 def _responded(record: logging.LogRecord) -> bool:
     """Drop hypercorn's second line for a request whose client closed the stream (status
-    ``-``, logged besides the real one, sometimes before it)."""
-    return not (isinstance(record.args, dict) and record.args.get("s") == "-")
+    ``-``, logged besides the real one, sometimes before it); give the others their fields
+    (``peer``, ``method``, ``path``, ``status``, ``duration_s``: keys in JSON logs)."""
+    atoms = record.args
+    if not isinstance(atoms, dict) or atoms.get("s") == "-":
+        return False
+    record.peer, record.method, record.path = atoms.get("h"), atoms.get("m"), atoms.get("U")
+    record.status = int(atoms["s"]) if str(atoms.get("s")).isdigit() else None
+    record.duration_s = round(float(atoms.get("L") or 0), 6)
+    return True
