@@ -9,7 +9,8 @@ Responsibilities:
   ``--print-config`` prints the result as TOML;
 - logging as configured (``logsetup.py``); one startup line naming the bound address, and
   ``READY=1`` to systemd (``sdnotify.py``);
-- SIGINT / SIGTERM: ``STOPPING=1``, graceful shutdown within the configured deadline, exit 0.
+- SIGINT / SIGTERM: ``STOPPING=1``, graceful shutdown within the configured deadline, exit 0;
+  SIGHUP reopens the log file (it does not stop the broker).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .broker.definitions import StartupError
 from .commands import add_commands, run_command
 from .config import BrokerConfig, ConfigError, SettingError
 from .fsutil import make_dirs
-from .logsetup import configure_logging
+from .logsetup import configure_logging, reopen_log_file
 from .sdnotify import notify
 from .server.listener import serve
 from .settings import parse_setting, resolve, to_toml
@@ -128,10 +129,13 @@ async def run(config: BrokerConfig) -> None:
         )
         # Handle the signals before saying "ready": a SIGTERM right after READY=1 (a service
         # manager stopping what it just started) is a graceful shutdown, not a kill.
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             print(f"tqbroker {__version__} ready: listening on {bound}", flush=True)
             notify(f"READY=1\nSTATUS=listening on {bound}\nMAINPID={os.getpid()}")
             async for signum in signals:
+                if signum == signal.SIGHUP:  # a logrotate postrotate habit: not a kill
+                    reopen_log_file()
+                    continue
                 logging.getLogger("tqbroker").info(
                     "received %s: shutting down", signal.Signals(signum).name
                 )

@@ -9,7 +9,8 @@
   the broker reopens it on its next line: no ``copytruncate`` (which loses lines), no signal to
   send, no two rotators fighting over one file. With ``log_max_bytes`` > 0 the broker rotates
   the file itself instead (``RotatingFileHandler``, ``log_backups`` old files), for hosts
-  without logrotate.
+  without logrotate. SIGHUP (a ``postrotate`` habit) reopens the file rather than stopping
+  the broker.
 """
 
 from __future__ import annotations
@@ -63,3 +64,12 @@ def configure_logging(config: BrokerConfig) -> None:
         old.close()
     root.addHandler(chosen)
     root.setLevel(config.log_level)
+
+
+def reopen_log_file() -> None:
+    """SIGHUP: reopen the log file now (a ``postrotate`` script may send it; the watched file
+    is reopened on the next line anyway) and say so."""
+    for chosen in logging.getLogger().handlers:
+        if isinstance(chosen, logging.handlers.WatchedFileHandler):
+            chosen.reopenIfNeeded()
+    logging.getLogger("tqbroker").info("received SIGHUP: log file reopened")

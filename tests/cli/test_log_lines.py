@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -127,6 +128,8 @@ def test_logrotate_renames_the_file_and_the_broker_follows(
         pika.BlockingConnection(pika.URLParameters(running.url)).close()
         wait_for(log, "closing AMQP connection")
         log.rename(tmp_path / "broker.log.1")  # what logrotate does (no copytruncate)
+        running.proc.send_signal(signal.SIGHUP)  # a postrotate habit: it must not stop it
+        assert "received SIGHUP: log file reopened" in wait_for(log, "SIGHUP")
         pika.BlockingConnection(pika.URLParameters(running.url)).close()
         content = wait_for(log, "closing AMQP connection")
         assert running.stop() == 0
