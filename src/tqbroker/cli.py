@@ -2,10 +2,15 @@
 ``python -m tqbroker create-topic|produce|consume ...`` talk to a running one (``commands.py``).
 
 Responsibilities:
-- parse flags into a ``BrokerConfig`` (embedded defaults: 127.0.0.1:5672, HTTP API on 15672,
-  ./tqbroker-data, guest/guest from loopback only, vhost ``/``);
-- print one startup line naming the bound address;
-- SIGINT / SIGTERM: graceful shutdown within the configured deadline, exit status 0.
+- flags over ``TQBROKER_*`` variables over the config file over the embedded defaults
+  (127.0.0.1:5672, HTTP API on 15672, ./tqbroker-data, guest/guest from loopback only, vhost
+  ``/``) into a ``BrokerConfig`` (``settings.py``); any bad value, a data directory the broker
+  cannot write or a log file it cannot open: one line naming the setting, exit status 2;
+  ``--print-config`` prints the result as TOML;
+- logging as configured (``logsetup.py``); one startup line naming the bound address, and
+  ``READY=1`` to systemd (``sdnotify.py``);
+- SIGINT / SIGTERM: ``STOPPING=1``, graceful shutdown within the configured deadline, exit 0;
+  SIGHUP reopens the log file (it does not stop the broker).
 """
 
 from __future__ import annotations
@@ -13,75 +18,99 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import resource
 import signal
 import sys
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-import attrs
 import trio
 
 from ._version import __version__
 from .backends.log import parse_fsync_policy
 from .broker.definitions import StartupError
 from .commands import add_commands, run_command
-from .config import BrokerConfig, ConfigError, load_config
+from .config import BrokerConfig, ConfigError, SettingError
 from .fsutil import make_dirs
+from .logsetup import configure_logging, reopen_log_file
+from .sdnotify import notify
 from .server.listener import serve
+from .settings import parse_setting, resolve, to_toml
 
 GC_THRESHOLDS = (20_000, 5, 10)
+
+
+# Flags that set a BrokerConfig key: (flag, key); each is parsed and range-checked as the
+# key's environment variable is (settings.parse_setting), its error naming the flag.
+SETTING_FLAGS = (
+    ("--host", "host"),
+    ("--port", "port"),
+    ("--http-port", "http_port"),
+    ("--metrics-port", "metrics_port"),
+    ("--definitions", "load_definitions"),
+    ("--data-dir", "data_dir"),
+    ("--durable-backend", "durable_backend"),
+    ("--memory-high-watermark", "memory_high_watermark"),
+    ("--disk-free-limit", "disk_free_limit"),
+    ("--keep-unloadable-definitions", "keep_unloadable_definitions"),
+    ("--log-level", "log_level"),
+    ("--log-format", "log_format"),
+    ("--log-file", "log_file"),
+    ("--http-access-log", "http_access_log"),
+)
+HELP = {
+    "--host": "address to listen on (127.0.0.1)",
+    "--port": "AMQP port, 0 = ephemeral (5672)",
+    "--http-port": "HTTP API port, 0 = ephemeral, off (or -1) = no HTTP API (15672)",
+    "--metrics-port": "Prometheus metrics port, 0 = ephemeral, off (or -1) = none (15692)",
+    "--definitions": "a definitions file (RabbitMQ's JSON) to import at boot (load_definitions)",
+    "--data-dir": "where data lives (./tqbroker-data)",
+    "--durable-backend": "storage of durable queues: log (default), rocksdb, or any installed "
+    "backend",
+    "--memory-high-watermark": "block publishers while the broker's memory is over this: a "
+    "fraction of RAM (or of the cgroup limit) such as 0.4 (default), or a size such as 512MiB",
+    "--disk-free-limit": "block publishers while the data directory's free disk space is under "
+    "this: a size such as 50MB (default) or 2GiB, or a multiple of RAM such as 1.0",
+    "--keep-unloadable-definitions": "start even if a stored exchange's type does not load or a "
+    "stored queue's arguments no longer validate, keeping them dormant (default: refuse)",
+    "--log-level": "DEBUG, INFO (default), WARNING, ERROR or CRITICAL, in any case",
+    "--log-format": "text (default) or json (one object per line)",
+    "--log-file": "log to this file (reopened when logrotate moves it) instead of stderr",
+    "--http-access-log": "log every HTTP API request (off by default)",
+}
+SWITCHES = ("--keep-unloadable-definitions", "--http-access-log")
+# The exit status of a configuration error (a flag, a variable, the file, the data directory),
+# as argparse's; 1 is a broker that could not start (a port in use...).
+CONFIG_ERROR = 2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tqbroker",
-        description="Run a tqbroker broker (no COMMAND), or talk to a running one (a COMMAND).",
-    )
-    parser.add_argument("--config", type=Path, help="a TOML configuration file (optional)")
-    parser.add_argument("--host", help="address to listen on (127.0.0.1)")
-    parser.add_argument("--port", type=int, help="AMQP port, 0 = ephemeral (5672)")
-    parser.add_argument(
-        "--http-port", type=int, help="HTTP API port, 0 = ephemeral, -1 = off (15672)"
+        # No abbreviations: the tools' own flags (``--http``) are not prefixes of ours.
+        allow_abbrev=False,
+        description="Run a tqbroker broker (no COMMAND), or talk to a running one (a COMMAND). "
+        "Every setting can also come from the config file or a TQBROKER_<KEY> environment "
+        "variable (flags win over variables, variables over the file).",
     )
     parser.add_argument(
-        "--metrics-port",
-        type=int,
-        help="Prometheus metrics port, 0 = ephemeral, -1 = off (15692)",
+        "--config", type=Path, help="a TOML configuration file (optional; or TQBROKER_CONFIG)"
     )
-    parser.add_argument(
-        "--definitions",
-        type=Path,
-        help="a definitions file (RabbitMQ's JSON) to import at boot (load_definitions)",
-    )
-    parser.add_argument("--data-dir", help="where data lives (./tqbroker-data)")
-    parser.add_argument(
-        "--durable-backend",
-        help="storage of durable queues: log (default), rocksdb, or any installed backend",
-    )
+    for flag, key in SETTING_FLAGS:
+        if flag in SWITCHES:
+            parser.add_argument(flag, dest=key, action="store_true", default=None, help=HELP[flag])
+        else:
+            parser.add_argument(flag, dest=key, metavar=key.upper(), help=HELP[flag])
     parser.add_argument(
         "--fsync",
         help="log backend: batch (default: fsync before confirming), interval:<ms>, or never",
     )
     parser.add_argument(
-        "--memory-high-watermark",
-        help="block publishers while the broker's memory is over this: a fraction of RAM (or of "
-        "the cgroup limit) such as 0.4 (default), or a size such as 512MiB",
-    )
-    parser.add_argument(
-        "--disk-free-limit",
-        help="block publishers while the data directory's free disk space is under this: a "
-        "size such as 50MB (default) or 2GiB, or a multiple of RAM such as 1.0",
-    )
-    parser.add_argument(
-        "--keep-unloadable-definitions",
+        "--print-config",
         action="store_true",
-        default=None,
-        help="start even if a stored exchange's type does not load or a stored queue's "
-        "arguments no longer validate, keeping them dormant (default: refuse to start)",
-    )
-    parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+        help="print the effective configuration as TOML (passwords redacted) and exit",
     )
     parser.add_argument("--version", action="version", version=f"tqbroker {__version__}")
     add_commands(parser.add_subparsers(title="tools for a running broker", metavar="COMMAND"))
@@ -99,60 +128,87 @@ async def run(config: BrokerConfig) -> None:
             + [f"http://{host}:{port}" for host, port in listening.http]
             + [f"metrics http://{host}:{port}/metrics" for host, port in listening.metrics]
         )
-        print(f"tqbroker {__version__} ready: listening on {bound}", flush=True)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        # Handle the signals before saying "ready": a SIGTERM right after READY=1 (a service
+        # manager stopping what it just started) is a graceful shutdown, not a kill.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            print(f"tqbroker {__version__} ready: listening on {bound}", flush=True)
+            notify(f"READY=1\nSTATUS=listening on {bound}\nMAINPID={os.getpid()}")
             async for signum in signals:
+                if signum == signal.SIGHUP:  # a logrotate postrotate habit: not a kill
+                    reopen_log_file()
+                    continue
                 logging.getLogger("tqbroker").info(
                     "received %s: shutting down", signal.Signals(signum).name
                 )
+                notify("STOPPING=1\nSTATUS=shutting down")
                 shutdown.set()
                 break
+
+
+def effective_config(args: argparse.Namespace, environ: Mapping[str, str]) -> BrokerConfig:
+    """The configuration from the defaults, the file, the environment and the flags (each
+    a layer over the previous one). Raises ``ValueError`` with one line naming the setting."""
+    flags: dict[str, object] = {}
+    for flag, key in SETTING_FLAGS:
+        text = getattr(args, key)
+        if text is None:
+            continue
+        if text is True:
+            text = "true"
+        if key in ("http_port", "metrics_port") and text == "-1":
+            text = "off"  # the flags' "off" before there was one
+        flags[key] = parse_setting(key, text, flag)
+    path = args.config or (
+        Path(environ["TQBROKER_CONFIG"]) if environ.get("TQBROKER_CONFIG") else None
+    )
+    backend_flags = {}
+    if args.fsync is not None:
+        try:
+            parse_fsync_policy(args.fsync)
+        except ValueError as exc:
+            raise SettingError("--fsync", str(exc)) from None
+        backend_flags["log"] = {"fsync": args.fsync}
+    return resolve(path, environ, flags, backend_flags)
+
+
+def check_data_dir(path: Path) -> None:
+    """Create the data directory if needed and make sure the broker can write there: a file in
+    the way, or a directory the broker may not write to, is a ``SettingError``."""
+    for existing in (path, *path.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                raise SettingError("data_dir", f"{existing} is a file, not a directory")
+            break
+    try:
+        make_dirs(path)
+    except OSError as exc:
+        raise SettingError("data_dir", f"cannot create {path}: {exc.strerror or exc}") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise SettingError("data_dir", f"{path} is not writable: {exc.strerror or exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if hasattr(args, "command"):
         return run_command(args)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    overrides: dict[str, Any] = {
-        key: value
-        for key, value in (
-            ("host", args.host),
-            ("port", args.port),
-            ("data_dir", args.data_dir),
-            ("durable_backend", args.durable_backend),
-            ("keep_unloadable_definitions", args.keep_unloadable_definitions),
-            ("memory_high_watermark", args.memory_high_watermark),
-            ("disk_free_limit", args.disk_free_limit),
-            ("load_definitions", args.definitions),
-        )
-        if value is not None
-    }
-    if args.http_port is not None:
-        overrides["http_port"] = None if args.http_port < 0 else args.http_port
-    if args.metrics_port is not None:
-        overrides["metrics_port"] = None if args.metrics_port < 0 else args.metrics_port
     try:
-        config = load_config(args.config, **overrides) if args.config else BrokerConfig(**overrides)
+        config = effective_config(args, os.environ)
+        if args.print_config:
+            print(to_toml(config), end="")
+            return 0
+        try:
+            configure_logging(config)
+        except OSError as exc:
+            raise SettingError(
+                "log_file", f"cannot open {config.log_file}: {exc.strerror or exc}"
+            ) from None
+        check_data_dir(config.data_dir)
     except (ConfigError, ValueError) as exc:
         print(f"tqbroker: {exc}", file=sys.stderr)
-        return 2
-    if args.fsync is not None:
-        try:
-            parse_fsync_policy(args.fsync)
-        except ValueError as exc:
-            print(f"tqbroker: --fsync: {exc}", file=sys.stderr)
-            return 2
-        options = {name: dict(values) for name, values in config.backend_options.items()}
-        options.setdefault("log", {})["fsync"] = args.fsync
-        config = attrs.evolve(config, backend_options=options)
-    try:
-        make_dirs(config.data_dir)
-    except OSError as exc:
-        print(f"tqbroker: cannot start: cannot create the data directory: {exc}", file=sys.stderr)
-        return 1
+        return CONFIG_ERROR
     _raise_open_file_limit()
     # The ~35,000 objects of the imported modules are never garbage: leaving them out of the
     # garbage collector's full collections shortens each pause by ~4 ms.

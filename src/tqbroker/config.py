@@ -1,11 +1,15 @@
 """Broker configuration with embedded defaults: no file is needed to start.
 
 Responsibilities:
-- ``BrokerConfig``: listen address, data directory, protocol limits, timeouts, storage and the
-  initial users and vhosts, each with the default a RabbitMQ user expects;
+- ``BrokerConfig``: listen address, data directory, protocol limits, timeouts, storage, logging
+  and the initial users and vhosts, each with the default a RabbitMQ user expects; every value is
+  range-checked by an attrs validator (``SettingError`` names the key), so ``BrokerConfig(...)``
+  in Python refuses nonsense as the command line does;
 - ``load_config``: read a TOML file (keys as the attribute names, ``[[users]]`` tables,
   ``[backend_options.log]`` sections) into a ``BrokerConfig``, with clear errors for unknown keys
-  and wrong types (cattrs does the structuring).
+  and wrong types (cattrs does the structuring). Ports that can be turned off (and
+  ``consumer_timeout_ms``) take ``"off"`` or ``false`` in a file, as TOML has no null.
+  Environment variables and flags are layered on top in ``settings.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +21,80 @@ from typing import Any
 
 import attrs
 import cattrs
+from cattrs.v import format_exception
 
 from .resources import parse_limit
+
+MAX_PORT = 65535
+# RabbitMQ's limits: the smallest frame_max (FRAME_MIN_SIZE in the spec), the largest message.
+FRAME_MIN_SIZE = 4096
+MAX_FRAME_MAX = 2**32 - 1
+MAX_MESSAGE_SIZE = 512 * 1024 * 1024
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+# The keys whose "off" form (None in Python; "off" or false in a file) disables something.
+OFF_KEYS = ("http_port", "metrics_port", "consumer_timeout_ms")
+
+
+class SettingError(ValueError):
+    """A setting's value out of its range: ``key`` names it (a flag or an environment variable
+    can re-word the key), ``reason`` says what is allowed."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key, self.reason = key, reason
+
+
+def _between(low: int | float, high: int | float | None = None) -> Any:
+    """A validator: an int (or float) in ``low..high``; None passes (an optional setting)."""
+
+    def check(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise SettingError(attribute.name, f"must be a number (got {value!r})")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise SettingError(attribute.name, f"must be a finite number (got {value})")
+        if high is None and value < low:
+            raise SettingError(attribute.name, f"must be at least {low} (got {value})")
+        if high is not None and not low <= value <= high:
+            off = ', or "off"' if attribute.name in OFF_KEYS else ""
+            raise SettingError(
+                attribute.name, f"must be between {low} and {high}{off} (got {value})"
+            )
+
+    return check
+
+
+def _one_of(choices: tuple[str, ...]) -> Any:
+    def check(_instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+        if value not in choices:
+            raise SettingError(
+                attribute.name, f"must be one of {', '.join(choices)} (got {value!r})"
+            )
+
+    return check
+
+
+def _not_empty(_instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not value:
+        raise SettingError(attribute.name, "must not be empty")
+
+
+def _upper(value: object) -> object:
+    return value.upper() if isinstance(value, str) else value
+
+
+_port = _between(0, MAX_PORT)
+
+
+def _frame_max(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    _between(0, MAX_FRAME_MAX)(instance, attribute, value)
+    if 0 < value < FRAME_MIN_SIZE:
+        raise SettingError(
+            attribute.name,
+            f"must be 0 (no limit) or between {FRAME_MIN_SIZE} and {MAX_FRAME_MAX} (got {value})",
+        )
 
 
 @attrs.frozen
@@ -34,7 +110,7 @@ class UserConfig:
 def _memory_limit(_instance: object, _attribute: object, value: float | str) -> None:
     limit = parse_limit(value, "memory_high_watermark")
     if limit.fraction is not None and limit.fraction > 1:
-        raise ValueError(f"memory_high_watermark: a fraction of memory up to 1.0, not {value}")
+        raise SettingError("memory_high_watermark", f"a fraction of memory up to 1.0, not {value}")
 
 
 def _disk_limit(_instance: object, _attribute: object, value: float | str) -> None:
@@ -43,33 +119,36 @@ def _disk_limit(_instance: object, _attribute: object, value: float | str) -> No
 
 @attrs.frozen
 class BrokerConfig:
-    host: str = "127.0.0.1"
-    port: int = 5672  # 0 = an ephemeral port
+    host: str = attrs.field(default="127.0.0.1", validator=_not_empty)
+    port: int = attrs.field(default=5672, validator=_port)  # 0 = an ephemeral port
     # The HTTP API (topics, health): on the same host; 0 = an ephemeral port, None = off.
-    http_port: int | None = 15672
+    http_port: int | None = attrs.field(default=15672, validator=_port)
     data_dir: Path = attrs.field(default=Path("tqbroker-data"), converter=Path)
     vhosts: tuple[str, ...] = ("/",)
     users: tuple[UserConfig, ...] = (UserConfig("guest", "guest", loopback_only=True),)
-    # Offered in connection.tune (RabbitMQ's defaults).
-    channel_max: int = 2047
-    frame_max: int = 131072
-    heartbeat: int = 60
-    max_message_size: int = 16 * 1024 * 1024
+    # Offered in connection.tune (RabbitMQ's defaults and limits).
+    channel_max: int = attrs.field(default=2047, validator=_between(0, MAX_PORT))
+    # 0 = no limit (the spec's, as RabbitMQ's frame_max = 0).
+    frame_max: int = attrs.field(default=131072, validator=_frame_max)
+    heartbeat: int = attrs.field(default=60, validator=_between(0, MAX_PORT))
+    max_message_size: int = attrs.field(
+        default=16 * 1024 * 1024, validator=_between(1, MAX_MESSAGE_SIZE)
+    )
     # Seconds a client has from TCP accept to connection.open-ok.
-    handshake_timeout: float = 10.0
+    handshake_timeout: float = attrs.field(default=10.0, validator=_between(0.001))
     # Seconds open connections get to finish on shutdown before they are cut.
-    shutdown_timeout: float = 5.0
+    shutdown_timeout: float = attrs.field(default=5.0, validator=_between(0))
     # Seconds to wait before answering a failed login (slows down password guessing).
-    auth_failure_delay: float = 1.0
+    auth_failure_delay: float = attrs.field(default=1.0, validator=_between(0))
     # The backend of durable queues ("log" or any installed backend); transient queues use
     # "memory". A queue's x-queue-backend argument overrides.
-    durable_backend: str = "log"
+    durable_backend: str = attrs.field(default="log", validator=_not_empty)
     # Constructor options per backend name, e.g. {"log": {"fsync": "never"}}.
     backend_options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     # Milliseconds a delivery may stay unacknowledged before its channel is closed with 406
     # (RabbitMQ's consumer_timeout, 30 minutes by default); a queue's x-consumer-timeout
     # overrides; None disables.
-    consumer_timeout_ms: int | None = 30 * 60 * 1000
+    consumer_timeout_ms: int | None = attrs.field(default=30 * 60 * 1000, validator=_between(1))
     # A stored exchange whose type does not load, or a stored queue whose arguments no longer
     # validate, stops the start; True keeps it dormant instead (written back unchanged).
     keep_unloadable_definitions: bool = False
@@ -82,15 +161,26 @@ class BrokerConfig:
     # Bytes of message bodies one connection may have announced and not yet completed, across
     # its channels; a content header beyond it is refused with 406 (and across all connections,
     # at most a tenth of the memory high watermark).
-    max_incomplete_body_per_connection: int = 64 * 1024 * 1024
+    max_incomplete_body_per_connection: int = attrs.field(
+        default=64 * 1024 * 1024, validator=_between(1)
+    )
     # Prometheus metrics (/metrics, /metrics/per-object) on a port of their own, on the same
     # host (RabbitMQ's 15692); 0 = an ephemeral port, None = off. The HTTP API serves them too.
-    metrics_port: int | None = 15692
+    metrics_port: int | None = attrs.field(default=15692, validator=_port)
     # A definitions file (RabbitMQ's JSON schema) imported at boot, as RabbitMQ's
     # load_definitions: what it declares is created if missing.
     load_definitions: Path | None = attrs.field(
         default=None, converter=attrs.converters.optional(Path)
     )
+    # Logging (logsetup.py): the level (any case), "text" or "json" lines, stderr or a file
+    # (reopened when logrotate moves it; or rotated by the broker when log_max_bytes > 0, keeping
+    # log_backups old files), and the HTTP API's access log (off by default).
+    log_level: str = attrs.field(default="INFO", converter=_upper, validator=_one_of(LOG_LEVELS))
+    log_format: str = attrs.field(default="text", validator=_one_of(LOG_FORMATS))
+    log_file: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    log_max_bytes: int = attrs.field(default=0, validator=_between(0))
+    log_backups: int = attrs.field(default=5, validator=_between(0, 1000))
+    http_access_log: bool = False
 
 
 class ConfigError(Exception):
@@ -100,6 +190,31 @@ class ConfigError(Exception):
 _converter = cattrs.Converter(forbid_extra_keys=True)
 _converter.register_structure_hook(Path, lambda value, _type: Path(value))
 _converter.register_structure_hook(float | str, lambda value, _type: _limit_value(value))
+_converter.register_structure_hook(int, lambda value, _type: _number(value, int))
+_converter.register_structure_hook(float, lambda value, _type: _number(value, float))
+_converter.register_structure_hook(bool, lambda value, _type: _boolean(value))
+
+
+def _boolean(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _number(value: object, type_: type[Any]) -> Any:
+    """An int or float as the file writes it: no strings, booleans, or floats for ints."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected {type_.__name__}, got {value!r}")
+    if type_ is int and not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return type_(value)
+
+
+def off_form(key: str, value: object) -> object:
+    """The file's (or an environment variable's) "off" for the keys that have one: None."""
+    if key in OFF_KEYS and (value is False or (isinstance(value, str) and value.lower() == "off")):
+        return None
+    return value
 
 
 def _limit_value(value: object) -> float | str:
@@ -116,15 +231,28 @@ def load_config(path: Path, **overrides: Any) -> BrokerConfig:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
+    raw = {key: off_form(key, value) for key, value in raw.items()}
     raw.update(overrides)
     if "users" in raw:
         raw["users"] = tuple(raw["users"])
     try:
         return _converter.structure(raw, BrokerConfig)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
-        details = (
-            "; ".join(cattrs.transform_error(exc))
-            if isinstance(exc, cattrs.BaseValidationError)
-            else str(exc)
+        raise ConfigError(f"invalid configuration in {path}: {describe(exc)}") from None
+
+
+def describe(exc: Exception) -> str:
+    """One line from cattrs' error tree (every problem, with where) or a plain error."""
+    if isinstance(exc, cattrs.BaseValidationError):
+        return "; ".join(
+            line.removesuffix(" @ $")
+            for line in cattrs.transform_error(exc, format_exception=_format_exception)
         )
-        raise ConfigError(f"invalid configuration in {path}: {details}") from None
+    return str(exc)
+
+
+def _format_exception(exc: BaseException, type_: type | None) -> str:
+    """A validator's message as it is (it names the key); cattrs' wording for the others."""
+    if isinstance(exc, SettingError):
+        return str(exc)
+    return format_exception(exc, type_)

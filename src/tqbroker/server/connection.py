@@ -105,7 +105,7 @@ class AMQPConnection:
         self.out = bytearray()
         self.channels: dict[int, Channel] = {}
         send = weakly(self._send_handshake, None)
-        self.handshake = Handshake(broker, self.peer, self.peer_host, send)
+        self.handshake = Handshake(broker, self.peer, self.peer_host, send, _local(stream))
         self.vhost: VirtualHost | None = None
         self._writer_wakeup = trio.Event()
         self._writer_done = trio.Event()
@@ -131,6 +131,7 @@ class AMQPConnection:
         """Serve the connection until it closes. Never raises for the peer's mistakes, nor for
         an unexpected exception (a bug) in this connection's tasks: that is logged and closes
         this connection alone (``internal_error``). Cancellation propagates."""
+        self.handshake.log_accepted()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -157,6 +158,7 @@ class AMQPConnection:
                     await self._teardown()
                 except Exception:
                     log.exception("connection %s: teardown failed", self.peer)
+            self.handshake.log_closed()
             await trio.aclose_forcefully(self.stream)
             self._confirming.clear()  # no reference cycle left: freed once the listener lets go
             self._nursery = self._receive_scope = None
@@ -526,3 +528,12 @@ class AMQPConnection:
                 self.send_method(0, ConnectionUpdateSecretOk())
             case _:
                 pass  # close-ok: the protocol moved to CLOSED and the read loop ends
+
+
+def _local(stream: trio.SocketStream) -> str:
+    """The broker's end of the connection, ``127.0.0.1:5672``, for the log lines."""
+    try:
+        host, port = stream.socket.getsockname()[:2]
+    except (OSError, ValueError):
+        return "unknown"
+    return f"{host}:{port}"

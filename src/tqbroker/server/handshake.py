@@ -6,7 +6,12 @@ Responsibilities:
   the user store (in a thread: the hash is slow), loopback-only users refused from elsewhere; a
   refusal after a pause, as ``connection.close`` 403 to clients that understand it and a hang-up
   for the others; then ``connection.tune``;
-- ``connection.open``: the vhost, if it exists and the user may open it.
+- ``connection.open``: the vhost, if it exists and the user may open it;
+- the log lines of a connection's life, worded as RabbitMQ 3.10 words them ("accepting AMQP
+  connection", "user 'guest' authenticated and granted access to vhost '/'", "PLAIN login
+  refused: user 'bob' - invalid credentials" -- never the password, "closing AMQP
+  connection"), with the peer, user, vhost, client properties and duration also as structured
+  fields (``extra=``: keys of ``--log-format json``).
 
 The connection enforces the deadline and starts heartbeats after tune-ok.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -72,7 +78,14 @@ class Handshake:
     """One connection's handshake and what it learnt: the client's properties and
     capabilities, and the user. ``send`` sends a method on channel 0."""
 
-    def __init__(self, broker: Broker, peer: str, peer_host: str, send: Callable[[Method], None]):
+    def __init__(
+        self,
+        broker: Broker,
+        peer: str,
+        peer_host: str,
+        send: Callable[[Method], None],
+        local: str = "",
+    ):
         self._broker = broker
         self._peer = peer
         self._peer_host = peer_host
@@ -80,6 +93,52 @@ class Handshake:
         self.capabilities: FieldTable = {}
         self.client_properties: FieldTable = {}
         self.user: User | None = None
+        self.local = local
+        self.vhost_name: str | None = None
+        self._accepted_at = time.monotonic()
+
+    # -- log lines ---------------------------------------------------------------------------
+
+    def label(self) -> str:
+        """``127.0.0.1:47714 -> 127.0.0.1:5672 - probe-conn`` (RabbitMQ's connection name)."""
+        name = _printable(self.client_properties.get("connection_name"))
+        return f"{self._peer} -> {self.local}" + (f" - {name}" if name else "")
+
+    def log_fields(self, **more: object) -> dict[str, object]:
+        """The structured fields of this connection's log lines."""
+        properties = self.client_properties
+        return {
+            "peer": self._peer,
+            "local": self.local,
+            "user": self.user.name if self.user is not None else None,
+            "vhost": self.vhost_name,
+            "connection_name": _printable(properties.get("connection_name")),
+            "client_product": _printable(properties.get("product")),
+            "client_version": _printable(properties.get("version")),
+            **more,
+        }
+
+    def log_accepted(self) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        log.info("accepting AMQP connection %s", self.label(), extra=self.log_fields())
+
+    def log_closed(self) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        duration = round(time.monotonic() - self._accepted_at, 3)
+        known = (
+            f", vhost: '{self.vhost_name}', user: '{self.user.name}'"
+            if self.user is not None and self.vhost_name is not None
+            else ""
+        )
+        log.info(
+            "closing AMQP connection %s%s, duration: %.3f s",
+            self.label(),
+            known,
+            duration,
+            extra=self.log_fields(duration_s=duration),
+        )
 
     def start(self) -> None:
         """The client sent the protocol header: ``connection.start``."""
@@ -107,20 +166,33 @@ class Handshake:
         users = self._broker.users
         user = await trio.to_thread.run_sync(users.verify, username, password)
         if user is None:
+            self._log_refused(start_ok.mechanism, username, "invalid credentials")
             await self._refuse_login(
                 f"Login was refused using authentication mechanism {start_ok.mechanism}. "
                 "For details see the broker logfile."
             )
         elif user.loopback_only and not is_loopback(self._peer_host):
+            self._log_refused(start_ok.mechanism, username, "can only connect via localhost")
             await self._refuse_login(f"user '{username}' can only connect via localhost")
         self.user = user
         config = self._broker.config
         self._send(ConnectionTune(config.channel_max, config.frame_max, config.heartbeat))
 
+    def _log_refused(self, mechanism: str, username: str, reason: str) -> None:
+        """RabbitMQ's line for a refused login: the user and why, never the password."""
+        user = _printable(username) or ""
+        log.warning(
+            "connection %s: %s login refused: user '%s' - %s",
+            self.label(),
+            mechanism,
+            user,
+            reason,
+            extra=self.log_fields(user=user, reason=reason),
+        )
+
     async def _refuse_login(self, text: str) -> None:
         """After a pause, tell clients that understand it (``authentication_failure_close``)
         with connection.close 403; hang up on the others, as the spec says."""
-        log.warning("connection %s: %s", self._peer, text)
         await trio.sleep(self._broker.config.auth_failure_delay)
         if self.capabilities.get("authentication_failure_close") is not True:
             raise HangUp
@@ -139,5 +211,28 @@ class Handshake:
                 f"access to vhost '{name}' refused for user '{self.user.name}'",
             )
         self._send(ConnectionOpenOk())
-        log.info("connection %s: user '%s' opened vhost '%s'", self._peer, self.user.name, name)
+        self.vhost_name = name
+        product = " ".join(
+            part
+            for part in (self.log_fields()[k] for k in ("client_product", "client_version"))
+            if isinstance(part, str)
+        )
+        log.info(
+            "connection %s: user '%s' authenticated and granted access to vhost '%s'%s",
+            self.label(),
+            self.user.name,
+            name,
+            f" (client: {product})" if product else "",
+            extra=self.log_fields(),
+        )
         return vhost
+
+
+def _printable(value: object, limit: int = 200) -> str | None:
+    """A client-supplied string fit for one log line: control characters escaped, cut at
+    ``limit`` characters; None for what is not text."""
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return None
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value[:limit])

@@ -88,7 +88,14 @@ async def serve_http(
     cancelled; ``nursery.start`` returns the bound addresses."""
     config = hypercorn.config.Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.accesslog = None
+    # The access log (``http_access_log``, off by default): a logger of ours, so it goes where
+    # and how the broker logs (logsetup.py); hypercorn's atoms, never a credential header.
+    if broker.config.http_access_log:
+        config.accesslog = logging.getLogger("tqbroker.http.access")
+        config.accesslog.addFilter(_responded)
+        config.access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss "%(a)s"'
+    else:
+        config.accesslog = None
     config.errorlog = log
     config.include_server_header = False
 
@@ -105,3 +112,16 @@ def _address(bind: str) -> Address:
     """``("127.0.0.1", 15672)`` from hypercorn's ``http://127.0.0.1:15672``."""
     host, _, port = bind.removeprefix("http://").rpartition(":")
     return host.strip("[]"), int(port)
+
+
+def _responded(record: logging.LogRecord) -> bool:
+    """Drop hypercorn's second line for a request whose client closed the stream (status
+    ``-``, logged besides the real one, sometimes before it); give the others their fields
+    (``peer``, ``method``, ``path``, ``status``, ``duration_s``: keys in JSON logs)."""
+    atoms = record.args
+    if not isinstance(atoms, dict) or atoms.get("s") == "-":
+        return False
+    record.peer, record.method, record.path = atoms.get("h"), atoms.get("m"), atoms.get("U")
+    record.status = int(atoms["s"]) if str(atoms.get("s")).isdigit() else None
+    record.duration_s = round(float(atoms.get("L") or 0), 6)
+    return True
