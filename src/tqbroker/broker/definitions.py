@@ -16,18 +16,21 @@ Responsibilities:
 
 from __future__ import annotations
 
+import json
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import cbor2
 
+from .._version import __version__
 from ..backends.base import Backend
 from ..plugins.loader import EXCHANGE_TYPES_GROUP, distributions
 from ..plugins.spec import ExchangeType
 from ..protocol.errors import AMQPError
 from .arguments import STREAM, QueueArguments, check_declaration
+from .definitions_json import UNMODELLED, binding_json, exchange_json, head, queue_json
 from .exchange import Exchange
 from .exchange_types import new_exchange
 from .holding import STORE_PREFIX, HoldingExchange
@@ -38,8 +41,9 @@ from .vhost import VirtualHost
 log = logging.getLogger(__name__)
 
 
-def _exchanges(vhost: VirtualHost) -> list[dict[str, Any]]:
-    """The vhost's durable exchanges, for the definitions file."""
+def _exchanges(vhost: VirtualHost, *, durable: bool = True) -> list[dict[str, Any]]:
+    """The vhost's durable exchanges (all of them but the default and the ``amq.`` ones unless
+    ``durable``), in the stored form."""
     return [
         {
             "name": x.name,
@@ -57,12 +61,13 @@ def _exchanges(vhost: VirtualHost) -> list[dict[str, Any]]:
             ),
         }
         for x in vhost.exchanges.values()
-        if x.durable and x.name and not x.name.startswith("amq.")
+        if (x.durable or not durable) and x.name and not x.name.startswith("amq.")
     ]
 
 
-def _bindings(vhost: VirtualHost) -> list[dict[str, Any]]:
-    """The vhost's bindings between durable exchanges and durable queues or exchanges."""
+def _bindings(vhost: VirtualHost, *, durable: bool = True) -> list[dict[str, Any]]:
+    """The vhost's bindings between durable exchanges and durable queues or exchanges (between
+    any, unless ``durable``; never to an exclusive queue), in the stored form."""
     return [
         {
             "source": source.name,
@@ -72,10 +77,10 @@ def _bindings(vhost: VirtualHost) -> list[dict[str, Any]]:
             "arguments": arguments,
         }
         for source in vhost.exchanges.values()
-        if source.durable
+        if source.name and (source.durable or not durable)
         for (dest, key, _args_id), arguments in source.bindings.items()
         if isinstance(dest, Queue | Exchange)
-        and dest.durable
+        and (dest.durable or not durable)
         and not (isinstance(dest, Queue) and dest.exclusive_owner is not None)
     ]
 
@@ -206,6 +211,24 @@ def restore(
     vhost.routing.changed()
 
 
+def assign_backends(
+    stored: Mapping[str, Any], backends: Mapping[str, Backend], durable_backend: str
+) -> None:
+    """Give a backend to each stored queue whose entry names none (a definitions file written
+    by RabbitMQ or by hand): the one a declare would choose."""
+    for vhost, defs in stored.get("definitions", {}).items():
+        storage = QueueStorage(vhost, backends, durable_backend)
+        for q in defs.get("queues", []):
+            if q.get("backend") is None:
+                try:
+                    arguments = QueueArguments.parse(q["arguments"])
+                    q["backend"] = storage.backend_for(
+                        q["name"], durable=True, exclusive=False, arguments=arguments
+                    )
+                except (AMQPError, ValueError, TypeError):  # reported by ``unrestorable``
+                    q["backend"] = durable_backend
+
+
 def backends_in_use(stored: Mapping[str, Any]) -> set[str]:
     """The backends that stored durable queues and message-holding exchanges live on."""
     used: set[str] = set()
@@ -240,48 +263,62 @@ def missing_backend(stored: Mapping[str, Any], backends: Mapping[str, object]) -
 
 
 def encode_snapshot(vhosts: Mapping[str, VirtualHost]) -> bytes:
-    """``snapshot`` encoded in CBOR, as the definitions file holds it. Each queue's entry is
-    encoded once in its life (``Queue.definition_cbor``), so that a declare among 100k durable
-    queues costs the event loop a join of their bytes, not their encoding."""
-    parts = [_head(MAP, 2), cbor2.dumps("vhosts"), cbor2.dumps(list(vhosts))]
-    parts += [cbor2.dumps("definitions"), _head(MAP, len(vhosts))]
+    """The durable topology as the definitions file holds it: RabbitMQ's definitions JSON
+    (``definitions_json``), one entry a line. Each queue's entry is encoded once in its life
+    (``_queue_json``), so that a declare among 100k durable queues costs the event loop a join
+    of their bytes, not their encoding."""
+    queues: list[bytes] = []
+    exchanges: list[bytes] = []
+    bindings: list[bytes] = []
     for name, vhost in vhosts.items():
         dormant = vhost.dormant.definitions()
-        queues = [
-            _queue_cbor(q) for q in vhost.queues.values() if q.durable and q.exclusive_owner is None
+        queues += [
+            _queue_json(name, q)
+            for q in vhost.queues.values()
+            if q.durable and q.exclusive_owner is None
         ]
-        queues += [cbor2.dumps(entry) for entry in dormant["queues"]]
-        parts += [cbor2.dumps(name), _head(MAP, 3)]
-        parts += [cbor2.dumps("exchanges"), cbor2.dumps(_exchanges(vhost) + dormant["exchanges"])]
-        parts += [cbor2.dumps("queues"), _head(ARRAY, len(queues)), *queues]
-        parts += [cbor2.dumps("bindings"), cbor2.dumps(_bindings(vhost) + dormant["bindings"])]
+        queues += [_dumps(queue_json(name, entry)) for entry in dormant["queues"]]
+        exchanges += [
+            _dumps(exchange_json(name, x)) for x in _exchanges(vhost) + dormant["exchanges"]
+        ]
+        bindings += [_dumps(binding_json(name, b)) for b in _bindings(vhost) + dormant["bindings"]]
+    opening = {
+        **head(__version__),
+        "users": [],
+        "vhosts": [{"name": name} for name in vhosts],
+        **{section: [] for section in UNMODELLED if section != "users"},
+    }
+    parts = [_dumps(opening)[:-1]]
+    for section, entries in (("queues", queues), ("exchanges", exchanges), ("bindings", bindings)):
+        parts.append(b',\n"%s": [\n' % section.encode() + b",\n".join(entries) + b"\n]")
+    parts.append(b"}\n")
     return b"".join(parts)
 
 
-def _queue_cbor(queue: Queue) -> bytes:
-    if queue.definition_cbor is None:
-        queue.definition_cbor = cbor2.dumps(
-            {
-                "name": queue.name,
-                "backend": queue.backend_name,
-                "auto_delete": queue.auto_delete,
-                "arguments": queue.arguments.table,
-            }
-        )
-    return queue.definition_cbor
+def _dumps(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
-ARRAY, MAP = 4, 5  # CBOR major types
+# Each durable queue's entry in the file, encoded once: what it holds (name, backend,
+# auto-delete, arguments) never changes. Kept as long as the queue lives.
+_QUEUE_ENTRIES: weakref.WeakKeyDictionary[Queue, bytes] = weakref.WeakKeyDictionary()
 
 
-def _head(major: int, length: int) -> bytes:
-    """A CBOR head: major type and length (of an array, a map...)."""
-    if length < 24:
-        return bytes([major << 5 | length])
-    for extra, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
-        if length < 1 << (8 * size):
-            return bytes([major << 5 | extra]) + length.to_bytes(size, "big")
-    raise ValueError(f"{length} items cannot be encoded")
+def _queue_json(vhost: str, queue: Queue) -> bytes:
+    encoded = _QUEUE_ENTRIES.get(queue)
+    if encoded is None:
+        encoded = _QUEUE_ENTRIES[queue] = _dumps(queue_json(vhost, stored_queue(queue)))
+    return encoded
+
+
+def stored_queue(queue: Queue) -> dict[str, Any]:
+    """A queue in the stored form (``definitions_json.queue_json`` makes its entry)."""
+    return {
+        "name": queue.name,
+        "backend": queue.backend_name,
+        "auto_delete": queue.auto_delete,
+        "arguments": queue.arguments.table,
+    }
 
 
 def open_stored(
