@@ -16,6 +16,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from ...broker.broker import Broker
+from .definitions_routes import get_definitions, post_definitions
 from .errors import EXCEPTION_HANDLERS
 from .health_routes import alarms, health, local_alarms
 from .record_routes import read_records, write_records
@@ -33,6 +34,10 @@ def create_app(broker: Broker) -> Starlette:
             Route("/health", health),
             Route("/api/health/checks/alarms", alarms),
             Route("/api/health/checks/local-alarms", local_alarms),
+            Route("/api/definitions", get_definitions, methods=["GET"]),
+            Route("/api/definitions", post_definitions, methods=["POST"]),
+            Route("/api/definitions/{vhost:path}", get_definitions, methods=["GET"]),
+            Route("/api/definitions/{vhost:path}", post_definitions, methods=["POST"]),
             Route("/topics/{topic}", declare_topic, methods=["PUT"]),
             Route("/topics/{topic}/messages", produce, methods=["POST"]),
             Route("/topics/{topic}/messages", consume, methods=["GET"]),

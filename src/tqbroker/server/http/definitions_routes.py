@@ -1,0 +1,154 @@
+"""``/api/definitions[/{vhost}]``: export (GET) and import (POST) RabbitMQ's definitions JSON, as
+RabbitMQ's management API does (``broker/definitions_api.py`` does the work).
+
+Answers as RabbitMQ 3.10's: 200 with the document (``?download=NAME`` adds the attachment
+header), 204 for an import (what it skipped is logged and summed up in the
+``X-Definitions-Skipped`` header), 400 ``{"error": "bad_request", "reason": ...}`` for a document
+that cannot be imported, 401 without an administrator's credentials (a user restricted to some
+vhosts is one for those vhosts only, until users get tags), 404 for a POST to a missing vhost and
+400 for a GET of one, 415 for a body that is neither JSON nor a multipart form (the form's
+``file`` part is the document, as the management UI sends it; its ``redirect`` part answers
+303 there).
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import json
+import logging
+import re
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from ...broker.definitions_api import export, import_document
+from ...broker.definitions_json import DefinitionsError, parse_document
+from ...protocol.errors import AMQPError
+from .auth import broker_of, user_of
+from .errors import RequestError
+from .inputs import read_body
+
+log = logging.getLogger(__name__)
+
+SKIPPED_HEADER = "x-definitions-skipped"
+_SAFE_FILENAME = re.compile(r"[^A-Za-z0-9._@+-]")
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, error: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.error, self.reason = status, error, reason
+
+
+def _answer(status: int, error: str, reason: str) -> Response:
+    headers = {"www-authenticate": 'Basic realm="tqbroker"'} if status == 401 else None
+    body = json.dumps({"error": error, "reason": reason})
+    return Response(body, status, headers, media_type="application/json")
+
+
+async def _authorised(request: Request, vhost: str | None) -> None:
+    try:
+        user = await user_of(request)
+    except RequestError as exc:
+        raise _Refused(401, "not_authorised", exc.message) from None
+    if user.vhosts is not None and (vhost is None or not user.may_open(vhost)):
+        raise _Refused(401, "not_authorised", "Not administrator user")
+
+
+def _vhost_param(request: Request) -> str | None:
+    vhost = request.path_params.get("vhost")
+    return vhost if isinstance(vhost, str) else None
+
+
+async def get_definitions(request: Request) -> Response:
+    """``GET /api/definitions[/{vhost}]``."""
+    vhost = _vhost_param(request)
+    try:
+        await _authorised(request, vhost)
+    except _Refused as exc:
+        return _answer(exc.status, exc.error, exc.reason)
+    broker = broker_of(request)
+    if vhost is not None and vhost not in broker.vhosts:
+        return _answer(400, "bad_request", "vhost_not_found")
+    body = json.dumps(export(broker, vhost))
+    headers = {}
+    download = request.query_params.get("download")
+    if download:
+        filename = _SAFE_FILENAME.sub("_", download)[:200]
+        headers["content-disposition"] = f"attachment; filename={filename}"
+    return Response(body, 200, headers, media_type="application/json")
+
+
+async def post_definitions(request: Request) -> Response:
+    """``POST /api/definitions[/{vhost}]``: import a document (JSON, or a multipart form's
+    ``file``)."""
+    vhost = _vhost_param(request)
+    try:
+        await _authorised(request, vhost)
+        broker = broker_of(request)
+        if vhost is not None and vhost not in broker.vhosts:
+            raise _Refused(404, "not_found", "vhost_not_found")
+        raw, redirect = await _document_bytes(request)
+        try:
+            document = parse_document(json.loads(raw) if raw.strip() else {}, vhost=vhost)
+        except (ValueError, RecursionError) as exc:
+            if not isinstance(exc, DefinitionsError):
+                raise _Refused(400, "bad_request", f"failed_to_parse_json: {exc}") from None
+            raise
+        since = broker.definitions.mark()
+        skipped = await import_document(broker, document, strict=False)
+        await broker.definitions.wait(since)  # durable before the answer, as a declare-ok
+    except _Refused as exc:
+        return _answer(exc.status, exc.error, exc.reason)
+    except DefinitionsError as exc:
+        log.info("definitions import refused: %s", exc)
+        return _answer(400, "bad_request", str(exc))
+    except AMQPError as exc:  # 541: the definitions could not be stored
+        return _answer(500, "internal_server_error", exc.reply_text)
+    if redirect:
+        return RedirectResponse(redirect, 303)
+    headers = {}
+    if skipped:
+        summary = "; ".join(skipped)
+        headers[SKIPPED_HEADER] = summary.encode("ascii", "backslashreplace").decode()[:4000]
+    return Response(None, 204, headers)
+
+
+async def _document_bytes(request: Request) -> tuple[bytes, str | None]:
+    """The document a POST carries, and where a form asks to be redirected."""
+    content_type = request.headers.get("content-type", "")
+    kind = content_type.partition(";")[0].strip().lower()
+    if kind not in ("application/json", "multipart/form-data"):
+        raise _Refused(
+            415,
+            "unsupported_media_type",
+            "send the definitions as application/json or a multipart/form-data 'file'",
+        )
+    try:
+        raw = await read_body(request)
+    except RequestError as exc:
+        raise _Refused(exc.status, "bad_request", exc.message) from None
+    if kind == "application/json":
+        return raw, None
+    parts = _form_parts(content_type, raw)
+    if "file" not in parts:
+        raise _Refused(400, "bad_request", "the form has no 'file' part")
+    redirect = parts.get("redirect")
+    return parts["file"], redirect.decode("utf-8", "replace") if redirect else None
+
+
+def _form_parts(content_type: str, body: bytes) -> dict[str, bytes]:
+    """The named parts of a multipart/form-data body (the standard library's MIME parser)."""
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1", "replace")
+    message: Any = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    parts: dict[str, bytes] = {}
+    if not message.is_multipart():
+        return parts
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        if isinstance(name, str) and isinstance(payload, bytes):
+            parts[name] = payload
+    return parts
