@@ -79,15 +79,23 @@ class RabbitMQNode:
 
     def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [CTL, "-n", self.node, *args], env=self.env, capture_output=True, text=True,
+            [CTL, "-n", self.node, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
             timeout=timeout,
         )
 
     def start(self, timeout: float = 90) -> RabbitMQNode:
         with open(self.root / "server.out", "ab") as out:
             self.popen = subprocess.Popen(
-                [SERVER], env=self.env, cwd=self.root, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                [SERVER],
+                env=self.env,
+                cwd=self.root,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while True:

@@ -4,9 +4,8 @@ RabbitMQ definitions JSON the plain structure would be, whatever the counts."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import json
+from pathlib import Path
 
 import pika
 

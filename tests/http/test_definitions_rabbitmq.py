@@ -44,7 +44,9 @@ def declare_topology(url: str) -> None:
     (RabbitMQ exports those too) and an exclusive queue (which it does not)."""
     connection = pika.BlockingConnection(pika.URLParameters(url))
     channel = connection.channel()
-    channel.exchange_declare("orders", "topic", durable=True, arguments={"alternate-exchange": "unrouted"})
+    channel.exchange_declare(
+        "orders", "topic", durable=True, arguments={"alternate-exchange": "unrouted"}
+    )
     channel.exchange_declare("unrouted", "fanout", durable=True)
     channel.exchange_declare("audit", "headers", durable=True, internal=True)
     channel.exchange_declare("direct.ad", "direct", durable=True, auto_delete=True)
@@ -62,7 +64,9 @@ def declare_topology(url: str) -> None:
     )
     channel.queue_declare("prioritised", durable=True, arguments={"x-max-priority": 5})
     channel.queue_declare("lost", durable=True, arguments={"x-queue-mode": "lazy"})
-    channel.queue_declare("events", durable=True, arguments={"x-queue-type": "stream", "x-max-age": "7D"})
+    channel.queue_declare(
+        "events", durable=True, arguments={"x-queue-type": "stream", "x-max-age": "7D"}
+    )
     channel.queue_declare("short-lived", durable=True, auto_delete=True)
     channel.queue_declare("transient", durable=False)
     channel.queue_bind("orders.eu", "orders", "eu.#")
@@ -106,7 +110,11 @@ def test_a_rabbitmq_export_imports_and_round_trips_back(rabbitmq: RabbitMQNode) 
     with running_broker(BrokerConfig(port=0, http_port=0)) as broker:
         ours = httpx.Client(base_url=broker.http_url, auth=("guest", "guest"), timeout=30)
         started = time.monotonic()
-        imported = ours.post("/api/definitions", content=exported.content, headers={"content-type": "application/json"})
+        imported = ours.post(
+            "/api/definitions",
+            content=exported.content,
+            headers={"content-type": "application/json"},
+        )
         figures["tqbroker import"] = time.monotonic() - started
         assert imported.status_code == 204, imported.text
         assert "users (1): not modelled by tqbroker" in imported.headers["x-definitions-skipped"]
@@ -124,7 +132,11 @@ def test_a_rabbitmq_export_imports_and_round_trips_back(rabbitmq: RabbitMQNode) 
     # Into the RabbitMQ vhost, emptied: it comes back as it was.
     assert rabbit.delete(f"/api/vhosts/{VHOST}").status_code == 204
     started = time.monotonic()
-    back = rabbit.post("/api/definitions", content=ours_exported.content, headers={"content-type": "application/json"})
+    back = rabbit.post(
+        "/api/definitions",
+        content=ours_exported.content,
+        headers={"content-type": "application/json"},
+    )
     figures["RabbitMQ import of ours"] = time.monotonic() - started
     assert back.status_code == 204, back.text
     again = rabbit.get("/api/definitions").json()
@@ -132,12 +144,16 @@ def test_a_rabbitmq_export_imports_and_round_trips_back(rabbitmq: RabbitMQNode) 
     print("; ".join(f"{what}: {seconds * 1000:.0f} ms" for what, seconds in figures.items()))
 
 
-def test_the_checked_in_export_is_what_rabbitmq_exports(rabbitmq: RabbitMQNode, tmp_path: Path) -> None:
+def test_the_checked_in_export_is_what_rabbitmq_exports(
+    rabbitmq: RabbitMQNode, tmp_path: Path
+) -> None:
     """tests/data/rabbitmq-3.10-definitions.json (the default set's stand-in for this module) is
     what RabbitMQ exports for ``declare_topology`` in its default vhost."""
     declare_topology(rabbitmq.url)
     rabbit = httpx.Client(base_url=rabbitmq.http_url, auth=("guest", "guest"), timeout=30)
     exported = rabbit.get("/api/definitions").json()
-    checked_in = json.loads((Path(__file__).parent.parent / "data" / "rabbitmq-3.10-definitions.json").read_text())
+    checked_in = json.loads(
+        (Path(__file__).parent.parent / "data" / "rabbitmq-3.10-definitions.json").read_text()
+    )
     assert topology(exported, "/") == topology(checked_in, "/")
     assert set(exported) == set(checked_in)
