@@ -5,18 +5,19 @@ is kept dormant and written back unchanged."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import cbor2
 import pika
 import pika.exceptions
 import pytest
 
 from plugin_dist import PluginDistribution
 from tqbroker import BrokerConfig
+from tqbroker.broker.definitions_file import DefinitionsFile
 from tqbroker.testing import running_broker
 
 ROUTER = """
@@ -76,8 +77,8 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 
 
 def stored_definitions(data_dir: Path) -> dict[str, object]:
-    definitions = cbor2.loads((data_dir / "definitions.cbor").read_bytes())
-    assert isinstance(definitions, dict)
+    """The vhost ``/`` of the definitions file, in the stored form."""
+    definitions = DefinitionsFile(data_dir, bytes).load()
     stored = definitions["definitions"]["/"]
     assert isinstance(stored, dict)
     return stored
@@ -199,10 +200,11 @@ def test_a_queue_whose_arguments_no_longer_validate_stops_the_start(tmp_path: Pa
         connection.channel().queue_declare("limited", durable=True, arguments={"x-max-length": 5})
         connection.close()
     # As if a newer broker had stricter rules: the stored argument is no longer valid.
-    definitions = cbor2.loads((data_dir / "definitions.cbor").read_bytes())
-    (queue,) = definitions["definitions"]["/"]["queues"]
-    queue["arguments"]["x-max-length"] = "five"
-    (data_dir / "definitions.cbor").write_bytes(cbor2.dumps(definitions))
+    definitions = json.loads((data_dir / "definitions.json").read_bytes())
+    (entry,) = definitions["queues"]
+    entry["arguments"]["x-max-length"] = "five"
+    (data_dir / "definitions.json").write_text(json.dumps(definitions))
+    (queue,) = stored_definitions(data_dir)["queues"]  # type: ignore[misc]
     before = snapshot(data_dir)
     result = start_cli(data_dir)
     assert result.returncode == 1
