@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -76,7 +77,7 @@ def snapshot(directory: Path) -> dict[str, bytes]:
     }
 
 
-def stored_definitions(data_dir: Path) -> dict[str, object]:
+def stored_definitions(data_dir: Path) -> dict[str, Any]:
     """The vhost ``/`` of the definitions file, in the stored form."""
     definitions = DefinitionsFile(data_dir, bytes).load()
     stored = definitions["definitions"]["/"]
@@ -186,7 +187,7 @@ def test_a_dormant_exchange_can_be_deleted(plugin: PluginDistribution, tmp_path:
         channel.exchange_declare("orders", "direct", durable=True)
         connection.close()
     stored = stored_definitions(data_dir)
-    assert [(x["name"], x["type"]) for x in stored["exchanges"]] == [("orders", "direct")]  # type: ignore[index]
+    assert [(x["name"], x["type"]) for x in stored["exchanges"]] == [("orders", "direct")]
     assert stored["bindings"] == []
     # No longer needs the plugin to start.
     with running_broker(config(data_dir)):
@@ -204,7 +205,7 @@ def test_a_queue_whose_arguments_no_longer_validate_stops_the_start(tmp_path: Pa
     (entry,) = definitions["queues"]
     entry["arguments"]["x-max-length"] = "five"
     (data_dir / "definitions.json").write_text(json.dumps(definitions))
-    (queue,) = stored_definitions(data_dir)["queues"]  # type: ignore[misc]
+    (queue,) = stored_definitions(data_dir)["queues"]
     before = snapshot(data_dir)
     result = start_cli(data_dir)
     assert result.returncode == 1
