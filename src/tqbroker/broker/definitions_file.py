@@ -38,7 +38,7 @@ from .supervisor import Spawn
 log = logging.getLogger(__name__)
 
 DEFINITIONS_FILE = "definitions.json"
-LEGACY_FILE = "definitions.cbor"  # before 0.x: CBOR, migrated at the first start
+LEGACY_FILE = "definitions.cbor"  # what 0.1.0 wrote (CBOR): migrated at the first start
 
 
 class DefinitionsFile:
