@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pika
 import pytest
 
 from tqbroker import BrokerConfig
+from tqbroker.broker import definitions_file
 from tqbroker.config import UserConfig
 from tqbroker.testing import RunningBroker, running_broker, start_broker_process
 
@@ -78,6 +80,34 @@ def test_a_rabbitmq_export_imports_routes_and_exports_back(
         api.post("/api/definitions", content=EXPORT.read_bytes(), headers=JSON).status_code == 204
     )
     assert topology(api.get("/api/definitions").json()) == topology(exported)
+
+
+def test_an_import_is_answered_once_durable(
+    broker: RunningBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """204 after the definitions file holds the import (a slow disk: the answer waits); 500
+    when it cannot be written."""
+    real = definitions_file.atomic_write
+
+    def slow_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
+        time.sleep(0.5)
+        real(path, data, fsync=fsync)
+
+    monkeypatch.setattr(definitions_file, "atomic_write", slow_write)
+    api = client(broker)
+    document = {"queues": [{"name": "kept", "vhost": "/", "durable": True, "arguments": {}}]}
+    assert api.post("/api/definitions", json=document).status_code == 204
+    stored = json.loads((tmp_path / "data" / "definitions.json").read_text())
+    assert [q["name"] for q in stored["queues"]] == ["kept"]
+
+    def full_disk(path: Path, data: bytes, *, fsync: bool = True) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(definitions_file, "atomic_write", full_disk)
+    document["queues"][0]["name"] = "unstored"
+    failed = api.post("/api/definitions", json=document)
+    assert failed.status_code == 500
+    assert "could not be stored" in failed.json()["reason"]
 
 
 def test_errors_have_rabbitmqs_status_and_shape(broker: RunningBroker) -> None:
