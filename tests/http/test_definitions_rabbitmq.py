@@ -2,40 +2,25 @@
 ``rabbitmq-server``): a topology declared on RabbitMQ, exported through its management API,
 imported into tqbroker (``POST /api/definitions``), exported from tqbroker and imported into the
 RabbitMQ vhost emptied meanwhile comes back the same: queues with their arguments, exchanges
-with their types and arguments, bindings (exchange to exchange too). One RabbitMQ start for the
-module (~6-10 s)."""
+with their types and arguments, bindings (exchange to exchange too). The RabbitMQ is the test
+session's oracle (``tests/rabbitmq_oracle.py``, started once: ~6-13 s here)."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pika
-import pytest
 
-from rabbitmq_node import RabbitMQNode, missing
+from rabbitmq_oracle import RabbitMQ
 from tqbroker import BrokerConfig
 from tqbroker.testing import running_broker
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
-
-VHOST = "shop"
-
-
-@pytest.fixture(scope="module")
-def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQNode]:
-    node = RabbitMQNode(tmp_path_factory.mktemp("rabbitmq"))
-    started = time.monotonic()
-    node.start()
-    print(f"RabbitMQ started in {time.monotonic() - started:.1f} s")
-    try:
-        yield node
-    finally:
-        node.stop()
+VHOST = "defs-round-trip"
+CHECKED = "defs-checked-in"  # each test in a vhost of its own: the oracle node is shared
 
 
 def declare_topology(url: str) -> None:
@@ -93,6 +78,14 @@ def topology(document: dict[str, Any], vhost: str) -> dict[str, list[str]]:
     }
 
 
+def only(document: dict[str, Any], vhost: str) -> dict[str, Any]:
+    """A whole-broker document reduced to ``vhost`` (users and the other sections kept)."""
+    kept = dict(document)
+    for section in ("vhosts", "queues", "exchanges", "bindings", "permissions"):
+        kept[section] = [e for e in document[section] if e.get("vhost", e.get("name")) == vhost]
+    return kept
+
+
 def durable(document: dict[str, Any]) -> dict[str, Any]:
     """What of a document survives a restart: durable exchanges and queues, bindings between
     them."""
@@ -108,19 +101,19 @@ def durable(document: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_rabbitmq_export_imports_and_round_trips_back(
-    rabbitmq: RabbitMQNode, tmp_path: Path
+    rabbitmq_oracle: RabbitMQ, tmp_path: Path
 ) -> None:
     figures: dict[str, float] = {}
-    rabbit = httpx.Client(base_url=rabbitmq.http_url, auth=("guest", "guest"), timeout=30)
+    rabbit = httpx.Client(base_url=rabbitmq_oracle.http_url, auth=("guest", "guest"), timeout=30)
     assert rabbit.put(f"/api/vhosts/{VHOST}").status_code in (201, 204)
     grant = {"configure": ".*", "write": ".*", "read": ".*"}
     assert rabbit.put(f"/api/permissions/{VHOST}/guest", json=grant).status_code in (201, 204)
-    declare_topology(rabbitmq.url + VHOST)
+    declare_topology(rabbitmq_oracle.url + VHOST)
     started = time.monotonic()
     exported = rabbit.get("/api/definitions")
     figures["RabbitMQ export"] = time.monotonic() - started
     assert exported.status_code == 200
-    original = exported.json()
+    original = only(exported.json(), VHOST)  # the shared node's other vhosts left out
     assert len(original["queues"]) == 6  # not the exclusive one
 
     data_dir = tmp_path / "data"
@@ -129,7 +122,7 @@ def test_a_rabbitmq_export_imports_and_round_trips_back(
         started = time.monotonic()
         imported = ours.post(
             "/api/definitions",
-            content=exported.content,
+            content=json.dumps(original),
             headers={"content-type": "application/json"},
         )
         figures["tqbroker import"] = time.monotonic() - started
@@ -169,19 +162,24 @@ def test_a_rabbitmq_export_imports_and_round_trips_back(
     from_file = rabbit.get("/api/definitions").json()
     assert topology(from_file, VHOST) == topology(durable(original), VHOST)
     assert len(durable(original)["bindings"]) == 6
+    assert rabbit.delete(f"/api/vhosts/{VHOST}").status_code == 204
     print("; ".join(f"{what}: {seconds * 1000:.0f} ms" for what, seconds in figures.items()))
 
 
-def test_the_checked_in_export_is_what_rabbitmq_exports(
-    rabbitmq: RabbitMQNode, tmp_path: Path
-) -> None:
-    """tests/data/rabbitmq-3.10-definitions.json (the default set's stand-in for this module) is
-    what RabbitMQ exports for ``declare_topology`` in its default vhost."""
-    declare_topology(rabbitmq.url)
-    rabbit = httpx.Client(base_url=rabbitmq.http_url, auth=("guest", "guest"), timeout=30)
-    exported = rabbit.get("/api/definitions").json()
-    checked_in = json.loads(
-        (Path(__file__).parent.parent / "data" / "rabbitmq-3.10-definitions.json").read_text()
-    )
-    assert topology(exported, "/") == topology(checked_in, "/")
+def test_the_checked_in_export_is_what_rabbitmq_exports(rabbitmq_oracle: RabbitMQ) -> None:
+    """tests/data/rabbitmq-3.10-definitions.json (the default set's stand-in for this module:
+    RabbitMQ's ``GET /api/definitions`` after ``declare_topology`` in its vhost ``/``) is what
+    RabbitMQ exports for it."""
+    rabbit = httpx.Client(base_url=rabbitmq_oracle.http_url, auth=("guest", "guest"), timeout=30)
+    assert rabbit.put(f"/api/vhosts/{CHECKED}").status_code in (201, 204)
+    grant = {"configure": ".*", "write": ".*", "read": ".*"}
+    assert rabbit.put(f"/api/permissions/{CHECKED}/guest", json=grant).status_code in (201, 204)
+    try:
+        declare_topology(rabbitmq_oracle.url + CHECKED)
+        exported = rabbit.get("/api/definitions").json()
+    finally:
+        rabbit.delete(f"/api/vhosts/{CHECKED}")
+    data = Path(__file__).parent.parent / "data" / "rabbitmq-3.10-definitions.json"
+    checked_in = json.loads(data.read_text())
+    assert topology(exported, CHECKED) == topology(checked_in, "/")
     assert set(exported) == set(checked_in)

@@ -46,6 +46,7 @@ from .definitions_api import load_definitions
 from .definitions_file import DefinitionsCommit, DefinitionsFile
 from .definitions_json import DefinitionsError
 from .flusher import Flusher
+from .stats import StatsSampler
 from .supervisor import FailureHandler, Supervisor
 from .vhost import VirtualHost
 
@@ -87,6 +88,9 @@ class Broker:
         # This node's name, as RabbitMQ's health checks and management API give it.
         self.node_name = f"tqbroker@{socket.gethostname()}"
         self.alarms = ResourceAlarms()
+        # The node's message counters and rates, and the sampler of every object's rates.
+        self.stats_sampler = StatsSampler()
+        self.stats = self.stats_sampler.new()
         self.memory_monitor = MemoryMonitor(
             self.alarms,
             parse_limit(config.memory_high_watermark, "memory_high_watermark"),

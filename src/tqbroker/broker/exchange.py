@@ -19,6 +19,7 @@ from ..protocol.codec import FieldTable, encode_table
 from ..protocol.errors import AMQPError, ReplyCode
 from ..protocol.methods import BasicProperties
 from .plugin_errors import exchange_type_failed
+from .stats import MessageStats
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class Exchange:
         self.bindings: dict[tuple[Hashable, str, bytes], FieldTable] = {}
         self.bound_by: set[BindingRef] = set()
         self.had_binding = False
+        # Message counters and rates for the management API and metrics (``broker/stats.py``).
+        self.stats = MessageStats()
 
     def bind(self, destination: Hashable, key: str, arguments: FieldTable) -> BindingRef | None:
         """Add a binding; return the reference the destination keeps, or None if it existed."""

@@ -31,6 +31,7 @@ from .arguments import QueueArguments
 from .consumer import Consumer
 from .deadletter import Reason
 from .flusher import Flusher
+from .stats import MessageStats
 
 if TYPE_CHECKING:
     from .exchange import BindingRef
@@ -90,6 +91,8 @@ class Queue(abc.ABC):
         # Why the queue failed (its actor or its store raised); None while it works.
         self.failure: str | None = None
         self.consumer_timeout_ms: int | None = None  # x-consumer-timeout, where the kind has it
+        # Message counters and rates for the management API and metrics (``broker/stats.py``).
+        self.stats = MessageStats()
         # Its entry in the definitions file, encoded once (``definitions.encode_snapshot``):
         # what it holds (name, backend, auto-delete, arguments) never changes.
         self.definition_cbor: bytes | None = None

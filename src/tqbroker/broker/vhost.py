@@ -44,6 +44,7 @@ from .pacing import Pacer
 from .queue import Queue
 from .reply_to import ReplyTo
 from .routing import Routing
+from .stats import MessageStats
 from .storage import QueueStorage, storage_error
 from .streams.groups import ConsumerGroups
 from .streams.queue import StreamQueue
@@ -80,6 +81,8 @@ class VirtualHost:
         self.opening: dict[str, trio.Event] = {}  # queues whose stores open in a thread
         self.prepared_stores: set[str] = set()  # holding exchanges' (holding.open_holding_store)
         self.queues: dict[str, Queue] = {}
+        # The vhost's message counters and rates (``broker/stats.py``).
+        self.stats = MessageStats()
         self.dormant = Dormant(name)  # stored definitions kept but not running
         self.consumer_groups = ConsumerGroups(spawn)  # on streams (x-stream-group)
         self.default_exchange = DefaultExchange(name, self.queues)
@@ -417,7 +420,7 @@ class VirtualHost:
         if if_empty and queue.message_count:
             raise AMQPError(
                 ReplyCode.PRECONDITION_FAILED,
-                f"queue '{name}' in vhost '{self.name}' is not empty",
+                f"queue '{name}' in vhost '{self.name}' not empty",
             )
         count = queue.message_count
         try:

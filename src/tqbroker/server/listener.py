@@ -23,6 +23,7 @@ from ..broker.broker import Broker
 from ..config import BrokerConfig
 from .connection import AMQPConnection
 from .http import serve_http
+from .registry import Connections
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ async def serve(
     """
     config = config or BrokerConfig()
     broker = Broker(config)
-    connections: set[AMQPConnection] = set()
+    connections = Connections()
     all_closed = trio.Event()
     async with trio.open_nursery() as broker_nursery:
         await broker_nursery.start(broker.run)
@@ -61,9 +62,13 @@ async def serve(
         ]
         for host, port in addresses:
             log.info("tqbroker %s listening for AMQP on %s:%d", broker.config.host, host, port)
+        connections.listeners += [("amqp", host, port) for host, port in addresses]
         http: list[Address] = []
         if config.http_port is not None:
-            http = await broker_nursery.start(serve_http, broker, config.host, config.http_port)
+            http = await broker_nursery.start(
+                serve_http, broker, connections, config.host, config.http_port
+            )
+            connections.listeners += [("http", host, port) for host, port in http]
 
         async def handle(stream: trio.SocketStream) -> None:
             connection = AMQPConnection(broker, stream)
@@ -92,8 +97,8 @@ async def serve(
                 await shutdown.wait()
                 accept_nursery.cancel_scope.cancel()
             log.info("shutting down: closing %d connection(s)", len(connections))
-            for connection in list(connections):
-                connection.shutdown()
+            for entry in connections:
+                entry.connection.shutdown()
             handler_nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout
             if connections:
                 await all_closed.wait()

@@ -64,9 +64,9 @@ def durable_backend_for_tests() -> str:
 
 
 def _isolated(config: BrokerConfig | None, data_dir: str) -> BrokerConfig:
-    """Port 0 by default (AMQP, HTTP and metrics), and a private data directory unless ``config`` names
-    one: a test broker never reads or writes ``./tqbroker-data``. The durable backend follows
-    ``durable_backend_for_tests()`` unless ``config`` chose one."""
+    """Port 0 by default (AMQP, HTTP and metrics), and a private data directory unless
+    ``config`` names one: a test broker never reads or writes ``./tqbroker-data``. The durable
+    backend follows ``durable_backend_for_tests()`` unless ``config`` chose one."""
     defaults = BrokerConfig()
     config = config or BrokerConfig(port=0)
     if config.http_port == defaults.http_port:

@@ -13,12 +13,16 @@ import hypercorn.trio
 import trio
 from hypercorn.typing import Framework
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from ...broker.broker import Broker
+from ..registry import Connections
 from .definitions_routes import get_definitions, post_definitions
 from .errors import EXCEPTION_HANDLERS
 from .health_routes import alarms, health, local_alarms
+from .mgmt_common import RawApiPaths
+from .mgmt_routes import MANAGEMENT_ROUTES
 from .record_routes import read_records, write_records
 from .topic_routes import consume, declare_topic, group, offsets, produce
 
@@ -27,8 +31,8 @@ log = logging.getLogger(__name__)
 Address = tuple[str, int]
 
 
-def create_app(broker: Broker) -> Starlette:
-    """The ASGI app serving ``broker``."""
+def create_app(broker: Broker, connections: Connections | None = None) -> Starlette:
+    """The ASGI app serving ``broker`` (and listing ``connections``, its AMQP connections)."""
     app = Starlette(
         routes=[
             Route("/health", health),
@@ -36,8 +40,8 @@ def create_app(broker: Broker) -> Starlette:
             Route("/api/health/checks/local-alarms", local_alarms),
             Route("/api/definitions", get_definitions, methods=["GET"]),
             Route("/api/definitions", post_definitions, methods=["POST"]),
-            Route("/api/definitions/{vhost:path}", get_definitions, methods=["GET"]),
-            Route("/api/definitions/{vhost:path}", post_definitions, methods=["POST"]),
+            Route("/api/definitions/{vhost}", get_definitions, methods=["GET"]),
+            Route("/api/definitions/{vhost}", post_definitions, methods=["POST"]),
             Route("/topics/{topic}", declare_topic, methods=["PUT"]),
             Route("/topics/{topic}/messages", produce, methods=["POST"]),
             Route("/topics/{topic}/messages", consume, methods=["GET"]),
@@ -45,15 +49,19 @@ def create_app(broker: Broker) -> Starlette:
             Route("/topics/{topic}/records", write_records, methods=["POST"]),
             Route("/topics/{topic}/partitions/{partition}/records", read_records),
             Route("/topics/{topic}/groups/{group}", group),
+            *MANAGEMENT_ROUTES,
         ],
         exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[Middleware(RawApiPaths)],
     )
     app.state.broker = broker
+    app.state.connections = connections if connections is not None else Connections()
     return app
 
 
 async def serve_http(
     broker: Broker,
+    connections: Connections,
     host: str,
     port: int,
     *,
@@ -68,7 +76,9 @@ async def serve_http(
     config.include_server_header = False
 
     async def started(*, task_status: trio.TaskStatus[list[str]]) -> None:
-        app = cast(Framework, create_app(broker))  # an ASGI app hypercorn's types don't know
+        app = cast(
+            Framework, create_app(broker, connections)
+        )  # an ASGI app hypercorn's types don't know
         await hypercorn.trio.serve(app, config, task_status=task_status)
 
     async with trio.open_nursery() as nursery:

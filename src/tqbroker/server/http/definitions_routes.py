@@ -26,9 +26,10 @@ from starlette.responses import RedirectResponse, Response
 from ...broker.definitions_api import export, import_document
 from ...broker.definitions_json import DefinitionsError, parse_document
 from ...protocol.errors import AMQPError
-from .auth import broker_of, user_of
-from .errors import RequestError
+from .auth import broker_of
+from .errors import ApiError, RequestError
 from .inputs import read_body
+from .mgmt_common import api_user, segment
 
 log = logging.getLogger(__name__)
 
@@ -36,42 +37,23 @@ SKIPPED_HEADER = "x-definitions-skipped"
 _SAFE_FILENAME = re.compile(r"[^A-Za-z0-9._@+-]")
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, error: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.error, self.reason = status, error, reason
-
-
-def _answer(status: int, error: str, reason: str) -> Response:
-    headers = {"www-authenticate": 'Basic realm="tqbroker"'} if status == 401 else None
-    body = json.dumps({"error": error, "reason": reason})
-    return Response(body, status, headers, media_type="application/json")
-
-
 async def _authorised(request: Request, vhost: str | None) -> None:
-    try:
-        user = await user_of(request)
-    except RequestError as exc:
-        raise _Refused(401, "not_authorised", exc.message) from None
+    user = await api_user(request)
     if user.vhosts is not None and (vhost is None or not user.may_open(vhost)):
-        raise _Refused(401, "not_authorised", "Not administrator user")
+        raise ApiError(401, "not_authorised", "Not administrator user")
 
 
 def _vhost_param(request: Request) -> str | None:
-    vhost = request.path_params.get("vhost")
-    return vhost if isinstance(vhost, str) else None
+    return segment(request, "vhost") if "vhost" in request.path_params else None
 
 
 async def get_definitions(request: Request) -> Response:
     """``GET /api/definitions[/{vhost}]``."""
     vhost = _vhost_param(request)
-    try:
-        await _authorised(request, vhost)
-    except _Refused as exc:
-        return _answer(exc.status, exc.error, exc.reason)
+    await _authorised(request, vhost)
     broker = broker_of(request)
     if vhost is not None and vhost not in broker.vhosts:
-        return _answer(400, "bad_request", "vhost_not_found")
+        raise ApiError(400, "bad_request", "vhost_not_found")
     body = json.dumps(export(broker, vhost))
     headers = {}
     download = request.query_params.get("download")
@@ -85,28 +67,26 @@ async def post_definitions(request: Request) -> Response:
     """``POST /api/definitions[/{vhost}]``: import a document (JSON, or a multipart form's
     ``file``)."""
     vhost = _vhost_param(request)
+    await _authorised(request, vhost)
+    broker = broker_of(request)
+    if vhost is not None and vhost not in broker.vhosts:
+        raise ApiError(404, "not_found", "vhost_not_found")
+    raw, redirect = await _document_bytes(request)
     try:
-        await _authorised(request, vhost)
-        broker = broker_of(request)
-        if vhost is not None and vhost not in broker.vhosts:
-            raise _Refused(404, "not_found", "vhost_not_found")
-        raw, redirect = await _document_bytes(request)
-        try:
-            document = parse_document(json.loads(raw) if raw.strip() else {}, vhost=vhost)
-        except (ValueError, RecursionError) as exc:
-            if not isinstance(exc, DefinitionsError):
-                raise _Refused(400, "bad_request", f"failed_to_parse_json: {exc}") from None
-            raise
+        loaded = json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError) as exc:  # not JSON (nor UTF-8)
+        raise ApiError(400, "bad_request", f"failed_to_parse_json: {exc}") from None
+    try:
+        document = parse_document(loaded, vhost=vhost)
         since = broker.definitions.mark()
         skipped = await import_document(broker, document, strict=False)
-        await broker.definitions.wait(since)  # durable before the answer, as a declare-ok
-    except _Refused as exc:
-        return _answer(exc.status, exc.error, exc.reason)
     except DefinitionsError as exc:
         log.info("definitions import refused: %s", exc)
-        return _answer(400, "bad_request", str(exc))
+        raise ApiError(400, "bad_request", str(exc)) from None
+    try:
+        await broker.definitions.wait(since)  # durable before the answer, as a declare-ok
     except AMQPError as exc:  # 541: the definitions could not be stored
-        return _answer(500, "internal_server_error", exc.reply_text)
+        raise ApiError(500, "internal_server_error", exc.reply_text) from None
     if redirect:
         return RedirectResponse(redirect, 303)
     headers = {}
@@ -121,7 +101,7 @@ async def _document_bytes(request: Request) -> tuple[bytes, str | None]:
     content_type = request.headers.get("content-type", "")
     kind = content_type.partition(";")[0].strip().lower()
     if kind not in ("application/json", "multipart/form-data"):
-        raise _Refused(
+        raise ApiError(
             415,
             "unsupported_media_type",
             "send the definitions as application/json or a multipart/form-data 'file'",
@@ -129,12 +109,12 @@ async def _document_bytes(request: Request) -> tuple[bytes, str | None]:
     try:
         raw = await read_body(request)
     except RequestError as exc:
-        raise _Refused(exc.status, "bad_request", exc.message) from None
+        raise ApiError(exc.status, "bad_request", exc.message) from None
     if kind == "application/json":
         return raw, None
     parts = _form_parts(content_type, raw)
     if "file" not in parts:
-        raise _Refused(400, "bad_request", "the form has no 'file' part")
+        raise ApiError(400, "bad_request", "the form has no 'file' part")
     redirect = parts.get("redirect")
     return parts["file"], redirect.decode("utf-8", "replace") if redirect else None
 

@@ -2,6 +2,8 @@
 with a 4xx (or 503) status; unknown paths and methods too, and a 500 for a bug.
 
 Responsibilities:
+- ``ApiError``: a refusal of the management API (``/api``), in RabbitMQ's shape
+  ``{"error": ..., "reason": ...}``;
 - ``RequestError``: a request the HTTP layer itself refuses (credentials, permissions, a body
   too large or malformed), with its status;
 - the status of each ``broker.streams.topics`` failure: ``NotFound`` 404, ``InvalidRequest`` 400,
@@ -52,6 +54,25 @@ class RequestError(Exception):
         self.message = message
 
 
+class ApiError(Exception):
+    """A management API refusal: RabbitMQ's status, ``error`` and ``reason``."""
+
+    def __init__(self, status: int, error: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.error = error
+        self.reason = reason
+
+
+def api_error_response(exc: ApiError) -> Response:
+    headers = (
+        {"www-authenticate": 'Basic realm="RabbitMQ Management"'} if exc.status == 401 else None
+    )
+    return JSONResponse(
+        {"error": exc.error, "reason": exc.reason}, status_code=exc.status, headers=headers
+    )
+
+
 def error(status: int, message: str) -> JSONResponse:
     """The JSON error response (a 401 asks for Basic credentials)."""
     headers = {"www-authenticate": 'Basic realm="tqbroker"'} if status == 401 else None
@@ -82,6 +103,12 @@ async def _topic_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    if request.url.path.startswith("/api/"):  # the management API answers as RabbitMQ's does
+        if exc.status_code == 404:
+            return JSONResponse({"error": "Object Not Found", "reason": "Not Found"}, 404)
+        return JSONResponse(
+            {"error": _REASONS.get(exc.status_code, "error"), "reason": exc.detail}, exc.status_code
+        )
     return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
 
 
@@ -90,7 +117,13 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error(500, f"{request.method} {request.url.path}: internal error (in the log)")
 
 
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return api_error_response(exc)
+
+
 EXCEPTION_HANDLERS: Mapping[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    ApiError: _api_error,
     RequestError: _request_error,
     TopicError: _topic_error,
     HTTPException: _http_error,

@@ -1,0 +1,285 @@
+"""The management API's queues: ``/api/queues[/{vhost}[/{name}]]`` (GET; PUT declares; DELETE
+with ``if-empty``/``if-unused``), ``/contents`` (DELETE purges), ``/get`` (POST: fetch
+messages, as RabbitMQ's "Get messages") and ``/bindings``; queues as RabbitMQ's JSON.
+
+A stream queue also reports its log: ``first_offset``, ``committed_offset`` (the durable end)
+and ``segments`` where its backend counts them.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import trio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ...backends.base import FLUSH_FIRST
+from ...broker.classic import ClassicQueue
+from ...broker.declaring import open_and_declare_queue
+from ...broker.queue import Queue
+from ...broker.stats import message_stats
+from ...broker.streams.queue import StreamQueue
+from ...broker.vhost import VirtualHost
+from ...protocol.errors import AMQPError
+from ...recordbatch import json_value
+from .auth import broker_of
+from .errors import ApiError, RequestError
+from .inputs import field_table
+from .mgmt_bindings import binding_json, bindings_of_queue
+from .mgmt_common import (
+    api_user,
+    api_vhost,
+    bad_request,
+    flag,
+    json_body,
+    listed_vhosts,
+    listing,
+    not_found,
+    query_flag,
+    refusal,
+    segment,
+)
+from .mgmt_connections import connections_of, consumer_details
+
+QUEUE_STATS: tuple[str, ...] = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack")
+QUEUE_STATS += ("get_empty", "redeliver", "ack")
+ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
+
+
+def queue_type(queue: Queue) -> str:
+    """RabbitMQ's ``type``: ``classic``, ``stream``, as declared (``x-queue-type``)."""
+    return queue.arguments.kind
+
+
+def queue_json(queue: Queue, node: str) -> dict[str, Any]:
+    """A queue as RabbitMQ's management API shows it (the fields tqbroker has)."""
+    ready = queue.message_count
+    unacked = queue.store.unacked_count if isinstance(queue, ClassicQueue) else 0
+    exclusive_tag = next((c.tag for c in queue.consumers if c.exclusive), None)
+    found: dict[str, Any] = {
+        "name": queue.name,
+        "vhost": queue.vhost,
+        "type": queue_type(queue),
+        "durable": queue.durable,
+        "auto_delete": queue.auto_delete,
+        "exclusive": queue.exclusive_owner is not None,
+        "arguments": json_value(dict(queue.arguments.table)),
+        "node": node,
+        "state": "crashed" if queue.failure is not None else "running",
+        "consumers": len(queue.consumers),
+        "exclusive_consumer_tag": exclusive_tag,
+        "messages": ready + unacked,
+        "messages_ready": ready,
+        "messages_unacknowledged": unacked,
+        "policy": None,
+        "operator_policy": None,
+        "effective_policy_definition": {},
+        "storage_backend": queue.backend_name,
+    }
+    if isinstance(queue, ClassicQueue):
+        found["message_bytes_ready"] = queue.store.ready_bytes
+        found["message_bytes"] = queue.store.ready_bytes
+    if isinstance(queue, StreamQueue):
+        stream = queue.stream
+        found["first_offset"] = stream.first_offset
+        found["committed_offset"] = stream.durable_end
+        found["next_offset"] = stream.next_offset
+        segments = getattr(getattr(stream, "log", None), "segments", None)
+        if segments is not None:
+            found["segments"] = len(segments)
+    if queue.failure is not None:
+        found["failure"] = queue.failure
+    stats = message_stats(queue.stats, QUEUE_STATS)
+    if stats:
+        found["message_stats"] = stats
+    return found
+
+
+async def list_queues(request: Request) -> Response:
+    """``GET /api/queues`` and ``GET /api/queues/{vhost}``."""
+    node = broker_of(request).node_name
+    vhosts = await listed_vhosts(request)
+    return await listing(
+        request,
+        (queue_json(q, node) for v in vhosts for q in list(v.queues.values()) if not q.deleted),
+    )
+
+
+def _queue(vhost: VirtualHost, request: Request) -> Queue:
+    queue = vhost.queues.get(segment(request, "name"))
+    if queue is None or queue.deleted:
+        raise not_found()
+    return queue
+
+
+async def show_queue(request: Request) -> Response:
+    """``GET /api/queues/{vhost}/{name}``."""
+    vhost = await api_vhost(request)
+    queue = _queue(vhost, request)
+    node = broker_of(request).node_name
+    found = queue_json(queue, node)
+    found["consumer_details"] = consumer_details(connections_of(request), queue, node)
+    found["deliveries"] = found["incoming"] = []
+    return JSONResponse(found)
+
+
+async def declare_queue(request: Request) -> Response:
+    """``PUT /api/queues/{vhost}/{name}``: 201 created, 204 if it existed as asked."""
+    vhost = await api_vhost(request)
+    body = await json_body(request)
+    name = segment(request, "name")
+    try:
+        arguments = field_table(body.get("arguments") or {}, "arguments")
+    except RequestError as exc:
+        raise bad_request(exc.message) from None
+    if name.startswith("amq."):
+        raise ApiError(401, "not_authorised", "Access refused.")
+    existed = name in vhost.queues
+    since = vhost.definitions.mark()
+    try:
+        await open_and_declare_queue(
+            vhost,
+            name,
+            passive=False,
+            durable=flag(body, "durable", True),
+            exclusive=False,
+            auto_delete=flag(body, "auto_delete", False),
+            arguments=arguments,
+            owner=None,
+        )
+        await vhost.definitions.wait(since)
+    except AMQPError as exc:
+        raise refusal(exc) from None
+    return Response(status_code=204 if existed else 201)
+
+
+async def delete_queue(request: Request) -> Response:
+    """``DELETE /api/queues/{vhost}/{name}`` (``?if-empty=true``, ``?if-unused=true``)."""
+    vhost = await api_vhost(request)
+    queue = _queue(vhost, request)
+    since = vhost.definitions.mark()
+    try:
+        vhost.delete_queue(
+            queue.name,
+            if_unused=query_flag(request, "if-unused"),
+            if_empty=query_flag(request, "if-empty"),
+            owner=queue.exclusive_owner,
+        )
+        await vhost.definitions.wait(since)
+    except AMQPError as exc:
+        raise refusal(exc) from None
+    return Response(status_code=204)
+
+
+async def purge_queue(request: Request) -> Response:
+    """``DELETE /api/queues/{vhost}/{name}/contents``."""
+    vhost = await api_vhost(request)
+    queue = _queue(vhost, request)
+    try:
+        vhost.purge_queue(queue.name, queue.exclusive_owner)
+    except AMQPError as exc:
+        raise refusal(exc) from None
+    return Response(status_code=204)
+
+
+async def queue_bindings(request: Request) -> Response:
+    """``GET /api/queues/{vhost}/{name}/bindings``."""
+    vhost = await api_vhost(request)
+    queue = _queue(vhost, request)
+    return await listing(request, (binding_json(b) for b in bindings_of_queue(vhost, queue)))
+
+
+async def get_messages(request: Request) -> Response:
+    """``POST /api/queues/{vhost}/{name}/get``: up to ``count`` messages, then, by ``ackmode``,
+    requeued (as they were, marked redelivered), acked, or rejected (dead-lettered where the
+    queue says so)."""
+    user = await api_user(request)
+    vhost = await api_vhost(request, user)
+    queue = _queue(vhost, request)
+    body = await json_body(request)
+    count, ackmode = body.get("count", 1), body.get("ackmode", "ack_requeue_true")
+    encoding, truncate = body.get("encoding", "auto"), body.get("truncate")
+    try:
+        count = int(count)
+        truncate = int(truncate) if truncate not in (None, "") else None
+    except (TypeError, ValueError):
+        raise bad_request("'count' and 'truncate' must be numbers") from None
+    if ackmode not in ACK_MODES:
+        raise bad_request(f"'ackmode' must be one of {', '.join(ACK_MODES)}, not {ackmode!r}")
+    if encoding not in ("auto", "base64"):
+        raise bad_request(f"'encoding' must be auto or base64, not {encoding!r}")
+    if not isinstance(queue, ClassicQueue):
+        raise bad_request(f"messages can only be fetched from classic queues, not '{queue.name}'")
+    taken: list[tuple[int, Any, bool, int]] = []  # id, message, redelivered, left
+    try:
+        while len(taken) < count:
+            entry = queue.get()
+            if entry is FLUSH_FIRST:
+                assert queue.flusher is not None
+                flushed = trio.Event()
+                queue.flusher.call_after_flush(flushed.set)
+                await flushed.wait()
+                continue
+            if entry is None:
+                break
+            taken.append((*entry, queue.message_count))
+    finally:
+        for message_id, _message, _redelivered, _left in reversed(taken):
+            if ackmode.endswith("requeue_true"):
+                queue.requeue(message_id, None)
+            elif ackmode.startswith("ack"):
+                queue.ack(message_id, None)
+            else:
+                queue.reject(message_id, None)
+    found = []
+    for _id, message, redelivered, left in taken:
+        payload = bytes(message.body)
+        found.append(
+            {
+                "payload_bytes": len(payload),
+                "redelivered": redelivered,
+                "exchange": message.exchange,
+                "routing_key": message.routing_key,
+                "message_count": left,
+                "properties": _properties(message),
+                **_payload(payload[:truncate] if truncate is not None else payload, encoding),
+            }
+        )
+    return JSONResponse(found)
+
+
+def _payload(payload: bytes, encoding: str) -> dict[str, str]:
+    if encoding == "auto":
+        try:
+            return {"payload": payload.decode("utf-8"), "payload_encoding": "string"}
+        except UnicodeDecodeError:
+            pass
+    return {"payload": base64.b64encode(payload).decode(), "payload_encoding": "base64"}
+
+
+def _properties(message: Any) -> dict[str, Any]:
+    """A message's properties as RabbitMQ's API names them (the ones set)."""
+    properties = message.properties
+    found: dict[str, Any] = {}
+    for field in (
+        "content_type",
+        "content_encoding",
+        "headers",
+        "delivery_mode",
+        "priority",
+        "correlation_id",
+        "reply_to",
+        "expiration",
+        "message_id",
+        "timestamp",
+        "type",
+        "user_id",
+        "app_id",
+        "cluster_id",
+    ):
+        value = getattr(properties, field, None)
+        if value is not None:
+            found[field] = json_value(value)
+    return found
