@@ -262,3 +262,20 @@ def test_a_definitions_file_that_contradicts_the_broker_stops_the_boot(tmp_path:
     assert result.returncode == 1
     assert "cannot read" in result.stderr
     assert "No such file" in result.stderr
+
+
+def test_a_long_export_is_streamed_whole(broker: RunningBroker) -> None:
+    """250 queues and bindings: encoded a slice at a time, the answer is one JSON document."""
+    api = client(broker)
+    queues = [{"name": f"q{n}", "vhost": "/", "arguments": {"x-max-length": n}} for n in range(250)]
+    exchanges = [{"name": "fan", "vhost": "/", "type": "fanout"}]
+    bindings = [
+        {"source": "fan", "vhost": "/", "destination": f"q{n}", "destination_type": "queue"}
+        for n in range(250)
+    ]
+    document = {"queues": queues, "exchanges": exchanges, "bindings": bindings}
+    assert api.post("/api/definitions", json=document).status_code == 204
+    exported = api.get("/api/definitions").json()
+    assert [q["arguments"]["x-max-length"] for q in exported["queues"]] == list(range(250))
+    assert len(exported["bindings"]) == 250
+    assert exported["policies"] == []

@@ -21,9 +21,9 @@ import re
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response, StreamingResponse
 
-from ...broker.definitions_api import export, import_document
+from ...broker.definitions_api import encode, export, import_document
 from ...broker.definitions_json import DefinitionsError, parse_document
 from ...protocol.errors import AMQPError
 from .auth import broker_of
@@ -54,13 +54,13 @@ async def get_definitions(request: Request) -> Response:
     broker = broker_of(request)
     if vhost is not None and vhost not in broker.vhosts:
         raise ApiError(400, "bad_request", "vhost_not_found")
-    body = json.dumps(export(broker, vhost))
+    document = await export(broker, vhost)
     headers = {}
     download = request.query_params.get("download")
     if download:
         filename = _SAFE_FILENAME.sub("_", download)[:200]
         headers["content-disposition"] = f"attachment; filename={filename}"
-    return Response(body, 200, headers, media_type="application/json")
+    return StreamingResponse(encode(document), 200, headers, media_type="application/json")
 
 
 async def post_definitions(request: Request) -> Response:
