@@ -2,9 +2,10 @@
 API's ``/api/definitions`` and ``load_definitions`` at boot use these).
 
 Responsibilities:
-- ``export``: the live topology as RabbitMQ's definitions document, whole or one vhost's, as
-  RabbitMQ exports it: every exchange but the default and ``amq.*`` ones, every queue but the
-  exclusive ones, durable or not, and the bindings between them; dormant definitions too;
+- ``export`` (and ``encode``, its JSON a slice at a time): the live topology as RabbitMQ's
+  definitions document, whole or one vhost's, as RabbitMQ exports it: every exchange but the
+  default and ``amq.*`` ones, every queue but the exclusive ones, durable or not, and the
+  bindings between them; dormant definitions too;
 - ``load_definitions``: import a file at boot (``load_definitions``), strictly;
 - ``import_document``: create what a ``definitions_json.Document`` declares and is missing
   (vhosts, exchanges, queues, bindings), through the same checks as an AMQP declare. The whole
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ from .definitions_json import (
     parse_document,
     queue_json,
 )
+from .pacing import Pacer
 from .vhost import VirtualHost
 
 if TYPE_CHECKING:
@@ -51,32 +53,35 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+ENCODED_ENTRIES = 200  # entries encoded between two yields of ``encode``
 
-def export(broker: Broker, vhost: str | None = None) -> dict[str, Any]:
+
+async def export(broker: Broker, vhost: str | None = None) -> dict[str, Any]:
     """The topology as RabbitMQ's ``GET /api/definitions`` (or ``/api/definitions/{vhost}``)
-    answers it."""
+    answers it. Built a slice at a time (100k queues would hold the event loop ~1 s)."""
     names = [vhost] if vhost is not None else list(broker.vhosts)
     queues: list[dict[str, Any]] = []
     exchanges: list[dict[str, Any]] = []
     bindings: list[dict[str, Any]] = []
+    pacer = Pacer()
     for name in names:
-        host = broker.vhosts[name]
+        host = broker.vhosts.get(name)
+        if host is None:  # deleted meanwhile
+            continue
         field = None if vhost is not None else name
         dormant = host.dormant.definitions()
-        queues += [
-            queue_json(field, stored_queue(q), q.durable)
-            for q in host.queues.values()
-            if q.exclusive_owner is None
-        ]
+        for queue in list(host.queues.values()):
+            if queue.exclusive_owner is None:
+                queues.append(queue_json(field, stored_queue(queue), queue.durable))
+            await pacer.step()
         queues += [queue_json(field, q) for q in dormant["queues"]]
-        exchanges += [
-            exchange_json(field, x, host.exchanges[x["name"]].durable)
-            for x in _exchanges(host, durable=False)
-        ]
+        durability = {x.name: x.durable for x in host.exchanges.values()}
+        for x in _exchanges(host, durable=False):
+            exchanges.append(exchange_json(field, x, durability[x["name"]]))
         exchanges += [exchange_json(field, x) for x in dormant["exchanges"]]
-        bindings += [
-            binding_json(field, b) for b in _bindings(host, durable=False) + dormant["bindings"]
-        ]
+        for b in _bindings(host, durable=False) + dormant["bindings"]:
+            bindings.append(binding_json(field, b))
+            await pacer.step()
     if vhost is not None:
         return {
             **head(__version__, vhost_only=True),
@@ -95,6 +100,27 @@ def export(broker: Broker, vhost: str | None = None) -> dict[str, Any]:
         "exchanges": exchanges,
         "bindings": bindings,
     }
+
+
+async def encode(document: Mapping[str, Any]) -> AsyncIterator[bytes]:
+    """``document`` as JSON, a slice of entries at a time (a checkpoint between)."""
+    pacer = Pacer()
+    pending: list[bytes] = [b"{"]
+    for n, (key, value) in enumerate(document.items()):
+        pending.append(b"%s%s:" % (b"," if n else b"", json.dumps(key).encode()))
+        if not isinstance(value, list) or len(value) < ENCODED_ENTRIES:
+            pending.append(json.dumps(value).encode())
+            continue
+        pending.append(b"[")
+        for i, entry in enumerate(value):
+            pending.append(b"%s%s" % (b"," if i else b"", json.dumps(entry).encode()))
+            if len(pending) >= ENCODED_ENTRIES:
+                yield b"".join(pending)
+                pending.clear()
+            await pacer.step()
+        pending.append(b"]")
+    pending.append(b"}")
+    yield b"".join(pending)
 
 
 def _queue_where(q: QueueDef | ExchangeDef) -> str:
