@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import cbor2
 import pika
 import pytest
 from hypothesis import given, settings
@@ -191,6 +192,12 @@ def test_a_cbor_file_of_0_1_0_is_migrated(tmp_path: Path) -> None:
     assert [q["tqbroker"] for q in memory] == [{"backend": "memory"}] * 2
     with running_broker(config(data_dir)) as broker:  # and it reads back
         check_topology(broker.url)
+    # Entry for entry what the CBOR held (built-in exchange types name no distribution now).
+    legacy = cbor2.loads((DATA / "definitions-0.1.0.cbor").read_bytes())
+    for defs in legacy["definitions"].values():
+        for exchange in defs["exchanges"]:
+            exchange["type_distribution"] = None
+    assert definitions_file.DefinitionsFile(data_dir, bytes).load() == legacy
 
 
 def test_the_cbor_file_stays_until_the_json_is_written(
