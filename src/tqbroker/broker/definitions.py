@@ -51,8 +51,8 @@ def _exchanges(vhost: VirtualHost, *, durable: bool = True) -> list[dict[str, An
             "auto_delete": x.auto_delete,
             "internal": x.internal,
             "arguments": x.arguments,
-            # What installs the type: named if the type is ever missing at a start.
-            "type_distribution": distributions(EXCHANGE_TYPES_GROUP).get(x.type_name),
+            # What installs the type (a plugin): named if the type is ever missing at a start.
+            "type_distribution": _plugin(distributions(EXCHANGE_TYPES_GROUP).get(x.type_name)),
             # Where a holding exchange's store is (it reopens there after a restart).
             **(
                 {"store_backend": x.context.backend_name}
@@ -63,6 +63,12 @@ def _exchanges(vhost: VirtualHost, *, durable: bool = True) -> list[dict[str, An
         for x in vhost.exchanges.values()
         if (x.durable or not durable) and x.name and not x.name.startswith("amq.")
     ]
+
+
+def _plugin(distribution: str | None) -> str | None:
+    """The distribution that installs an exchange type, unless it is tqbroker's own."""
+    own = distribution is None or distribution.partition(" ")[0] == "tqbroker"
+    return None if own else distribution
 
 
 def _bindings(vhost: VirtualHost, *, durable: bool = True) -> list[dict[str, Any]]:
