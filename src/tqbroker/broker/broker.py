@@ -35,7 +35,6 @@ from .definitions import (
     Unrestorable,
     assign_backends,
     backends_in_use,
-    encode_snapshot,
     missing_backend,
     open_stored,
     refusal,
@@ -45,6 +44,7 @@ from .definitions import (
 from .definitions_api import load_definitions
 from .definitions_file import DefinitionsCommit, DefinitionsFile
 from .definitions_json import DefinitionsError
+from .definitions_snapshot import encode_snapshot
 from .flusher import Flusher
 from .stats import StatsSampler
 from .supervisor import FailureHandler, Supervisor

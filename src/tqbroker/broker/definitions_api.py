@@ -31,7 +31,7 @@ from .._version import __version__
 from ..protocol.errors import AMQPError
 from .arguments import check_declaration
 from .declaring import open_and_declare_queue
-from .definitions import StartupError, _bindings, _exchanges, stored_queue
+from .definitions import StartupError, _bindings, _exchanges
 from .definitions_json import (
     UNMODELLED,
     BindingDef,
@@ -45,6 +45,7 @@ from .definitions_json import (
     parse_document,
     queue_json,
 )
+from .definitions_snapshot import stored_queue
 from .pacing import Pacer
 from .vhost import VirtualHost
 
