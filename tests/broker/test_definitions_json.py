@@ -234,3 +234,24 @@ def test_a_broken_definitions_file_stops_the_start_in_one_line(tmp_path: Path) -
     assert result.stderr.strip().splitlines()[-1].startswith("tqbroker: cannot start: ")
     assert "queues[0]: 'durable' must be true or false" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_rabbitmq_export_serves_as_the_definitions_file(tmp_path: Path) -> None:
+    """The same schema: RabbitMQ's export put in place of the file starts a broker with its
+    durable topology, each queue on the backend a declare would choose (the file names none)."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    shutil.copy(DATA / "rabbitmq-3.10-definitions.json", data_dir / "definitions.json")
+    with running_broker(config(data_dir, durable_backend="log")) as broker:
+        connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+        channel = connection.channel()
+        for queue in ("orders.eu", "prioritised", "lost", "events", "short-lived"):
+            channel.queue_declare(queue, passive=True)
+        channel.basic_publish("orders", "eu.fr", b"eu")
+        assert channel.basic_get("orders.eu", auto_ack=True)[2] == b"eu"
+        connection.close()
+    written = json.loads((data_dir / "definitions.json").read_text())
+    backends = {q["name"]: q["tqbroker"]["backend"] for q in written["queues"]}
+    assert backends == dict.fromkeys(
+        ["orders.eu", "prioritised", "lost", "events", "short-lived"], "log"
+    )
