@@ -164,6 +164,18 @@ def test_an_existing_queue_that_differs_is_kept_as_rabbitmq_does(broker: Running
     assert "queue 'q' in vhost '/': kept as it is" in answer.headers["x-definitions-skipped"]
     (queue,) = api.get("/api/definitions").json()["queues"]
     assert queue["arguments"] == {"x-max-length": 5}
+    # An exclusive queue of a connection: its name is taken, its bindings are the owner's.
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    connection.channel().queue_declare("mine", exclusive=True)
+    binding = {"source": "amq.fanout", "vhost": "/", "destination": "mine"}
+    answer = api.post(
+        "/api/definitions", json={"queues": [{"name": "mine"}], "bindings": [binding]}
+    )
+    connection.close()
+    assert answer.status_code == 204
+    skipped = answer.headers["x-definitions-skipped"]
+    assert "queue 'mine' in vhost '/': kept as it is" in skipped
+    assert "binding of queue 'mine' to exchange 'amq.fanout'" in skipped
 
 
 def test_a_vhost_import_and_the_management_ui_form(broker: RunningBroker) -> None:

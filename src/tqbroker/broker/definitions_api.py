@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._version import __version__
-from ..protocol.errors import AMQPError
+from ..protocol.errors import AMQPError, ReplyCode
 from .arguments import check_declaration
 from .declaring import open_and_declare_queue
 from .definitions import StartupError, _bindings, _exchanges
@@ -247,7 +247,9 @@ def _bind(vhost: VirtualHost, b: BindingDef, skipped: list[str], *, strict: bool
         else:
             vhost.bind_exchange(b.destination, b.source, b.routing_key, dict(b.arguments))
     except AMQPError as exc:
-        raise DefinitionsError(f"{_binding_where(b)}: {exc.reply_text}") from None
+        if strict or exc.code != ReplyCode.RESOURCE_LOCKED:
+            raise DefinitionsError(f"{_binding_where(b)}: {exc.reply_text}") from None
+        skipped.append(f"{_binding_where(b)}: {exc.reply_text}")  # an exclusive queue
 
 
 async def load_definitions(broker: Broker, path: Path) -> None:
