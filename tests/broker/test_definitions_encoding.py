@@ -1,6 +1,7 @@
-"""The definitions file is assembled from pre-encoded parts (``definitions_snapshot.encode_snapshot``):
-each queue's entry is encoded once and joined with the others. What it writes must be the
-RabbitMQ definitions JSON the plain structure would be, whatever the counts."""
+"""The definitions file is assembled from pre-encoded parts
+(``definitions_snapshot.encode_snapshot``): each queue's entry is encoded once and joined with
+the others. What it writes must be the RabbitMQ definitions JSON the plain structure would be,
+whatever the counts."""
 
 from __future__ import annotations
 
