@@ -25,6 +25,7 @@ from .mgmt_common import RawApiPaths
 from .mgmt_routes import MANAGEMENT_ROUTES
 from .record_routes import read_records, write_records
 from .topic_routes import consume, declare_topic, group, offsets, produce
+from .ui import UI_ROUTES
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ def create_app(broker: Broker, connections: Connections | None = None) -> Starle
             Route("/topics/{topic}/partitions/{partition}/records", read_records),
             Route("/topics/{topic}/groups/{group}", group),
             *MANAGEMENT_ROUTES,
+            *UI_ROUTES,  # the web UI: / and /ui/{name}
         ],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[Middleware(RawApiPaths)],
