@@ -5,18 +5,20 @@ is kept dormant and written back unchanged."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import cbor2
 import pika
 import pika.exceptions
 import pytest
 
 from plugin_dist import PluginDistribution
 from tqbroker import BrokerConfig
+from tqbroker.broker.definitions_file import DefinitionsFile
 from tqbroker.testing import running_broker
 
 ROUTER = """
@@ -75,9 +77,9 @@ def snapshot(directory: Path) -> dict[str, bytes]:
     }
 
 
-def stored_definitions(data_dir: Path) -> dict[str, object]:
-    definitions = cbor2.loads((data_dir / "definitions.cbor").read_bytes())
-    assert isinstance(definitions, dict)
+def stored_definitions(data_dir: Path) -> dict[str, Any]:
+    """The vhost ``/`` of the definitions file, in the stored form."""
+    definitions = DefinitionsFile(data_dir, bytes).load()
     stored = definitions["definitions"]["/"]
     assert isinstance(stored, dict)
     return stored
@@ -185,7 +187,7 @@ def test_a_dormant_exchange_can_be_deleted(plugin: PluginDistribution, tmp_path:
         channel.exchange_declare("orders", "direct", durable=True)
         connection.close()
     stored = stored_definitions(data_dir)
-    assert [(x["name"], x["type"]) for x in stored["exchanges"]] == [("orders", "direct")]  # type: ignore[index]
+    assert [(x["name"], x["type"]) for x in stored["exchanges"]] == [("orders", "direct")]
     assert stored["bindings"] == []
     # No longer needs the plugin to start.
     with running_broker(config(data_dir)):
@@ -199,10 +201,11 @@ def test_a_queue_whose_arguments_no_longer_validate_stops_the_start(tmp_path: Pa
         connection.channel().queue_declare("limited", durable=True, arguments={"x-max-length": 5})
         connection.close()
     # As if a newer broker had stricter rules: the stored argument is no longer valid.
-    definitions = cbor2.loads((data_dir / "definitions.cbor").read_bytes())
-    (queue,) = definitions["definitions"]["/"]["queues"]
-    queue["arguments"]["x-max-length"] = "five"
-    (data_dir / "definitions.cbor").write_bytes(cbor2.dumps(definitions))
+    definitions = json.loads((data_dir / "definitions.json").read_bytes())
+    (entry,) = definitions["queues"]
+    entry["arguments"]["x-max-length"] = "five"
+    (data_dir / "definitions.json").write_text(json.dumps(definitions))
+    (queue,) = stored_definitions(data_dir)["queues"]
     before = snapshot(data_dir)
     result = start_cli(data_dir)
     assert result.returncode == 1

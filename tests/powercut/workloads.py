@@ -10,12 +10,11 @@ knows a corrupt body when it sees one.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-import cbor2
 
 from tqbroker.backends.base import FLUSH_FIRST
 from tqbroker.backends.log import LogBackend
@@ -275,8 +274,10 @@ class DefinitionsWorkload:
         version = 0
 
         def snapshot() -> bytes:
-            queues = [f"queue-{i}" for i in range(version * 40)]
-            return cbor2.dumps({"version": version, "queues": queues})
+            # A definitions document: its one vhost names the version.
+            queues = [{"name": f"queue-{i}", "vhost": f"v{version}"} for i in range(version * 40)]
+            document = {"vhosts": [{"name": f"v{version}"}], "queues": queues}
+            return json.dumps(document).encode()
 
         file = DefinitionsFile(data_dir, snapshot)
         for version in range(1, self.versions + 1):
@@ -287,11 +288,17 @@ class DefinitionsWorkload:
             recorder.mark(definitions=[version])
 
     def check(self, data_dir: Path, marks: list[dict[str, Any]]) -> Counter[str]:
-        loaded = DefinitionsFile(data_dir, bytes).load()
-        version = loaded.get("version", 0)
         found: Counter[str] = Counter()
+        try:
+            loaded = DefinitionsFile(data_dir, bytes).load()
+        except ValueError:  # DefinitionsError: not the JSON written
+            found["corrupt"] += 1
+            return found
+        (vhost,) = loaded.get("vhosts", ["v0"])
+        version = int(vhost[1:])
         if version < max(union(marks, "definitions"), default=0):
             found["lost"] += 1
-        if loaded and loaded.get("queues") != [f"queue-{i}" for i in range(version * 40)]:
+        queues = loaded["definitions"][vhost]["queues"] if loaded else []
+        if [q["name"] for q in queues] != [f"queue-{i}" for i in range(version * 40)]:
             found["corrupt"] += 1
         return found

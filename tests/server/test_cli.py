@@ -112,8 +112,8 @@ def test_refuses_to_start_when_a_stored_queue_backend_is_missing(tmp_path: Path)
         )
         conn.close()
     # Pretend the backend is gone: rewrite the stored definition to name one that is not there.
-    definitions = tmp_path / "tqbroker-data" / "definitions.cbor"
-    definitions.write_bytes(definitions.read_bytes().replace(b"memory", b"vanish"))
+    definitions = tmp_path / "tqbroker-data" / "definitions.json"
+    definitions.write_bytes(definitions.read_bytes().replace(b'"memory"', b'"vanish"'))
     result = subprocess.run(
         [sys.executable, "-m", "tqbroker", "--port", "0"],
         cwd=tmp_path,

@@ -34,15 +34,18 @@ from .alarms import DiskMonitor, MemoryMonitor, ResourceAlarms
 from .definitions import (
     StartupError,
     Unrestorable,
+    assign_backends,
     backends_in_use,
-    encode_snapshot,
     missing_backend,
     open_stored,
     refusal,
     restore,
     unrestorable,
 )
+from .definitions_api import load_definitions
 from .definitions_file import DefinitionsCommit, DefinitionsFile
+from .definitions_json import DefinitionsError
+from .definitions_snapshot import encode_snapshot
 from .flusher import Flusher
 from .stats import MessageStats, StatsSampler, StatsTotal
 from .supervisor import FailureHandler, Supervisor
@@ -131,6 +134,14 @@ class Broker:
             for exchange in list(vhost.exchanges.values()):
                 yield exchange.stats
 
+    def add_vhost(self, name: str) -> VirtualHost:
+        """The vhost ``name``, created (durably: it is in the definitions) if missing."""
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            vhost = self.vhosts[name] = self._new_vhost(name)
+            self.definitions.changed()
+        return vhost
+
     def _spawn(
         self, fn: Callable[[], Awaitable[object]], *, on_failure: FailureHandler | None = None
     ) -> None:
@@ -144,7 +155,11 @@ class Broker:
         # A full disk sets the alarm (publishers blocked) rather than stopping the start.
         await self.disk_monitor.check()
         # Checked before any backend opens: a refused start leaves the data directory as it is.
-        stored = self.definitions_file.load()
+        try:
+            stored = self.definitions_file.load()
+        except DefinitionsError as exc:
+            raise StartupError(str(exc)) from None
+        assign_backends(stored, self.backends, self.config.durable_backend)
         dormant = self._check_definitions(stored)
         await trio.to_thread.run_sync(self._open_backends, stored)  # they create and fsync
         try:
@@ -164,6 +179,8 @@ class Broker:
                 self._restore(stored, dormant)
                 self._restored = True
                 self.recovery_seconds = time.monotonic() - recovery_started
+                if self.config.load_definitions is not None:
+                    await load_definitions(self, self.config.load_definitions)
                 try:
                     await trio.to_thread.run_sync(self.definitions_file.write_work())
                 except OSError as exc:  # e.g. a full disk: what is stored stays as it was

@@ -1,10 +1,10 @@
 """Durable definitions: the vhosts' durable exchanges, queues and bindings, and their file.
 
 Responsibilities:
-- ``encode_snapshot``: what of the vhosts survives a restart (durable exchanges but the
-  predeclared ones, durable non-exclusive queues with the backend they live on, bindings
-  between durable ends), encoded as the definitions file holds it
-  (``broker/definitions_file.py`` writes it);
+- what of the vhosts survives a restart (durable exchanges but the predeclared ones, durable
+  non-exclusive queues with the backend they live on, bindings between durable ends), in the
+  stored form (``broker/definitions_snapshot.py`` encodes it as the definitions file holds it,
+  ``broker/definitions_json.py`` reads it back); ``assign_backends`` for entries naming none;
 - ``restore``: recreate a vhost's definitions at startup; what ``unrestorable`` found is kept
   dormant (``broker/dormant.py``), never dropped;
 - ``missing_backend``: why stored definitions cannot be restored without losing messages (a
@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import cbor2
 
 from ..backends.base import Backend
 from ..plugins.loader import EXCHANGE_TYPES_GROUP, distributions
@@ -38,8 +37,9 @@ from .vhost import VirtualHost
 log = logging.getLogger(__name__)
 
 
-def _exchanges(vhost: VirtualHost) -> list[dict[str, Any]]:
-    """The vhost's durable exchanges, for the definitions file."""
+def _exchanges(vhost: VirtualHost, *, durable: bool = True) -> list[dict[str, Any]]:
+    """The vhost's durable exchanges (all of them but the default and the ``amq.`` ones unless
+    ``durable``), in the stored form."""
     return [
         {
             "name": x.name,
@@ -47,8 +47,8 @@ def _exchanges(vhost: VirtualHost) -> list[dict[str, Any]]:
             "auto_delete": x.auto_delete,
             "internal": x.internal,
             "arguments": x.arguments,
-            # What installs the type: named if the type is ever missing at a start.
-            "type_distribution": distributions(EXCHANGE_TYPES_GROUP).get(x.type_name),
+            # What installs the type (a plugin): named if the type is ever missing at a start.
+            "type_distribution": _plugin(distributions(EXCHANGE_TYPES_GROUP).get(x.type_name)),
             # Where a holding exchange's store is (it reopens there after a restart).
             **(
                 {"store_backend": x.context.backend_name}
@@ -57,12 +57,19 @@ def _exchanges(vhost: VirtualHost) -> list[dict[str, Any]]:
             ),
         }
         for x in vhost.exchanges.values()
-        if x.durable and x.name and not x.name.startswith("amq.")
+        if (x.durable or not durable) and x.name and not x.name.startswith("amq.")
     ]
 
 
-def _bindings(vhost: VirtualHost) -> list[dict[str, Any]]:
-    """The vhost's bindings between durable exchanges and durable queues or exchanges."""
+def _plugin(distribution: str | None) -> str | None:
+    """The distribution that installs an exchange type, unless it is tqbroker's own."""
+    own = distribution is None or distribution.partition(" ")[0] == "tqbroker"
+    return None if own else distribution
+
+
+def _bindings(vhost: VirtualHost, *, durable: bool = True) -> list[dict[str, Any]]:
+    """The vhost's bindings between durable exchanges and durable queues or exchanges (between
+    any, unless ``durable``; never to an exclusive queue), in the stored form."""
     return [
         {
             "source": source.name,
@@ -72,10 +79,10 @@ def _bindings(vhost: VirtualHost) -> list[dict[str, Any]]:
             "arguments": arguments,
         }
         for source in vhost.exchanges.values()
-        if source.durable
+        if source.name and (source.durable or not durable)
         for (dest, key, _args_id), arguments in source.bindings.items()
         if isinstance(dest, Queue | Exchange)
-        and dest.durable
+        and (dest.durable or not durable)
         and not (isinstance(dest, Queue) and dest.exclusive_owner is not None)
     ]
 
@@ -206,6 +213,24 @@ def restore(
     vhost.routing.changed()
 
 
+def assign_backends(
+    stored: Mapping[str, Any], backends: Mapping[str, Backend], durable_backend: str
+) -> None:
+    """Give a backend to each stored queue whose entry names none (a definitions file written
+    by RabbitMQ or by hand): the one a declare would choose."""
+    for vhost, defs in stored.get("definitions", {}).items():
+        storage = QueueStorage(vhost, backends, durable_backend)
+        for q in defs.get("queues", []):
+            if q.get("backend") is None:
+                try:
+                    arguments = QueueArguments.parse(q["arguments"])
+                    q["backend"] = storage.backend_for(
+                        q["name"], durable=True, exclusive=False, arguments=arguments
+                    )
+                except (AMQPError, ValueError, TypeError):  # reported by ``unrestorable``
+                    q["backend"] = durable_backend
+
+
 def backends_in_use(stored: Mapping[str, Any]) -> set[str]:
     """The backends that stored durable queues and message-holding exchanges live on."""
     used: set[str] = set()
@@ -237,51 +262,6 @@ def missing_backend(stored: Mapping[str, Any], backends: Mapping[str, object]) -
                     "fix it (refusing to start rather than lose its messages)"
                 )
     return None
-
-
-def encode_snapshot(vhosts: Mapping[str, VirtualHost]) -> bytes:
-    """``snapshot`` encoded in CBOR, as the definitions file holds it. Each queue's entry is
-    encoded once in its life (``Queue.definition_cbor``), so that a declare among 100k durable
-    queues costs the event loop a join of their bytes, not their encoding."""
-    parts = [_head(MAP, 2), cbor2.dumps("vhosts"), cbor2.dumps(list(vhosts))]
-    parts += [cbor2.dumps("definitions"), _head(MAP, len(vhosts))]
-    for name, vhost in vhosts.items():
-        dormant = vhost.dormant.definitions()
-        queues = [
-            _queue_cbor(q) for q in vhost.queues.values() if q.durable and q.exclusive_owner is None
-        ]
-        queues += [cbor2.dumps(entry) for entry in dormant["queues"]]
-        parts += [cbor2.dumps(name), _head(MAP, 3)]
-        parts += [cbor2.dumps("exchanges"), cbor2.dumps(_exchanges(vhost) + dormant["exchanges"])]
-        parts += [cbor2.dumps("queues"), _head(ARRAY, len(queues)), *queues]
-        parts += [cbor2.dumps("bindings"), cbor2.dumps(_bindings(vhost) + dormant["bindings"])]
-    return b"".join(parts)
-
-
-def _queue_cbor(queue: Queue) -> bytes:
-    if queue.definition_cbor is None:
-        queue.definition_cbor = cbor2.dumps(
-            {
-                "name": queue.name,
-                "backend": queue.backend_name,
-                "auto_delete": queue.auto_delete,
-                "arguments": queue.arguments.table,
-            }
-        )
-    return queue.definition_cbor
-
-
-ARRAY, MAP = 4, 5  # CBOR major types
-
-
-def _head(major: int, length: int) -> bytes:
-    """A CBOR head: major type and length (of an array, a map...)."""
-    if length < 24:
-        return bytes([major << 5 | length])
-    for extra, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
-        if length < 1 << (8 * size):
-            return bytes([major << 5 | extra]) + length.to_bytes(size, "big")
-    raise ValueError(f"{length} items cannot be encoded")
 
 
 def open_stored(

@@ -1,11 +1,13 @@
-"""``definitions.cbor``: the durable topology (vhosts, durable exchanges, queues, bindings),
-written by group commit, and what a client's ``*-ok`` waits for.
+"""``definitions.json``: the durable topology (vhosts, durable exchanges, queues, bindings) as
+RabbitMQ's definitions JSON (``broker/definitions_json.py``), written by group commit, and what a
+client's ``*-ok`` waits for.
 
 Responsibilities:
 - ``DefinitionsFile``: a change marks the file dirty; the flusher that drives it
   (``broker/flusher.py``, as for a storage backend) writes one snapshot of the whole topology in
   a worker thread (temporary file, fsync, rename, directory fsync), covering every change made
-  meanwhile;
+  meanwhile; ``load`` reads it (or the ``definitions.cbor`` of earlier releases, which the first
+  write then replaces: removed once the JSON is durable);
 - ``DefinitionsCommit``: what the vhosts call on a durable change (``changed``), or once a
   backend's flush has made a store's delete durable (``changed_after``: the definitions never
   lose a queue before its directory is gone for good); ``wait``: the client that declared, bound
@@ -16,6 +18,7 @@ Responsibilities:
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -25,14 +28,17 @@ import attrs
 import cbor2
 import trio
 
-from ..fsutil import atomic_write
+from .. import fsio
+from ..fsutil import atomic_write, fsync_dir
 from ..protocol.errors import AMQPError, ReplyCode
+from .definitions_json import DefinitionsError, parse_document, to_stored
 from .flusher import Flusher
 from .supervisor import Spawn
 
 log = logging.getLogger(__name__)
 
-DEFINITIONS_FILE = "definitions.cbor"
+DEFINITIONS_FILE = "definitions.json"
+LEGACY_FILE = "definitions.cbor"  # what 0.1.0 wrote (CBOR): migrated at the first start
 
 
 class DefinitionsFile:
@@ -42,16 +48,33 @@ class DefinitionsFile:
 
     def __init__(self, data_dir: Path, snapshot: Callable[[], bytes]) -> None:
         self.path = data_dir / DEFINITIONS_FILE
+        self.legacy_path = data_dir / LEGACY_FILE
         self._snapshot = snapshot
         self._dirty = False
         self._healthy = True
 
     def load(self) -> dict[str, Any]:
-        """What the file holds (empty when there is none yet). Reads only."""
+        """What the file holds, in the stored form ``definitions.restore`` reads (empty when
+        there is none yet). Reads only; ``DefinitionsError`` for a file that cannot be read."""
         try:
-            loaded = cbor2.loads(self.path.read_bytes())
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return self._load_legacy()
+        try:
+            return to_stored(parse_document(json.loads(raw)))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, DefinitionsError
+            raise DefinitionsError(f"the definitions file {self.path}: {exc}") from None
+
+    def _load_legacy(self) -> dict[str, Any]:
+        try:
+            loaded = cbor2.loads(self.legacy_path.read_bytes())
         except FileNotFoundError:
             return {}
+        except (ValueError, cbor2.CBORDecodeError) as exc:
+            raise DefinitionsError(
+                f"the definitions file {self.legacy_path} cannot be read: {exc}"
+            ) from None
+        log.info("migrating %s to %s", self.legacy_path, self.path)
         return loaded if isinstance(loaded, dict) else {}
 
     def changed(self) -> None:
@@ -74,7 +97,7 @@ class DefinitionsFile:
 
         def work() -> None:
             try:
-                atomic_write(self.path, data)
+                self._write(data)
             except OSError:
                 self._healthy = False
                 self._dirty = True  # the next flush tries again, with the latest snapshot
@@ -88,7 +111,15 @@ class DefinitionsFile:
         shutdown): run it in a worker thread."""
         data = self._snapshot()
         self._dirty = False
-        return functools.partial(atomic_write, self.path, data)
+        return functools.partial(self._write, data)
+
+    def _write(self, data: bytes) -> None:
+        atomic_write(self.path, data)
+        # The JSON is durable: an earlier release's CBOR file can go.
+        if self.legacy_path.exists():
+            fsio.fs.unlink(self.legacy_path, missing_ok=True)
+            fsync_dir(self.legacy_path.parent)
+            log.info("migrated the definitions to %s; %s removed", self.path, self.legacy_path)
 
 
 class TopologyChanges(Protocol):

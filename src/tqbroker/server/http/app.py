@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from ...broker.broker import Broker
 from ..registry import Connections
+from .definitions_routes import get_definitions, post_definitions
 from .errors import EXCEPTION_HANDLERS
 from .health_routes import alarms, health, local_alarms
 from .metrics_routes import create_metrics_app, metrics, metrics_detailed, metrics_per_object
@@ -40,6 +41,10 @@ def create_app(broker: Broker, connections: Connections) -> Starlette:
             Route("/health", health),
             Route("/api/health/checks/alarms", alarms),
             Route("/api/health/checks/local-alarms", local_alarms),
+            Route("/api/definitions", get_definitions, methods=["GET"]),
+            Route("/api/definitions", post_definitions, methods=["POST"]),
+            Route("/api/definitions/{vhost}", get_definitions, methods=["GET"]),
+            Route("/api/definitions/{vhost}", post_definitions, methods=["POST"]),
             Route("/topics/{topic}", declare_topic, methods=["PUT"]),
             Route("/topics/{topic}/messages", produce, methods=["POST"]),
             Route("/topics/{topic}/messages", consume, methods=["GET"]),
