@@ -173,6 +173,17 @@ async def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTa
         )
     names = [f"{topic}-{n}" for n in range(count)]
     queue_arguments: FieldTable = {**arguments, "x-queue-type": "stream"}
+    existing = vhost.exchanges.get(topic)
+    if existing is not None:  # its shape first: a partition count is what differs most often
+        have = [q.name for q in _bound(vhost, topic)]
+        if existing.type_name == PARTITION_EXCHANGE_TYPE and have and have != names:
+            raise Conflict(
+                f"topic '{topic}' exists with another shape than {count} partitions: it has "
+                f"{len(have)} (a topic grows with PATCH /topics/{topic} or tqbroker-ctl "
+                "topics alter --partitions)"
+            )
+        if existing.type_name != PARTITION_EXCHANGE_TYPE or have != names:
+            raise Conflict(f"topic '{topic}' exists with another shape than {count} partitions")
     since = vhost.definitions.mark()
     try:
         # Partitions that exist must be streams with these arguments (a redeclare checks
@@ -180,13 +191,7 @@ async def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTa
         for name in names:
             if name in vhost.queues:
                 await _declare_stream(vhost, name, queue_arguments)
-        existing = vhost.exchanges.get(topic)
         if existing is not None:
-            if (
-                existing.type_name != PARTITION_EXCHANGE_TYPE
-                or [q.name for q in _bound(vhost, topic)] != names
-            ):
-                raise Conflict(f"topic '{topic}' exists with another shape than {count} partitions")
             return False
         for name in names:
             await _declare_stream(vhost, name, queue_arguments)
@@ -202,13 +207,30 @@ async def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTa
         for n, name in enumerate(names):
             vhost.bind_queue(name, topic, str(n), {}, None)
     except AMQPError as exc:
-        failed = Conflict if exc.code == ReplyCode.PRECONDITION_FAILED else InvalidRequest
-        raise failed(exc.text) from None
+        raise _topic_error(exc) from None
     try:
         await vhost.definitions.wait(since)
     except AMQPError as exc:
         raise Unavailable(exc.text) from None
     return True
+
+
+def _topic_error(exc: AMQPError) -> TopicError:
+    """A refused declaration: a contradiction or refused argument (409), else 400."""
+    if exc.code == ReplyCode.PRECONDITION_FAILED:
+        return Conflict(exc.text)
+    return InvalidRequest(exc.text)
+
+
+async def declare_partition(
+    vhost: VirtualHost, topic: str, index: int, name: str, arguments: FieldTable
+) -> None:
+    """Add stream queue ``name`` as partition ``index`` of the partitioned topic (growing it)."""
+    try:
+        await _declare_stream(vhost, name, arguments)
+        vhost.bind_queue(name, topic, str(index), {}, None)
+    except AMQPError as exc:
+        raise _topic_error(exc) from None
 
 
 async def _declare_stream(vhost: VirtualHost, name: str, arguments: FieldTable) -> None:

@@ -23,7 +23,8 @@ from .health_routes import alarms, health, local_alarms
 from .mgmt_common import RawApiPaths
 from .mgmt_routes import MANAGEMENT_ROUTES
 from .record_routes import read_records, write_records
-from .topic_routes import consume, declare_topic, group, offsets, produce
+from .topic_admin_routes import TOPIC_ADMIN_ROUTES
+from .topic_routes import consume, declare_topic, offsets, produce
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def create_app(broker: Broker, connections: Connections | None = None) -> Starle
             Route("/topics/{topic}/offsets", offsets),
             Route("/topics/{topic}/records", write_records, methods=["POST"]),
             Route("/topics/{topic}/partitions/{partition}/records", read_records),
-            Route("/topics/{topic}/groups/{group}", group),
+            *TOPIC_ADMIN_ROUTES,
             *MANAGEMENT_ROUTES,
         ],
         exception_handlers=EXCEPTION_HANDLERS,

@@ -1,4 +1,5 @@
-"""The JSON routes of topics: declare, produce, consume, offsets and consumer groups.
+"""The JSON routes of topics: declare, produce, consume and offsets (administration: listing,
+describing, deleting, growing and consumer groups, is in ``topic_admin_routes.py``).
 
 Responsibilities: each route reads its request (``inputs``), finds the vhost (``auth``) in the
 same order as ever (so that the same bad request gets the same error), calls
@@ -116,31 +117,6 @@ async def offsets(request: Request) -> Response:
         ):
             entry["timestamp"] = offset
     return JSONResponse({"topic": topic, "partitions": found})
-
-
-async def group(request: Request) -> Response:
-    """``GET /topics/{topic}/groups/{group}``: a consumer group's position and lag on each
-    partition."""
-    topic = request.path_params["topic"]
-    name = request.path_params["group"]
-    found = topics.group(await vhost_of(request), topic, name)
-    return JSONResponse(
-        {
-            "topic": topic,
-            "group": name,
-            "partitions": [
-                {
-                    "partition": p.partition,
-                    "committed": p.committed,
-                    "latest": p.latest,
-                    "lag": p.lag,
-                    "reader": p.reader,
-                }
-                for p in found
-            ],
-            "lag": sum(p.lag or 0 for p in found),
-        }
-    )
 
 
 def _record_json(record: ConsumerRecord) -> dict[str, Any]:
