@@ -1,5 +1,5 @@
 """The command line: ``python -m tqbroker [--host H] [--port P] [--data-dir D]`` runs a broker;
-``python -m tqbroker create-topic|produce|consume ...`` talk to a running one (``commands.py``).
+``python -m tqbroker ctl ...`` (the same as ``tqbroker-ctl``) manages a running one (``ctl/``).
 
 Responsibilities:
 - parse flags into a ``BrokerConfig`` (embedded defaults: 127.0.0.1:5672, HTTP API on 15672,
@@ -25,7 +25,6 @@ import trio
 from ._version import __version__
 from .backends.log import parse_fsync_policy
 from .broker.definitions import StartupError
-from .commands import add_commands, run_command
 from .config import BrokerConfig, ConfigError, load_config
 from .fsutil import make_dirs
 from .server.listener import serve
@@ -84,7 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     parser.add_argument("--version", action="version", version=f"tqbroker {__version__}")
-    add_commands(parser.add_subparsers(title="tools for a running broker", metavar="COMMAND"))
+    tools = parser.add_subparsers(title="tools for a running broker", metavar="COMMAND")
+    tools.add_parser("ctl", help="manage a running broker (tqbroker-ctl; ctl --help)")
     return parser.parse_args(argv)
 
 
@@ -109,9 +109,12 @@ async def run(config: BrokerConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["ctl"]:
+        from .ctl import main as ctl_main
+
+        return ctl_main(given[1:], prog="python -m tqbroker ctl")
     args = parse_args(argv)
-    if hasattr(args, "command"):
-        return run_command(args)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
