@@ -14,6 +14,9 @@ from pika.adapters.blocking_connection import BlockingChannel
 from tqbroker.backends.log import LogBackend
 from tqbroker.testing import RunningBroker
 
+# ``rabbitmq_oracle``: a real RabbitMQ to compare with (tests/rabbitmq_oracle.py).
+pytest_plugins = ["rabbitmq_oracle"]
+
 
 @pytest.fixture
 def channel(tqbroker_thread: RunningBroker) -> Iterator[BlockingChannel]:

@@ -64,6 +64,10 @@ class UserStore:
     def get(self, name: str) -> User | None:
         return self._users.get(name)
 
+    def all(self) -> list[User]:
+        """Every user, by name."""
+        return [self._users[name] for name in sorted(self._users)]
+
     def verify(self, name: str, password: str) -> User | None:
         """The user if the password is right, else None. Slow (scrypt) on a cache miss."""
         user = self._users.get(name)

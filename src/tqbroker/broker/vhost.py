@@ -420,7 +420,7 @@ class VirtualHost:
         if if_empty and queue.message_count:
             raise AMQPError(
                 ReplyCode.PRECONDITION_FAILED,
-                f"queue '{name}' in vhost '{self.name}' is not empty",
+                f"queue '{name}' in vhost '{self.name}' not empty",
             )
         count = queue.message_count
         try:

@@ -101,7 +101,7 @@ def bindings_of_queue(vhost: VirtualHost, queue: Queue) -> Iterator[Binding]:
 async def list_bindings(request: Request) -> Response:
     """``GET /api/bindings`` and ``GET /api/bindings/{vhost}``."""
     vhosts = await listed_vhosts(request)
-    return listing(request, (binding_json(b) for v in vhosts for b in all_bindings(v)))
+    return await listing(request, (binding_json(b) for v in vhosts for b in all_bindings(v)))
 
 
 def _kind(request: Request) -> str:
@@ -125,7 +125,7 @@ def _between(vhost: VirtualHost, request: Request) -> list[Binding]:
 async def bindings_between(request: Request) -> Response:
     """``GET /api/bindings/{vhost}/e/{source}/q|e/{destination}``."""
     vhost = await api_vhost(request)
-    return listing(request, (binding_json(b) for b in _between(vhost, request)))
+    return await listing(request, (binding_json(b) for b in _between(vhost, request)))
 
 
 async def create_binding(request: Request) -> Response:
@@ -216,4 +216,4 @@ async def exchange_bindings(request: Request) -> Response:
             else b.destination_type == "exchange" and b.destination == name
         )
     ]
-    return listing(request, (binding_json(b) for b in found))
+    return await listing(request, (binding_json(b) for b in found))

@@ -158,7 +158,7 @@ async def list_connections(request: Request) -> Response:
     node = broker_of(request).node_name
     vhosts = {v.name for v in await listed_vhosts(request)}
     entries = _visible(request, connections_of(request), vhosts)
-    return listing(request, (connection_json(e, node) for e in entries))
+    return await listing(request, (connection_json(e, node) for e in entries))
 
 
 async def _entry(request: Request) -> Registered:
@@ -187,14 +187,14 @@ async def connection_channels(request: Request) -> Response:
     entry = await _entry(request)
     node = broker_of(request).node_name
     channels = list(entry.connection.channels.values())
-    return listing(request, (channel_json(entry, c, node) for c in channels))
+    return await listing(request, (channel_json(entry, c, node) for c in channels))
 
 
 async def list_channels(request: Request) -> Response:
     """``GET /api/channels`` and ``GET /api/vhosts/{vhost}/channels``."""
     node = broker_of(request).node_name
     vhosts = {v.name for v in await listed_vhosts(request)}
-    return listing(
+    return await listing(
         request,
         (
             channel_json(entry, channel, node)
@@ -226,4 +226,4 @@ async def list_consumers(request: Request) -> Response:
             details = channel_details(entry, channel, node)
             for consumer in list(channel.consumers.values()):
                 found.append(consumer_json(consumer, consumer.queue, details))
-    return listing(request, found)
+    return await listing(request, found)

@@ -79,7 +79,9 @@ def exchange_json(exchange: Exchange) -> dict[str, Any]:
 async def list_exchanges(request: Request) -> Response:
     """``GET /api/exchanges`` and ``GET /api/exchanges/{vhost}``."""
     vhosts = await listed_vhosts(request)
-    return listing(request, (exchange_json(e) for v in vhosts for e in list(v.exchanges.values())))
+    return await listing(
+        request, (exchange_json(e) for v in vhosts for e in list(v.exchanges.values()))
+    )
 
 
 def _name(request: Request) -> str:

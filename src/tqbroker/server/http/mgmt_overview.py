@@ -21,6 +21,7 @@ from ..._version import __version__
 from ...broker.broker import Broker
 from ...broker.classic import ClassicQueue
 from ...broker.declaring import open_and_declare_queue
+from ...broker.pacing import Pacer
 from ...broker.stats import COUNTERS, message_stats
 from ...broker.vhost import VirtualHost
 from ...model import Message
@@ -30,23 +31,32 @@ from .auth import broker_of
 from .errors import ApiError
 from .mgmt_common import api_user, api_vhost, listing, not_found, segment, visible_vhosts
 from .mgmt_connections import connections_of
+from .mgmt_users import user_tags
 
 API_VERSION = "3.10.8"  # the RabbitMQ management API this one follows
 _STARTED = time.monotonic()
 ALIVENESS_QUEUE = "aliveness-test"
 
 
-def _totals(vhosts: list[VirtualHost]) -> dict[str, int]:
-    ready = unacked = 0
+async def _totals(vhosts: list[VirtualHost]) -> dict[str, int]:
+    """Messages (ready, unacknowledged, both) and consumers across ``vhosts``' queues: a long
+    walk, paced."""
+    ready = unacked = consumers = 0
+    pacer = Pacer()
     for vhost in vhosts:
         for queue in list(vhost.queues.values()):
+            if queue.deleted:
+                continue
             ready += queue.message_count
+            consumers += len(queue.consumers)
             if isinstance(queue, ClassicQueue):
                 unacked += queue.store.unacked_count
+            await pacer.step()
     return {
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,
+        "consumers": consumers,
     }
 
 
@@ -74,7 +84,8 @@ async def overview(request: Request) -> Response:
         e for e in connections_of(request) if user.may_open(getattr(e.connection.vhost, "name", ""))
     ]
     channels = sum(len(e.connection.channels) for e in connections)
-    consumers = sum(len(q.consumers) for v in vhosts for q in list(v.queues.values()))
+    totals = await _totals(vhosts)
+    consumers = totals.pop("consumers")
     return JSONResponse(
         {
             "management_version": API_VERSION,
@@ -87,7 +98,7 @@ async def overview(request: Request) -> Response:
             "exchange_types": _exchange_types(broker),
             "listeners": _listeners(request),
             "message_stats": message_stats(broker.stats, COUNTERS),
-            "queue_totals": _totals(vhosts),
+            "queue_totals": totals,
             "object_totals": {
                 "channels": channels,
                 "connections": len(connections),
@@ -102,11 +113,9 @@ async def overview(request: Request) -> Response:
 
 
 async def whoami(request: Request) -> Response:
-    """``GET /api/whoami``: until users get tags (the security work), a user who may use every
-    vhost is an ``administrator``, any other a ``management`` user."""
+    """``GET /api/whoami`` (tags as ``mgmt_users`` gives them)."""
     user = await api_user(request)
-    tags = ["administrator"] if user.vhosts is None else ["management"]
-    return JSONResponse({"name": user.name, "tags": tags})
+    return JSONResponse({"name": user.name, "tags": user_tags(user)})
 
 
 async def cluster_name(request: Request) -> Response:
@@ -153,7 +162,7 @@ def _open_descriptors() -> int:
 async def nodes(request: Request) -> Response:
     """``GET /api/nodes``: this node."""
     await api_user(request)
-    return listing(request, [_node_json(request)])
+    return await listing(request, [_node_json(request)])
 
 
 async def node(request: Request) -> Response:
@@ -164,7 +173,9 @@ async def node(request: Request) -> Response:
     return JSONResponse(_node_json(request))
 
 
-def _vhost_json(vhost: VirtualHost, node: str) -> dict[str, Any]:
+async def _vhost_json(vhost: VirtualHost, node: str) -> dict[str, Any]:
+    totals = await _totals([vhost])
+    del totals["consumers"]
     found: dict[str, Any] = {
         "name": vhost.name,
         "description": "Default virtual host" if vhost.name == "/" else "",
@@ -173,7 +184,7 @@ def _vhost_json(vhost: VirtualHost, node: str) -> dict[str, Any]:
         "default_queue_type": "classic",
         "tracing": False,
         "cluster_state": {node: "running"},
-        **_totals([vhost]),
+        **totals,
     }
     stats = message_stats(vhost.stats, COUNTERS)
     if stats:
@@ -185,15 +196,14 @@ async def vhosts(request: Request) -> Response:
     """``GET /api/vhosts``."""
     user = await api_user(request)
     broker = broker_of(request)
-    return listing(
-        request, (_vhost_json(v, broker.node_name) for v in visible_vhosts(broker, user))
-    )
+    found = [await _vhost_json(v, broker.node_name) for v in visible_vhosts(broker, user)]
+    return await listing(request, found)
 
 
 async def vhost(request: Request) -> Response:
     """``GET /api/vhosts/{vhost}``."""
     found = await api_vhost(request)
-    return JSONResponse(_vhost_json(found, broker_of(request).node_name))
+    return JSONResponse(await _vhost_json(found, broker_of(request).node_name))
 
 
 async def aliveness_test(request: Request) -> Response:
@@ -255,3 +265,37 @@ async def ready_to_serve_clients(request: Request) -> Response:
             {"status": "failed", "reason": "resource alarms in effect"}, status_code=503
         )
     return JSONResponse({"status": "ok"})
+
+
+async def protocol_listener_check(request: Request) -> Response:
+    """``GET /api/health/checks/protocol-listener/{protocol}`` (``amqp`` or ``amqp091``,
+    ``http``, ``http/prometheus``)."""
+    await api_user(request)
+    wanted = segment(request, "protocol")
+    protocol = "amqp" if wanted in ("amqp", "amqp091", "amqp0-9-1") else wanted
+    protocols = sorted({p for p, _ip, _port in connections_of(request).listeners})
+    if protocol in protocols:
+        return JSONResponse({"status": "ok", "protocol": protocol})
+    return JSONResponse(
+        {
+            "status": "failed",
+            "reason": "No active listener",
+            "missing": wanted,
+            "protocols": protocols,
+        },
+        status_code=503,
+    )
+
+
+async def single_node_check(request: Request) -> Response:
+    """``node-is-quorum-critical`` and ``node-is-mirror-sync-critical``: a single node never
+    is."""
+    await api_user(request)
+    return JSONResponse({"status": "ok", "reason": "single node cluster"})
+
+
+async def empty_list(request: Request) -> Response:
+    """Routes of features tqbroker does not have, answered as RabbitMQ answers them when none
+    is defined (``/api/policies``, ``/api/parameters``, ``/api/extensions``...)."""
+    await api_user(request)
+    return JSONResponse([])

@@ -101,7 +101,10 @@ async def list_queues(request: Request) -> Response:
     """``GET /api/queues`` and ``GET /api/queues/{vhost}``."""
     node = broker_of(request).node_name
     vhosts = await listed_vhosts(request)
-    return listing(request, (queue_json(q, node) for v in vhosts for q in list(v.queues.values())))
+    return await listing(
+        request,
+        (queue_json(q, node) for v in vhosts for q in list(v.queues.values()) if not q.deleted),
+    )
 
 
 def _queue(vhost: VirtualHost, request: Request) -> Queue:
@@ -185,7 +188,7 @@ async def queue_bindings(request: Request) -> Response:
     """``GET /api/queues/{vhost}/{name}/bindings``."""
     vhost = await api_vhost(request)
     queue = _queue(vhost, request)
-    return listing(request, (binding_json(b) for b in bindings_of_queue(vhost, queue)))
+    return await listing(request, (binding_json(b) for b in bindings_of_queue(vhost, queue)))
 
 
 async def get_messages(request: Request) -> Response:

@@ -10,12 +10,28 @@ from . import mgmt_connections as connections
 from . import mgmt_exchanges as exchanges
 from . import mgmt_overview as overview
 from . import mgmt_queues as queues
+from . import mgmt_users as users
 
 _BINDING = "/api/bindings/{vhost}/e/{source}/{kind}/{destination}"
 _QUEUE = "/api/queues/{vhost}/{name}"
 _EXCHANGE = "/api/exchanges/{vhost}/{name}"
 
 MANAGEMENT_ROUTES = [
+    # Features tqbroker does not have: none defined, as RabbitMQ lists them then.
+    *(
+        Route(path, overview.empty_list)
+        for path in (
+            "/api/extensions",
+            "/api/policies",
+            "/api/policies/{vhost}",
+            "/api/operator-policies",
+            "/api/parameters",
+            "/api/vhost-limits",
+            "/api/topic-permissions",
+            "/api/vhosts/{vhost}/topic-permissions",
+            "/api/users/without-permissions",
+        )
+    ),
     Route("/api/overview", overview.overview),
     Route("/api/whoami", overview.whoami),
     Route("/api/cluster-name", overview.cluster_name),
@@ -25,10 +41,18 @@ MANAGEMENT_ROUTES = [
     Route("/api/vhosts/{vhost}", overview.vhost),
     Route("/api/vhosts/{vhost}/connections", connections.list_connections),
     Route("/api/vhosts/{vhost}/channels", connections.list_channels),
+    Route("/api/vhosts/{vhost}/permissions", users.vhost_permissions),
+    Route("/api/users", users.users),
+    Route("/api/users/{name}", users.user),
+    Route("/api/users/{name}/permissions", users.user_permissions),
+    Route("/api/permissions", users.permissions),
     Route("/api/aliveness-test/{vhost}", overview.aliveness_test),
     Route("/api/health/checks/virtual-hosts", overview.virtual_hosts_check),
     Route("/api/health/checks/port-listener/{port}", overview.port_listener_check),
     Route("/api/health/checks/ready-to-serve-clients", overview.ready_to_serve_clients),
+    Route("/api/health/checks/protocol-listener/{protocol}", overview.protocol_listener_check),
+    Route("/api/health/checks/node-is-quorum-critical", overview.single_node_check),
+    Route("/api/health/checks/node-is-mirror-sync-critical", overview.single_node_check),
     Route("/api/queues", queues.list_queues),
     Route("/api/queues/{vhost}", queues.list_queues),
     Route(_QUEUE, queues.show_queue, methods=["GET"]),
