@@ -1,25 +1,14 @@
-"""Brokers for the admin tools' tests: tqbroker in a thread, and (where Debian's
-``rabbitmq-server`` is installed) a loopback RabbitMQ with its management plugin, the oracle the
-RabbitMQ-style commands must work against as well. Both are ``Broker``s: an HTTP API URL with
-the credentials (what ``--url`` takes) and an AMQP URL (for pika)."""
+"""What the admin tools' tests know of a broker, tqbroker or the oracle RabbitMQ: an HTTP API URL
+with the credentials (what ``--url`` takes) and an AMQP URL (for pika)."""
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import attrs
 import httpx
-
-ROOT = Path(__file__).resolve().parents[2]
-RABBITMQ_SERVER = "/usr/sbin/rabbitmq-server"
-RABBITMQCTL = "/usr/sbin/rabbitmqctl"
 
 
 @attrs.frozen
@@ -43,42 +32,6 @@ class Broker:
     def api(self) -> httpx.Client:
         base = self.api_url.replace("guest:guest@", "")
         return httpx.Client(base_url=base, auth=("guest", "guest"), timeout=30)
-
-
-@contextlib.contextmanager
-def rabbitmq() -> Iterator[Broker]:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from targets import Epmd, RabbitMQTarget, _free_port
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    root = Path(tempfile.mkdtemp(prefix="tqbroker-ctl-rabbitmq-"))
-    root.chmod(0o777)
-    node = root / "node"
-    node.mkdir()
-    shutil.chown(node, "rabbitmq")
-    epmd = Epmd()
-    target = RabbitMQTarget(node, RABBITMQ_SERVER, RABBITMQCTL, epmd=epmd)
-    management = _free_port()
-    (node / "rabbitmq.conf").write_text(
-        f"listeners.tcp.default = 127.0.0.1:{target.port}\nloopback_users.guest = true\n"
-        f"management.tcp.port = {management}\nmanagement.tcp.ip = 127.0.0.1\n"
-        "collect_statistics_interval = 500\n"  # the API's counts within half a second
-    )
-    (node / "enabled_plugins").write_text("[rabbitmq_management].\n")
-    for path in node.rglob("*"):
-        shutil.chown(path, "rabbitmq")
-    try:
-        target.start()
-        yield Broker(
-            "rabbitmq",
-            f"http://guest:guest@127.0.0.1:{management}",
-            f"amqp://guest:guest@127.0.0.1:{target.port}/",
-        )
-    finally:
-        target.close()
-        epmd.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def eventually(check: object, timeout: float = 15) -> None:

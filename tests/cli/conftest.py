@@ -1,21 +1,21 @@
-"""The ``broker`` fixture: each admin-tool test against tqbroker, then RabbitMQ (``brokers.py``)."""
+"""The ``broker`` fixture: each admin-tool test against tqbroker, then against the oracle RabbitMQ
+(``rabbitmq_oracle``; skipped without it)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from rabbitmq_oracle import RabbitMQ
 from tqbroker.testing import running_broker
 
-from .brokers import RABBITMQ_SERVER, Broker, rabbitmq
+from .brokers import Broker
 
 
 @pytest.fixture(
     scope="module",
-    # A RabbitMQ node takes ~30 s to start and stop here: its variant is in the slow set.
-    params=["tqbroker", pytest.param("rabbitmq", marks=pytest.mark.slow)],
+    params=["tqbroker", "rabbitmq"],
 )
 def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     """Each test runs against tqbroker, then against RabbitMQ (skipped without it)."""
@@ -24,7 +24,6 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
             url = running.http_url.replace("http://", "http://guest:guest@")
             yield Broker("tqbroker", url, running.url)
         return
-    if not Path(RABBITMQ_SERVER).exists():
-        pytest.skip("RabbitMQ is not installed (Debian package rabbitmq-server)")
-    with rabbitmq() as rabbit:
-        yield rabbit
+    rabbit: RabbitMQ = request.getfixturevalue("rabbitmq_oracle")  # skips without RabbitMQ
+    url = rabbit.http_url.replace("http://", "http://guest:guest@")
+    yield Broker("rabbitmq", url, rabbit.url)
