@@ -171,6 +171,68 @@ async def grow(vhost: VirtualHost, topic: str, count: int) -> int:
     return current
 
 
+# -- offsets -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class PartitionOffsets:
+    partition: int
+    queue: str  # the stream queue holding it (what AMQP consumers consume)
+    earliest: int
+    latest: int  # the high watermark: the durable end of the log, where reads stop
+
+
+@attrs.frozen
+class GroupPartition:
+    partition: int
+    committed: int | None  # the next offset the group reads; None: it never read this one
+    latest: int
+    reader: str | None  # the consumer tag of the member reading it now
+
+    @property
+    def lag(self) -> int | None:
+        return None if self.committed is None else max(0, self.latest - self.committed)
+
+
+def offsets(vhost: VirtualHost, topic: str) -> list[PartitionOffsets]:
+    return [
+        PartitionOffsets(n, queue.name, queue.stream.first_offset, queue.stream.durable_end)
+        for n, queue in enumerate(partitions(vhost, topic))
+    ]
+
+
+def offsets_for_timestamp(vhost: VirtualHost, topic: str, timestamp_ms: int) -> list[int | None]:
+    """Per partition, the first offset whose timestamp is at or after ``timestamp_ms``; None
+    where there is none (Kafka's offsetsForTimes)."""
+    found = []
+    for queue in partitions(vhost, topic):
+        offset = queue.stream.offset_for_timestamp(timestamp_ms)
+        found.append(offset if offset < queue.stream.durable_end else None)
+    return found
+
+
+def group(vhost: VirtualHost, topic: str, name: str) -> list[GroupPartition]:
+    """A consumer group's position on each partition (``NotFound`` if the group never read
+    this topic)."""
+    found = partitions(vhost, topic)
+    live = vhost.consumer_groups.groups.get(name)
+    owners = live.owners if live is not None else {}
+    result = []
+    for n, queue in enumerate(found):
+        owner = owners.get(queue)
+        result.append(
+            GroupPartition(
+                n,
+                queue.stream.group_offsets.get(name),
+                queue.stream.durable_end,
+                owner.tag if owner is not None else None,
+            )
+        )
+    if live is None and all(p.committed is None for p in result):
+        raise NotFound(f"no consumer group '{name}' on topic '{topic}'")
+    return result
+
+
 # -- consumer groups ---------------------------------------------------------------------------
 
 

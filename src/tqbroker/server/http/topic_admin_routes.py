@@ -114,7 +114,7 @@ async def describe_group(request: Request) -> Response:
     vhost = await vhost_of(request)
     topic = request.path_params["topic"]
     name = request.path_params["group"]
-    found = topics.group(vhost, topic, name)
+    found = admin.group(vhost, topic, name)
     queues = topics.partitions(vhost, topic)
     where = {
         id(channel): entry
@@ -196,9 +196,9 @@ def _host(entry: Registered | None) -> str | None:
     return entry.peer_host if entry is not None else None
 
 
-def _positions(vhost: VirtualHost, topic: str, name: str) -> list[topics.GroupPartition]:
+def _positions(vhost: VirtualHost, topic: str, name: str) -> list[admin.GroupPartition]:
     try:
-        return topics.group(vhost, topic, name)
+        return admin.group(vhost, topic, name)
     except topics.NotFound:  # a group new to the topic: the reset creates its offsets
         return []
 

@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...broker.streams import topics
+from ...broker.streams import admin, reading, topics
 from ...broker.streams.topics import ConsumerRecord
 from ...recordbatch import json_value
 from . import inputs
@@ -72,7 +72,7 @@ async def consume(request: Request) -> Response:
     topic = request.path_params["topic"]
     if offset == "latest":
         offset = topics.partition(vhost, topic, partition).stream.durable_end
-    records = topics.read(
+    records = reading.read(
         vhost,
         topic,
         partition,
@@ -108,12 +108,12 @@ async def offsets(request: Request) -> Response:
             "earliest": o.earliest,
             "latest": o.latest,
         }
-        for o in topics.offsets(vhost, topic)
+        for o in admin.offsets(vhost, topic)
     ]
     if "timestamp" in request.query_params:
         timestamp = inputs.timestamp(request.query_params["timestamp"])
         for entry, offset in zip(
-            found, topics.offsets_for_timestamp(vhost, topic, timestamp), strict=True
+            found, admin.offsets_for_timestamp(vhost, topic, timestamp), strict=True
         ):
             entry["timestamp"] = offset
     return JSONResponse({"topic": topic, "partitions": found})
