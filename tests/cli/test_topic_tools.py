@@ -12,6 +12,7 @@ import time
 import pika
 import pytest
 
+from tqbroker.client import Client
 from tqbroker.testing import RunningBroker
 
 pytestmark = pytest.mark.timeout(90)
@@ -151,6 +152,9 @@ def test_credentials_are_never_printed(tqbroker_thread: RunningBroker) -> None:
         check=False,
     )
     assert f"amqp://127.0.0.1:{port}/" in refused.stderr  # says where
+    with pytest.raises(ValueError, match="not an amqp:// URL") as bad:  # the client itself
+        Client(f"http://guest:s3cret@127.0.0.1:{port}/")
+    assert "s3cret" not in str(bad.value)
 
 
 def test_a_group_member_takes_back_what_a_leaving_member_had(

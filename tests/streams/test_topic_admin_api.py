@@ -6,6 +6,7 @@ resumes afterwards."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,7 +14,7 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
-from tqbroker.testing import RunningBroker
+from tqbroker.testing import RunningBroker, start_broker_process
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,7 +80,8 @@ def test_list_describe_and_delete_topics(http: httpx.Client, channel: BlockingCh
     assert [p["queue"] for p in described["partitions"]] == ["orders-0", "orders-1", "orders-2"]
     for p in described["partitions"]:
         assert (p["log_start_offset"], p["log_end_offset"], p["messages"]) == (0, 2, 2)
-        assert p["segments"] >= 1 and p["bytes"] > 0
+        assert p["segments"] >= 1
+        assert p["bytes"] > 0
     assert described["arguments"] == {"x-queue-type": "stream"}
     assert described["groups"] == []
     assert "no topic 'nope'" in error(http.get("/topics/nope"), 404)
@@ -130,7 +132,8 @@ def test_groups_listed_described_and_reset(
         assert described["state"] == "Stable"
         for p in described["partitions"]:
             assert (p["committed"], p["latest"], p["lag"]) == (5, 5, 0)
-            assert p["reader"] and p["connection"].startswith("127.0.0.1:")
+            assert p["reader"]
+            assert p["connection"].startswith("127.0.0.1:")
         refused = http.post(
             "/topics/events/groups/billing/offsets", json={"to": "earliest", "dry_run": True}
         )
@@ -172,3 +175,19 @@ def test_groups_listed_described_and_reset(
     error(http.post(path, json={"to": "offset"}), 400)
     error(http.post(path, json={"to": "offset", "value": 1, "partitions": [9]}), 404)
     error(http.post("/topics/nope/groups/g/offsets", json={"to": "earliest"}), 404)
+
+
+def test_a_reset_is_durable_when_answered(tmp_path: Path) -> None:
+    """The broker killed right after the answer: the reset offsets are there after a restart."""
+    with start_broker_process(tmp_path) as broker:
+        with httpx.Client(base_url=broker.http_url, auth=("guest", "guest"), timeout=30) as http:
+            topic(http, "kept", 2, messages=6)
+            path = "/topics/kept/groups/later/offsets"
+            ok(http.post(path, json={"to": "offset", "value": 2}))
+        broker.kill()
+    with (
+        start_broker_process(tmp_path) as broker,
+        httpx.Client(base_url=broker.http_url, auth=("guest", "guest"), timeout=30) as http,
+    ):
+        found = ok(http.get("/topics/kept/groups/later"))
+        assert [p["committed"] for p in found["partitions"]] == [2, 2]
