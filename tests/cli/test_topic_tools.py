@@ -102,7 +102,7 @@ def test_errors_are_one_line_and_exit_1_or_2(tqbroker_thread: RunningBroker) -> 
         (["consume", "missing", "--idle", "1"], 1),
         (["consume", "missing", "--from", "yesterday"], 2),
         (["topics", "create", "t", "--partitions", "0"], 1),
-        (["topics", "create", "a/b"], 1),
+        (["topics", "create", "a/b"], 2),
         (["consume", "t\u00f6 pic?", "--idle", "1"], 1),
         (["topics", "create", "t", "--url", api_url(tqbroker_thread, "guest:s3cret")], 1),
         (["consume", "t", "--format", "%z"], 2),

@@ -246,7 +246,12 @@ def list_objects(args: argparse.Namespace, api: Api) -> int:
                 f"are {', '.join(sorted(kind.columns))}"
             )
     path = kind.path + (f"/{quote(api.vhost)}" if kind.per_vhost else "")
-    rows = api.get(path)
+    try:
+        rows = api.get(path)
+    except CommandError as exc:
+        if kind.per_vhost and str(exc).startswith("404"):
+            raise CommandError(f"404: no vhost '{api.vhost}'") from None
+        raise
     if not isinstance(rows, list):
         raise CommandError(f"{path}: expected a list")
     fields = [kind.fields.get(c, _at(c)) for c in columns]

@@ -47,6 +47,8 @@ def add(subparsers: argparse._SubParsersAction[Any], common: Any) -> None:
 
 
 def _path(topic: str) -> str:
+    if "/" in topic or not topic:  # the API's paths could not name it
+        raise UsageError(f"a topic name is non-empty and has no '/' (got {topic!r})")
     return f"/topics/{quote(topic)}"
 
 
