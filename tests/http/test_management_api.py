@@ -378,3 +378,17 @@ def test_checks_and_features_it_does_not_have(http: httpx.Client) -> None:
     assert http.get("/api/health/checks/node-is-quorum-critical").json() == single
     for path in ("/api/policies", "/api/parameters", "/api/users/without-permissions"):
         assert http.get(path).json() == [], path
+
+
+def test_quorum_queue_declared_over_the_api(http: httpx.Client) -> None:
+    quorum = {"durable": True, "arguments": {"x-queue-type": "quorum"}}
+    assert http.put("/api/queues/%2F/qq", json=quorum).status_code == 201
+    shown = http.get("/api/queues/%2F/qq").json()
+    assert shown["type"] == "quorum"
+    assert shown["arguments"] == {"x-queue-type": "quorum"}
+    assert_api_error(
+        http.put("/api/queues/%2F/qq2", json={**quorum, "durable": False}),
+        400,
+        "bad_request",
+        "invalid property 'non-durable' for queue 'qq2' in vhost '/'",
+    )

@@ -128,7 +128,7 @@ def test_prefetch_is_credit(channel: BlockingChannel) -> None:
     ("kwargs", "arguments", "text"),
     [
         ({"durable": False}, {}, "invalid property 'non-durable'"),
-        ({"durable": True, "exclusive": True}, {}, "invalid property 'exclusive'"),
+        ({"durable": True, "exclusive": True}, {}, "invalid property 'exclusive-owner'"),
         ({"durable": True, "auto_delete": True}, {}, "invalid property 'auto-delete'"),
         ({"durable": True}, {"x-message-ttl": 1000}, "invalid arg 'x-message-ttl'"),
         ({"durable": True}, {"x-max-age": "forever"}, "invalid arg 'x-max-age'"),

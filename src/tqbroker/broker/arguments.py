@@ -5,20 +5,20 @@ Responsibilities:
   queue kinds that accept it, whether a redeclare compares it, and the ``QueueArguments`` field
   it fills; arguments not in the table are accepted and ignored, as RabbitMQ does;
 - ``check_declaration``: RabbitMQ's 406 answers for ill-typed or out-of-range arguments, an
-  unknown ``x-queue-type``, or a property or an argument the kind refuses;
+  unknown ``x-queue-type``, or a property or an argument the kind refuses (classic, quorum,
+  stream: a quorum queue is a durable classic queue with quorum rules, see docs);
 - ``check_equivalent``: the 406 for a redeclare (of a queue or an exchange) whose properties or
   compared arguments differ;
 - ``QueueArguments``: the typed arguments, built once at declare (or restore) time; queues read
   it, nobody parses ``x-*`` arguments again;
 - ``check_consumer_arguments`` / ``ConsumerArguments``: the same for ``basic.consume``'s
   ``x-priority`` and ``x-consumer-timeout``;
-- ``parse_interval``: RabbitMQ's interval strings (``7D``, ``12h``; units Y M D h m s).
+- the value checks and RabbitMQ's Erlang-term wording live in ``broker/rabbit_texts.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -26,76 +26,51 @@ import attrs
 
 from ..protocol.codec import FieldTable, FieldValue, encode_table
 from ..protocol.errors import AMQPError, ReplyCode
+from .rabbit_texts import (
+    Atom,
+    Check,
+    amqp_type,
+    as_interval,
+    at_least,
+    boolean,
+    equivalence_value,
+    erlang_term,
+    expires,
+    integer,
+    interval,
+    max_priority,
+    member,
+    message_ttl,
+    non_negative,
+    same_class,
+    string,
+)
+from .rabbit_texts import (
+    parse_interval as parse_interval,  # re-exported: streams use it
+)
 
 log = logging.getLogger(__name__)
 
-_INTERVAL: Final = re.compile(r"([0-9]+)([YMDhms])")
-_UNIT_SECONDS: Final = {
-    "Y": 365 * 86400,
-    "M": 30 * 86400,
-    "D": 86400,
-    "h": 3600,
-    "m": 60,
-    "s": 1,
-}
-
-
-def parse_interval(value: str) -> int | None:
-    """Milliseconds in a RabbitMQ interval string (``"7D"``, ``"1h"``), or None if invalid."""
-    match = _INTERVAL.fullmatch(value)
-    if match is None:
-        return None
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)] * 1000
-
-
-# -- checks: None when the value is fine, else what is wrong ------------------------------------
-
-Check = Callable[[FieldValue], str | None]
-
-
-def _int_range(low: int, high: int | None = None) -> Check:
-    def check(value: FieldValue) -> str | None:
-        if not isinstance(value, int) or isinstance(value, bool):
-            return "an integer is required"
-        if value < low or (high is not None and value > high):
-            return f"must be between {low} and {high}" if high is not None else f"must be >= {low}"
-        return None
-
-    return check
-
-
-def _one_of(*allowed: str) -> Check:
-    def check(value: FieldValue) -> str | None:
-        return None if value in allowed else f"must be one of {', '.join(allowed)}"
-
-    return check
-
-
-def _string(value: FieldValue) -> str | None:
-    return None if isinstance(value, str) else "a string is required"
-
-
-def _boolean(value: FieldValue) -> str | None:
-    return None if isinstance(value, bool) else "a boolean is required"
-
-
-def _interval(value: FieldValue) -> str | None:
-    if isinstance(value, str) and parse_interval(value) is not None:
-        return None
-    return "an interval such as 7D or 12h is required (units Y M D h m s)"
-
-
-def _as_interval(value: FieldValue) -> int | None:
-    return parse_interval(value) if isinstance(value, str) else None
-
-
+OVERFLOWS: Final = ("drop-head", "reject-publish", "reject-publish-dlx")
 # -- the table ------------------------------------------------------------------------------------
 
 CLASSIC: Final = "classic"
+QUORUM: Final = "quorum"
 STREAM: Final = "stream"
-KINDS: Final = (CLASSIC, STREAM)
+KINDS: Final = (CLASSIC, QUORUM, STREAM)
+# RabbitMQ's module names, in its "of queue type" texts.
+_MODULES: Final = {
+    CLASSIC: "rabbit_classic_queue",
+    QUORUM: "rabbit_quorum_queue",
+    STREAM: "rabbit_stream_queue",
+}
 _ANY: Final = frozenset(KINDS)
 _CLASSIC_ONLY: Final = frozenset({CLASSIC})
+_NOT_STREAM: Final = frozenset({CLASSIC, QUORUM})
+_NOT_QUORUM: Final = frozenset({CLASSIC, STREAM})
+_STREAM_ONLY: Final = frozenset({STREAM})
+# A quorum queue's x-delivery-limit when it names none (RabbitMQ 4.0's default).
+QUORUM_DELIVERY_LIMIT: Final = 20
 
 
 @attrs.frozen
@@ -112,50 +87,81 @@ class Argument:
     parse: Callable[[FieldValue], Any] | None = None
 
 
-# The queue arguments tqbroker knows, one row each:
+def _unsupported(what: str) -> Callable[[str], object]:
+    return lambda value: f"unsupported {what} '{value}'"
+
+
+# The queue arguments tqbroker knows, one row each, in the order RabbitMQ checks them
+# (RabbitMQ 4's ``rabbit_amqqueue:declare_args``; tqbroker's own after):
 #   Argument(name, check, kinds accepting it, compared on redeclare, QueueArguments field[, parse])
+# The kinds follow RabbitMQ 4's ``capabilities()`` of each queue type, plus tqbroker's own
+# extensions (x-delivery-limit on classic queues; the x-stream-* compaction arguments).
 QUEUE_ARGUMENTS: Final = (
-    Argument("x-expires", _int_range(1), _CLASSIC_ONLY, True, "expires_ms"),
-    Argument("x-message-ttl", _int_range(0, 2**32 - 1), _CLASSIC_ONLY, True, "message_ttl"),
-    Argument("x-max-length", _int_range(0), _CLASSIC_ONLY, True, "max_length"),
+    Argument("x-expires", expires, _NOT_STREAM, True, "expires_ms"),
+    Argument("x-message-ttl", message_ttl, _NOT_STREAM, True, "message_ttl"),
+    Argument("x-dead-letter-exchange", string, _NOT_STREAM, True, "dead_letter_exchange"),
+    # Needs x-dead-letter-exchange too: checked in ``check_queue_arguments``.
+    Argument("x-dead-letter-routing-key", string, _NOT_STREAM, True, "dead_letter_routing_key"),
+    Argument(
+        "x-dead-letter-strategy",
+        member(lambda _: Atom("invalid_dlx_strategy"), "at-most-once", "at-least-once"),
+        frozenset({QUORUM}),
+        True,
+    ),
+    Argument("x-max-length", non_negative, _NOT_STREAM, True, "max_length"),
     # On a stream: retention (whole segments).
-    Argument("x-max-length-bytes", _int_range(0), _ANY, True, "max_length_bytes"),
-    Argument("x-max-priority", _int_range(0, 255), _CLASSIC_ONLY, True, "max_priority"),
-    Argument("x-delivery-limit", _int_range(0), _CLASSIC_ONLY, True, "delivery_limit"),
-    Argument("x-consumer-timeout", _int_range(0), _ANY, False, "consumer_timeout_ms"),
+    Argument("x-max-length-bytes", non_negative, _ANY, True, "max_length_bytes"),
+    Argument("x-max-priority", max_priority, _CLASSIC_ONLY, True, "max_priority"),
     Argument(
         "x-overflow",
-        _one_of("drop-head", "reject-publish", "reject-publish-dlx"),
-        _CLASSIC_ONLY,
+        member(lambda _: Atom("invalid_overflow"), *OVERFLOWS),
+        _NOT_STREAM,
         True,
         "overflow",
     ),
-    Argument("x-queue-mode", _one_of("default", "lazy"), _ANY, True),
-    Argument("x-dead-letter-exchange", _string, _CLASSIC_ONLY, True, "dead_letter_exchange"),
-    Argument("x-dead-letter-routing-key", _string, _CLASSIC_ONLY, True, "dead_letter_routing_key"),
-    Argument("x-single-active-consumer", _boolean, _CLASSIC_ONLY, True, "single_active_consumer"),
-    Argument("x-max-age", _interval, _ANY, True, "max_age_ms", _as_interval),
+    Argument(
+        "x-queue-mode", member(_unsupported("queue mode"), "default", "lazy"), _NOT_QUORUM, True
+    ),
+    Argument("x-single-active-consumer", boolean, _NOT_STREAM, True, "single_active_consumer"),
+    Argument("x-queue-type", member(_unsupported("queue type"), *KINDS), _ANY, True),
+    Argument("x-max-age", interval, _STREAM_ONLY, True, "max_age_ms", as_interval),
     # A segment keeps three files open: tiny segments would let one client exhaust the
     # broker's file descriptors, so 1 MiB is the least (RabbitMQ's default is 500 MB).
     Argument(
-        "x-stream-max-segment-size-bytes", _int_range(1024 * 1024), _ANY, True, "segment_bytes"
+        "x-stream-max-segment-size-bytes",
+        at_least(1024 * 1024),
+        _STREAM_ONLY,
+        True,
+        "segment_bytes",
     ),
+    # Negative: no limit (RabbitMQ 4); a quorum queue's default is QUORUM_DELIVERY_LIMIT.
+    Argument("x-delivery-limit", integer, _NOT_STREAM, True, "delivery_limit"),
+    Argument("x-consumer-timeout", non_negative, _ANY, False, "consumer_timeout_ms"),
     # Compaction (Kafka's cleanup.policy=compact): the latest record per key is kept.
     Argument(
         "x-stream-cleanup-policy",
-        _one_of("delete", "compact", "compact,delete", "delete,compact"),
-        _ANY,
+        member(
+            lambda _: "must be one of delete, compact, compact,delete, delete,compact",
+            "delete",
+            "compact",
+            "compact,delete",
+            "delete,compact",
+        ),
+        _NOT_QUORUM,
         True,
         "cleanup_policy",
     ),
-    Argument("x-stream-compaction-key-header", _string, _ANY, True, "compaction_key_header"),
+    Argument("x-stream-compaction-key-header", string, _NOT_QUORUM, True, "compaction_key_header"),
     Argument(
-        "x-stream-delete-retention", _interval, _ANY, False, "delete_retention_ms", _as_interval
+        "x-stream-delete-retention",
+        interval,
+        _NOT_QUORUM,
+        False,
+        "delete_retention_ms",
+        as_interval,
     ),
-    # Checked by ``queue_kind`` (after the others, with its own wording).
-    Argument("x-queue-type", None, _ANY, True),
     # Checked when the backend is chosen, against the installed backends (new queues only).
-    Argument("x-queue-backend", None, _CLASSIC_ONLY, True, "backend"),
+    Argument("x-queue-backend", None, _NOT_STREAM, True, "backend"),
 )
 
 _BY_NAME: Final = {row.name: row for row in QUEUE_ARGUMENTS}
@@ -167,34 +173,37 @@ def _where(name: str, vhost: str) -> str:
 
 
 def check_queue_arguments(name: str, vhost: str, arguments: FieldTable) -> None:
-    """Refuse ill-typed or out-of-range ``x-`` arguments with RabbitMQ's 406."""
-    for key, value in arguments.items():
-        row = _BY_NAME.get(key)
-        problem = row.check(value) if row is not None and row.check is not None else None
+    """Refuse ill-typed or out-of-range ``x-`` arguments with RabbitMQ's 406, in its order:
+    the dead-letter exchange's type (``rabbit_channel``), then the table's rows."""
+    dlx = arguments.get("x-dead-letter-exchange")
+    if dlx is not None and not isinstance(dlx, str):
+        raise AMQPError(
+            ReplyCode.PRECONDITION_FAILED,
+            f"invalid type '{amqp_type(dlx)}' for arg 'x-dead-letter-exchange' in queue "
+            f"'{name}' in vhost '{vhost}'",
+        )
+    for row in QUEUE_ARGUMENTS:
+        if row.name not in arguments or row.check is None:
+            continue
+        value = arguments[row.name]
+        problem = row.check(value)
         if (
             problem is None
-            and key == "x-dead-letter-routing-key"
+            and row.name == "x-dead-letter-routing-key"
             and "x-dead-letter-exchange" not in arguments
         ):
-            problem = "x-dead-letter-routing-key set but x-dead-letter-exchange is not"
+            problem = Atom("routing_key_but_no_dlx_defined")
         if problem is not None:
             raise AMQPError(
                 ReplyCode.PRECONDITION_FAILED,
-                f"invalid arg '{key}' {_where(name, vhost)}: {problem} (got {value!r})",
+                f"invalid arg '{row.name}' {_where(name, vhost)}: {erlang_term(problem)}",
             )
 
 
-def queue_kind(name: str, vhost: str, arguments: FieldTable) -> str:
-    """The kind ``x-queue-type`` asks for (classic by default); 406 for one tqbroker lacks."""
+def queue_kind(arguments: FieldTable) -> str:
+    """The kind ``x-queue-type`` asks for (classic by default; checked by its row)."""
     kind = arguments.get("x-queue-type", CLASSIC)
-    if kind not in KINDS:
-        raise AMQPError(
-            ReplyCode.PRECONDITION_FAILED,
-            f"invalid arg 'x-queue-type' {_where(name, vhost)}: "
-            f"{kind!r} is not supported (supported: 'classic', 'stream')",
-        )
-    assert isinstance(kind, str)
-    return kind
+    return kind if isinstance(kind, str) and kind in KINDS else CLASSIC
 
 
 def check_kind(
@@ -207,26 +216,27 @@ def check_kind(
     auto_delete: bool,
     arguments: FieldTable,
 ) -> None:
-    """RabbitMQ's rules for the kind: a stream is durable, not exclusive or auto-delete; no
-    queue takes an argument its kind does not support (RabbitMQ's feature matrix)."""
-    if kind == STREAM:
+    """RabbitMQ's rules for the kind: no queue takes an argument its kind does not support
+    (RabbitMQ 4's ``capabilities()``, in the client's order), then a quorum queue or a stream
+    is durable, not exclusive or auto-delete (checked in that order)."""
+    for key in arguments:
+        row = _BY_NAME.get(key)
+        if row is not None and kind not in row.kinds:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"invalid arg '{key}' {_where(name, vhost)} of queue type {_MODULES[kind]}",
+            )
+    if kind in (QUORUM, STREAM):
         for problem, present in (
-            ("non-durable", not durable),
-            ("exclusive", exclusive),
             ("auto-delete", auto_delete),
+            ("exclusive-owner", exclusive),
+            ("non-durable", not durable),
         ):
             if present:
                 raise AMQPError(
                     ReplyCode.PRECONDITION_FAILED,
                     f"invalid property '{problem}' {_where(name, vhost)}",
                 )
-    for key in arguments:
-        row = _BY_NAME.get(key)
-        if row is not None and kind not in row.kinds:
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"invalid arg '{key}' {_where(name, vhost)}: not supported by {kind} queues",
-            )
 
 
 def check_declaration(
@@ -238,10 +248,10 @@ def check_declaration(
     auto_delete: bool,
     arguments: FieldTable,
 ) -> str:
-    """Check a ``queue.declare`` in RabbitMQ's order (arguments, then the kind, then what the
-    kind refuses); return the queue's kind."""
+    """Check a ``queue.declare`` in RabbitMQ's order (arguments, then what the kind refuses);
+    return the queue's kind."""
     check_queue_arguments(name, vhost, arguments)
-    kind = queue_kind(name, vhost, arguments)
+    kind = queue_kind(arguments)
     check_kind(
         name,
         vhost,
@@ -260,6 +270,8 @@ def check_equivalent(
     arguments: FieldTable,
     current: FieldTable,
 ) -> None:
+    """RabbitMQ's ``assert_args_equivalent``: flags first, then each argument; two values of
+    the same type class are shown bare, anything else with its type."""
     for flag, (received, now) in flags.items():
         if received != now:
             raise AMQPError(
@@ -270,12 +282,15 @@ def check_equivalent(
     for key in sorted(set(arguments) | set(current)):
         got: FieldValue = arguments.get(key)
         now_value: FieldValue = current.get(key)
+        if key == "x-queue-type" and got in (None, CLASSIC) and now_value in (None, CLASSIC):
+            continue  # no type is classic (RabbitMQ keeps an explicit one, and compares it)
         if encode_table({key: got}) != encode_table({key: now_value}):
+            typed = got is None or now_value is None or not same_class(got, now_value)
             raise AMQPError(
                 ReplyCode.PRECONDITION_FAILED,
                 f"inequivalent arg '{key}' {what}: received "
-                f"{'none' if got is None else repr(got)} but current is "
-                f"{'none' if now_value is None else repr(now_value)}",
+                f"{equivalence_value(got, typed=typed)} but current is "
+                f"{equivalence_value(now_value, typed=typed)}",
             )
 
 
@@ -296,7 +311,7 @@ class QueueArguments:
     definitions file and redeclares) says, each field None (or its default) when absent."""
 
     table: FieldTable = attrs.field(factory=dict)
-    kind: str = CLASSIC
+    kind: str = CLASSIC  # classic, quorum (a durable classic queue) or stream
     backend: FieldValue = None  # any value: checked against the installed backends
     expires_ms: int | None = None
     message_ttl: int | None = None  # ms
@@ -327,7 +342,9 @@ class QueueArguments:
             if row.check is not None and row.check(value) is not None:
                 continue
             fields[row.field] = row.parse(value) if row.parse is not None else value
-        kind = STREAM if arguments.get("x-queue-type") == STREAM else CLASSIC
+        kind = queue_kind(arguments)
+        limit = fields.get("delivery_limit", QUORUM_DELIVERY_LIMIT if kind == QUORUM else None)
+        fields["delivery_limit"] = limit if limit is None or limit >= 0 else None
         return cls(table=arguments, kind=kind, **fields)
 
     @property
@@ -338,24 +355,19 @@ class QueueArguments:
 
 # -- consumer arguments ---------------------------------------------------------------------------
 
-# basic.consume arguments checked for every queue: (name, least value or None).
-CONSUMER_ARGUMENTS: Final = (("x-priority", None), ("x-consumer-timeout", 0))
+# basic.consume arguments checked for every queue, as RabbitMQ's ``consume_args``.
+CONSUMER_ARGUMENTS: Final = (("x-priority", integer), ("x-consumer-timeout", non_negative))
 
 
-def check_consumer_arguments(queue: str, arguments: FieldTable) -> None:
+def check_consumer_arguments(queue: str, vhost: str, arguments: FieldTable) -> None:
     """Refuse ill-typed ``x-priority`` / ``x-consumer-timeout`` with RabbitMQ's 406."""
-    for name, low in CONSUMER_ARGUMENTS:
+    for name, check in CONSUMER_ARGUMENTS:
         value = arguments.get(name)
-        if value is not None and (
-            not isinstance(value, int)
-            or isinstance(value, bool)
-            or (low is not None and value < low)
-        ):
-            required = "an integer" if low is None else f"an integer >= {low}"
+        problem = check(value) if value is not None else None
+        if problem is not None:
             raise AMQPError(
                 ReplyCode.PRECONDITION_FAILED,
-                f"invalid arg '{name}' for consumer on queue '{queue}': {required} is "
-                f"required (got {value!r})",
+                f"invalid arg '{name}' {_where(queue, vhost)}: {erlang_term(problem)}",
             )
 
 

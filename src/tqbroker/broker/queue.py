@@ -141,6 +141,12 @@ class Queue(abc.ABC):
 
     # -- lifetime ------------------------------------------------------------------------------
 
+    @property
+    def queue_type(self) -> str:
+        """RabbitMQ's queue type: ``classic``, ``quorum`` (stored as a durable classic queue)
+        or ``stream``; what the management API reports as ``type``."""
+        return self.arguments.kind
+
     def touch(self) -> None:
         """The queue was used (basic.get, redeclare, a consumer came or went): restart the
         ``x-expires`` countdown."""

@@ -108,6 +108,17 @@ class FrameReader:
             return None
         if buf[end] != FRAME_END:
             self._broken = True
-            raise AMQPError(ReplyCode.FRAME_ERROR, f"invalid frame end marker {buf[end]:#x}")
+            payload = buf[pos + FRAME_HEAD_SIZE : end]
+            raise AMQPError(
+                ReplyCode.FRAME_ERROR,
+                frame_error_text(buf[pos], payload, f"{{invalid_frame_end_marker,{buf[end]}}}"),
+            )
         self._pos = end + 1
         return memoryview(buf)[pos + FRAME_HEAD_SIZE : end]
+
+
+def frame_error_text(frame_type: int, payload: bytes | memoryview, reason: str) -> str:
+    """RabbitMQ's 501 text: ``type 1, all octets = <<0,10>>: {invalid_frame_end_marker,0}``
+    (the octets cut short: the reply text is a shortstr)."""
+    octets = ",".join(str(octet) for octet in bytes(payload[:80]))
+    return f"type {frame_type}, all octets = <<{octets}>>: {reason}"

@@ -65,6 +65,22 @@ class State(enum.Enum):
     CLOSED = enum.auto()
 
 
+# rabbit_reader's names for where a connection is, in its 504 texts.
+RABBIT_STATE_NAMES: Final = {
+    State.AWAIT_HEADER: "starting",
+    State.HEADER_RECEIVED: "starting",
+    State.AWAIT_START_OK: "starting",
+    State.AUTHENTICATING: "starting",
+    State.AWAIT_TUNE_OK: "tuning",
+    State.AWAIT_OPEN: "opening",
+    State.OPENING: "opening",
+    State.OPEN: "running",
+    State.CLOSE_RECEIVED: "closing",
+    State.CLOSING: "closing",
+    State.CLOSED: "closed",
+}
+
+
 class ChannelState(enum.Enum):
     """Where a channel is; ``CLOSED``: not in the connection's channel table."""
 
@@ -297,10 +313,11 @@ def _no_room(budget: BodyBudget, size: int, channel: int) -> AMQPError:
 def content_owed(method: Method, header_received: bool, got: str) -> AMQPError:
     """505 for a frame that is not the content ``method`` still waits for; like RabbitMQ's
     command assembler, it names the content's method, not the intruder."""
-    expected = "content body" if header_received else f"content header for class {method.CLASS_ID}"
+    kind = "content body" if header_received else "content header"
+    expected = kind if header_received else f"{kind} for class {method.CLASS_ID}"
     return AMQPError(
         ReplyCode.UNEXPECTED_FRAME,
-        f"expected {expected}, got {got} instead",
+        f"expected {expected}, got non {kind} frame instead",  # RabbitMQ's words
         class_id=method.CLASS_ID,
         method_id=method.METHOD_ID,
     )

@@ -44,6 +44,7 @@ from ._framing import (
     METHOD_IDS_SIZE,
     FrameReader,
     decode_method_frame,
+    frame_error_text,
     is_connection_close,
     unpack_frame_head,
     wire_ids,
@@ -52,6 +53,7 @@ from ._state import (
     CHANNEL_RECEIVE_TRANSITIONS,
     CHANNEL_SEND_TRANSITIONS,
     MAX_BODY_SIZE,
+    RABBIT_STATE_NAMES,
     RECEIVE_TRANSITIONS,
     SEND_TRANSITIONS,
     BodyBudget,
@@ -185,7 +187,9 @@ class ServerConnection(FrameReader):
             return None
         if frame_type not in _FRAME_TYPES:
             self._broken = True
-            raise AMQPError(ReplyCode.FRAME_ERROR, f"unknown frame type {frame_type}")
+            raise AMQPError(
+                ReplyCode.FRAME_ERROR, frame_error_text(frame_type, payload, "unknown_frame")
+            )
         if channel == 0:
             if frame_type != FRAME_METHOD:
                 raise AMQPError(ReplyCode.UNEXPECTED_FRAME, "content frame on channel 0")
@@ -199,9 +203,7 @@ class ServerConnection(FrameReader):
         if frame_type == FRAME_METHOD:
             return self._channel_method(channel, ch, payload)
         if ch is None:
-            raise AMQPError(
-                ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {channel}"
-            )
+            raise AMQPError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'")
         if ch.state is _CHANNEL_CLOSING:
             return None
         if frame_type == FRAME_HEADER:
@@ -218,7 +220,7 @@ class ServerConnection(FrameReader):
             # RabbitMQ (rabbit_reader's handle_method0 fallback) answers 504 CHANNEL_ERROR.
             raise AMQPError(
                 ReplyCode.CHANNEL_ERROR,
-                f"unexpected {method.NAME} in connection state {self.state.name.lower()}",
+                f"unexpected method in connection state {RABBIT_STATE_NAMES[self.state]}",
                 class_id=method.CLASS_ID,
                 method_id=method.METHOD_ID,
             )
@@ -267,7 +269,7 @@ class ServerConnection(FrameReader):
             if ch is not None:
                 raise AMQPError(
                     ReplyCode.CHANNEL_ERROR,
-                    f"second 'channel.open' seen on channel {channel}",
+                    "second 'channel.open' seen",
                     class_id=method.CLASS_ID,
                     method_id=method.METHOD_ID,
                 )
@@ -276,7 +278,7 @@ class ServerConnection(FrameReader):
                 return None  # a late close-ok for a channel both sides already closed
             raise AMQPError(
                 ReplyCode.CHANNEL_ERROR,
-                f"expected 'channel.open' on channel {channel}",
+                "expected 'channel.open'",
                 class_id=method.CLASS_ID,
                 method_id=method.METHOD_ID,
             )

@@ -47,6 +47,8 @@ CAPABILITIES: FieldTable = {
     "authentication_failure_close": True,
     "per_consumer_qos": True,
     "connection.blocked": True,
+    "consumer_priorities": True,  # basic.consume's x-priority
+    "direct_reply_to": True,  # amq.rabbitmq.reply-to
 }
 
 

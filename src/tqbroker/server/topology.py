@@ -126,7 +126,7 @@ class Topology:
         """The queue a ``basic.consume`` consumes from, once the consumer passed its checks
         (arguments, the queue's own, exclusive use)."""
         queue = self.vhost.get_queue(self.queue_name(method.queue), self.owner)
-        check_consumer_arguments(queue.name, method.arguments)
+        check_consumer_arguments(queue.name, self.vhost.name, method.arguments)
         queue.check_usable()
         queue.check_consumer(
             method.consumer_tag,

@@ -285,9 +285,8 @@ class StreamQueue(Queue):
             self._tracked.discard(consumer)  # cancelled, and its last delivery settled
 
     def purge(self) -> int:
-        raise AMQPError(
-            ReplyCode.NOT_IMPLEMENTED, f"purge not supported by stream queues {self._describe()}"
-        )
+        what = f"queue.purge not supported by stream queues {self._describe()}"
+        raise AMQPError(ReplyCode.NOT_IMPLEMENTED, what)
 
     @property
     def message_count(self) -> int:
@@ -306,7 +305,7 @@ class StreamQueue(Queue):
         if not prefetch_count:
             raise AMQPError(
                 ReplyCode.PRECONDITION_FAILED,
-                f"consumer prefetch count is not set for stream {self._describe()}",
+                f"consumer prefetch count is not set for '{self._describe()}'",  # RabbitMQ's
             )
         tracking = arguments.get("x-stream-automatic-offset-tracking")
         if tracking is not None and not isinstance(tracking, bool):

@@ -39,8 +39,12 @@ class HeadersRouter:
     def _parse(arguments: FieldTable) -> tuple[str, list[tuple[str, FieldValue]]]:
         mode = arguments.get("x-match", "all")
         if mode not in _MODES:
+            # RabbitMQ 3.10's words, a string shown as Erlang prints a binary.
+            shown = repr(mode)
+            if isinstance(mode, str):
+                shown = '<<"' + mode.replace("\\", "\\\\").replace('"', '\\"') + '">>'
             raise ValueError(
-                f"Invalid x-match field value {mode!r}; expected one of {sorted(_MODES)}"
+                f"Invalid x-match field value {shown}; expected all, any, all-with-x, or any-with-x"
             )
         assert isinstance(mode, str)
         with_x = mode.endswith("-with-x")

@@ -48,11 +48,6 @@ QUEUE_STATS += ("get_empty", "redeliver", "ack")
 ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 
 
-def queue_type(queue: Queue) -> str:
-    """RabbitMQ's ``type``: ``classic``, ``stream``, as declared (``x-queue-type``)."""
-    return queue.arguments.kind
-
-
 def queue_json(queue: Queue, node: str) -> dict[str, Any]:
     """A queue as RabbitMQ's management API shows it (the fields tqbroker has)."""
     ready = queue.message_count
@@ -61,7 +56,7 @@ def queue_json(queue: Queue, node: str) -> dict[str, Any]:
     found: dict[str, Any] = {
         "name": queue.name,
         "vhost": queue.vhost,
-        "type": queue_type(queue),
+        "type": queue.queue_type,
         "durable": queue.durable,
         "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive_owner is not None,
