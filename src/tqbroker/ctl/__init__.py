@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         a in ("--vhost", "-p") or a.startswith("--vhost=")
         for a in (sys.argv[1:] if argv is None else argv)
     )
-    name = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
+    what = getattr(args, "action", None) or getattr(args, "kind", None)  # topics list, list queues
+    name = " ".join(filter(None, [args.command, what]))
     try:
         if args.command != "consume" and args.format not in FORMATS:
             raise UsageError(f"--format wants table or json (got {args.format!r})")
