@@ -1,6 +1,7 @@
 """Administering topics and consumer groups, as ``kafka-topics`` and ``kafka-consumer-groups``
-do: list and describe topics, delete one, grow its partitions; list and describe groups, reset
-a group's committed offsets.
+do: list and describe topics, delete one, grow its partitions; each partition's offsets
+(earliest, latest, first at or after a time); list and describe groups (committed offsets,
+lag, readers) and reset a group's committed offsets.
 
 Where things are kept (see ``topics.py`` for what a topic is):
 - a group's committed offset on a partition is in that partition's ``StreamLog.group_offsets``
@@ -228,7 +229,8 @@ def group(vhost: VirtualHost, topic: str, name: str) -> list[GroupPartition]:
                 owner.tag if owner is not None else None,
             )
         )
-    if live is None and all(p.committed is None for p in result):
+    reading = live is not None and any(q in live.subscriptions for q in found)
+    if not reading and all(p.committed is None for p in result):
         raise NotFound(f"no consumer group '{name}' on topic '{topic}'")
     return result
 
