@@ -122,12 +122,14 @@ def test_groups_listed_described_and_reset(
     http: httpx.Client, tqbroker_thread: RunningBroker
 ) -> None:
     topic(http, "events", 2, messages=10)  # five per partition
+    topic(http, "other", 1)
     assert ok(http.get("/groups")) == []
     member = read_as_group(tqbroker_thread.url, ["events-0", "events-1"], "billing", 10)
     try:
         assert ok(http.get("/topics/events/groups")) == [
             {"group": "billing", "topic": "events", "members": 1, "state": "Stable"}
         ]
+        error(http.get("/topics/other/groups/billing"), 404)  # it reads another topic
         described = ok(http.get("/topics/events/groups/billing"))
         assert described["state"] == "Stable"
         for p in described["partitions"]:
