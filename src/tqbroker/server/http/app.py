@@ -25,6 +25,7 @@ from .mgmt_routes import MANAGEMENT_ROUTES
 from .record_routes import read_records, write_records
 from .topic_admin_routes import TOPIC_ADMIN_ROUTES
 from .topic_routes import consume, declare_topic, offsets, produce
+from .ui import UI_ROUTES
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def create_app(broker: Broker, connections: Connections | None = None) -> Starle
             Route("/topics/{topic}/partitions/{partition}/records", read_records),
             *TOPIC_ADMIN_ROUTES,
             *MANAGEMENT_ROUTES,
+            *UI_ROUTES,  # the web UI: / and /ui/{name}
         ],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[Middleware(RawApiPaths)],

@@ -187,8 +187,8 @@ async def listing(request: Request, items: Iterable[dict[str, Any]]) -> Response
         return await _json([_columns(r, columns) for r in rows])
     page, size = _page(params.get("page"), params.get("page_size"))
     filtered = len(rows)
-    page_count = max(1, -(-filtered // size))
-    if page > page_count:
+    page_count = -(-filtered // size)  # 0 for an empty list, as RabbitMQ counts
+    if page > max(page_count, 1):
         raise bad_request_page(page, size, filtered)
     shown = rows[(page - 1) * size : page * size]
     return await _json(
