@@ -7,7 +7,7 @@
    them per user and 10-second window of event time, and writes the results as JSON to the
    stream ``event-counts`` with the ``tqbroker`` sink (keyed by user; output mode complete:
    each trigger writes the whole result table);
-3. the results are read back with the command line: ``python -m tqbroker consume``.
+3. the results are read back with the command line: ``python -m tqbroker ctl consume``.
 
 Needs Java 17+ and, from the checkout's root (the partitioner plugin makes partitioned
 topics; pika publishes, httpx declares the topics)::
@@ -151,9 +151,9 @@ def show_results(amqp: str, http: str) -> None:
     with httpx.Client(base_url=http, auth=("guest", "guest")) as client:
         offsets = client.get(f"/topics/{RESULTS}/offsets").json()["partitions"]
     count = sum(p["latest"] - p["earliest"] for p in offsets)
-    command = [sys.executable, "-m", "tqbroker", "consume", RESULTS, "--from", "first"]
-    command += ["-n", str(count), "--idle", "5", "--url", amqp, "--http", http]
-    print("$ python -m tqbroker consume", RESULTS, "--from first -n", count)
+    command = [sys.executable, "-m", "tqbroker", "ctl", "consume", RESULTS, "--from", "first"]
+    command += ["-n", str(count), "--idle", "5", "--url", http, "--amqp-url", amqp]
+    print("$ python -m tqbroker ctl consume", RESULTS, "--from first -n", count)
     subprocess.run(command, check=True)
 
 

@@ -1,5 +1,5 @@
 """The command line: ``python -m tqbroker [--host H] [--port P] [--data-dir D]`` runs a broker;
-``python -m tqbroker create-topic|produce|consume ...`` talk to a running one (``commands.py``).
+``python -m tqbroker ctl ...`` (the same as ``tqbroker-ctl``) manages a running one (``ctl/``).
 
 Responsibilities:
 - flags over ``TQBROKER_*`` variables over the config file over the embedded defaults
@@ -31,7 +31,6 @@ import trio
 from ._version import __version__
 from .backends.log import parse_fsync_policy
 from .broker.definitions import StartupError
-from .commands import add_commands, run_command
 from .config import BrokerConfig, ConfigError, SettingError
 from .fsutil import make_dirs
 from .logsetup import configure_logging, reopen_log_file
@@ -113,7 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="print the effective configuration as TOML (passwords redacted) and exit",
     )
     parser.add_argument("--version", action="version", version=f"tqbroker {__version__}")
-    add_commands(parser.add_subparsers(title="tools for a running broker", metavar="COMMAND"))
+    tools = parser.add_subparsers(title="tools for a running broker", metavar="COMMAND")
+    tools.add_parser("ctl", help="manage a running broker (tqbroker-ctl; ctl --help)")
     return parser.parse_args(argv)
 
 
@@ -191,9 +191,12 @@ def check_data_dir(path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["ctl"]:
+        from .ctl import main as ctl_main
+
+        return ctl_main(given[1:], prog="python -m tqbroker ctl")
     args = parse_args(argv)
-    if hasattr(args, "command"):
-        return run_command(args)
     try:
         config = effective_config(args, os.environ)
         if args.print_config:

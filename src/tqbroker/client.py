@@ -91,7 +91,8 @@ class Client:
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "amqp":
-            raise ValueError(f"not an amqp:// URL: {url!r}")
+            # Not the URL itself: it may carry a password.
+            raise ValueError(f"not an amqp:// URL (the scheme is {parts.scheme!r})")
         self.sock = socket.create_connection(
             (parts.hostname or "127.0.0.1", parts.port or 5672), timeout
         )

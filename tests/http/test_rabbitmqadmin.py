@@ -13,9 +13,11 @@ import pika
 import pytest
 
 from rabbitmq_oracle import RabbitMQ
-from tqbroker.testing import RunningBroker
+from tqbroker.config import BrokerConfig
+from tqbroker.testing import RunningBroker, running_broker
 
 RABBITMQADMIN = "/usr/bin/rabbitmqadmin"
+VHOST = "admin-compare"
 
 
 def serve_until_closed(connection: pika.BlockingConnection) -> None:
@@ -56,17 +58,31 @@ def admin(port: int, *args: str) -> str:
     return done.stdout
 
 
-def declare_topology(port: int) -> None:
-    """The same topology, through rabbitmqadmin, on either broker."""
+def declare_topology(port: int, *vhost: str) -> None:
+    """The same topology, through rabbitmqadmin, on either broker (``"-V", name``: in a vhost)."""
     admin(
-        port, "declare", "queue", "name=orders", "durable=true", 'arguments={"x-max-length": 100}'
+        port,
+        *vhost,
+        "declare",
+        "queue",
+        "name=orders",
+        "durable=true",
+        'arguments={"x-max-length": 100}',
     )
-    admin(port, "declare", "queue", "name=audit", "durable=false")
-    admin(port, "declare", "exchange", "name=events", "type=topic")
-    admin(port, "declare", "binding", "source=events", "destination=orders", "routing_key=order.*")
-    admin(port, "declare", "binding", "source=events", "destination=audit", "routing_key=#")
+    admin(port, *vhost, "declare", "queue", "name=audit", "durable=false")
+    admin(port, *vhost, "declare", "exchange", "name=events", "type=topic")
+    admin(
+        port,
+        *vhost,
+        "declare",
+        "binding",
+        "source=events",
+        "destination=orders",
+        "routing_key=order.*",
+    )
+    admin(port, *vhost, "declare", "binding", "source=events", "destination=audit", "routing_key=#")
     for n in range(3):
-        admin(port, "publish", "exchange=events", "routing_key=order.new", f"payload=o{n}")
+        admin(port, *vhost, "publish", "exchange=events", "routing_key=order.new", f"payload=o{n}")
 
 
 def test_rabbitmqadmin_commands(tqbroker_thread: RunningBroker) -> None:
@@ -111,38 +127,39 @@ def test_rabbitmqadmin_commands(tqbroker_thread: RunningBroker) -> None:
     assert "events" not in admin(port, "list", "exchanges")
 
 
-def test_list_queues_prints_what_rabbitmq_prints(
-    tqbroker_thread: RunningBroker, rabbitmq_oracle: RabbitMQ
-) -> None:
-    port = tqbroker_thread.http_port
-    assert port is not None
-    declare_topology(port)
-    declare_topology(rabbitmq_oracle.management_port)
-    # RabbitMQ's management agent reports queue lengths every 5 seconds: wait for them.
-    deadline = time.monotonic() + 15
-    while "| 3 " not in admin(rabbitmq_oracle.management_port, "list", "queues"):
-        assert time.monotonic() < deadline, "RabbitMQ never reported the queues' lengths"
-        time.sleep(0.5)
-    try:
-        for args in (
-            ("list", "queues"),
-            ("list", "queues", "name", "messages", "messages_ready", "consumers", "durable"),
-            ("list", "bindings"),
-            # tsv: RabbitMQ's longer amq.rabbitmq.trace would widen a table's column
-            ("-f", "tsv", "list", "exchanges", "name", "type", "durable", "auto_delete"),
-            ("-f", "long", "list", "queues", "name", "arguments", "auto_delete", "exclusive"),
-        ):
-            ours = admin(port, *args, "--sort", "name")
-            theirs = admin(rabbitmq_oracle.management_port, *args, "--sort", "name")
-            if "exchanges" in args:
-                # RabbitMQ has amq.rabbitmq.trace too (tracing is not implemented here).
-                lines = theirs.splitlines(keepends=True)
-                theirs = "".join(line for line in lines if "amq.rabbitmq.trace" not in line)
-            # The same table (rows in the same order where the sort decides it).
-            assert sorted(ours.splitlines()) == sorted(theirs.splitlines()), " ".join(args)
-            if "bindings" not in args:  # bindings have no name to sort by
-                assert ours == theirs, f"rabbitmqadmin {' '.join(args)}"
-    finally:
-        for name in ("orders", "audit"):
-            admin(rabbitmq_oracle.management_port, "delete", "queue", f"name={name}")
-        admin(rabbitmq_oracle.management_port, "delete", "exchange", "name=events")
+def test_list_queues_prints_what_rabbitmq_prints(rabbitmq_oracle: RabbitMQ) -> None:
+    # A vhost of its own on both brokers: other tests share the oracle's "/".
+    config = BrokerConfig(port=0, vhosts=("/", VHOST))
+    rabbit = rabbitmq_oracle.management_port
+    admin(rabbit, "declare", "vhost", f"name={VHOST}")
+    with running_broker(config) as broker:
+        port = broker.http_port
+        assert port is not None
+        declare_topology(port, "-V", VHOST)
+        declare_topology(rabbit, "-V", VHOST)
+        # RabbitMQ's management agent reports queue lengths every 5 seconds: wait for them.
+        deadline = time.monotonic() + 15
+        while "| 3 " not in admin(rabbit, "-V", VHOST, "list", "queues"):
+            assert time.monotonic() < deadline, "RabbitMQ never reported the queues' lengths"
+            time.sleep(0.5)
+        try:
+            for args in (
+                ("list", "queues"),
+                ("list", "queues", "name", "messages", "messages_ready", "consumers", "durable"),
+                ("list", "bindings"),
+                # tsv: RabbitMQ's longer amq.rabbitmq.trace would widen a table's column
+                ("-f", "tsv", "list", "exchanges", "name", "type", "durable", "auto_delete"),
+                ("-f", "long", "list", "queues", "name", "arguments", "auto_delete", "exclusive"),
+            ):
+                ours = admin(port, "-V", VHOST, *args, "--sort", "name")
+                theirs = admin(rabbit, "-V", VHOST, *args, "--sort", "name")
+                if "exchanges" in args:
+                    # RabbitMQ has amq.rabbitmq.trace too (tracing is not implemented here).
+                    lines = theirs.splitlines(keepends=True)
+                    theirs = "".join(line for line in lines if "amq.rabbitmq.trace" not in line)
+                # The same table (rows in the same order where the sort decides it).
+                assert sorted(ours.splitlines()) == sorted(theirs.splitlines()), " ".join(args)
+                if "bindings" not in args:  # bindings have no name to sort by
+                    assert ours == theirs, f"rabbitmqadmin {' '.join(args)}"
+        finally:
+            admin(rabbit, "delete", "vhost", f"name={VHOST}")

@@ -15,9 +15,10 @@ Responsibilities:
   write's first one, then one more per record); records whose sequence the producer already
   wrote are skipped, so a retried or replayed write lands once however it is cut into requests
   (the next sequence expected is stored with the topic's first partition);
-- read a partition from an offset or a timestamp, as records or as a columnar ``ReadBatch``
-  (``recordbatch.py``); the offsets of each partition (earliest, latest, first at or after a
-  time); a consumer group's committed offsets and lag.
+- read a partition from an offset as a columnar ``ReadBatch`` (``recordbatch.py``).
+
+Reading records one by one is ``reading.py``'s; offsets, groups and the administration of
+topics (list, describe, delete, grow) are ``admin.py``'s.
 
 Failures are ``TopicError``s, one subclass per kind: ``NotFound`` (no such topic, partition or
 group), ``InvalidRequest`` (arguments out of range, a record that cannot be written),
@@ -99,26 +100,6 @@ class ConsumerRecord:
     value: bytes
 
 
-@attrs.frozen
-class PartitionOffsets:
-    partition: int
-    queue: str  # the stream queue holding it (what AMQP consumers consume)
-    earliest: int
-    latest: int  # the high watermark: the durable end of the log, where reads stop
-
-
-@attrs.frozen
-class GroupPartition:
-    partition: int
-    committed: int | None  # the next offset the group reads; None: it never read this one
-    latest: int
-    reader: str | None  # the consumer tag of the member reading it now
-
-    @property
-    def lag(self) -> int | None:
-        return None if self.committed is None else max(0, self.latest - self.committed)
-
-
 def partitions(vhost: VirtualHost, topic: str) -> list[StreamQueue]:
     """The topic's partitions in order (``NotFound`` if there is no such topic)."""
     exchange = vhost.exchanges.get(topic)
@@ -173,6 +154,17 @@ async def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTa
         )
     names = [f"{topic}-{n}" for n in range(count)]
     queue_arguments: FieldTable = {**arguments, "x-queue-type": "stream"}
+    existing = vhost.exchanges.get(topic)
+    if existing is not None:  # its shape first: a partition count is what differs most often
+        have = [q.name for q in _bound(vhost, topic)]
+        if existing.type_name == PARTITION_EXCHANGE_TYPE and have and have != names:
+            raise Conflict(
+                f"topic '{topic}' exists with another shape than {count} partitions: it has "
+                f"{len(have)} (a topic grows with PATCH /topics/{topic} or tqbroker-ctl "
+                "topics alter --partitions)"
+            )
+        if existing.type_name != PARTITION_EXCHANGE_TYPE or have != names:
+            raise Conflict(f"topic '{topic}' exists with another shape than {count} partitions")
     since = vhost.definitions.mark()
     try:
         # Partitions that exist must be streams with these arguments (a redeclare checks
@@ -180,13 +172,7 @@ async def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTa
         for name in names:
             if name in vhost.queues:
                 await _declare_stream(vhost, name, queue_arguments)
-        existing = vhost.exchanges.get(topic)
         if existing is not None:
-            if (
-                existing.type_name != PARTITION_EXCHANGE_TYPE
-                or [q.name for q in _bound(vhost, topic)] != names
-            ):
-                raise Conflict(f"topic '{topic}' exists with another shape than {count} partitions")
             return False
         for name in names:
             await _declare_stream(vhost, name, queue_arguments)
@@ -202,13 +188,30 @@ async def declare(vhost: VirtualHost, topic: str, count: int, arguments: FieldTa
         for n, name in enumerate(names):
             vhost.bind_queue(name, topic, str(n), {}, None)
     except AMQPError as exc:
-        failed = Conflict if exc.code == ReplyCode.PRECONDITION_FAILED else InvalidRequest
-        raise failed(exc.text) from None
+        raise _topic_error(exc) from None
     try:
         await vhost.definitions.wait(since)
     except AMQPError as exc:
         raise Unavailable(exc.text) from None
     return True
+
+
+def _topic_error(exc: AMQPError) -> TopicError:
+    """A refused declaration: a contradiction or refused argument (409), else 400."""
+    if exc.code == ReplyCode.PRECONDITION_FAILED:
+        return Conflict(exc.text)
+    return InvalidRequest(exc.text)
+
+
+async def declare_partition(
+    vhost: VirtualHost, topic: str, index: int, name: str, arguments: FieldTable
+) -> None:
+    """Add stream queue ``name`` as partition ``index`` of the partitioned topic (growing it)."""
+    try:
+        await _declare_stream(vhost, name, arguments)
+        vhost.bind_queue(name, topic, str(index), {}, None)
+    except AMQPError as exc:
+        raise _topic_error(exc) from None
 
 
 async def _declare_stream(vhost: VirtualHost, name: str, arguments: FieldTable) -> None:
@@ -319,51 +322,6 @@ def _message(exchange: str, record: ProducerRecord, now_ms: int) -> Message:
     return Message(exchange, record.key, raw, record.value, properties, now_ms)
 
 
-def read(
-    vhost: VirtualHost,
-    topic: str,
-    partition_index: int,
-    *,
-    offset: int | None = None,
-    timestamp_ms: int | None = None,
-    limit: int = 100,
-    max_bytes: int = 1024 * 1024,
-) -> list[ConsumerRecord]:
-    """Up to ``limit`` records of a partition from ``offset`` (clamped to what is there) or
-    from the first record at or after ``timestamp_ms``; from the earliest by default. Stops
-    once the values add up to ``max_bytes`` (at least one record is returned)."""
-    if not 1 <= limit <= MAX_READ:
-        raise InvalidRequest(f"limit must be between 1 and {MAX_READ} (got {limit})")
-    if not 1 <= max_bytes <= MAX_READ_BYTES:
-        raise InvalidRequest(f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
-    stream = partition(vhost, topic, partition_index).stream
-    if timestamp_ms is not None:
-        position = stream.offset_for_timestamp(timestamp_ms)
-    else:
-        position = max(offset if offset is not None else 0, stream.first_offset)
-    records: list[ConsumerRecord] = []
-    end = stream.durable_end  # the high watermark: nothing a crash could take back
-    size = 0
-    while position < end and len(records) < limit and size < max_bytes:
-        record = stream.read_from(position)
-        if record is None or record.offset >= end:
-            break
-        message = record.message
-        records.append(
-            ConsumerRecord(
-                partition_index,
-                record.offset,
-                message.timestamp_ms,
-                message.routing_key,
-                message.properties.headers or {},
-                message.body,
-            )
-        )
-        position = record.offset + 1
-        size += len(message.body)
-    return records
-
-
 def read_batch(
     vhost: VirtualHost,
     topic: str,
@@ -411,42 +369,3 @@ def read_batch(
         BinaryColumn.of(values),
         BinaryColumn.of(header_json) if headers else None,
     )
-
-
-def offsets(vhost: VirtualHost, topic: str) -> list[PartitionOffsets]:
-    return [
-        PartitionOffsets(n, queue.name, queue.stream.first_offset, queue.stream.durable_end)
-        for n, queue in enumerate(partitions(vhost, topic))
-    ]
-
-
-def offsets_for_timestamp(vhost: VirtualHost, topic: str, timestamp_ms: int) -> list[int | None]:
-    """Per partition, the first offset whose timestamp is at or after ``timestamp_ms``; None
-    where there is none (Kafka's offsetsForTimes)."""
-    found = []
-    for queue in partitions(vhost, topic):
-        offset = queue.stream.offset_for_timestamp(timestamp_ms)
-        found.append(offset if offset < queue.stream.durable_end else None)
-    return found
-
-
-def group(vhost: VirtualHost, topic: str, name: str) -> list[GroupPartition]:
-    """A consumer group's position on each partition (``NotFound`` if the group never read
-    this topic)."""
-    found = partitions(vhost, topic)
-    live = vhost.consumer_groups.groups.get(name)
-    owners = live.owners if live is not None else {}
-    result = []
-    for n, queue in enumerate(found):
-        owner = owners.get(queue)
-        result.append(
-            GroupPartition(
-                n,
-                queue.stream.group_offsets.get(name),
-                queue.stream.durable_end,
-                owner.tag if owner is not None else None,
-            )
-        )
-    if live is None and all(p.committed is None for p in result):
-        raise NotFound(f"no consumer group '{name}' on topic '{topic}'")
-    return result

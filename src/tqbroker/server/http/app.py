@@ -26,7 +26,8 @@ from .metrics_routes import create_metrics_app, metrics, metrics_detailed, metri
 from .mgmt_common import RawApiPaths
 from .mgmt_routes import MANAGEMENT_ROUTES
 from .record_routes import read_records, write_records
-from .topic_routes import consume, declare_topic, group, offsets, produce
+from .topic_admin_routes import TOPIC_ADMIN_ROUTES
+from .topic_routes import consume, declare_topic, offsets, produce
 from .ui import UI_ROUTES
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def create_app(broker: Broker, connections: Connections) -> Starlette:
             Route("/topics/{topic}/offsets", offsets),
             Route("/topics/{topic}/records", write_records, methods=["POST"]),
             Route("/topics/{topic}/partitions/{partition}/records", read_records),
-            Route("/topics/{topic}/groups/{group}", group),
+            *TOPIC_ADMIN_ROUTES,
             Route("/metrics", metrics),
             Route("/metrics/per-object", metrics_per_object),
             Route("/metrics/detailed", metrics_detailed),

@@ -1,4 +1,5 @@
-"""The JSON routes of topics: declare, produce, consume, offsets and consumer groups.
+"""The JSON routes of topics: declare, produce, consume and offsets (administration: listing,
+describing, deleting, growing and consumer groups, is in ``topic_admin_routes.py``).
 
 Responsibilities: each route reads its request (``inputs``), finds the vhost (``auth``) in the
 same order as ever (so that the same bad request gets the same error), calls
@@ -16,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...broker.streams import topics
+from ...broker.streams import admin, reading, topics
 from ...broker.streams.topics import ConsumerRecord
 from ...recordbatch import json_value
 from . import inputs
@@ -71,7 +72,7 @@ async def consume(request: Request) -> Response:
     topic = request.path_params["topic"]
     if offset == "latest":
         offset = topics.partition(vhost, topic, partition).stream.durable_end
-    records = topics.read(
+    records = reading.read(
         vhost,
         topic,
         partition,
@@ -107,40 +108,15 @@ async def offsets(request: Request) -> Response:
             "earliest": o.earliest,
             "latest": o.latest,
         }
-        for o in topics.offsets(vhost, topic)
+        for o in admin.offsets(vhost, topic)
     ]
     if "timestamp" in request.query_params:
         timestamp = inputs.timestamp(request.query_params["timestamp"])
         for entry, offset in zip(
-            found, topics.offsets_for_timestamp(vhost, topic, timestamp), strict=True
+            found, admin.offsets_for_timestamp(vhost, topic, timestamp), strict=True
         ):
             entry["timestamp"] = offset
     return JSONResponse({"topic": topic, "partitions": found})
-
-
-async def group(request: Request) -> Response:
-    """``GET /topics/{topic}/groups/{group}``: a consumer group's position and lag on each
-    partition."""
-    topic = request.path_params["topic"]
-    name = request.path_params["group"]
-    found = topics.group(await vhost_of(request), topic, name)
-    return JSONResponse(
-        {
-            "topic": topic,
-            "group": name,
-            "partitions": [
-                {
-                    "partition": p.partition,
-                    "committed": p.committed,
-                    "latest": p.latest,
-                    "lag": p.lag,
-                    "reader": p.reader,
-                }
-                for p in found
-            ],
-            "lag": sum(p.lag or 0 for p in found),
-        }
-    )
 
 
 def _record_json(record: ConsumerRecord) -> dict[str, Any]:

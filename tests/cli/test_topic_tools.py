@@ -1,9 +1,10 @@
-"""``python -m tqbroker create-topic | produce | consume`` against a running broker, as a user runs
-them: real processes, real sockets."""
+"""``python -m tqbroker ctl topics create | produce | consume`` against a running broker, as a user
+runs them: real processes, real sockets; the AMQP address of ``consume`` comes from the broker."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -11,14 +12,19 @@ import time
 import pika
 import pytest
 
+from tqbroker.client import Client
 from tqbroker.testing import RunningBroker
 
 pytestmark = pytest.mark.timeout(90)
 
 
+def api_url(broker: RunningBroker, credentials: str = "guest:guest") -> str:
+    return broker.http_url.replace("http://", f"http://{credentials}@")
+
+
 def command(broker: RunningBroker, *args: str) -> list[str]:
-    line = [sys.executable, "-m", "tqbroker", *args, "--http", broker.http_url]
-    return [*line, "--url", broker.url] if args[0] == "consume" else line
+    url = [] if "--url" in args else ["--url", api_url(broker)]
+    return [sys.executable, "-m", "tqbroker", "ctl", *args, *url]
 
 
 def wait_for_consumers(broker: RunningBroker, *queues: str, timeout: float = 60) -> None:
@@ -46,9 +52,9 @@ def tool(broker: RunningBroker, *args: str, stdin: str | bytes = "", timeout: fl
 
 def test_create_produce_and_consume_from_every_start(tqbroker_thread: RunningBroker) -> None:
     assert "3 partition(s), created" in tool(
-        tqbroker_thread, "create-topic", "orders", "--partitions", "3", "--arg", "x-max-age=7D"
+        tqbroker_thread, "topics", "create", "orders", "--partitions", "3", "--arg", "x-max-age=7D"
     )
-    again = ("create-topic", "orders", "--partitions", "3", "--arg", "x-max-age=7D")
+    again = ("topics", "create", "orders", "--partitions", "3", "--arg", "x-max-age=7D")
     assert "exists" in tool(tqbroker_thread, *again)
     landed = tool(tqbroker_thread, "produce", "orders", "--key", "k1", "-v", stdin="a\nb\nc\n")
     assert len(set(landed.splitlines())) == 3  # one partition (the key's), three offsets
@@ -72,7 +78,7 @@ def test_create_produce_and_consume_from_every_start(tqbroker_thread: RunningBro
 
 
 def test_consume_next_waits_for_new_messages(tqbroker_thread: RunningBroker) -> None:
-    tool(tqbroker_thread, "create-topic", "live", "--partitions", "2")
+    tool(tqbroker_thread, "topics", "create", "live", "--partitions", "2")
     tool(tqbroker_thread, "produce", "live", stdin="old\n")
     reader = command(tqbroker_thread, "consume", "live", "-n", "2")
     with subprocess.Popen(reader, stdout=subprocess.PIPE, text=True) as consumer:
@@ -83,7 +89,7 @@ def test_consume_next_waits_for_new_messages(tqbroker_thread: RunningBroker) -> 
 
 
 def test_group_consumption_resumes_at_the_commit(tqbroker_thread: RunningBroker) -> None:
-    tool(tqbroker_thread, "create-topic", "jobs", "--partitions", "4")
+    tool(tqbroker_thread, "topics", "create", "jobs", "--partitions", "4")
     tool(tqbroker_thread, "produce", "jobs", stdin="".join(f"j{n}\n" for n in range(20)))
     first = tool(tqbroker_thread, "consume", "jobs", "--group", "g", "--from", "first", "-n", "8")
     time.sleep(0.5)  # the group's commits are flushed
@@ -91,21 +97,64 @@ def test_group_consumption_resumes_at_the_commit(tqbroker_thread: RunningBroker)
     assert sorted(first.split() + rest.split()) == sorted(f"j{n}" for n in range(20))
 
 
-def test_errors_are_one_line_and_exit_1(tqbroker_thread: RunningBroker) -> None:
-    for args in (
-        ["consume", "missing", "--idle", "1"],
-        ["consume", "missing", "--from", "yesterday"],
-        ["create-topic", "t", "--partitions", "0"],
-        ["create-topic", "a/b"],
-        ["consume", "t\u00f6 pic?", "--idle", "1"],
-        ["create-topic", "t", "--user", "guest:wrong"],
+def test_errors_are_one_line_and_exit_1_or_2(tqbroker_thread: RunningBroker) -> None:
+    for args, status in (
+        (["consume", "missing", "--idle", "1"], 1),
+        (["consume", "missing", "--from", "yesterday"], 2),
+        (["topics", "create", "t", "--partitions", "0"], 1),
+        (["topics", "create", "a/b"], 2),
+        (["consume", "t\u00f6 pic?", "--idle", "1"], 1),
+        (["topics", "create", "t", "--url", api_url(tqbroker_thread, "guest:s3cret")], 1),
+        (["consume", "t", "--format", "%z"], 2),
+        (["topics", "describe"], 2),
+        (["topics", "list", "--url", "ftp://guest:s3cret@127.0.0.1:1"], 2),
     ):
         done = subprocess.run(
             command(tqbroker_thread, *args), capture_output=True, text=True, timeout=30, check=False
         )
-        assert done.returncode == 1
-        assert done.stderr.count("\n") == 1
-        assert done.stderr.startswith("tqbroker ")
+        assert done.returncode == status, (args, done.stderr)
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("python -m tqbroker ctl"), done.stderr
+        assert "s3cret" not in done.stderr
+
+
+def test_credentials_are_never_printed(tqbroker_thread: RunningBroker) -> None:
+    """A consumer that cannot reach the AMQP port, an API that refuses the login, an API that is
+    not there: each says where, never with the password."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    tool(tqbroker_thread, "topics", "create", "secret")
+    for args in (
+        ["consume", "secret", "--amqp-url", f"amqp://guest:s3cret@127.0.0.1:{port}/"],
+        ["consume", "secret", "--amqp-url", "amqp://guest:s3cret@127.0.0.1:{port"],
+        ["topics", "list", "--url", f"http://guest:s3cret@127.0.0.1:{port}"],
+        ["topics", "list", "--url", api_url(tqbroker_thread, "guest:s3cret")],
+    ):
+        done = subprocess.run(
+            command(tqbroker_thread, *args), capture_output=True, text=True, timeout=30, check=False
+        )
+        assert done.returncode in (1, 2), done.stderr
+        assert "s3cret" not in done.stderr + done.stdout, done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+    refused = subprocess.run(
+        command(
+            tqbroker_thread,
+            "consume",
+            "secret",
+            "--amqp-url",
+            f"amqp://guest:s3cret@127.0.0.1:{port}/",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert f"amqp://127.0.0.1:{port}/" in refused.stderr  # says where
+    with pytest.raises(ValueError, match="not an amqp:// URL") as bad:  # the client itself
+        Client(f"http://guest:s3cret@127.0.0.1:{port}/")
+    assert "s3cret" not in str(bad.value)
 
 
 def test_a_group_member_takes_back_what_a_leaving_member_had(
@@ -113,7 +162,7 @@ def test_a_group_member_takes_back_what_a_leaving_member_had(
 ) -> None:
     """The CLI re-consumes a revoked partition (it asks for basic.cancel notifications), so
     when the member that took it leaves, it reads it again."""
-    tool(tqbroker_thread, "create-topic", "shared", "--partitions", "2")
+    tool(tqbroker_thread, "topics", "create", "shared", "--partitions", "2")
     # It stops once it has all 20 (or after 30 s without one: the assertion says what it had).
     stays = command(
         tqbroker_thread, "consume", "shared", "--group", "g", "-n", "20", "--idle", "30"
@@ -127,7 +176,7 @@ def test_a_group_member_takes_back_what_a_leaving_member_had(
 
 
 def test_produce_takes_any_bytes_and_topic_names_are_quoted(tqbroker_thread: RunningBroker) -> None:
-    tool(tqbroker_thread, "create-topic", "t\u00f6pic?")
+    tool(tqbroker_thread, "topics", "create", "t\u00f6pic?")
     tool(tqbroker_thread, "produce", "t\u00f6pic?", stdin=b"ok\n\xff\xfe\n")
     rows = tool(
         tqbroker_thread, "consume", "t\u00f6pic?", "--from", "first", "-n", "2", "--format", "json"

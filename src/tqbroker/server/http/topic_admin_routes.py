@@ -1,0 +1,215 @@
+"""The JSON routes that administer topics and consumer groups (``kafka-topics`` and
+``kafka-consumer-groups`` over HTTP): list, describe, delete, grow partitions; list and describe
+groups, reset a group's offsets. Same credentials, ``vhost`` parameter and error shape as the
+other topic routes (``topic_routes.py``); the work is ``broker.streams.admin``'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ...broker.streams import admin, topics
+from ...broker.vhost import VirtualHost
+from ...recordbatch import json_value
+from ..registry import Registered
+from . import inputs
+from .auth import vhost_of
+from .errors import RequestError
+from .mgmt_connections import connections_of
+
+
+async def list_topics(request: Request) -> Response:
+    """``GET /topics``: every topic of the vhost and its partition count."""
+    vhost = await vhost_of(request)
+    return JSONResponse(
+        [
+            {
+                "topic": t.name,
+                "partitions": t.partitions,
+                "partitioned": t.partitioned,
+                "vhost": vhost.name,
+            }
+            for t in admin.list_topics(vhost)
+        ]
+    )
+
+
+async def describe_topic(request: Request) -> Response:
+    """``GET /topics/{topic}``: its partitions' logs, its arguments and the groups reading it."""
+    vhost = await vhost_of(request)
+    topic = request.path_params["topic"]
+    found = admin.describe(vhost, topic)
+    return JSONResponse(
+        {
+            "topic": topic,
+            "vhost": vhost.name,
+            "partitions": [
+                {
+                    "partition": p.partition,
+                    "queue": p.queue,
+                    "log_start_offset": p.log_start,
+                    "log_end_offset": p.log_end,
+                    "messages": p.messages,
+                    "segments": p.segments,
+                    "bytes": p.bytes,
+                }
+                for p in found
+            ],
+            "arguments": json_value(admin.arguments(vhost, topic)),
+            "groups": [g.group for g in admin.groups_of(vhost, topic)],
+        }
+    )
+
+
+async def delete_topic(request: Request) -> Response:
+    """``DELETE /topics/{topic}``: its partitions and its exchange (404 if unknown)."""
+    vhost = await vhost_of(request)
+    topic = request.path_params["topic"]
+    count = await admin.delete(vhost, topic)
+    return JSONResponse({"topic": topic, "deleted_partitions": count})
+
+
+async def alter_topic(request: Request) -> Response:
+    """``PATCH /topics/{topic}`` ``{"partitions": N}``: grow to N partitions (never shrink)."""
+    vhost = await vhost_of(request)
+    body = await inputs.json_object(request)
+    if "partitions" not in body:
+        raise RequestError(400, 'give the new partition count: {"partitions": N}')
+    count = inputs.integer(body["partitions"], "partitions")
+    topic = request.path_params["topic"]
+    before = await admin.grow(vhost, topic, count)
+    return JSONResponse({"topic": topic, "partitions": count, "previous_partitions": before})
+
+
+def _group_json(group: admin.GroupSummary) -> dict[str, Any]:
+    return {
+        "group": group.group,
+        "topic": group.topic,
+        "members": group.members,
+        "state": group.state,
+    }
+
+
+async def topic_groups(request: Request) -> Response:
+    """``GET /topics/{topic}/groups``: the groups with offsets or members on the topic."""
+    vhost = await vhost_of(request)
+    return JSONResponse(
+        [_group_json(g) for g in admin.groups_of(vhost, request.path_params["topic"])]
+    )
+
+
+async def all_groups(request: Request) -> Response:
+    """``GET /groups``: every group on every topic of the vhost."""
+    vhost = await vhost_of(request)
+    return JSONResponse([_group_json(g) for g in admin.all_groups(vhost)])
+
+
+async def describe_group(request: Request) -> Response:
+    """``GET /topics/{topic}/groups/{group}``: per partition the committed offset, log end, lag
+    and the member reading it; the group's state."""
+    vhost = await vhost_of(request)
+    topic = request.path_params["topic"]
+    name = request.path_params["group"]
+    found = admin.group(vhost, topic, name)
+    queues = topics.partitions(vhost, topic)
+    where = {
+        id(channel): entry
+        for entry in connections_of(request)
+        for channel in list(entry.connection.channels.values())
+    }
+    readers = {m.partition: where.get(id(m.channel)) for m in admin.members(vhost, topic, name)}
+    return JSONResponse(
+        {
+            "topic": topic,
+            "group": name,
+            "state": admin.state(vhost, name, queues),
+            "partitions": [
+                {
+                    "partition": p.partition,
+                    "committed": p.committed,
+                    "latest": p.latest,
+                    "lag": p.lag,
+                    "reader": p.reader,
+                    "connection": _name(readers.get(p.partition)),
+                    "host": _host(readers.get(p.partition)),
+                }
+                for p in found
+            ],
+            "lag": sum(p.lag or 0 for p in found),
+        }
+    )
+
+
+async def reset_offsets(request: Request) -> Response:
+    """``POST /topics/{topic}/groups/{group}/offsets`` ``{"to": "earliest"|"latest"|"offset"|
+    "datetime", "value": ..., "dry_run": bool, "partitions": [...]}``: the new offsets (written
+    unless ``dry_run``); 409 while the group has members."""
+    vhost = await vhost_of(request)
+    body = await inputs.json_object(request)
+    to = body.get("to")
+    if not isinstance(to, str):
+        raise RequestError(400, f"'to' must be one of {', '.join(admin.RESET_TARGETS)}")
+    value: int | None = None
+    if to == "offset" and "value" in body:
+        value = inputs.integer(body["value"], "value")
+    elif to == "datetime" and "value" in body:
+        raw = body["value"]
+        value = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+        if value is None:
+            value = inputs.timestamp(str(raw))
+    dry_run = body.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise RequestError(400, f"'dry_run' must be true or false (got {dry_run!r})")
+    only = body.get("partitions")
+    if only is not None:
+        if not isinstance(only, list):
+            raise RequestError(400, "'partitions' must be a list of partition numbers")
+        only = [inputs.integer(n, "partitions") for n in only]
+    topic = request.path_params["topic"]
+    name = request.path_params["group"]
+    targets = admin.reset_targets(vhost, topic, name, to, value, only=only)
+    before = {p.partition: p.committed for p in _positions(vhost, topic, name)}
+    if not dry_run:
+        await admin.reset(vhost, topic, name, targets)
+    return JSONResponse(
+        {
+            "topic": topic,
+            "group": name,
+            "dry_run": dry_run,
+            "partitions": [
+                {"partition": n, "previous": before.get(n), "offset": offset}
+                for n, offset in targets
+            ],
+        }
+    )
+
+
+def _name(entry: Registered | None) -> str | None:
+    return entry.name if entry is not None else None
+
+
+def _host(entry: Registered | None) -> str | None:
+    return entry.peer_host if entry is not None else None
+
+
+def _positions(vhost: VirtualHost, topic: str, name: str) -> list[admin.GroupPartition]:
+    try:
+        return admin.group(vhost, topic, name)
+    except topics.NotFound:  # a group new to the topic: the reset creates its offsets
+        return []
+
+
+TOPIC_ADMIN_ROUTES = [
+    Route("/topics", list_topics),
+    Route("/groups", all_groups),
+    Route("/topics/{topic}", describe_topic, methods=["GET"]),
+    Route("/topics/{topic}", delete_topic, methods=["DELETE"]),
+    Route("/topics/{topic}", alter_topic, methods=["PATCH"]),
+    Route("/topics/{topic}/groups", topic_groups),
+    Route("/topics/{topic}/groups/{group}", describe_group),
+    Route("/topics/{topic}/groups/{group}/offsets", reset_offsets, methods=["POST"]),
+]
