@@ -287,6 +287,7 @@ def test_connections_channels_consumers_and_close(
         assert shown["vhost"] == "/"
         assert shown["user_provided_name"] == "probe"
         assert shown["protocol"] == "AMQP 0-9-1"
+        assert shown["auth_mechanism"] == "PLAIN"
         assert shown["client_properties"]["product"] == "Pika Python Client Library"
         assert shown["channels"] == 1
         assert shown["peer_host"] == "127.0.0.1"

@@ -93,9 +93,6 @@ class Queue(abc.ABC):
         self.consumer_timeout_ms: int | None = None  # x-consumer-timeout, where the kind has it
         # Message counters and rates for the management API and metrics (``broker/stats.py``).
         self.stats = MessageStats()
-        # Its entry in the definitions file, encoded once (``definitions.encode_snapshot``):
-        # what it holds (name, backend, auto-delete, arguments) never changes.
-        self.definition_cbor: bytes | None = None
         self._had_consumer = False
         self._last_used = trio.current_time()
         self._wakeup = trio.Event()

@@ -92,6 +92,7 @@ class Handshake:
         self._send = send
         self.capabilities: FieldTable = {}
         self.client_properties: FieldTable = {}
+        self.mechanism = ""  # the SASL mechanism the client chose
         self.user: User | None = None
         self.local = local
         self.vhost_name: str | None = None
@@ -148,6 +149,7 @@ class Handshake:
     async def start_ok(self, start_ok: ConnectionStartOk) -> None:
         """Authenticate, then ``connection.tune``."""
         self.client_properties = start_ok.client_properties
+        self.mechanism = start_ok.mechanism[:64]
         capabilities = start_ok.client_properties.get("capabilities")
         self.capabilities = capabilities if isinstance(capabilities, dict) else {}
         if start_ok.mechanism not in MECHANISMS:

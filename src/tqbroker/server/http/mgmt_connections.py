@@ -59,7 +59,7 @@ def connection_json(entry: Registered, node: str) -> dict[str, Any]:
         "peer_host": entry.peer_host,
         "peer_port": entry.peer_port,
         "ssl": False,
-        "auth_mechanism": getattr(connection.handshake, "mechanism", "PLAIN"),
+        "auth_mechanism": connection.handshake.mechanism,
         "channel_max": protocol.channel_max,
         "frame_max": protocol.frame_max,
         "timeout": protocol.heartbeat,
