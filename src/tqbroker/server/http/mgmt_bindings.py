@@ -24,7 +24,6 @@ from ...broker.exchange import Exchange
 from ...broker.queue import Queue
 from ...broker.vhost import VirtualHost
 from ...protocol.codec import FieldTable, encode_table
-from ...protocol.errors import AMQPError
 from ...recordbatch import json_value
 from .errors import ApiError, RequestError
 from .inputs import field_table
@@ -35,8 +34,8 @@ from .mgmt_common import (
     listed_vhosts,
     listing,
     not_found,
-    refusal,
     segment,
+    topology_change,
 )
 
 
@@ -141,8 +140,7 @@ async def create_binding(request: Request) -> Response:
         arguments = field_table(body.get("arguments") or {}, "arguments")
     except RequestError as exc:
         raise bad_request(exc.message) from None
-    since = vhost.definitions.mark()
-    try:
+    async with topology_change(vhost):
         if _kind(request) == "queue":
             queue = vhost.queues.get(destination)
             vhost.bind_queue(
@@ -150,9 +148,6 @@ async def create_binding(request: Request) -> Response:
             )
         else:
             vhost.bind_exchange(destination, source, key, arguments)
-        await vhost.definitions.wait(since)
-    except AMQPError as exc:
-        raise refusal(exc) from None
     binding = Binding(vhost.name, source, destination, _kind(request), key, arguments)
     location = f"{quote(destination, safe='')}/{binding.properties_key}"
     return Response(status_code=201, headers={"location": location})
@@ -178,8 +173,7 @@ async def delete_binding(request: Request) -> Response:
     binding = _one(vhost, request)
     if binding.source == "":
         raise ApiError(401, "not_authorised", "Access refused.")
-    since = vhost.definitions.mark()
-    try:
+    async with topology_change(vhost):
         if binding.destination_type == "queue":
             queue = vhost.queues.get(binding.destination)
             vhost.unbind_queue(
@@ -193,9 +187,6 @@ async def delete_binding(request: Request) -> Response:
             vhost.unbind_exchange(
                 binding.destination, binding.source, binding.routing_key, binding.arguments
             )
-        await vhost.definitions.wait(since)
-    except AMQPError as exc:
-        raise refusal(exc) from None
     return Response(status_code=204)
 
 

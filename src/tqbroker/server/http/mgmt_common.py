@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote
 
@@ -55,6 +56,19 @@ def refusal(exc: AMQPError) -> ApiError:
     if exc.code in (ReplyCode.RESOURCE_ERROR, ReplyCode.INTERNAL_ERROR):
         return ApiError(503, "unavailable", exc.text)
     return bad_request(exc.text)
+
+
+@asynccontextmanager
+async def topology_change(vhost: VirtualHost) -> AsyncIterator[None]:
+    """A change to ``vhost``'s topology made over the API: it returns once the change is
+    durable (as the AMQP ``*-ok`` would), and a refusal is answered as RabbitMQ's API words
+    it."""
+    since = vhost.definitions.mark()
+    try:
+        yield
+        await vhost.definitions.wait(since)
+    except AMQPError as exc:
+        raise refusal(exc) from None
 
 
 class RawApiPaths:

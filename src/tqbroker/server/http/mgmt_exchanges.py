@@ -36,26 +36,15 @@ from .mgmt_common import (
     listing,
     not_found,
     query_flag,
-    refusal,
     segment,
+    topology_change,
 )
+from .mgmt_queues import PROPERTY_NAMES
 
 EXCHANGE_STATS = ("publish_in", "publish_out")
 DEFAULT_NAME = "amq.default"
-_TEXT_PROPERTIES = frozenset(
-    (
-        "content_type",
-        "content_encoding",
-        "correlation_id",
-        "reply_to",
-        "expiration",
-        "message_id",
-        "type",
-        "user_id",
-        "app_id",
-        "cluster_id",
-    )
-)
+_NUMBER_PROPERTIES = frozenset(("delivery_mode", "priority", "timestamp"))
+_TEXT_PROPERTIES = frozenset(PROPERTY_NAMES) - _NUMBER_PROPERTIES - {"headers"}
 
 
 def exchange_json(exchange: Exchange) -> dict[str, Any]:
@@ -120,8 +109,7 @@ async def declare_exchange(request: Request) -> Response:
         raise bad_request(exc.message) from None
     durable = flag(body, "durable", True)
     existed = name in vhost.exchanges
-    since = vhost.definitions.mark()
-    try:
+    async with topology_change(vhost):
         await open_holding_store(vhost, name, type_name, durable=durable, arguments=arguments)
         vhost.declare_exchange(
             name,
@@ -132,9 +120,6 @@ async def declare_exchange(request: Request) -> Response:
             internal=flag(body, "internal", False),
             arguments=arguments,
         )
-        await vhost.definitions.wait(since)
-    except AMQPError as exc:
-        raise refusal(exc) from None
     return Response(status_code=204 if existed else 201)
 
 
@@ -144,12 +129,8 @@ async def delete_exchange(request: Request) -> Response:
     exchange = _exchange(vhost, request)
     if not exchange.name or exchange.name.startswith("amq."):
         raise ApiError(401, "not_authorised", "Access refused.")
-    since = vhost.definitions.mark()
-    try:
+    async with topology_change(vhost):
         vhost.delete_exchange(exchange.name, if_unused=query_flag(request, "if-unused"))
-        await vhost.definitions.wait(since)
-    except AMQPError as exc:
-        raise refusal(exc) from None
     return Response(status_code=204)
 
 
@@ -206,7 +187,7 @@ def _properties(given: object) -> BasicProperties:
     for key, value in given.items():
         if key in _TEXT_PROPERTIES:
             fields[key] = str(value)
-        elif key in ("delivery_mode", "priority", "timestamp"):
+        elif key in _NUMBER_PROPERTIES:
             try:
                 fields[key] = int(value)
             except (TypeError, ValueError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import attrs
 import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -23,6 +24,7 @@ from ...broker.stats import message_stats
 from ...broker.streams.queue import StreamQueue
 from ...broker.vhost import VirtualHost
 from ...protocol.errors import AMQPError
+from ...protocol.methods import BasicProperties
 from ...recordbatch import json_value
 from .auth import broker_of
 from .errors import ApiError, RequestError
@@ -40,11 +42,14 @@ from .mgmt_common import (
     query_flag,
     refusal,
     segment,
+    topology_change,
 )
 from .mgmt_connections import connections_of, consumer_details
 
 QUEUE_STATS: tuple[str, ...] = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack")
 QUEUE_STATS += ("get_empty", "redeliver", "ack")
+# The message properties, as RabbitMQ's API names them (AMQP's names).
+PROPERTY_NAMES = tuple(field.name for field in attrs.fields(BasicProperties))
 ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 
 
@@ -132,8 +137,7 @@ async def declare_queue(request: Request) -> Response:
     if name.startswith("amq."):
         raise ApiError(401, "not_authorised", "Access refused.")
     existed = name in vhost.queues
-    since = vhost.definitions.mark()
-    try:
+    async with topology_change(vhost):
         await open_and_declare_queue(
             vhost,
             name,
@@ -144,9 +148,6 @@ async def declare_queue(request: Request) -> Response:
             arguments=arguments,
             owner=None,
         )
-        await vhost.definitions.wait(since)
-    except AMQPError as exc:
-        raise refusal(exc) from None
     return Response(status_code=204 if existed else 201)
 
 
@@ -154,17 +155,13 @@ async def delete_queue(request: Request) -> Response:
     """``DELETE /api/queues/{vhost}/{name}`` (``?if-empty=true``, ``?if-unused=true``)."""
     vhost = await api_vhost(request)
     queue = _queue(vhost, request)
-    since = vhost.definitions.mark()
-    try:
+    async with topology_change(vhost):
         vhost.delete_queue(
             queue.name,
             if_unused=query_flag(request, "if-unused"),
             if_empty=query_flag(request, "if-empty"),
             owner=queue.exclusive_owner,
         )
-        await vhost.definitions.wait(since)
-    except AMQPError as exc:
-        raise refusal(exc) from None
     return Response(status_code=204)
 
 
@@ -258,22 +255,7 @@ def _properties(message: Any) -> dict[str, Any]:
     """A message's properties as RabbitMQ's API names them (the ones set)."""
     properties = message.properties
     found: dict[str, Any] = {}
-    for field in (
-        "content_type",
-        "content_encoding",
-        "headers",
-        "delivery_mode",
-        "priority",
-        "correlation_id",
-        "reply_to",
-        "expiration",
-        "message_id",
-        "timestamp",
-        "type",
-        "user_id",
-        "app_id",
-        "cluster_id",
-    ):
+    for field in PROPERTY_NAMES:
         value = getattr(properties, field, None)
         if value is not None:
             found[field] = json_value(value)
