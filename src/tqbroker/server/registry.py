@@ -38,7 +38,11 @@ class Connections:
     def add(self, connection: AMQPConnection) -> Registered:
         peer_host, peer_port = _address(connection, peer=True)
         host, port = _address(connection, peer=False)
-        name = f"{peer_host}:{peer_port} -> {host}:{port}"
+        name = base = f"{peer_host}:{peer_port} -> {host}:{port}"
+        n = 1
+        while name in self._by_name:  # an address that could not be read ("unknown:0")
+            n += 1
+            name = f"{base} ({n})"
         entry = Registered(
             name, connection, peer_host, peer_port, host, port, int(time.time() * 1000)
         )
@@ -48,8 +52,8 @@ class Connections:
 
     def discard(self, connection: AMQPConnection) -> None:
         name = self._names.pop(connection, None)
-        if name is not None:
-            self._by_name.pop(name, None)
+        if name is not None and self._by_name[name].connection is connection:
+            del self._by_name[name]
 
     def get(self, name: str) -> Registered | None:
         return self._by_name.get(name)

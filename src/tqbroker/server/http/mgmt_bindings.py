@@ -35,6 +35,7 @@ from .mgmt_common import (
     listing,
     not_found,
     segment,
+    short_string,
     topology_change,
 )
 
@@ -104,7 +105,11 @@ async def list_bindings(request: Request) -> Response:
 
 
 def _kind(request: Request) -> str:
-    return "queue" if request.path_params["kind"] == "q" else "exchange"
+    """``q`` a queue, ``e`` an exchange (404 otherwise, as RabbitMQ)."""
+    kind = request.path_params["kind"]
+    if kind not in ("q", "e"):
+        raise not_found()
+    return "queue" if kind == "q" else "exchange"
 
 
 def _between(vhost: VirtualHost, request: Request) -> list[Binding]:
@@ -133,9 +138,7 @@ async def create_binding(request: Request) -> Response:
     vhost = await api_vhost(request)
     body = await json_body(request)
     source, destination = segment(request, "source"), segment(request, "destination")
-    key = body.get("routing_key", "")
-    if not isinstance(key, str):
-        raise bad_request("'routing_key' must be a string")
+    key = short_string(body.get("routing_key", ""), "'routing_key'")
     try:
         arguments = field_table(body.get("arguments") or {}, "arguments")
     except RequestError as exc:
@@ -197,7 +200,10 @@ async def exchange_bindings(request: Request) -> Response:
     if name not in vhost.exchanges and not (name == "amq.default"):
         raise not_found()
     name = "" if name == "amq.default" else name
-    as_source = request.path_params["side"] == "source"
+    side = request.path_params["side"]
+    if side not in ("source", "destination"):
+        raise not_found()
+    as_source = side == "source"
     found = [
         b
         for b in all_bindings(vhost)

@@ -15,12 +15,13 @@ Responsibilities:
 from __future__ import annotations
 
 import json
-import re
+import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote
 
+import regex
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -32,9 +33,12 @@ from ...broker.vhost import VirtualHost
 from ...protocol.errors import AMQPError, ReplyCode
 from .auth import broker_of, user_of
 from .errors import ApiError, RequestError
+from .inputs import no_constants, read_body
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 100
+# The time a name filter's regular expression may take over a whole list.
+REGEX_SECONDS = 1.0
 # Lists at least this long are streamed, encoded this many rows at a time.
 STREAMED_ROWS = 200
 
@@ -125,35 +129,67 @@ def visible_vhosts(broker: Broker, user: User, name: str | None = None) -> list[
     return [v for n, v in sorted(broker.vhosts.items()) if user.may_open(n)]
 
 
-async def listed_vhosts(request: Request) -> list[VirtualHost]:
+async def listed_vhosts(request: Request, user: User | None = None) -> list[VirtualHost]:
     """The vhosts of a listing route with an optional ``{vhost}`` path parameter."""
-    user = await api_user(request)
+    user = user or await api_user(request)
     name = segment(request, "vhost") if "vhost" in request.path_params else None
     return visible_vhosts(broker_of(request), user, name)
 
 
 async def json_body(request: Request) -> dict[str, Any]:
-    """The request's JSON object (400 in RabbitMQ's words otherwise); an empty body is ``{}``."""
-    raw = await request.body()
+    """The request's JSON object (400 in RabbitMQ's words otherwise; 413 beyond the size limit);
+    an empty body is ``{}``."""
+    try:
+        raw = await read_body(request)
+    except RequestError as exc:
+        raise ApiError(exc.status, "bad_request", exc.message) from None
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=no_constants)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"invalid payload: {exc}") from None
+    except RecursionError:
+        raise bad_request("invalid payload: nested too deep") from None
     if not isinstance(body, dict):
-        kind = (
-            "a string"
-            if isinstance(body, str)
-            else "an array"
-            if isinstance(body, list)
-            else "a scalar"
-        )
+        kind = "a string" if isinstance(body, str) else "an array"
+        kind = kind if isinstance(body, str | list) else "a scalar"
         raise bad_request(
             f"invalid payload: the request body JSON-decoded to {kind}. "
             "Is the input doubly-JSON-encoded?"
         )
     return body
+
+
+def short_string(value: object, what: str) -> str:
+    """A name or routing key as AMQP carries it: text of at most 255 bytes in UTF-8 (400
+    otherwise: a queue could not store it)."""
+    if not isinstance(value, str):
+        raise bad_request(f"{what} must be a string")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise bad_request(f"{what} is not valid Unicode text") from None
+    if size > 255:
+        raise bad_request(f"{what} is longer than 255 bytes")
+    return value
+
+
+def integer(body: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    """An integer field between ``low`` and ``high`` (a number or its text, as rabbitmqadmin
+    sends them)."""
+    value = body.get(key, default)
+    if value in (None, ""):
+        return default
+    try:
+        number = int(value) if not isinstance(value, bool | float) else None
+    except (TypeError, ValueError):
+        number = None
+    if isinstance(value, float) and value.is_integer():
+        number = int(value)
+    if number is None or not low <= number <= high:
+        raise bad_request(f"'{key}' must be an integer between {low} and {high}, not {value!r}")
+    return number
 
 
 def flag(body: dict[str, Any], key: str, default: bool) -> bool:
@@ -183,14 +219,7 @@ async def listing(request: Request, items: Iterable[dict[str, Any]]) -> Response
     total = len(rows)
     pattern = params.get("name")
     if pattern:
-        if params.get("use_regex", "").lower() == "true":
-            try:
-                regex = re.compile(pattern)
-            except re.error as exc:
-                raise bad_request(f"invalid regular expression {pattern!r}: {exc}") from None
-            rows = [r for r in rows if regex.search(str(r.get("name", "")))]
-        else:
-            rows = [r for r in rows if pattern in str(r.get("name", ""))]
+        rows = await _named(rows, pattern, params.get("use_regex", "").lower() == "true")
     sort = params.get("sort")
     if sort:
         rows.sort(key=lambda r: _sort_key(_dotted(r, sort)))
@@ -238,6 +267,32 @@ async def _chunks(rows: list[dict[str, Any]]) -> AsyncIterator[bytes]:
         await pacer.step()
     pending.append(b"]")
     yield b"".join(pending)
+
+
+async def _named(rows: list[dict[str, Any]], pattern: str, use_regex: bool) -> list[dict[str, Any]]:
+    """The rows whose name contains ``pattern`` or, with ``use_regex``, matches it somewhere;
+    a regular expression gets ``REGEX_SECONDS`` in all (400 beyond: a pattern such as
+    ``^(a+)+$`` could otherwise hold the broker for ever)."""
+    if not use_regex:
+        return [r for r in rows if pattern in str(r.get("name", ""))]
+    try:
+        compiled = regex.compile(pattern)
+    except regex.error as exc:
+        raise bad_request(f"invalid regular expression {pattern!r}: {exc}") from None
+    deadline = time.monotonic() + REGEX_SECONDS
+    pacer = Pacer()
+    found = []
+    for row in rows:
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            if compiled.search(str(row.get("name", "")), timeout=min(left, 0.004)):
+                found.append(row)
+        except TimeoutError:
+            raise bad_request(f"the regular expression {pattern!r} takes too long") from None
+        await pacer.step()
+    return found
 
 
 def bad_request_page(page: int, size: int, length: int) -> ApiError:

@@ -6,12 +6,12 @@ channels``, ``/api/vhosts/{vhost}/connections``, ``/api/channels[/{name}]``,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ...auth import User
 from ...broker.consumer import Consumer
 from ...broker.queue import Queue
 from ...broker.stats import io_stats, message_stats
@@ -141,24 +141,36 @@ def consumer_details(connections: Connections, queue: Queue, node: str) -> list[
     return [consumer_json(c, queue, by_channel.get(id(c.channel))) for c in queue.consumers]
 
 
-def _visible(request: Request, connections: Connections, vhosts: set[str]) -> Iterator[Registered]:
-    for entry in connections:
-        if entry.connection.vhost is not None and _vhost(entry.connection) in vhosts:
-            yield entry
+def _mine(user: User, entry: Registered) -> bool:
+    """Whether ``user`` may see (and close) the connection: an administrator any, another user
+    only their own, as RabbitMQ shows them."""
+    return user.vhosts is None or _user(entry.connection) == user.name
+
+
+async def _visible(request: Request) -> list[Registered]:
+    """The connections the request's user may see, in the route's vhost (or every one)."""
+    user = await api_user(request)
+    vhosts = {v.name for v in await listed_vhosts(request, user)}
+    return [
+        entry
+        for entry in connections_of(request)
+        if entry.connection.vhost is not None
+        and _vhost(entry.connection) in vhosts
+        and _mine(user, entry)
+    ]
 
 
 async def list_connections(request: Request) -> Response:
     """``GET /api/connections`` and ``GET /api/vhosts/{vhost}/connections``."""
     node = broker_of(request).node_name
-    vhosts = {v.name for v in await listed_vhosts(request)}
-    entries = _visible(request, connections_of(request), vhosts)
+    entries = await _visible(request)
     return await listing(request, (connection_json(e, node) for e in entries))
 
 
 async def _entry(request: Request) -> Registered:
     user = await api_user(request)
     entry = connections_of(request).get(segment(request, "name"))
-    if entry is None or not user.may_open(_vhost(entry.connection)):
+    if entry is None or not user.may_open(_vhost(entry.connection)) or not _mine(user, entry):
         raise not_found()
     return entry
 
@@ -187,12 +199,12 @@ async def connection_channels(request: Request) -> Response:
 async def list_channels(request: Request) -> Response:
     """``GET /api/channels`` and ``GET /api/vhosts/{vhost}/channels``."""
     node = broker_of(request).node_name
-    vhosts = {v.name for v in await listed_vhosts(request)}
+    entries = await _visible(request)
     return await listing(
         request,
         (
             channel_json(entry, channel, node)
-            for entry in _visible(request, connections_of(request), vhosts)
+            for entry in entries
             for channel in list(entry.connection.channels.values())
         ),
     )
@@ -205,7 +217,11 @@ async def show_channel(request: Request) -> Response:
     node = broker_of(request).node_name
     for entry in connections_of(request):
         for channel in list(entry.connection.channels.values()):
-            if channel_name(entry, channel) == wanted and user.may_open(channel.vhost.name):
+            if (
+                channel_name(entry, channel) == wanted
+                and user.may_open(channel.vhost.name)
+                and _mine(user, entry)
+            ):
                 return JSONResponse(channel_json(entry, channel, node))
     raise not_found()
 
@@ -213,9 +229,8 @@ async def show_channel(request: Request) -> Response:
 async def list_consumers(request: Request) -> Response:
     """``GET /api/consumers`` and ``GET /api/consumers/{vhost}``."""
     node = broker_of(request).node_name
-    vhosts = {v.name for v in await listed_vhosts(request)}
     found = []
-    for entry in _visible(request, connections_of(request), vhosts):
+    for entry in await _visible(request):
         for channel in list(entry.connection.channels.values()):
             details = channel_details(entry, channel, node)
             for consumer in list(channel.consumers.values()):

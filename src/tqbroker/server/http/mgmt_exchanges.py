@@ -31,12 +31,14 @@ from .mgmt_common import (
     api_vhost,
     bad_request,
     flag,
+    integer,
     json_body,
     listed_vhosts,
     listing,
     not_found,
     query_flag,
     segment,
+    short_string,
     topology_change,
 )
 from .mgmt_queues import PROPERTY_NAMES
@@ -97,7 +99,7 @@ async def declare_exchange(request: Request) -> Response:
     """``PUT /api/exchanges/{vhost}/{name}``: 201 created, 204 if it existed as asked."""
     vhost = await api_vhost(request)
     body = await json_body(request)
-    name = _name(request)
+    name = short_string(_name(request), "the exchange name")
     if not name or name.startswith("amq."):
         raise ApiError(401, "not_authorised", "Access refused.")
     type_name = body.get("type", "direct")
@@ -108,6 +110,7 @@ async def declare_exchange(request: Request) -> Response:
     except RequestError as exc:
         raise bad_request(exc.message) from None
     durable = flag(body, "durable", True)
+    auto_delete, internal = flag(body, "auto_delete", False), flag(body, "internal", False)
     existed = name in vhost.exchanges
     async with topology_change(vhost):
         await open_holding_store(vhost, name, type_name, durable=durable, arguments=arguments)
@@ -116,8 +119,8 @@ async def declare_exchange(request: Request) -> Response:
             type_name,
             passive=False,
             durable=durable,
-            auto_delete=flag(body, "auto_delete", False),
-            internal=flag(body, "internal", False),
+            auto_delete=auto_delete,
+            internal=internal,
             arguments=arguments,
         )
     return Response(status_code=204 if existed else 201)
@@ -138,9 +141,7 @@ async def publish(request: Request) -> Response:
     """``POST /api/exchanges/{vhost}/{name}/publish``: ``{"routed": true|false}``."""
     vhost = await api_vhost(request)
     body = await json_body(request)
-    routing_key = body.get("routing_key", "")
-    if not isinstance(routing_key, str):
-        raise bad_request("'routing_key' must be a string")
+    routing_key = short_string(body.get("routing_key", ""), "'routing_key'")
     payload = _payload(body)
     properties = _properties(body.get("properties") or {})
     max_size = broker_of(request).config.max_message_size
@@ -171,7 +172,10 @@ def _payload(body: dict[str, Any]) -> bytes:
     if not isinstance(payload, str):
         raise bad_request("'payload' must be a string")
     if encoding == "string":
-        return payload.encode("utf-8")
+        try:
+            return payload.encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad_request("'payload' is not valid Unicode text") from None
     if encoding == "base64":
         try:
             return base64.b64decode(payload, validate=True)
@@ -186,12 +190,10 @@ def _properties(given: object) -> BasicProperties:
     fields: dict[str, Any] = {}
     for key, value in given.items():
         if key in _TEXT_PROPERTIES:
-            fields[key] = str(value)
+            fields[key] = short_string(str(value), f"property '{key}'")
         elif key in _NUMBER_PROPERTIES:
-            try:
-                fields[key] = int(value)
-            except (TypeError, ValueError):
-                raise bad_request(f"property '{key}' must be a number") from None
+            high = 2**64 - 1 if key == "timestamp" else 255
+            fields[key] = integer(given, key, 0, 0, high)
         elif key == "headers":
             try:
                 fields[key] = field_table(value, "headers")

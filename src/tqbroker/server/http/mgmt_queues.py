@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from ...backends.base import FLUSH_FIRST
 from ...broker.classic import ClassicQueue
 from ...broker.declaring import open_and_declare_queue
+from ...broker.pacing import Pacer
 from ...broker.queue import Queue
 from ...broker.stats import message_stats
 from ...broker.streams.queue import StreamQueue
@@ -35,6 +36,7 @@ from .mgmt_common import (
     api_vhost,
     bad_request,
     flag,
+    integer,
     json_body,
     listed_vhosts,
     listing,
@@ -42,6 +44,7 @@ from .mgmt_common import (
     query_flag,
     refusal,
     segment,
+    short_string,
     topology_change,
 )
 from .mgmt_connections import connections_of, consumer_details
@@ -50,6 +53,8 @@ QUEUE_STATS: tuple[str, ...] = ("publish", "deliver", "deliver_no_ack", "get", "
 QUEUE_STATS += ("get_empty", "redeliver", "ack")
 # The message properties, as RabbitMQ's API names them (AMQP's names).
 PROPERTY_NAMES = tuple(field.name for field in attrs.fields(BasicProperties))
+# The most messages one get may fetch (they are held, and answered, in one response).
+MAX_GET_COUNT = 10_000
 ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 
 
@@ -129,22 +134,23 @@ async def declare_queue(request: Request) -> Response:
     """``PUT /api/queues/{vhost}/{name}``: 201 created, 204 if it existed as asked."""
     vhost = await api_vhost(request)
     body = await json_body(request)
-    name = segment(request, "name")
+    name = short_string(segment(request, "name"), "the queue name")
     try:
         arguments = field_table(body.get("arguments") or {}, "arguments")
     except RequestError as exc:
         raise bad_request(exc.message) from None
     if name.startswith("amq."):
         raise ApiError(401, "not_authorised", "Access refused.")
+    durable, auto_delete = flag(body, "durable", True), flag(body, "auto_delete", False)
     existed = name in vhost.queues
     async with topology_change(vhost):
         await open_and_declare_queue(
             vhost,
             name,
             passive=False,
-            durable=flag(body, "durable", True),
+            durable=durable,
             exclusive=False,
-            auto_delete=flag(body, "auto_delete", False),
+            auto_delete=auto_delete,
             arguments=arguments,
             owner=None,
         )
@@ -191,40 +197,25 @@ async def get_messages(request: Request) -> Response:
     vhost = await api_vhost(request, user)
     queue = _queue(vhost, request)
     body = await json_body(request)
-    count, ackmode = body.get("count", 1), body.get("ackmode", "ack_requeue_true")
-    encoding, truncate = body.get("encoding", "auto"), body.get("truncate")
-    try:
-        count = int(count)
-        truncate = int(truncate) if truncate not in (None, "") else None
-    except (TypeError, ValueError):
-        raise bad_request("'count' and 'truncate' must be numbers") from None
+    count = integer(body, "count", 1, 1, MAX_GET_COUNT)
+    truncate = integer(body, "truncate", 2**63 - 1, 0, 2**63 - 1)
+    ackmode, encoding = body.get("ackmode", "ack_requeue_true"), body.get("encoding", "auto")
     if ackmode not in ACK_MODES:
         raise bad_request(f"'ackmode' must be one of {', '.join(ACK_MODES)}, not {ackmode!r}")
     if encoding not in ("auto", "base64"):
         raise bad_request(f"'encoding' must be auto or base64, not {encoding!r}")
     if not isinstance(queue, ClassicQueue):
         raise bad_request(f"messages can only be fetched from classic queues, not '{queue.name}'")
-    taken: list[tuple[int, Any, bool, int]] = []  # id, message, redelivered, left
-    try:
-        while len(taken) < count:
-            entry = queue.get()
-            if entry is FLUSH_FIRST:
-                assert queue.flusher is not None
-                flushed = trio.Event()
-                queue.flusher.call_after_flush(flushed.set)
-                await flushed.wait()
-                continue
-            if entry is None:
-                break
-            taken.append((*entry, queue.message_count))
-    finally:
-        for message_id, _message, _redelivered, _left in reversed(taken):
-            if ackmode.endswith("requeue_true"):
-                queue.requeue(message_id, None)
-            elif ackmode.startswith("ack"):
-                queue.ack(message_id, None)
-            else:
-                queue.reject(message_id, None)
+    taken = await _take(queue, count)
+    # Settled only once every message was taken; anything that stopped the taking (a
+    # cancelled request, a deleted queue) requeued what was taken, losing nothing.
+    for message_id, _message, _redelivered, _left in reversed(taken):
+        if ackmode.endswith("requeue_true"):
+            queue.requeue(message_id, None)
+        elif ackmode.startswith("ack"):
+            queue.ack(message_id, None)
+        else:
+            queue.reject(message_id, None)
     found = []
     for _id, message, redelivered, left in taken:
         payload = bytes(message.body)
@@ -236,10 +227,36 @@ async def get_messages(request: Request) -> Response:
                 "routing_key": message.routing_key,
                 "message_count": left,
                 "properties": _properties(message),
-                **_payload(payload[:truncate] if truncate is not None else payload, encoding),
+                **_payload(payload[:truncate], encoding),
             }
         )
     return JSONResponse(found)
+
+
+async def _take(queue: ClassicQueue, count: int) -> list[tuple[int, Any, bool, int]]:
+    """Up to ``count`` messages from ``queue``: ``(id, message, redelivered, left)``, giving way
+    to other clients as it goes; if it is interrupted, what it took goes back to the queue."""
+    taken: list[tuple[int, Any, bool, int]] = []
+    pacer = Pacer()
+    try:
+        while len(taken) < count and not queue.deleted:
+            entry = queue.get()
+            if entry is FLUSH_FIRST:
+                assert queue.flusher is not None
+                flushed = trio.Event()
+                queue.flusher.call_after_flush(flushed.set)
+                await flushed.wait()
+                continue
+            if entry is None:
+                break
+            taken.append((*entry, queue.message_count))
+            await pacer.step()
+    except BaseException:
+        for message_id, *_rest in reversed(taken):
+            if not queue.deleted:
+                queue.requeue(message_id, None)
+        raise
+    return taken
 
 
 def _payload(payload: bytes, encoding: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """The management API's users and permissions, read-only until users can be managed at runtime
-(the security work): ``/api/users[/{name}]``, ``/api/users/{name}/permissions``,
+(the security work), for administrators: ``/api/users[/{name}]``, ``/api/users/{name}/permissions``,
 ``/api/permissions`` and ``/api/vhosts/{vhost}/permissions``. A user's permissions are
 RabbitMQ's ``.*`` configure/write/read on every vhost it may use; a user who may use every
 vhost is tagged ``administrator``, another ``management``. Password hashes are never shown.
@@ -14,7 +14,17 @@ from starlette.responses import JSONResponse, Response
 
 from ...auth import User
 from .auth import broker_of
+from .errors import ApiError
 from .mgmt_common import api_user, api_vhost, listing, not_found, segment
+
+
+async def administrator(request: Request) -> User:
+    """The request's user, who must be an administrator (401 ``Not administrator user``
+    otherwise, as RabbitMQ answers)."""
+    user = await api_user(request)
+    if user.vhosts is not None:
+        raise ApiError(401, "not_authorised", "Not administrator user")
+    return user
 
 
 def user_tags(user: User) -> list[str]:
@@ -35,13 +45,13 @@ def _permissions(user: User, vhosts: list[str]) -> list[dict[str, Any]]:
 
 async def users(request: Request) -> Response:
     """``GET /api/users``."""
-    await api_user(request)
+    await administrator(request)
     return await listing(request, (_user_json(u) for u in broker_of(request).users.all()))
 
 
 async def user(request: Request) -> Response:
     """``GET /api/users/{name}``."""
-    await api_user(request)
+    await administrator(request)
     found = broker_of(request).users.get(segment(request, "name"))
     if found is None:
         raise not_found()
@@ -50,7 +60,7 @@ async def user(request: Request) -> Response:
 
 async def user_permissions(request: Request) -> Response:
     """``GET /api/users/{name}/permissions``."""
-    await api_user(request)
+    await administrator(request)
     broker = broker_of(request)
     found = broker.users.get(segment(request, "name"))
     if found is None:
@@ -60,7 +70,7 @@ async def user_permissions(request: Request) -> Response:
 
 async def permissions(request: Request) -> Response:
     """``GET /api/permissions``."""
-    await api_user(request)
+    await administrator(request)
     broker = broker_of(request)
     vhosts = sorted(broker.vhosts)
     return await listing(request, [p for u in broker.users.all() for p in _permissions(u, vhosts)])
@@ -68,7 +78,7 @@ async def permissions(request: Request) -> Response:
 
 async def vhost_permissions(request: Request) -> Response:
     """``GET /api/vhosts/{vhost}/permissions``."""
-    vhost = await api_vhost(request)
+    vhost = await api_vhost(request, await administrator(request))
     return await listing(
         request, [p for u in broker_of(request).users.all() for p in _permissions(u, [vhost.name])]
     )
