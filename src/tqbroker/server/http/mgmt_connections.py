@@ -51,7 +51,7 @@ def connection_json(entry: Registered, node: str) -> dict[str, Any]:
         "node": node,
         "type": "network",
         "protocol": "AMQP 0-9-1",
-        "state": "running",
+        "state": _state(connection),
         "user": _user(connection),
         "vhost": _vhost(connection),
         "host": entry.host,
@@ -70,6 +70,14 @@ def connection_json(entry: Registered, node: str) -> dict[str, Any]:
     }
     found.update(io_stats(connection.stats))
     return found
+
+
+def _state(connection: AMQPConnection) -> str:
+    """RabbitMQ's connection states under alarms: ``blocked`` once it published and is not read
+    from, ``blocking`` while an alarm is in effect and it has not published since."""
+    if connection.flow.blocked:
+        return "blocked"
+    return "blocking" if connection.broker.alarms.active else "running"
 
 
 def channel_name(entry: Registered, channel: Channel) -> str:
