@@ -25,17 +25,16 @@ from ...broker.queue import Queue
 from ...broker.vhost import VirtualHost
 from ...protocol.codec import FieldTable, encode_table
 from ...recordbatch import json_value
-from .errors import ApiError, RequestError
-from .inputs import field_table
+from .errors import ApiError
 from .mgmt_common import (
     api_vhost,
-    bad_request,
     json_body,
     listed_vhosts,
     listing,
     not_found,
     segment,
     short_string,
+    table,
     topology_change,
 )
 
@@ -139,10 +138,7 @@ async def create_binding(request: Request) -> Response:
     body = await json_body(request)
     source, destination = segment(request, "source"), segment(request, "destination")
     key = short_string(body.get("routing_key", ""), "'routing_key'")
-    try:
-        arguments = field_table(body.get("arguments") or {}, "arguments")
-    except RequestError as exc:
-        raise bad_request(exc.message) from None
+    arguments = table(body.get("arguments"), "arguments")
     async with topology_change(vhost):
         if _kind(request) == "queue":
             queue = vhost.queues.get(destination)

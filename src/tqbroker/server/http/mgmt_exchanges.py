@@ -25,8 +25,7 @@ from ...protocol.methods import BasicProperties
 from ...recordbatch import json_value
 from ..publishing import route
 from .auth import broker_of
-from .errors import ApiError, RequestError
-from .inputs import field_table
+from .errors import ApiError
 from .mgmt_common import (
     api_vhost,
     bad_request,
@@ -39,6 +38,7 @@ from .mgmt_common import (
     query_flag,
     segment,
     short_string,
+    table,
     topology_change,
 )
 from .mgmt_queues import PROPERTY_NAMES
@@ -105,10 +105,7 @@ async def declare_exchange(request: Request) -> Response:
     type_name = body.get("type", "direct")
     if not isinstance(type_name, str):
         raise bad_request("'type' must be a string")
-    try:
-        arguments = field_table(body.get("arguments") or {}, "arguments")
-    except RequestError as exc:
-        raise bad_request(exc.message) from None
+    arguments = table(body.get("arguments"), "arguments")
     durable = flag(body, "durable", True)
     auto_delete, internal = flag(body, "auto_delete", False), flag(body, "internal", False)
     existed = name in vhost.exchanges
@@ -195,10 +192,7 @@ def _properties(given: object) -> BasicProperties:
             high = 2**64 - 1 if key == "timestamp" else 255
             fields[key] = integer(given, key, 0, 0, high)
         elif key == "headers":
-            try:
-                fields[key] = field_table(value, "headers")
-            except RequestError as exc:
-                raise bad_request(exc.message) from None
+            fields[key] = table(value, "headers")
         else:
             raise bad_request(f"unknown property '{key}'")
     return BasicProperties(**fields)

@@ -28,8 +28,7 @@ from ...protocol.errors import AMQPError
 from ...protocol.methods import BasicProperties
 from ...recordbatch import json_value
 from .auth import broker_of
-from .errors import ApiError, RequestError
-from .inputs import field_table
+from .errors import ApiError
 from .mgmt_bindings import binding_json, bindings_of_queue
 from .mgmt_common import (
     api_user,
@@ -45,6 +44,7 @@ from .mgmt_common import (
     refusal,
     segment,
     short_string,
+    table,
     topology_change,
 )
 from .mgmt_connections import connections_of, consumer_details
@@ -135,10 +135,7 @@ async def declare_queue(request: Request) -> Response:
     vhost = await api_vhost(request)
     body = await json_body(request)
     name = short_string(segment(request, "name"), "the queue name")
-    try:
-        arguments = field_table(body.get("arguments") or {}, "arguments")
-    except RequestError as exc:
-        raise bad_request(exc.message) from None
+    arguments = table(body.get("arguments"), "arguments")
     if name.startswith("amq."):
         raise ApiError(401, "not_authorised", "Access refused.")
     durable, auto_delete = flag(body, "durable", True), flag(body, "auto_delete", False)
