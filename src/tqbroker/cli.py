@@ -10,7 +10,8 @@ Responsibilities:
 - logging as configured (``logsetup.py``); one startup line naming the bound address, and
   ``READY=1`` to systemd (``sdnotify.py``);
 - SIGINT / SIGTERM: ``STOPPING=1``, graceful shutdown within the configured deadline, exit 0;
-  SIGHUP reopens the log file (it does not stop the broker).
+  SIGHUP reopens the log file and reloads the TLS certificate (it does not stop the broker);
+- a TLS certificate or key that cannot be used: one line naming it, exit status 2.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .fsutil import make_dirs
 from .logsetup import configure_logging, reopen_log_file
 from .sdnotify import notify
 from .server.listener import serve
+from .server.tls import server_context
 from .settings import parse_setting, resolve, to_toml
 
 GC_THRESHOLDS = (20_000, 5, 10)
@@ -58,6 +60,14 @@ SETTING_FLAGS = (
     ("--log-format", "log_format"),
     ("--log-file", "log_file"),
     ("--http-access-log", "http_access_log"),
+    ("--tls-port", "tls_port"),
+    ("--tls-certfile", "tls_certfile"),
+    ("--tls-keyfile", "tls_keyfile"),
+    ("--tls-cacertfile", "tls_cacertfile"),
+    ("--tls-verify-peer", "tls_verify_peer"),
+    ("--tls-fail-if-no-peer-cert", "tls_fail_if_no_peer_cert"),
+    ("--tls-only", "tls_only"),
+    ("--http-tls", "tls_http"),
 )
 HELP = {
     "--host": "address to listen on (127.0.0.1)",
@@ -78,8 +88,17 @@ HELP = {
     "--log-format": "text (default) or json (one object per line)",
     "--log-file": "log to this file (reopened when logrotate moves it) instead of stderr",
     "--http-access-log": "log every HTTP API request (off by default)",
+    "--tls-port": "amqps port, 0 = ephemeral (5671); listens when a certificate and key are set",
+    "--tls-certfile": "the server's certificate chain (PEM) for amqps (and HTTPS)",
+    "--tls-keyfile": "the certificate's private key (PEM, unencrypted)",
+    "--tls-cacertfile": "the CAs client certificates are checked against (PEM)",
+    "--tls-verify-peer": "check a client certificate when one is sent (needed for EXTERNAL)",
+    "--tls-fail-if-no-peer-cert": "with --tls-verify-peer: refuse clients without a certificate",
+    "--tls-only": "no plaintext AMQP port: amqps only",
+    "--http-tls": "the HTTP API and metrics ports serve HTTPS, with the same certificate",
 }
-SWITCHES = ("--keep-unloadable-definitions", "--http-access-log")
+SWITCHES: tuple[str, ...] = ("--keep-unloadable-definitions", "--http-access-log")
+SWITCHES += ("--tls-verify-peer", "--tls-fail-if-no-peer-cert", "--tls-only", "--http-tls")
 # The exit status of a configuration error (a flag, a variable, the file, the data directory),
 # as argparse's; 1 is a broker that could not start (a port in use...).
 CONFIG_ERROR = 2
@@ -123,10 +142,12 @@ async def run(config: BrokerConfig) -> None:
         listening = await nursery.start(
             lambda task_status: serve(config, shutdown=shutdown, task_status=task_status)
         )
+        http = "https" if config.tls.http else "http"
         bound = ", ".join(
             [f"amqp://{host}:{port}" for host, port in listening.amqp]
-            + [f"http://{host}:{port}" for host, port in listening.http]
-            + [f"metrics http://{host}:{port}/metrics" for host, port in listening.metrics]
+            + [f"amqps://{host}:{port}" for host, port in listening.amqps]
+            + [f"{http}://{host}:{port}" for host, port in listening.http]
+            + [f"metrics {http}://{host}:{port}/metrics" for host, port in listening.metrics]
         )
         # Handle the signals before saying "ready": a SIGTERM right after READY=1 (a service
         # manager stopping what it just started) is a graceful shutdown, not a kill.
@@ -136,6 +157,8 @@ async def run(config: BrokerConfig) -> None:
             async for signum in signals:
                 if signum == signal.SIGHUP:  # a logrotate postrotate habit: not a kill
                     reopen_log_file()
+                    if listening.tls is not None:
+                        listening.tls.reload()  # new connections get the new certificate
                     continue
                 logging.getLogger("tqbroker").info(
                     "received %s: shutting down", signal.Signals(signum).name
@@ -209,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                 "log_file", f"cannot open {config.log_file}: {exc.strerror or exc}"
             ) from None
         check_data_dir(config.data_dir)
+        if config.tls.enabled:
+            server_context(config.tls)  # TlsError: a file missing, unreadable, not matching
     except (ConfigError, ValueError) as exc:
         print(f"tqbroker: {exc}", file=sys.stderr)
         return CONFIG_ERROR

@@ -5,10 +5,13 @@ Responsibilities:
   and the initial users and vhosts, each with the default a RabbitMQ user expects; every value is
   range-checked by an attrs validator (``SettingError`` names the key), so ``BrokerConfig(...)``
   in Python refuses nonsense as the command line does;
+- ``TlsConfig``: the ``[tls]`` table (RabbitMQ's ``ssl_options`` names: certfile, keyfile,
+  cacertfile, verify_peer, fail_if_no_peer_cert; the amqps port; ``ssl_cert_login_from``);
 - ``load_config``: read a TOML file (keys as the attribute names, ``[[users]]`` tables,
-  ``[backend_options.log]`` sections) into a ``BrokerConfig``, with clear errors for unknown keys
-  and wrong types (cattrs does the structuring). Ports that can be turned off (and
-  ``consumer_timeout_ms``) take ``"off"`` or ``false`` in a file, as TOML has no null.
+  ``[backend_options.log]`` sections, a ``[tls]`` table) into a ``BrokerConfig``, with clear
+  errors for unknown keys and wrong types (cattrs does the structuring). Ports that can be
+  turned off (and ``consumer_timeout_ms``) take ``"off"`` or ``false`` in a file, as TOML has
+  no null.
   Environment variables and flags are layered on top in ``settings.py``.
 """
 
@@ -107,6 +110,45 @@ class UserConfig:
     vhosts: tuple[str, ...] | None = None
 
 
+LOGIN_FROM = ("common_name", "distinguished_name", "subject_alternative_name")
+SAN_TYPES = ("dns", "ip", "email", "uri", "other_name")
+
+
+@attrs.frozen
+class TlsConfig:
+    """The ``[tls]`` table: the amqps listener runs when ``certfile`` and ``keyfile`` are set."""
+
+    port: int = attrs.field(default=5671, validator=_port)  # 0 = an ephemeral port
+    certfile: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    keyfile: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    # The CAs client certificates are checked against (the system's when not set).
+    cacertfile: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    # Check a client certificate if one is sent; with fail_if_no_peer_cert, require one.
+    verify_peer: bool = False
+    fail_if_no_peer_cert: bool = False
+    # No plaintext AMQP listener; ``http``: the HTTP API and metrics ports serve HTTPS.
+    only: bool = False
+    http: bool = False
+    # EXTERNAL: the username from the client certificate (rabbitmq_auth_mechanism_ssl).
+    ssl_cert_login_from: str = attrs.field(default="common_name", validator=_one_of(LOGIN_FROM))
+    ssl_cert_login_san_type: str = attrs.field(default="dns", validator=_one_of(SAN_TYPES))
+    ssl_cert_login_san_index: int = attrs.field(default=0, validator=_between(0, 1000))
+
+    def __attrs_post_init__(self) -> None:
+        if (self.certfile is None) != (self.keyfile is None):
+            missing = "keyfile" if self.keyfile is None else "certfile"
+            raise SettingError(f"tls.{missing}", "certfile and keyfile go together: set both")
+        for key in ("only", "http", "verify_peer"):
+            if getattr(self, key) and self.certfile is None:
+                raise SettingError(f"tls.{key}", "needs tls.certfile and tls.keyfile")
+        if self.fail_if_no_peer_cert and not self.verify_peer:
+            raise SettingError("tls.fail_if_no_peer_cert", "needs tls.verify_peer")
+
+    @property
+    def enabled(self) -> bool:
+        return self.certfile is not None
+
+
 def _memory_limit(_instance: object, _attribute: object, value: float | str) -> None:
     limit = parse_limit(value, "memory_high_watermark")
     if limit.fraction is not None and limit.fraction > 1:
@@ -181,6 +223,8 @@ class BrokerConfig:
     log_max_bytes: int = attrs.field(default=0, validator=_between(0))
     log_backups: int = attrs.field(default=5, validator=_between(0, 1000))
     http_access_log: bool = False
+    # TLS (amqps, HTTPS): the ``[tls]`` table.
+    tls: TlsConfig = attrs.field(factory=TlsConfig)
 
 
 class ConfigError(Exception):
@@ -232,7 +276,11 @@ def load_config(path: Path, **overrides: Any) -> BrokerConfig:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
     raw = {key: off_form(key, value) for key, value in raw.items()}
+    tls = overrides.pop("tls", None)
     raw.update(overrides)
+    if isinstance(tls, Mapping):  # flags and variables over the file's [tls] keys
+        table = raw.get("tls")
+        raw["tls"] = {**(table if isinstance(table, Mapping) else {}), **tls}
     if "users" in raw:
         raw["users"] = tuple(raw["users"])
     try:

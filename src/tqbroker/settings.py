@@ -6,6 +6,8 @@ Responsibilities:
   command-line flags. A value from an environment variable or a flag is parsed from text and
   range-checked on its own, so its error names where it came from (``--port: ...``,
   ``TQBROKER_PORT: ...``); ``users`` and ``backend_options`` (tables) come from the file only;
+  the ``[tls]`` table's keys are ``tls_<key>`` settings (``TQBROKER_TLS_PORT``, ``--tls-port``),
+  each over the file's key of the same name;
 - backend options checked at configuration time by constructing the backend's class with them:
   ``fsync = "sometimes"`` in ``[backend_options.log]`` is a configuration error naming
   ``backend_options.log.fsync``, not a plugin that failed to load;
@@ -25,11 +27,13 @@ from typing import Any, cast
 
 import attrs
 
-from .config import OFF_KEYS, BrokerConfig, ConfigError, SettingError, load_config
+from .config import OFF_KEYS, BrokerConfig, ConfigError, SettingError, TlsConfig, load_config
 
 ENV_PREFIX = "TQBROKER_"
 # Tables: from the file only.
 FILE_ONLY = ("users", "backend_options")
+# The [tls] table's keys, as settings: ``tls_port`` is ``port`` in [tls].
+TLS_PREFIX = "tls_"
 REDACTED = "<redacted>"
 _SECRET = re.compile(r"password|secret|token", re.IGNORECASE)
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -38,7 +42,10 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 @functools.cache
 def _fields() -> dict[str, attrs.Attribute[Any]]:
     attrs.resolve_types(BrokerConfig)
-    return {a.name: a for a in attrs.fields(BrokerConfig) if a.name not in FILE_ONLY}
+    attrs.resolve_types(TlsConfig)
+    found = {a.name: a for a in attrs.fields(BrokerConfig) if a.name not in (*FILE_ONLY, "tls")}
+    found.update({TLS_PREFIX + a.name: a for a in attrs.fields(TlsConfig)})
+    return found
 
 
 def parse_setting(key: str, text: str, source: str) -> object:
@@ -104,8 +111,16 @@ def resolve(
     """The effective configuration: ``flags`` (already parsed) over ``environ`` over the file
     over the defaults; ``backend_flags`` over the file's options of each backend (``--fsync``).
     Raises ``SettingError`` (a bad variable or flag) or ``ConfigError``."""
-    overrides = {**environment_settings(environ), **flags}
-    config = load_config(path, **overrides) if path else BrokerConfig(**overrides)  # type: ignore[arg-type]
+    overrides: dict[str, Any] = {**environment_settings(environ), **flags}
+    tls = {
+        key.removeprefix(TLS_PREFIX): overrides.pop(key)
+        for key in list(overrides)
+        if key.startswith(TLS_PREFIX)
+    }
+    if path:
+        config = load_config(path, **overrides, **({"tls": tls} if tls else {}))
+    else:
+        config = BrokerConfig(**overrides, tls=TlsConfig(**tls))
     if backend_flags:
         options = {name: dict(values) for name, values in config.backend_options.items()}
         for name, values in backend_flags.items():
@@ -172,12 +187,18 @@ def to_toml(config: BrokerConfig) -> str:
     lines = ["# tqbroker: the effective configuration (file, TQBROKER_* variables, flags)"]
     for field in attrs.fields(BrokerConfig):
         value = getattr(config, field.name)
-        if field.name in FILE_ONLY:
+        if field.name in (*FILE_ONLY, "tls"):
             continue
         if value is None and field.name not in OFF_KEYS:
             lines.append(f"# {field.name}: not set")
             continue
         lines.append(f"{field.name} = {_value('off' if value is None else value)}")
+    lines += ["", "[tls]"]
+    for field in attrs.fields(TlsConfig):
+        value = getattr(config.tls, field.name)
+        lines.append(
+            f"# {field.name}: not set" if value is None else f"{field.name} = {_value(value)}"
+        )
     for user in config.users:
         lines += ["", "[[users]]"]
         for field in attrs.fields(type(user)):

@@ -82,9 +82,17 @@ CLOSE_TIMEOUT = 3.0
 
 
 class AMQPConnection:
-    def __init__(self, broker: Broker, stream: trio.SocketStream) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+        *,
+        peer_username: str | None = None,  # from a verified TLS client certificate (EXTERNAL)
+        deadline: float | None = None,  # the handshake's, if it began earlier (amqps)
+    ) -> None:
         self.broker = broker
         self.stream = stream
+        self.socket = _socket(stream)
         config = broker.config
         self.protocol = ServerConnection(
             Limits(
@@ -97,7 +105,7 @@ class AMQPConnection:
             broker.incomplete_bodies,
         )
         try:
-            peer = stream.socket.getpeername()
+            peer = self.socket.getpeername()
             self.peer = f"{peer[0]}:{peer[1]}"
             self.peer_host: str = peer[0]
         except OSError:
@@ -105,7 +113,10 @@ class AMQPConnection:
         self.out = bytearray()
         self.channels: dict[int, Channel] = {}
         send = weakly(self._send_handshake, None)
-        self.handshake = Handshake(broker, self.peer, self.peer_host, send, _local(stream))
+        local = _local(self.socket)
+        self.handshake = Handshake(
+            broker, self.peer, self.peer_host, send, local, peer_username=peer_username
+        )
         self.vhost: VirtualHost | None = None
         self._writer_wakeup = trio.Event()
         self._writer_done = trio.Event()
@@ -113,7 +124,7 @@ class AMQPConnection:
         self._finishing = False
         self._backed_up = False
         self._confirming: dict[int, Channel] = {}
-        self._deadline = trio.current_time() + config.handshake_timeout
+        self._deadline = deadline or trio.current_time() + config.handshake_timeout
         self._nursery: trio.Nursery | None = None
         self._sent_at = trio.current_time()
         self._ack_timeouts = AckTimeouts(
@@ -348,7 +359,7 @@ class AMQPConnection:
                     # reading from it until it does, so TCP pushes back on the publisher.
                     self._drained = trio.Event()
                     await self._drained.wait()
-                return await self.stream.receive_some(RECEIVE_SIZE)
+                return bytes(await self.stream.receive_some(RECEIVE_SIZE))  # TLS: a bytearray
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 log.debug("connection %s lost: %r", self.peer, exc)
                 return None
@@ -530,10 +541,18 @@ class AMQPConnection:
                 pass  # close-ok: the protocol moved to CLOSED and the read loop ends
 
 
-def _local(stream: trio.SocketStream) -> str:
+def _socket(stream: trio.abc.Stream) -> trio.socket.SocketType:
+    """The TCP socket under ``stream`` (amqps: under its TLS)."""
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    assert isinstance(stream, trio.SocketStream)
+    return stream.socket
+
+
+def _local(sock: trio.socket.SocketType) -> str:
     """The broker's end of the connection, ``127.0.0.1:5672``, for the log lines."""
     try:
-        host, port = stream.socket.getsockname()[:2]
+        host, port = sock.getsockname()[:2]
     except (OSError, ValueError):
         return "unknown"
     return f"{host}:{port}"

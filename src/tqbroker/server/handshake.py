@@ -85,8 +85,12 @@ class Handshake:
         peer_host: str,
         send: Callable[[Method], None],
         local: str = "",
+        *,
+        peer_username: str | None = None,
     ):
         self._broker = broker
+        # The user a verified TLS client certificate names (EXTERNAL), or None.
+        self.peer_username = peer_username
         self._peer = peer
         self._peer_host = peer_host
         self._send = send

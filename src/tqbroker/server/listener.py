@@ -1,9 +1,12 @@
 """``serve``: run a broker, its AMQP listener and its HTTP API in the caller's nursery.
 
 Responsibilities:
-- start the broker (queue actors), bind the AMQP listeners and start the HTTP API
-  (``server/http/``), then report the bound addresses (``Listening``) through the Trio start
-  protocol;
+- start the broker (queue actors), bind the AMQP listeners (plaintext, and amqps when
+  ``[tls]`` has a certificate: ``tls.py``; ``tls.only`` leaves out the plaintext one) and start
+  the HTTP API (``server/http/``; HTTPS with ``tls.http``), then report the bound addresses
+  (``Listening``) through the Trio start protocol;
+- amqps: the TLS handshake within the connection's ``handshake_timeout`` (counted from the
+  accept); a failed or late one is one log line and a closed socket;
 - a nursery per connection, under a handler nursery owned here; a connection that fails
   (a bug its own boundary did not contain) is logged and closed, and ``serve`` goes on;
 - graceful shutdown when ``shutdown`` is set: stop accepting, ask every client to leave
@@ -24,6 +27,7 @@ from ..config import BrokerConfig
 from .connection import AMQPConnection
 from .http import serve_http, serve_metrics
 from .registry import Connections
+from .tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +37,16 @@ Address = tuple[str, int]
 @attrs.frozen
 class Listening:
     """Where a running broker listens: AMQP, HTTP and Prometheus metrics ``(host, port)``
-    addresses (none for HTTP or metrics when ``http_port`` or ``metrics_port`` is None), and
-    the broker (for embedding code and tests)."""
+    addresses (none for HTTP or metrics when ``http_port`` or ``metrics_port`` is None; none
+    for AMQP with ``tls.only``), amqps ones (with a ``[tls]`` certificate), and the broker and
+    its TLS contexts (``tls.reload()`` on SIGHUP)."""
 
     amqp: list[Address]
     http: list[Address]
     metrics: list[Address] = attrs.field(factory=list)
     broker: Broker | None = attrs.field(default=None, eq=False, repr=False)
+    amqps: list[Address] = attrs.field(factory=list)
+    tls: ServerTls | None = attrs.field(default=None, eq=False, repr=False)
 
 
 async def serve(
@@ -53,34 +60,64 @@ async def serve(
     ``await nursery.start(serve, config)`` returns where it listens (``Listening``).
     """
     config = config or BrokerConfig()
+    tls = ServerTls(config.tls) if config.tls.enabled else None  # TlsError: a bad file
+    http_tls = tls if config.tls.http else None
+    https = "https" if http_tls is not None else "http"
     broker = Broker(config)
     connections = Connections()
     all_closed = trio.Event()
     async with trio.open_nursery() as broker_nursery:
         await broker_nursery.start(broker.run)
-        listeners = await trio.open_tcp_listeners(config.port, host=config.host)
-        addresses: list[Address] = [
-            (sockname[0], sockname[1])
-            for sockname in (listener.socket.getsockname() for listener in listeners)
-        ]
+        listeners: list[trio.SocketListener] = []
+        if not config.tls.only:
+            listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+        tls_listeners: list[trio.SocketListener] = []
+        if tls is not None:
+            tls_listeners = await trio.open_tcp_listeners(config.tls.port, host=config.host)
+        addresses, tls_addresses = _bound(listeners), _bound(tls_listeners)
         for host, port in addresses:
             log.info("tqbroker %s listening for AMQP on %s:%d", broker.config.host, host, port)
+        for host, port in tls_addresses:
+            log.info("tqbroker listening for AMQP over TLS on %s:%d", host, port)
         connections.listeners += [("amqp", host, port) for host, port in addresses]
+        connections.listeners += [("amqp/ssl", host, port) for host, port in tls_addresses]
         http: list[Address] = []
         if config.http_port is not None:
             http = await broker_nursery.start(
-                serve_http, broker, connections, config.host, config.http_port
+                functools.partial(
+                    serve_http, broker, connections, config.host, config.http_port, tls=http_tls
+                )
             )
-            connections.listeners += [("http", host, port) for host, port in http]
+            connections.listeners += [(https, host, port) for host, port in http]
         metrics: list[Address] = []
         if config.metrics_port is not None and config.metrics_port >= 0:
             metrics = await broker_nursery.start(
-                serve_metrics, broker, connections, config.host, config.metrics_port
+                functools.partial(
+                    serve_metrics,
+                    broker,
+                    connections,
+                    config.host,
+                    config.metrics_port,
+                    tls=http_tls,
+                )
             )
-            connections.listeners += [("http/prometheus", host, port) for host, port in metrics]
+            connections.listeners += [(f"{https}/prometheus", h, p) for h, p in metrics]
 
-        async def handle(stream: trio.SocketStream) -> None:
-            connection = AMQPConnection(broker, stream)
+        async def handle_tls(stream: trio.SocketStream) -> None:
+            assert tls is not None
+            deadline = trio.current_time() + config.handshake_timeout
+            accepted = await tls.accept(stream, deadline, _peer(stream))
+            if accepted is not None:
+                await handle(accepted[0], peer_username=accepted[1], deadline=deadline)
+
+        async def handle(
+            stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+            peer_username: str | None = None,
+            deadline: float | None = None,
+        ) -> None:
+            connection = AMQPConnection(
+                broker, stream, peer_username=peer_username, deadline=deadline
+            )
             connections.add(connection)
             try:
                 await connection.run()
@@ -95,12 +132,13 @@ async def serve(
 
         async with trio.open_nursery() as handler_nursery:
             async with trio.open_nursery() as accept_nursery:
-                accept_nursery.start_soon(
-                    functools.partial(
-                        trio.serve_listeners, handle, listeners, handler_nursery=handler_nursery
-                    )
-                )
-                task_status.started(Listening(addresses, http, metrics, broker))
+                for handler, bound in ((handle, listeners), (handle_tls, tls_listeners)):
+                    if bound:
+                        serving = functools.partial(
+                            trio.serve_listeners, handler, bound, handler_nursery=handler_nursery
+                        )
+                        accept_nursery.start_soon(serving)
+                task_status.started(Listening(addresses, http, metrics, broker, tls_addresses, tls))
                 if shutdown is None:
                     await trio.sleep_forever()
                 await shutdown.wait()
@@ -113,3 +151,18 @@ async def serve(
                 await all_closed.wait()
             handler_nursery.cancel_scope.cancel()
         broker_nursery.cancel_scope.cancel()
+
+
+def _bound(listeners: list[trio.SocketListener]) -> list[Address]:
+    return [
+        (sockname[0], sockname[1])
+        for sockname in (listener.socket.getsockname() for listener in listeners)
+    ]
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except OSError:
+        return "unknown"
+    return f"{host}:{port}"

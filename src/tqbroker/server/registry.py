@@ -67,7 +67,7 @@ class Connections:
 
 def _address(connection: AMQPConnection, *, peer: bool) -> tuple[str, int]:
     try:
-        sock = connection.stream.socket
+        sock = connection.socket
         found = sock.getpeername() if peer else sock.getsockname()
         return str(found[0]), int(found[1])
     except OSError:

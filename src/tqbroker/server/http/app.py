@@ -1,13 +1,16 @@
 """The HTTP app and its server: the route table, the broker in ``app.state``, and hypercorn's
 Trio worker bound and serving until cancelled (reporting the bound addresses through the Trio
-start protocol). ``GET /health`` is here: it needs no credentials.
+start protocol), over HTTPS with ``tls`` (hypercorn's own TLS: its certfile, keyfile, ca_certs
+and verify_mode options; the context from ``server/tls.py``, reloaded in place on SIGHUP).
+``GET /health`` is here: it needs no credentials.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import hypercorn.config
 import hypercorn.trio
@@ -29,6 +32,9 @@ from .record_routes import read_records, write_records
 from .topic_admin_routes import TOPIC_ADMIN_ROUTES
 from .topic_routes import consume, declare_topic, offsets, produce
 from .ui import UI_ROUTES
+
+if TYPE_CHECKING:
+    from ..tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +79,18 @@ async def serve_metrics(
     host: str,
     port: int,
     *,
+    tls: ServerTls | None = None,
     task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the Prometheus endpoints on their own port (``metrics_port``)."""
     await serve_http(
-        broker, connections, host, port, make_app=create_metrics_app, task_status=task_status
+        broker,
+        connections,
+        host,
+        port,
+        make_app=create_metrics_app,
+        tls=tls,
+        task_status=task_status,
     )
 
 
@@ -88,11 +101,13 @@ async def serve_http(
     port: int,
     *,
     make_app: Callable[[Broker, Connections], Starlette] = create_app,
+    tls: ServerTls | None = None,
     task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the HTTP API (or ``make_app``'s, e.g. the metrics port's) on ``host:port`` until
-    cancelled; ``nursery.start`` returns the bound addresses."""
-    config = hypercorn.config.Config()
+    cancelled, over HTTPS with ``tls``; ``nursery.start`` returns the bound addresses."""
+    config = _HttpsConfig(tls) if tls is not None else hypercorn.config.Config()
+    config.ssl_handshake_timeout = broker.config.handshake_timeout
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     # The access log (``http_access_log``, off by default): a logger of ours, so it goes where
     # and how the broker logs (logsetup.py); hypercorn's atoms, never a credential header.
@@ -114,9 +129,27 @@ async def serve_http(
         task_status.started([_address(bind) for bind in binds])
 
 
+class _HttpsConfig(hypercorn.config.Config):
+    """Hypercorn's TLS options from ``[tls]``; its context is ``ServerTls``'s (reloadable)."""
+
+    def __init__(self, tls: ServerTls) -> None:
+        super().__init__()
+        self.server_tls = tls
+        options = tls.config
+        self.certfile, self.keyfile = str(options.certfile), str(options.keyfile)
+        self.ca_certs = str(options.cacertfile) if options.cacertfile else None
+        if options.verify_peer:
+            self.verify_mode = (
+                ssl.CERT_REQUIRED if options.fail_if_no_peer_cert else ssl.CERT_OPTIONAL
+            )
+
+    def create_ssl_context(self) -> ssl.SSLContext:
+        return self.server_tls.http_context(self.alpn_protocols)
+
+
 def _address(bind: str) -> Address:
-    """``("127.0.0.1", 15672)`` from hypercorn's ``http://127.0.0.1:15672``."""
-    host, _, port = bind.removeprefix("http://").rpartition(":")
+    """``("127.0.0.1", 15672)`` from hypercorn's ``http://127.0.0.1:15672`` (or https)."""
+    host, _, port = bind.partition("://")[2].rpartition(":")
     return host.strip("[]"), int(port)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -16,6 +17,7 @@ from ...broker.consumer import Consumer
 from ...broker.queue import Queue
 from ...broker.stats import io_stats, message_stats
 from ...recordbatch import json_value
+from ..certinfo import connection_fields
 from ..channel import Channel
 from ..connection import AMQPConnection
 from ..registry import Connections, Registered
@@ -58,7 +60,7 @@ def connection_json(entry: Registered, node: str) -> dict[str, Any]:
         "port": entry.port,
         "peer_host": entry.peer_host,
         "peer_port": entry.peer_port,
-        "ssl": False,
+        **_tls(connection),
         "auth_mechanism": connection.handshake.mechanism,
         "channel_max": protocol.channel_max,
         "frame_max": protocol.frame_max,
@@ -70,6 +72,14 @@ def connection_json(entry: Registered, node: str) -> dict[str, Any]:
     }
     found.update(io_stats(connection.stats))
     return found
+
+
+def _tls(connection: AMQPConnection) -> dict[str, Any]:
+    """RabbitMQ's ``ssl``, ``ssl_protocol``, ``ssl_cipher``, ``peer_cert_*`` fields."""
+    stream = connection.stream
+    if not isinstance(stream, trio.SSLStream):
+        return connection_fields(None, None, None)
+    return connection_fields(stream.version(), stream.cipher(), stream.getpeercert())
 
 
 def _state(connection: AMQPConnection) -> str:
