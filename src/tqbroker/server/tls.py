@@ -155,6 +155,8 @@ class ServerTls:
 def _why(exc: BaseException) -> str:
     """The TLS error under trio's BrokenResourceError, in a few words."""
     cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError) and cause.verify_message:
+        return f"certificate verify failed: {cause.verify_message}"
     if isinstance(cause, ssl.SSLError):
         return cause.reason.lower().replace("_", " ") if cause.reason else str(cause)
     return str(cause or exc) or "the client hung up"
