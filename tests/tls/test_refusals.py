@@ -17,6 +17,7 @@ import pytest
 
 from tqbroker.protocol.frames import PROTOCOL_HEADER
 from tqbroker.server.listener import Listening
+from tqbroker.server.tls import server_context
 
 from .harness import HOST, Pki, client_context, tls_broker, tls_config
 
@@ -159,3 +160,10 @@ def test_slow_client_hello_counts_in_the_same_deadline(mutual: Listening, pki: P
                 pass
         # Not another full handshake_timeout after the TLS handshake.
         assert time.monotonic() - started < HANDSHAKE_TIMEOUT * 0.8, received[:20]
+
+
+def test_tls_1_2_accepted_older_refused(mutual: Listening, pki: Pki) -> None:
+    context = client_context(pki, pki.client)
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    assert amqp_answers(context, mutual.amqps[0][1]).startswith(b"\x01\x00\x00")  # start
+    assert server_context(tls_config(pki)).minimum_version == ssl.TLSVersion.TLSv1_2
