@@ -15,7 +15,12 @@ import trustme
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tqbroker.server.certinfo import distinguished_name, username_from_certificate, validity
+from tqbroker.server.certinfo import (
+    distinguished_name,
+    suite,
+    username_from_certificate,
+    validity,
+)
 
 
 def decoded(tmp_path: Path, leaf: trustme.LeafCert) -> dict[str, Any]:
@@ -87,6 +92,23 @@ def test_validity_in_rabbitmq_form() -> None:
     cert = {"notBefore": "Jan  1 00:00:00 2000 GMT", "notAfter": "Feb 29 23:59:59 2040 GMT"}
     assert validity(cert) == "2000-01-01T00:00:00Z - 2040-02-29T23:59:59Z"
     assert validity({}) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "erlang"),
+    [
+        # RabbitMQ 3.10.8 (loopback oracle) shows a TLS 1.3 connection as any/aes_256_gcm/aead.
+        ("TLS_AES_256_GCM_SHA384", ("any", "aes_256_gcm", "aead")),
+        ("TLS_CHACHA20_POLY1305_SHA256", ("any", "chacha20_poly1305", "aead")),
+        ("ECDHE-ECDSA-AES128-GCM-SHA256", ("ecdhe_ecdsa", "aes_128_gcm", "aead")),
+        ("ECDHE-RSA-AES256-SHA384", ("ecdhe_rsa", "aes_256_cbc", "sha384")),
+        ("DHE-RSA-AES256-SHA256", ("dhe_rsa", "aes_256_cbc", "sha256")),
+        ("AES128-SHA", ("rsa", "aes_128_cbc", "sha")),
+        ("NOT-A-SUITE", (None, "NOT-A-SUITE", None)),
+    ],
+)
+def test_cipher_suites_in_erlang_words(name: str, erlang: tuple[str | None, ...]) -> None:
+    assert suite(name) == erlang
 
 
 def _unescape(text: str) -> str:

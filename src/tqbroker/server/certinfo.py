@@ -6,11 +6,15 @@
   ``subject_alternative_name`` with ``ssl_cert_login_san_type`` and ``ssl_cert_login_san_index``);
 - ``distinguished_name``: a subject or issuer as RabbitMQ formats it (``rabbit_cert_info``: RFC
   4514, the last RDN first, ``CN=client,O=example``);
-- ``validity``: RabbitMQ's ``peer_cert_validity`` (``2026-01-01T00:00:00Z - 2027-...``).
+- ``validity``: RabbitMQ's ``peer_cert_validity`` (``2026-01-01T00:00:00Z - 2027-...``);
+- ``connection_fields``: the management API's TLS fields of a connection, the cipher suite in
+  Erlang's words as RabbitMQ shows it (``aes_256_gcm``, ``aead``, ``ecdhe_rsa``; ``any`` for
+  TLS 1.3's key exchange), from OpenSSL's description of the suite.
 """
 
 from __future__ import annotations
 
+import functools
 import ssl
 import time
 from collections.abc import Mapping, Sequence
@@ -124,12 +128,38 @@ def _escape(value: str) -> str:
 def connection_fields(
     version: str | None, cipher: tuple[str, str, int] | None, cert: Certificate | None
 ) -> dict[str, Any]:
-    """The management API's TLS fields of a connection (RabbitMQ's names)."""
+    """The management API's TLS fields of a connection (RabbitMQ's names): ``version`` and
+    ``cipher`` as ``SSLObject.version()`` and ``.cipher()`` give them, the verified client
+    certificate (None for a plaintext connection)."""
+    key_exchange, symmetric, mac = suite(cipher[0]) if cipher else (None, None, None)
     return {
         "ssl": version is not None,
         "ssl_protocol": version.lower() if version else None,
-        "ssl_cipher": cipher[0] if cipher else None,
+        "ssl_key_exchange": key_exchange,
+        "ssl_cipher": symmetric,
+        "ssl_hash": mac,
         "peer_cert_subject": distinguished_name(cert.get("subject", ())) if cert else None,
         "peer_cert_issuer": distinguished_name(cert.get("issuer", ())) if cert else None,
         "peer_cert_validity": validity(cert) if cert else None,
     }
+
+
+def suite(name: str) -> tuple[str | None, str | None, str | None]:
+    """OpenSSL's cipher suite ``name`` as Erlang's key exchange, cipher and MAC (RabbitMQ's
+    ``ssl_key_exchange``, ``ssl_cipher``, ``ssl_hash``); OpenSSL's name as the cipher if the
+    suite is not one the ``ssl`` module's defaults describe."""
+    found = _suites().get(name)
+    if found is None:
+        return None, name, None
+    kea = str(found["kea"]).removeprefix("kx-")
+    auth = str(found["auth"]).removeprefix("auth-")
+    key_exchange = kea if kea in ("any", "rsa", "psk") else f"{kea}_{auth}"
+    mac = "aead" if found["aead"] else {"sha1": "sha"}.get(found["digest"], found["digest"])
+    return key_exchange, str(found["symmetric"]).replace("-", "_"), mac
+
+
+@functools.cache
+def _suites() -> dict[str, Any]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.set_ciphers("ALL")
+    return {found["name"]: found for found in context.get_ciphers()}

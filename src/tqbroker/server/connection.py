@@ -124,7 +124,9 @@ class AMQPConnection:
         self._finishing = False
         self._backed_up = False
         self._confirming: dict[int, Channel] = {}
-        self._deadline = deadline or trio.current_time() + config.handshake_timeout
+        self._deadline = (
+            deadline if deadline is not None else trio.current_time() + config.handshake_timeout
+        )
         self._nursery: trio.Nursery | None = None
         self._sent_at = trio.current_time()
         self._ack_timeouts = AckTimeouts(
