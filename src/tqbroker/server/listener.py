@@ -106,7 +106,12 @@ async def serve(
         async def handle_tls(stream: trio.SocketStream) -> None:
             assert tls is not None
             deadline = trio.current_time() + config.handshake_timeout
-            accepted = await tls.accept(stream, deadline, _peer(stream))
+            try:
+                accepted = await tls.accept(stream, deadline, _peer(stream))
+            except Exception:  # a bug: this connection alone fails, never ``serve``
+                log.exception("TLS connection from %s failed", _peer(stream))
+                await trio.aclose_forcefully(stream)
+                return
             if accepted is not None:
                 await handle(accepted[0], peer_username=accepted[1], deadline=deadline)
 
