@@ -27,7 +27,7 @@ HANDSHAKE_TIMEOUT = 0.5
 
 @pytest.fixture(scope="module")
 def mutual(pki: Pki) -> Iterator[Listening]:
-    tls = tls_config(pki, verify_peer=True, fail_if_no_peer_cert=True)
+    tls = tls_config(pki, verify_peer=True, fail_if_no_peer_cert=True, http=True)
     with tls_broker(tls, handshake_timeout=HANDSHAKE_TIMEOUT) as listening:
         yield listening
 
@@ -141,6 +141,18 @@ def test_silent_tcp_client_is_closed_by_the_handshake_deadline(
         waited = time.monotonic() - started
     assert HANDSHAKE_TIMEOUT * 0.8 < waited < HANDSHAKE_TIMEOUT + 2, waited
     assert "timed out" in assert_one_clean_line(caplog, "TLS handshake with")
+
+
+@pytest.mark.parametrize("port", ["http", "metrics"])
+def test_silent_client_of_an_https_port_is_closed_by_the_deadline(
+    mutual: Listening, port: str
+) -> None:
+    bound = mutual.http if port == "http" else mutual.metrics
+    with socket.create_connection((HOST, bound[0][1]), timeout=5) as silent:
+        started = time.monotonic()
+        assert silent.recv(4096) == b""
+        waited = time.monotonic() - started
+    assert HANDSHAKE_TIMEOUT * 0.8 < waited < HANDSHAKE_TIMEOUT + 2, waited
 
 
 def test_slow_client_hello_counts_in_the_same_deadline(mutual: Listening, pki: Pki) -> None:
