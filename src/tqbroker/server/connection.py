@@ -83,8 +83,15 @@ CLOSE_TIMEOUT = 3.0
 
 
 class AMQPConnection:
-    def __init__(self, broker: Broker, stream: trio.SocketStream) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        stream: trio.SocketStream,
+        on_open: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_open`` is called once the client has opened a vhost (its handshake is done)."""
         self.broker = broker
+        self._on_open = on_open
         self.stream = stream
         config = broker.config
         self.protocol = ServerConnection(
@@ -453,6 +460,8 @@ class AMQPConnection:
             case ConnectionOpen():
                 self.vhost = self.handshake.open(method)
                 self.vhost.stats.add(self.stats)
+                if self._on_open is not None:
+                    self._on_open()
             case ConnectionClose():
                 # Release everything (exclusive queues included) before the client hears close-ok.
                 await self._teardown()
