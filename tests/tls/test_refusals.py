@@ -179,3 +179,23 @@ def test_tls_1_2_accepted_older_refused(mutual: Listening, pki: Pki) -> None:
     context.maximum_version = ssl.TLSVersion.TLSv1_2
     assert amqp_answers(context, mutual.amqps[0][1]).startswith(b"\x01\x00\x00")  # start
     assert server_context(tls_config(pki)).minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+def test_pending_handshake_limit_counts_tls_handshakes(pki: Pki) -> None:
+    """Connections in their TLS handshake count in max_pending_handshakes_per_address: over it,
+    a new one is closed at once, before any TLS work."""
+    settings = {"max_pending_handshakes_per_address": 2, "handshake_timeout": 10.0}
+    with tls_broker(tls_config(pki), **settings) as listening:
+        port = listening.amqps[0][1]
+        silent = [socket.create_connection((HOST, port), timeout=5) for _ in range(2)]
+        try:
+            time.sleep(0.2)  # both accepted and admitted
+            with socket.create_connection((HOST, port), timeout=5) as third:
+                started = time.monotonic()
+                assert third.recv(4096) == b""
+                assert time.monotonic() - started < 2, "closed at once, not by the deadline"
+        finally:
+            for sock in silent:
+                sock.close()
+        time.sleep(0.2)  # their places are given back
+        assert amqp_answers(client_context(pki), port).startswith(b"\x01\x00\x00")

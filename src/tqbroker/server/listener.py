@@ -5,6 +5,9 @@ Responsibilities:
   ``[tls]`` has a certificate: ``tls.py``; ``tls.only`` leaves out the plaintext one) and start
   the HTTP API (``server/http/``; HTTPS with ``tls.http``), then report the bound addresses
   (``Listening``) through the Trio start protocol;
+- at most ``max_pending_handshakes_per_address`` connections per source address in their
+  handshake (``admission.py``; amqps ones from before their TLS handshake); more are closed at
+  once;
 - amqps: the TLS handshake within the connection's ``handshake_timeout`` (counted from the
   accept); a failed or late one is one log line and a closed socket;
 - a nursery per connection, under a handler nursery owned here; a connection that fails
@@ -24,6 +27,7 @@ import trio
 
 from ..broker.broker import Broker
 from ..config import BrokerConfig
+from .admission import HandshakeAdmission, Ticket
 from .connection import AMQPConnection
 from .http import serve_http, serve_metrics
 from .registry import Connections
@@ -103,25 +107,45 @@ async def serve(
             )
             connections.listeners += [(f"{https}/prometheus", h, p) for h, p in metrics]
 
+        admission = HandshakeAdmission(config.max_pending_handshakes_per_address)
+
         async def handle_tls(stream: trio.SocketStream) -> None:
             assert tls is not None
+            ticket = admission.admit(_peer_host(stream))
+            if ticket is None:  # too many connections from there are in their handshake
+                await trio.aclose_forcefully(stream)
+                return
             deadline = trio.current_time() + config.handshake_timeout
             try:
                 accepted = await tls.accept(stream, deadline, _peer(stream))
             except Exception:  # a bug: this connection alone fails, never ``serve``
                 log.exception("TLS connection from %s failed", _peer(stream))
                 await trio.aclose_forcefully(stream)
+                accepted = None
+            if accepted is None:
+                ticket.release()
                 return
-            if accepted is not None:
-                await handle(accepted[0], peer_username=accepted[1], deadline=deadline)
+            await handle(accepted[0], ticket, peer_username=accepted[1], deadline=deadline)
+
+        async def handle_plain(stream: trio.SocketStream) -> None:
+            ticket = admission.admit(_peer_host(stream))
+            if ticket is None:  # too many connections from there are in their handshake
+                await trio.aclose_forcefully(stream)
+                return
+            await handle(stream, ticket)
 
         async def handle(
             stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+            ticket: Ticket,
             peer_username: str | None = None,
             deadline: float | None = None,
         ) -> None:
             connection = AMQPConnection(
-                broker, stream, peer_username=peer_username, deadline=deadline
+                broker,
+                stream,
+                on_open=ticket.release,
+                peer_username=peer_username,
+                deadline=deadline,
             )
             connections.add(connection)
             try:
@@ -131,13 +155,14 @@ async def serve(
                 log.error("connection %s failed", connection.peer, exc_info=group)
                 await trio.aclose_forcefully(stream)
             finally:
+                ticket.release()
                 connections.discard(connection)
                 if not connections and shutdown is not None and shutdown.is_set():
                     all_closed.set()
 
         async with trio.open_nursery() as handler_nursery:
             async with trio.open_nursery() as accept_nursery:
-                for handler, bound in ((handle, listeners), (handle_tls, tls_listeners)):
+                for handler, bound in ((handle_plain, listeners), (handle_tls, tls_listeners)):
                     if bound:
                         serving = functools.partial(
                             trio.serve_listeners, handler, bound, handler_nursery=handler_nursery
@@ -171,3 +196,10 @@ def _peer(stream: trio.SocketStream) -> str:
     except OSError:
         return "unknown"
     return f"{host}:{port}"
+
+
+def _peer_host(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, IndexError):
+        return "unknown"
