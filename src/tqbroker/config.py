@@ -181,6 +181,12 @@ class BrokerConfig:
     log_max_bytes: int = attrs.field(default=0, validator=_between(0))
     log_backups: int = attrs.field(default=5, validator=_between(0, 1000))
     http_access_log: bool = False
+    # The HTTP server's limits (server/http/limits.py): open connections (over it, 503 and
+    # closed), seconds to send a complete request head (after connecting or after a response),
+    # seconds for a request body (plus one per 64 KiB received; then 408).
+    http_max_connections: int = attrs.field(default=1000, validator=_between(1))
+    http_idle_timeout: float = attrs.field(default=15.0, validator=_between(0.001))
+    http_body_timeout: float = attrs.field(default=30.0, validator=_between(0.001))
 
 
 class ConfigError(Exception):

@@ -1,5 +1,7 @@
-"""What a request carries, read and checked: its body (at most ``MAX_REQUEST_BYTES``, 413),
-JSON, integer parameters, offsets, timestamps and the records of a JSON produce.
+"""What a request carries, read and checked: its body (at most ``MAX_REQUEST_BYTES``, 413; 408
+if it does not arrive in time), JSON (at most ``MAX_JSON_VALUES`` values, 413, and
+``MAX_JSON_DEPTH`` levels deep, 400), integer parameters (64-bit), offsets, timestamps and the
+records of a JSON produce.
 
 Values travel as text (``"encoding": "utf-8"``, the default) or base64 (``"encoding":
 "base64"``); timestamps are milliseconds since the epoch or ISO-8601; header values become
@@ -10,22 +12,35 @@ decoder reads). Bad input is a ``RequestError`` (400, or 413 for sizes).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
+import re
 from typing import Any
 
 from starlette.datastructures import QueryParams
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from ... import clock
 from ...broker.streams.topics import ProducerRecord
 from ...protocol.codec import MAX_TABLE_DEPTH, FieldTable, FieldValue
 from .errors import RequestError
+from .limits import body_timed_out
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_READ_BYTES = 1024 * 1024  # as Kafka's max.partition.fetch.bytes
+# JSON is parsed on the event loop (the C parser holds the GIL: a worker thread would not
+# let other clients run either), ~0.1 us a value: a body may hold at most this many values
+# (a pause of ~10-20 ms), counted before parsing. More: several requests, or the columnar
+# records route.
+MAX_JSON_VALUES = 100_000
+MAX_JSON_DEPTH = 64
+INT64 = (-(2**63), 2**63 - 1)
+# A body opening with more nested arrays or objects than that (so it is refused as too deep
+# even when it is also too big to parse).
+_DEEP_START = re.compile(rb'(?:\s*(?:"(?:[^"\\]|\\.)*"\s*:\s*)?[\[{]){%d}' % (MAX_JSON_DEPTH + 1))
 
 
 def no_constants(name: str) -> Any:
@@ -39,11 +54,52 @@ async def read_body(request: Request) -> bytes:
     if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
         raise RequestError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
     raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_REQUEST_BYTES:
-            raise RequestError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
+    try:
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_REQUEST_BYTES:
+                raise RequestError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
+    except ClientDisconnect:
+        if body_timed_out(request.scope):
+            raise RequestError(408, "the request body did not arrive in time") from None
+        raise RequestError(400, "the client closed the request before its body") from None
     return bytes(raw)
+
+
+def parse_json(raw: bytes, what: str = "the request body") -> Any:
+    """``raw`` as JSON: at most ``MAX_JSON_VALUES`` values (413, counted before parsing: an
+    upper bound from its commas, colons and brackets) nested at most ``MAX_JSON_DEPTH`` deep
+    (400); NaN and the infinities refused. ``ValueError`` (not JSON) is the caller's to word."""
+    brackets = raw.count(b"[") + raw.count(b"{")
+    values = brackets + raw.count(b",") + raw.count(b":") + 1
+    too_deep = RequestError(400, f"{what} is nested too deep (over {MAX_JSON_DEPTH} levels)")
+    if values > MAX_JSON_VALUES:
+        if _DEEP_START.match(raw):
+            raise too_deep
+        raise RequestError(413, f"{what} holds more than {MAX_JSON_VALUES} JSON values")
+    try:
+        body = json.loads(raw, parse_constant=no_constants)
+    except RecursionError:
+        raise too_deep from None
+    if brackets > MAX_JSON_DEPTH and _depth(body) > MAX_JSON_DEPTH:
+        raise too_deep
+    return body
+
+
+def _depth(value: Any) -> int:
+    """How deep JSON arrays and objects nest in ``value`` (iterative: no recursion limit)."""
+    deepest = 0
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_JSON_DEPTH:
+            pending.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
+    return deepest
 
 
 async def json_object(request: Request) -> dict[str, Any]:
@@ -52,28 +108,29 @@ async def json_object(request: Request) -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        body = json.loads(raw, parse_constant=no_constants)
+        body = parse_json(raw)
     except ValueError as exc:
         raise RequestError(400, f"the request body is not JSON: {exc}") from None
-    except RecursionError:
-        raise RequestError(400, "the request body is nested too deep") from None
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     return body
 
 
-def integer(value: object, name: str) -> int:
-    """An integer parameter ``name``, from a JSON integer or a decimal string."""
-    if isinstance(value, bool):
-        raise RequestError(400, f"'{name}' must be an integer (got {value!r})")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            pass
-    raise RequestError(400, f"'{name}' must be an integer (got {value!r})")
+def integer(value: object, name: str, low: int = INT64[0], high: int = INT64[1]) -> int:
+    """An integer parameter ``name`` between ``low`` and ``high`` (64-bit by default), from a
+    JSON integer or a decimal string."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and len(value) <= 40:
+        with contextlib.suppress(ValueError):
+            number = int(value)
+    shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else "a long text"
+    if number is None:
+        raise RequestError(400, f"'{name}' must be an integer (got {shown})")
+    if not low <= number <= high:
+        raise RequestError(400, f"'{name}' must be between {low} and {high} (got {number})")
+    return number
 
 
 def max_bytes(query: QueryParams) -> int:
@@ -85,7 +142,7 @@ def start_offset(value: str | None) -> int | str | None:
     """Where a read starts: an offset >= 0, ``earliest``, ``latest`` or None (not given)."""
     if value is None or value in ("earliest", "latest"):
         return value
-    offset = integer(value, "offset")
+    offset = integer(value, "offset", -(2**63), INT64[1])
     if offset < 0:
         raise RequestError(400, f"'offset' must be >= 0, 'earliest' or 'latest' (got {value})")
     return offset
@@ -94,15 +151,14 @@ def start_offset(value: str | None) -> int | str | None:
 def timestamp(value: str) -> int:
     """Milliseconds since the epoch, from an integer or an ISO-8601 time (UTC if it says no
     zone)."""
-    try:
-        return int(value)
-    except ValueError:
-        pass
-    moment = clock.parse_iso_time(value)
+    if value.lstrip("-").isdigit():
+        return integer(value, "timestamp")
+    moment = clock.parse_iso_time(value[:64])
     if moment is None:
         raise RequestError(
             400,
-            f"'timestamp' must be milliseconds since the epoch or an ISO-8601 time (got {value!r})",
+            "'timestamp' must be milliseconds since the epoch or an ISO-8601 time "
+            f"(got {value[:64]!r})",
         )
     return int(moment.timestamp() * 1000)
 

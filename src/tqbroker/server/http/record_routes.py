@@ -12,7 +12,6 @@ Responsibilities:
 
 from __future__ import annotations
 
-import json
 import logging
 
 import trio
@@ -106,7 +105,7 @@ def record_at(batch: WriteBatch, i: int, limit: int) -> ProducerRecord:
     raw_headers = batch.headers[i]
     try:
         key = batch.keys[i].decode()
-        headers = json.loads(raw_headers, parse_constant=inputs.no_constants) if raw_headers else {}
+        headers = inputs.parse_json(raw_headers, f"record {i}'s headers") if raw_headers else {}
     except (ValueError, RecursionError) as exc:
         raise RequestError(400, f"record {i}: {exc}") from None
     if len(batch.keys[i]) > 255:

@@ -29,11 +29,12 @@ log = logging.getLogger(__name__)
 
 async def declare_topic(request: Request) -> Response:
     """``PUT /topics/{topic}``: a partitioned stream, 201 if created, 200 if it was there."""
+    vhost = await vhost_of(request)  # credentials before the body is read
     body = await inputs.json_object(request)
     count = inputs.integer(body.get("partitions", 1), "partitions")
     arguments = inputs.field_table(body.get("arguments", {}), "arguments")
     topic = request.path_params["topic"]
-    created = await topics.declare(await vhost_of(request), topic, count, arguments)
+    created = await topics.declare(vhost, topic, count, arguments)
     return JSONResponse(
         {"topic": topic, "partitions": count, "created": created},
         status_code=201 if created else 200,
@@ -128,7 +129,7 @@ def _record_json(record: ConsumerRecord) -> dict[str, Any]:
         "partition": record.partition,
         "offset": record.offset,
         "timestamp": record.timestamp_ms,
-        "key": record.key,
+        "key": json_value(record.key),  # a key AMQP stored undecodable is shown replaced
         "headers": json_value(record.headers),
         "value": value,
         "encoding": encoding,
