@@ -109,22 +109,43 @@ def closed_within(sock: socket.socket, seconds: float) -> float | None:
     return None
 
 
+@contextmanager
+def peak_rss(pid: int) -> Iterator[list[float]]:
+    """The highest RSS (MB) sampled every 10 ms while the block runs."""
+    peak = [rss_mb(pid)]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], rss_mb(pid))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        thread.join()
+
+
 def probe_big(b: BrokerProcess) -> None:
     """An unauthenticated PUT /topics/x with 64 MiB of JSON."""
     body = b"[" + b"{}," * ((64 << 20) // 3 - 1) + b"0]"
     before = rss_mb(b.proc.pid)
-    with Canary(b.url) as canary:
+    with Canary(b.url) as canary, peak_rss(b.proc.pid) as peak:
         start = time.perf_counter()
-        response = httpx.put(
-            f"{b.http_url}/topics/x",
-            content=body,
-            timeout=60,
-            headers={"content-type": "application/json"},
-        )
+        try:
+            code: object = httpx.put(
+                f"{b.http_url}/topics/x",
+                content=body,
+                timeout=60,
+                headers={"content-type": "application/json"},
+            ).status_code
+        except httpx.HTTPError as exc:
+            code = repr(exc)
         took = time.perf_counter() - start
     print(
-        f"big: {response.status_code} in {took:.2f}s; RSS {before:.0f} -> "
-        f"{rss_mb(b.proc.pid):.0f} MB; {canary.summary()}"
+        f"big: {code} in {took:.2f}s; RSS {before:.0f} -> peak {peak[0]:.0f} MB; {canary.summary()}"
     )
     body = b"[" + b"[]," * ((16 << 20) // 3 - 1) + b"0]"
     with Canary(b.url) as canary:
@@ -136,7 +157,8 @@ def probe_big(b: BrokerProcess) -> None:
 
 def probe_headers(b: BrokerProcess, count: int = 2000, wait: float = 40) -> None:
     """Connections that send complete headers and never the body."""
-    head = b"PUT /topics/x HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n"
+    head = b"PUT /topics/x HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n"
+    head += f"authorization: {AUTH}\r\n\r\n".encode()
     socks = []
     with Canary(b.url) as canary:
         for _ in range(count):
@@ -145,6 +167,7 @@ def probe_headers(b: BrokerProcess, count: int = 2000, wait: float = 40) -> None
             except OSError as exc:
                 print(f"headers: connect failed after {len(socks)}: {exc}")
                 break
+        opened = time.monotonic()
         time.sleep(1)
         held = fds(b.proc.pid)
         start = time.monotonic()
@@ -153,8 +176,9 @@ def probe_headers(b: BrokerProcess, count: int = 2000, wait: float = 40) -> None
         after = fds(b.proc.pid)
         health = httpx.get(f"{b.http_url}/health", timeout=5).status_code
     print(
-        f"headers-no-body x{len(socks)}: broker fds {held} -> {after} after "
-        f"{time.monotonic() - start:.0f}s; /health {health}; {canary.summary()}"
+        f"headers-no-body x{len(socks)} (authenticated): broker fds {held} -> {after} "
+        f"{time.monotonic() - opened:.0f}s after the last opened; /health {health}; "
+        f"{canary.summary()}"
     )
     for s in socks:
         s.close()
@@ -185,23 +209,37 @@ def probe_idle(b: BrokerProcess, wait: float = 60) -> None:
     print(f"silent connection: closed after {closed_within(sock, wait)}s (waited {wait}s)")
 
 
-def probe_cap(b: BrokerProcess, count: int = 3000) -> None:
+def probe_cap(b: BrokerProcess, count: int = 1500) -> None:
+    """Header-only connections against a broker limited to 1,024 descriptors: can a new AMQP
+    client still connect?"""
+    head = b"PUT /topics/x HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n"
+    head += f"authorization: {AUTH}\r\n\r\n".encode()
     socks = []
     for _ in range(count):
         try:
-            socks.append(raw(b.http_port or 0, b"GET /health HTTP/1.1\r\n"))
+            socks.append(raw(b.http_port or 0, head))
         except OSError as exc:
             print(f"cap: connect failed after {len(socks)}: {exc}")
             break
     time.sleep(2)
     held = fds(b.proc.pid)
-    with Canary(b.url) as canary:
-        try:
-            code: object = httpx.get(f"{b.http_url}/health", timeout=5).status_code
-        except httpx.HTTPError as exc:
-            code = repr(exc)
-        time.sleep(1)
-    print(f"cap: {len(socks)} connections -> broker fds {held}; /health {code}; {canary.summary()}")
+    start = time.perf_counter()
+    try:
+        connection = pika.BlockingConnection(
+            pika.URLParameters(b.url + "?socket_timeout=5&blocked_connection_timeout=5")
+        )
+        connection.close()
+        amqp = f"ok in {time.perf_counter() - start:.3f}s"
+    except Exception as exc:
+        amqp = f"failed after {time.perf_counter() - start:.1f}s: {exc!r}"[:120]
+    try:
+        code: object = httpx.get(f"{b.http_url}/health", timeout=5).status_code
+    except httpx.HTTPError as exc:
+        code = repr(exc)
+    print(
+        f"cap: {len(socks)} header-only connections -> broker fds {held}; new AMQP {amqp}; "
+        f"/health {code}"
+    )
     for s in socks:
         s.close()
 
@@ -297,7 +335,7 @@ PROBES: dict[str, Callable[[BrokerProcess], None]] = {
 def main() -> None:
     names = sys.argv[1:] or list(PROBES)
     for name in names:
-        with broker(max_open_files=4096 if name == "cap" else None) as b:
+        with broker(max_open_files=1024 if name == "cap" else None) as b:
             PROBES[name](b)
 
 

@@ -129,6 +129,8 @@ def integer(value: object, name: str, low: int = INT64[0], high: int = INT64[1])
     if number is None:
         raise RequestError(400, f"'{name}' must be an integer (got {shown})")
     if not low <= number <= high:
+        if (low, high) == INT64:
+            raise RequestError(400, f"'{name}' is out of range: {number} does not fit in 64 bits")
         raise RequestError(400, f"'{name}' must be between {low} and {high} (got {number})")
     return number
 

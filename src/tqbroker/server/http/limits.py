@@ -47,6 +47,9 @@ _OVERLOADED = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
     b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
 )
+# Connections over the cap being answered 503 at once, and how long each may take.
+MAX_REFUSING = 100
+REFUSAL_SECONDS = 0.5
 _ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 
 
@@ -65,11 +68,12 @@ def configure(config: hypercorn.config.Config, limits: HttpLimits) -> None:
 
 
 class _Gate:
-    """The count of open connections, against the cap."""
+    """The count of open connections, against the cap; and of refusals being answered."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
+        self.refusing = 0
         self.refused = 0
 
     def enter(self) -> bool:
@@ -109,7 +113,7 @@ async def serve(
 
     async def handle(stream: Any) -> None:
         if not gate.enter():
-            await _refuse(stream, max_connections, gate.refused)
+            await _refuse(stream, gate)
             return
         try:
             await TCPServer(wrapped, config, context, ConnectionState({}), stream)
@@ -124,21 +128,33 @@ async def serve(
             await context.terminated.set()
 
 
-async def _refuse(stream: Any, limit: int, refused: int) -> None:
-    """Answer 503 on a plaintext connection over the cap (a TLS one is just closed: its
-    handshake would cost what the cap saves) and close it."""
-    if refused == 1 or refused % 1000 == 0:
+async def _refuse(stream: Any, gate: _Gate) -> None:
+    """Answer 503 on a plaintext connection over the cap and close it: the answer is sent,
+    then what the client sent is drained for at most ``REFUSAL_SECONDS`` (closing with unread
+    data would reset the connection and lose the answer). At most ``MAX_REFUSING`` at a time;
+    beyond, and on TLS (a handshake would cost what the cap saves), just closed."""
+    if gate.refused == 1 or gate.refused % 1000 == 0:
         log.warning(
-            "HTTP connection refused: %d open (http_max_connections); %d so far", limit, refused
+            "HTTP connection refused: %d open (http_max_connections); %d refused so far",
+            gate.limit,
+            gate.refused,
         )
-    if not isinstance(stream, trio.SSLStream):
-        message = json.dumps(
-            {"error": "unavailable", "message": f"more than {limit} HTTP connections"}
-        ).encode()
-        with trio.move_on_after(0.5):
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await stream.send_all(_OVERLOADED % (len(message), message))
-    await trio.aclose_forcefully(stream)
+    if isinstance(stream, trio.SSLStream) or gate.refusing >= MAX_REFUSING:
+        await trio.aclose_forcefully(stream)
+        return
+    gate.refusing += 1
+    message = json.dumps(
+        {"error": "unavailable", "message": f"more than {gate.limit} HTTP connections"}
+    ).encode()
+    try:
+        with trio.move_on_after(REFUSAL_SECONDS), contextlib.suppress(trio.BrokenResourceError):
+            await stream.send_all(_OVERLOADED % (len(message), message))
+            await stream.send_eof()
+            while await stream.receive_some(65536):
+                pass
+    finally:
+        gate.refusing -= 1
+        await trio.aclose_forcefully(stream)
 
 
 class BodyDeadline:
