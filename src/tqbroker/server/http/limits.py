@@ -5,8 +5,8 @@ Responsibilities:
 - ``HttpLimits``: the limits (``http_max_connections``, ``http_idle_timeout``,
   ``http_body_timeout`` in the broker's configuration);
 - ``serve``: hypercorn's Trio worker loop (``hypercorn.trio.serve``'s) with a connection cap:
-  over ``max_connections`` open HTTP connections, a new one is answered 503 and closed at once,
-  so that the broker's descriptors stay for AMQP; hypercorn's ``keep_alive_timeout`` closes a
+  over ``max_connections`` open HTTP connections (at most half the descriptor limit), a new one
+  is answered 503 and closed at once, so that the broker's descriptors stay for AMQP; hypercorn's ``keep_alive_timeout`` closes a
   connection that has not sent a complete request head within the idle timeout of opening or
   of its previous response (slow headers, idle keep-alive);
 - ``BodyDeadline``: an ASGI middleware bounding the wait for a request body: it must arrive
@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import re
+import resource
 from collections.abc import MutableMapping
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -58,6 +59,21 @@ class HttpLimits:
     max_connections: int = 1000
     idle_timeout: float = 15.0
     body_timeout: float = 30.0
+
+
+def connection_cap(configured: int) -> int:
+    """The cap in effect: ``configured``, but at most half the process's descriptor limit
+    (``RLIMIT_NOFILE``), so that AMQP connections and the stores' files keep the other half."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or configured <= soft // 2:
+        return configured
+    log.warning(
+        "http_max_connections %d lowered to %d: half the descriptor limit (ulimit -n %d)",
+        configured,
+        soft // 2,
+        soft,
+    )
+    return max(1, soft // 2)
 
 
 def configure(config: hypercorn.config.Config, limits: HttpLimits) -> None:
@@ -109,7 +125,7 @@ async def serve(
             listener = trio.SSLListener(listener, context_ssl, https_compatible=True)
         listeners.append(listener)
         binds.append(f"{scheme}://{repr_socket_addr(sock.family, sock.getsockname())}")
-    gate = _Gate(max_connections)
+    gate = _Gate(connection_cap(max_connections))
 
     async def handle(stream: Any) -> None:
         if not gate.enter():
