@@ -6,9 +6,10 @@ Responsibilities:
   ``http_body_timeout`` in the broker's configuration);
 - ``serve``: hypercorn's Trio worker loop (``hypercorn.trio.serve``'s) with a connection cap:
   over ``max_connections`` open HTTP connections (at most half the descriptor limit), a new one
-  is answered 503 and closed at once, so that the broker's descriptors stay for AMQP; hypercorn's ``keep_alive_timeout`` closes a
-  connection that has not sent a complete request head within the idle timeout of opening or
-  of its previous response (slow headers, idle keep-alive);
+  is answered 503 and closed at once, so that the broker's descriptors stay for AMQP;
+  hypercorn's ``keep_alive_timeout`` closes a connection that has not sent a complete request
+  head within the idle timeout of opening or of its previous response (slow headers, idle
+  keep-alive);
 - ``BodyDeadline``: an ASGI middleware bounding the wait for a request body: it must arrive
   within ``body_timeout`` seconds, plus one second per ``BODY_RATE`` bytes received (a slow
   but steady upload goes on; a client that sends headers and then nothing, or a trickle, is
