@@ -2,13 +2,14 @@
 started from this checkout, with a pika canary (``queue_declare(passive=True)`` round trips)
 timed while each abuse runs. Prints one line per probe.
 
-    python benchmarks/http_abuse_probe.py [probe ...]   # probes: big, headers, slowloris,
+    python benchmarks/http_abuse_probe.py [probe ...]   # probes: big, maxjson, headers, slowloris,
                                                         # idle, cap, json, stored, ints, escapes
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import sys
 import tempfile
@@ -153,6 +154,27 @@ def probe_big(b: BrokerProcess) -> None:
             f"{b.http_url}/topics/x", content=body, timeout=60, headers={"authorization": AUTH}
         )
     print(f"big authenticated 16 MiB of []: {response.status_code}; {canary.summary()}")
+
+
+def probe_maxjson(b: BrokerProcess) -> None:
+    """The largest JSON bodies accepted: ~100,000 tokens (19,000 records), and one 16 MiB value
+    (encoded before the canary starts: the client's own work is not the broker's)."""
+    with httpx.Client(base_url=b.http_url, auth=("guest", "guest"), timeout=60) as c:
+        c.put("/topics/j", json={"partitions": 1})
+        records = [{"value": "x", "key": str(i)} for i in range(19_000)]
+        many = json.dumps({"records": records}).encode()
+        big = json.dumps({"value": "v" * (16 << 20)}).encode()
+        for label, body in (("19,000 records (~95,000 tokens)", many), ("one 16 MiB value", big)):
+            with Canary(b.url) as canary:
+                code = c.post("/topics/j/messages", content=body).status_code
+            print(f"maxjson {label}: {code}; {canary.summary()}")
+        with Canary(b.url) as canary:
+            connection = pika.BlockingConnection(pika.URLParameters(b.url))
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.basic_publish("", "j-0", b"v" * (16 << 20))
+            connection.close()
+        print(f"baseline: the same 16 MiB value published over AMQP; {canary.summary()}")
 
 
 def probe_headers(b: BrokerProcess, count: int = 2000, wait: float = 40) -> None:
@@ -321,6 +343,7 @@ def probe_escapes(b: BrokerProcess) -> None:
 
 PROBES: dict[str, Callable[[BrokerProcess], None]] = {
     "big": probe_big,
+    "maxjson": probe_maxjson,
     "headers": probe_headers,
     "slowloris": probe_slowloris,
     "idle": probe_idle,

@@ -27,7 +27,8 @@ from tqbroker.broker.streams.topics import ProducerRecord
 from tqbroker.config import BrokerConfig, UserConfig
 from tqbroker.recordbatch import BinaryColumn, WriteBatch, encode_write
 from tqbroker.server.http import create_app
-from tqbroker.server.http.inputs import MAX_JSON_VALUES, MAX_REQUEST_BYTES
+from tqbroker.server.http.inputs import MAX_REQUEST_BYTES
+from tqbroker.server.http.jsonbody import MAX_JSON_VALUES
 from tqbroker.server.http.limits import serve
 from tqbroker.server.registry import Connections
 from tqbroker.testing import RunningBroker, running_broker, start_broker
@@ -46,6 +47,11 @@ def nested(depth: int) -> Any:
     for _ in range(depth):
         value = {"a": value}
     return value
+
+
+def large(record: bytes) -> bytes:
+    """A produce body of the record 9,000 times (over 64 KiB: parsed piecewise)."""
+    return b'{"records": [' + record * 9000 + b"]}"
 
 
 def tqw1(headers: bytes = b"", key: bytes = b"k") -> bytes:
@@ -113,6 +119,10 @@ CASES = [
     c("not UTF-8", "PUT", "/topics/u", 400, "not JSON", content=b'{"a": "\xff"}'),
     c("deep JSON", "PUT", "/topics/u", 400, "deep", content=b"[" * 100_000),
     c("deep object", "PATCH", "/topics/t", 400, "deep", json=nested(70)),
+    # Bodies of 64 KiB or more are parsed piecewise (jsonbody.parse_json_paced): same answers.
+    c("large, bad", "POST", M, 400, "not JSON", content=large(b'{"value": "x"},')),
+    c("large, deep", "POST", M, 400, "deep", json={"records": [{"headers": nested(70)}] * 600}),
+    c("large, NaN", "POST", M, 400, "not a JSON number", content=large(b'{"value": NaN},')),
     c("api deep JSON", "PUT", Q, 400, "deep", json=nested(70)),
     c("api deep JSON 2", "PUT", "/api/exchanges/%2F/e", 400, "deep", content=b"[" * 100_000),
     c("partitions text", "PUT", "/topics/u", 400, "must be an integer", json={"partitions": "a"}),

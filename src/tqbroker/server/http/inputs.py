@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import logging
-import re
 from typing import Any
 
 from starlette.datastructures import QueryParams
@@ -25,27 +23,14 @@ from ... import clock
 from ...broker.streams.topics import ProducerRecord
 from ...protocol.codec import MAX_TABLE_DEPTH, FieldTable, FieldValue
 from .errors import RequestError
+from .jsonbody import parse_json_paced
 from .limits import body_timed_out
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_READ_BYTES = 1024 * 1024  # as Kafka's max.partition.fetch.bytes
-# JSON is parsed on the event loop (the C parser holds the GIL: a worker thread would not
-# let other clients run either), ~0.1 us a value: a body may hold at most this many values
-# (a pause of ~10-20 ms), counted before parsing. More: several requests, or the columnar
-# records route.
-MAX_JSON_VALUES = 100_000
-MAX_JSON_DEPTH = 64
 INT64 = (-(2**63), 2**63 - 1)
-# A body opening with more nested arrays or objects than that (so it is refused as too deep
-# even when it is also too big to parse).
-_DEEP_START = re.compile(rb'(?:\s*(?:"(?:[^"\\]|\\.)*"\s*:\s*)?[\[{]){%d}' % (MAX_JSON_DEPTH + 1))
-
-
-def no_constants(name: str) -> Any:
-    """``json.loads``'s ``parse_constant``: NaN and the infinities are not JSON numbers."""
-    raise ValueError(f"{name} is not a JSON number")
 
 
 async def read_body(request: Request) -> bytes:
@@ -66,49 +51,13 @@ async def read_body(request: Request) -> bytes:
     return bytes(raw)
 
 
-def parse_json(raw: bytes, what: str = "the request body") -> Any:
-    """``raw`` as JSON: at most ``MAX_JSON_VALUES`` values (413, counted before parsing: an
-    upper bound from its commas, colons and brackets) nested at most ``MAX_JSON_DEPTH`` deep
-    (400); NaN and the infinities refused. ``ValueError`` (not JSON) is the caller's to word."""
-    brackets = raw.count(b"[") + raw.count(b"{")
-    values = brackets + raw.count(b",") + raw.count(b":") + 1
-    too_deep = RequestError(400, f"{what} is nested too deep (over {MAX_JSON_DEPTH} levels)")
-    if values > MAX_JSON_VALUES:
-        if _DEEP_START.match(raw):
-            raise too_deep
-        raise RequestError(413, f"{what} holds more than {MAX_JSON_VALUES} JSON values")
-    try:
-        body = json.loads(raw, parse_constant=no_constants)
-    except RecursionError:
-        raise too_deep from None
-    if brackets > MAX_JSON_DEPTH and _depth(body) > MAX_JSON_DEPTH:
-        raise too_deep
-    return body
-
-
-def _depth(value: Any) -> int:
-    """How deep JSON arrays and objects nest in ``value`` (iterative: no recursion limit)."""
-    deepest = 0
-    pending = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        if isinstance(item, dict):
-            item = item.values()
-        elif not isinstance(item, list):
-            continue
-        deepest = max(deepest, depth)
-        if depth <= MAX_JSON_DEPTH:
-            pending.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
-    return deepest
-
-
 async def json_object(request: Request) -> dict[str, Any]:
     """The body as a JSON object (an empty body is ``{}``)."""
     raw = await read_body(request)
     if not raw:
         return {}
     try:
-        body = parse_json(raw)
+        body = await parse_json_paced(raw)
     except ValueError as exc:
         raise RequestError(400, f"the request body is not JSON: {exc}") from None
     if not isinstance(body, dict):

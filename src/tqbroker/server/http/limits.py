@@ -80,6 +80,7 @@ def connection_cap(configured: int) -> int:
 def configure(config: hypercorn.config.Config, limits: HttpLimits) -> None:
     """Set hypercorn's own limits from ``limits``."""
     config.keep_alive_timeout = limits.idle_timeout
+    config.ssl_handshake_timeout = limits.idle_timeout  # with TLS: the handshake too
     config.h11_max_incomplete_size = MAX_HEAD_BYTES
     config.h2_max_header_list_size = MAX_HEAD_BYTES
 

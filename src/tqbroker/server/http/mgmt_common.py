@@ -34,7 +34,8 @@ from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, ReplyCode
 from .auth import broker_of, user_of
 from .errors import ApiError, RequestError
-from .inputs import field_table, parse_json, read_body
+from .inputs import field_table, read_body
+from .jsonbody import parse_json_paced
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 100
@@ -148,7 +149,7 @@ async def json_body(request: Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        body = parse_json(raw)
+        body = await parse_json_paced(raw)
     except ValueError as exc:
         raise bad_request(f"invalid payload: {exc}") from None
     except RequestError as exc:

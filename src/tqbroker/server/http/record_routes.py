@@ -22,7 +22,7 @@ from ...broker.pacing import Pacer, release
 from ...broker.streams import topics
 from ...broker.streams.topics import ProducerRecord
 from ...recordbatch import WriteBatch, decode_write, encode_read
-from . import inputs
+from . import inputs, jsonbody
 from .auth import broker_of, vhost_of
 from .errors import RequestError
 
@@ -105,7 +105,7 @@ def record_at(batch: WriteBatch, i: int, limit: int) -> ProducerRecord:
     raw_headers = batch.headers[i]
     try:
         key = batch.keys[i].decode()
-        headers = inputs.parse_json(raw_headers, f"record {i}'s headers") if raw_headers else {}
+        headers = jsonbody.parse_json(raw_headers, f"record {i}'s headers") if raw_headers else {}
     except (ValueError, RecursionError) as exc:
         raise RequestError(400, f"record {i}: {exc}") from None
     if len(batch.keys[i]) > 255:
