@@ -96,6 +96,7 @@ WRONG = ("guest", "x")
 LIMITED = ("limited", "secret")
 OTHER = {"vhost": "other"}
 EARLIEST = {"to": "earliest"}
+WIDE = b'{"h": "' + b"y" * 5000 + b'"}'  # headers over a 4096-byte frame
 
 # fmt: off
 CASES = [
@@ -140,6 +141,8 @@ CASES = [
     c("header int 2**64", "POST", M, 400, "64 bits", json={**H, "headers": {"h": 2**64}}),
     c("header name 256", "POST", M, 400, "255 bytes", json={**H, "headers": {"h" * 256: 1}}),
     c("headers list", "POST", M, 400, "must be a JSON object", json={**H, "headers": [1]}),
+    c("headers > frame", "POST", M, 400, "cannot carry", json={**H, "headers": {"h": "y" * 5000}}),
+    c("TQW1 headers > frame", "POST", W, 400, "cannot carry", content=tqw1(WIDE)),
     c("partition text", "POST", M, 400, "must be an integer", json={**H, "partition": "p"}),
     c("api arguments deep", "PUT", Q, 400, "deeper than 32", json={"arguments": nested(33)}),
     c("api header int", "POST", "/api/exchanges/%2F/amq.direct/publish", 400, "64 bits",
@@ -201,6 +204,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
         vhosts=("/", "other"),
         users=USERS,
         max_message_size=1024,
+        frame_max=4096,
     )
     with (
         running_broker(config) as running,

@@ -22,6 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from ... import clock
 from ...broker.streams.topics import ProducerRecord
 from ...protocol.codec import MAX_TABLE_DEPTH, FieldTable, FieldValue
+from ...protocol.methods import BasicProperties
 from .errors import RequestError
 from .jsonbody import parse_json_paced
 from .limits import body_timed_out
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_READ_BYTES = 1024 * 1024  # as Kafka's max.partition.fetch.bytes
 INT64 = (-(2**63), 2**63 - 1)
+# A content header frame: frame head (7) and end (1), class, weight and body size (12).
+CONTENT_HEADER_OVERHEAD = 7 + 1 + 12
 
 
 async def read_body(request: Request) -> bytes:
@@ -114,8 +117,9 @@ def timestamp(value: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def producer_record(raw: object, max_size: int) -> ProducerRecord:
-    """A record of a JSON produce (a value of at most ``max_size`` bytes)."""
+def producer_record(raw: object, max_size: int, frame_max: int = 0) -> ProducerRecord:
+    """A record of a JSON produce (a value of at most ``max_size`` bytes; headers that fit in
+    an AMQP frame of ``frame_max`` bytes, ``headers_fit``)."""
     if not isinstance(raw, dict):
         raise RequestError(400, "a record must be a JSON object with a 'value'")
     value = raw.get("value")
@@ -142,7 +146,21 @@ def producer_record(raw: object, max_size: int) -> ProducerRecord:
     if partition is not None:
         partition = integer(partition, "partition")
     headers = field_table(raw.get("headers", {}), "headers")
+    headers_fit(headers, frame_max)
     return ProducerRecord(body, key, headers, partition)
+
+
+def headers_fit(headers: FieldTable, frame_max: int) -> None:
+    """Headers an AMQP consumer can be sent: their content header frame within ``frame_max``
+    (the broker's; 0 is no limit), as an AMQP publisher's must be (400)."""
+    if not frame_max or not headers:
+        return
+    size = len(BasicProperties(headers=dict(headers), delivery_mode=2).encode())
+    if size + CONTENT_HEADER_OVERHEAD > frame_max:
+        raise RequestError(
+            400,
+            f"'headers' take {size} bytes: an AMQP frame (frame_max {frame_max}) cannot carry them",
+        )
 
 
 def _utf8(text: str, name: str) -> bytes:

@@ -51,11 +51,11 @@ async def produce(request: Request) -> Response:
     raw = [body] if single else body["records"]
     if not isinstance(raw, list) or not raw:
         raise RequestError(400, "'records' must be a non-empty list of records")
-    max_size = broker_of(request).config.max_message_size
+    config = broker_of(request).config
     records = []
     pacer = Pacer()  # checking 20,000 records takes ~100 ms: other clients go on meanwhile
     for r in raw:
-        records.append(inputs.producer_record(r, max_size))
+        records.append(inputs.producer_record(r, config.max_message_size, config.frame_max))
         await pacer.step()
     landed = await topics.produce(vhost, request.path_params["topic"], records)
     assert landed is not None  # no producer id: never a duplicate
