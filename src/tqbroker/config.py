@@ -185,7 +185,7 @@ class BrokerConfig:
     # closed), seconds to send a complete request head (after connecting or after a response),
     # seconds for a request body (plus one per 64 KiB received; then 408).
     http_max_connections: int = attrs.field(default=1000, validator=_between(1))
-    http_idle_timeout: float = attrs.field(default=15.0, validator=_between(0.001))
+    http_idle_timeout: float = attrs.field(default=5.0, validator=_between(0.001))
     http_body_timeout: float = attrs.field(default=30.0, validator=_between(0.001))
 
 

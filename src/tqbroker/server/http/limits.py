@@ -58,7 +58,7 @@ _ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 @attrs.frozen
 class HttpLimits:
     max_connections: int = 1000
-    idle_timeout: float = 15.0
+    idle_timeout: float = 5.0
     body_timeout: float = 30.0
 
 
