@@ -5,8 +5,9 @@ Responsibilities:
 - ``HttpLimits``: the limits (``http_max_connections``, ``http_idle_timeout``,
   ``http_body_timeout`` in the broker's configuration);
 - ``serve``: hypercorn's Trio worker loop (``hypercorn.trio.serve``'s) with a connection cap:
-  over ``max_connections`` open HTTP connections (at most half the descriptor limit), a new one
-  is answered 503 and closed at once, so that the broker's descriptors stay for AMQP;
+  over ``max_connections`` open HTTP connections (at most a quarter of the descriptor limit per
+  port), a new one is answered 503 and closed at once, so that the broker's descriptors stay
+  for AMQP;
   hypercorn's ``keep_alive_timeout`` closes a connection that has not sent a complete request
   head within the idle timeout of opening or of its previous response (slow headers, idle
   keep-alive);
@@ -63,18 +64,19 @@ class HttpLimits:
 
 
 def connection_cap(configured: int) -> int:
-    """The cap in effect: ``configured``, but at most half the process's descriptor limit
-    (``RLIMIT_NOFILE``), so that AMQP connections and the stores' files keep the other half."""
+    """The cap in effect on one port: ``configured``, but at most a quarter of the process's
+    descriptor limit (``RLIMIT_NOFILE``; the HTTP and the metrics port: half in all), so that
+    AMQP connections and the stores' files keep the rest."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or configured <= soft // 2:
+    if soft == resource.RLIM_INFINITY or configured <= soft // 4:
         return configured
     log.warning(
-        "http_max_connections %d lowered to %d: half the descriptor limit (ulimit -n %d)",
+        "http_max_connections %d lowered to %d: a quarter of the descriptor limit (ulimit -n %d)",
         configured,
-        soft // 2,
+        max(1, soft // 4),
         soft,
     )
-    return max(1, soft // 2)
+    return max(1, soft // 4)
 
 
 def configure(config: hypercorn.config.Config, limits: HttpLimits) -> None:
