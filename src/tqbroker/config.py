@@ -228,6 +228,12 @@ class BrokerConfig:
     http_access_log: bool = False
     # TLS (amqps, HTTPS): the ``[tls]`` table.
     tls: TlsConfig = attrs.field(factory=TlsConfig)
+    # The HTTP server's limits (server/http/limits.py): open connections (over it, 503 and
+    # closed), seconds to send a complete request head (after connecting or after a response),
+    # seconds for a request body (plus one per 64 KiB received; then 408).
+    http_max_connections: int = attrs.field(default=1000, validator=_between(1))
+    http_idle_timeout: float = attrs.field(default=5.0, validator=_between(0.001))
+    http_body_timeout: float = attrs.field(default=30.0, validator=_between(0.001))
 
 
 class ConfigError(Exception):

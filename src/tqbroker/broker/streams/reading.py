@@ -5,7 +5,14 @@ watermark (the durable end of the log)."""
 from __future__ import annotations
 
 from ..vhost import VirtualHost
-from .topics import MAX_READ, MAX_READ_BYTES, ConsumerRecord, InvalidRequest, partition
+from .topics import (
+    MAX_READ,
+    MAX_READ_BYTES,
+    ConsumerRecord,
+    InvalidRequest,
+    partition,
+    stored_headers,
+)
 
 
 def read(
@@ -44,7 +51,7 @@ def read(
                 record.offset,
                 message.timestamp_ms,
                 message.routing_key,
-                message.properties.headers or {},
+                stored_headers(message),
                 message.body,
             )
         )

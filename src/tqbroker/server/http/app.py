@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import hypercorn.config
-import hypercorn.trio
 import trio
 from hypercorn.typing import Framework
 from starlette.applications import Starlette
@@ -25,6 +24,7 @@ from ..registry import Connections
 from .definitions_routes import get_definitions, post_definitions
 from .errors import EXCEPTION_HANDLERS
 from .health_routes import alarms, health, local_alarms
+from .limits import BodyDeadline, HttpLimits, ValidPaths, configure, serve
 from .metrics_routes import create_metrics_app, metrics, metrics_detailed, metrics_per_object
 from .mgmt_common import RawApiPaths
 from .mgmt_routes import MANAGEMENT_ROUTES
@@ -66,7 +66,11 @@ def create_app(broker: Broker, connections: Connections) -> Starlette:
             *UI_ROUTES,  # the web UI: / and /ui/{name}
         ],
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[Middleware(RawApiPaths)],
+        middleware=[
+            Middleware(ValidPaths),
+            Middleware(BodyDeadline, timeout=broker.config.http_body_timeout),
+            Middleware(RawApiPaths),
+        ],
     )
     app.state.broker = broker
     app.state.connections = connections
@@ -107,7 +111,7 @@ async def serve_http(
     """Serve the HTTP API (or ``make_app``'s, e.g. the metrics port's) on ``host:port`` until
     cancelled, over HTTPS with ``tls``; ``nursery.start`` returns the bound addresses."""
     config = _HttpsConfig(tls) if tls is not None else hypercorn.config.Config()
-    config.ssl_handshake_timeout = broker.config.handshake_timeout
+    config.ssl_handshake_timeout = broker.config.handshake_timeout  # as on the amqps port
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     # The access log (``http_access_log``, off by default): a logger of ours, so it goes where
     # and how the broker logs (logsetup.py); hypercorn's atoms, never a credential header.
@@ -119,10 +123,16 @@ async def serve_http(
         config.accesslog = None
     config.errorlog = log
     config.include_server_header = False
+    limits = HttpLimits(
+        broker.config.http_max_connections,
+        broker.config.http_idle_timeout,
+        broker.config.http_body_timeout,
+    )
+    configure(config, limits)
 
     async def started(*, task_status: trio.TaskStatus[list[str]]) -> None:
         app = cast(Framework, make_app(broker, connections))  # hypercorn's types: any ASGI app
-        await hypercorn.trio.serve(app, config, task_status=task_status)
+        await serve(app, config, limits.max_connections, task_status=task_status)
 
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(started)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from ...broker.streams.topics import Conflict, InvalidRequest, NotFound, TopicError, Unavailable
@@ -32,6 +32,7 @@ _REASONS = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     409: "conflict",
     413: "too_large",
     500: "internal_error",
@@ -112,6 +113,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
 
 
+async def _disconnect(request: Request, exc: Exception) -> Response:
+    """A body that stopped coming (``limits.BodyDeadline`` gave up on it, or the client went)."""
+    return error(408, f"{request.method} {request.url.path}: the request body did not arrive")
+
+
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.exception("HTTP %s %s failed", request.method, request.url.path, exc_info=exc)
     return error(500, f"{request.method} {request.url.path}: internal error (in the log)")
@@ -127,5 +133,6 @@ EXCEPTION_HANDLERS: Mapping[Any, Callable[[Request, Exception], Awaitable[Respon
     RequestError: _request_error,
     TopicError: _topic_error,
     HTTPException: _http_error,
+    ClientDisconnect: _disconnect,
     Exception: _internal_error,
 }

@@ -1,5 +1,7 @@
-"""What a request carries, read and checked: its body (at most ``MAX_REQUEST_BYTES``, 413),
-JSON, integer parameters, offsets, timestamps and the records of a JSON produce.
+"""What a request carries, read and checked: its body (at most ``MAX_REQUEST_BYTES``, 413; 408
+if it does not arrive in time), JSON (at most ``MAX_JSON_VALUES`` values, 413, and
+``MAX_JSON_DEPTH`` levels deep, 400), integer parameters (64-bit), offsets, timestamps and the
+records of a JSON produce.
 
 Values travel as text (``"encoding": "utf-8"``, the default) or base64 (``"encoding":
 "base64"``); timestamps are milliseconds since the epoch or ISO-8601; header values become
@@ -10,27 +12,28 @@ decoder reads). Bad input is a ``RequestError`` (400, or 413 for sizes).
 from __future__ import annotations
 
 import base64
-import json
+import contextlib
 import logging
 from typing import Any
 
 from starlette.datastructures import QueryParams
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from ... import clock
 from ...broker.streams.topics import ProducerRecord
 from ...protocol.codec import MAX_TABLE_DEPTH, FieldTable, FieldValue
+from ...protocol.methods import BasicProperties
 from .errors import RequestError
+from .jsonbody import parse_json_paced
+from .limits import body_timed_out
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_READ_BYTES = 1024 * 1024  # as Kafka's max.partition.fetch.bytes
-
-
-def no_constants(name: str) -> Any:
-    """``json.loads``'s ``parse_constant``: NaN and the infinities are not JSON numbers."""
-    raise ValueError(f"{name} is not a JSON number")
+INT64 = (-(2**63), 2**63 - 1)
+# A content header frame: frame head (7) and end (1), class, weight and body size (12).
+CONTENT_HEADER_OVERHEAD = 7 + 1 + 12
 
 
 async def read_body(request: Request) -> bytes:
@@ -39,10 +42,15 @@ async def read_body(request: Request) -> bytes:
     if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
         raise RequestError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
     raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_REQUEST_BYTES:
-            raise RequestError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
+    try:
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_REQUEST_BYTES:
+                raise RequestError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes")
+    except ClientDisconnect:
+        if body_timed_out(request.scope):
+            raise RequestError(408, "the request body did not arrive in time") from None
+        raise RequestError(400, "the client closed the request before its body") from None
     return bytes(raw)
 
 
@@ -52,28 +60,31 @@ async def json_object(request: Request) -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        body = json.loads(raw, parse_constant=no_constants)
+        body = await parse_json_paced(raw)
     except ValueError as exc:
         raise RequestError(400, f"the request body is not JSON: {exc}") from None
-    except RecursionError:
-        raise RequestError(400, "the request body is nested too deep") from None
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     return body
 
 
-def integer(value: object, name: str) -> int:
-    """An integer parameter ``name``, from a JSON integer or a decimal string."""
-    if isinstance(value, bool):
-        raise RequestError(400, f"'{name}' must be an integer (got {value!r})")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            pass
-    raise RequestError(400, f"'{name}' must be an integer (got {value!r})")
+def integer(value: object, name: str, low: int = INT64[0], high: int = INT64[1]) -> int:
+    """An integer parameter ``name`` between ``low`` and ``high`` (64-bit by default), from a
+    JSON integer or a decimal string."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and len(value) <= 40:
+        with contextlib.suppress(ValueError):
+            number = int(value)
+    shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else "a long text"
+    if number is None:
+        raise RequestError(400, f"'{name}' must be an integer (got {shown})")
+    if not low <= number <= high:
+        if (low, high) == INT64:
+            raise RequestError(400, f"'{name}' is out of range: {number} does not fit in 64 bits")
+        raise RequestError(400, f"'{name}' must be between {low} and {high} (got {number})")
+    return number
 
 
 def max_bytes(query: QueryParams) -> int:
@@ -85,7 +96,7 @@ def start_offset(value: str | None) -> int | str | None:
     """Where a read starts: an offset >= 0, ``earliest``, ``latest`` or None (not given)."""
     if value is None or value in ("earliest", "latest"):
         return value
-    offset = integer(value, "offset")
+    offset = integer(value, "offset", -(2**63), INT64[1])
     if offset < 0:
         raise RequestError(400, f"'offset' must be >= 0, 'earliest' or 'latest' (got {value})")
     return offset
@@ -94,21 +105,21 @@ def start_offset(value: str | None) -> int | str | None:
 def timestamp(value: str) -> int:
     """Milliseconds since the epoch, from an integer or an ISO-8601 time (UTC if it says no
     zone)."""
-    try:
-        return int(value)
-    except ValueError:
-        pass
-    moment = clock.parse_iso_time(value)
+    if value.lstrip("-").isdigit():
+        return integer(value, "timestamp")
+    moment = clock.parse_iso_time(value[:64])
     if moment is None:
         raise RequestError(
             400,
-            f"'timestamp' must be milliseconds since the epoch or an ISO-8601 time (got {value!r})",
+            "'timestamp' must be milliseconds since the epoch or an ISO-8601 time "
+            f"(got {value[:64]!r})",
         )
     return int(moment.timestamp() * 1000)
 
 
-def producer_record(raw: object, max_size: int) -> ProducerRecord:
-    """A record of a JSON produce (a value of at most ``max_size`` bytes)."""
+def producer_record(raw: object, max_size: int, frame_max: int = 0) -> ProducerRecord:
+    """A record of a JSON produce (a value of at most ``max_size`` bytes; headers that fit in
+    an AMQP frame of ``frame_max`` bytes, ``headers_fit``)."""
     if not isinstance(raw, dict):
         raise RequestError(400, "a record must be a JSON object with a 'value'")
     value = raw.get("value")
@@ -135,7 +146,21 @@ def producer_record(raw: object, max_size: int) -> ProducerRecord:
     if partition is not None:
         partition = integer(partition, "partition")
     headers = field_table(raw.get("headers", {}), "headers")
+    headers_fit(headers, frame_max)
     return ProducerRecord(body, key, headers, partition)
+
+
+def headers_fit(headers: FieldTable, frame_max: int) -> None:
+    """Headers an AMQP consumer can be sent: their content header frame within ``frame_max``
+    (the broker's; 0 is no limit), as an AMQP publisher's must be (400)."""
+    if not frame_max or not headers:
+        return
+    size = len(BasicProperties(headers=dict(headers), delivery_mode=2).encode())
+    if size + CONTENT_HEADER_OVERHEAD > frame_max:
+        raise RequestError(
+            400,
+            f"'headers' take {size} bytes: an AMQP frame (frame_max {frame_max}) cannot carry them",
+        )
 
 
 def _utf8(text: str, name: str) -> bytes:

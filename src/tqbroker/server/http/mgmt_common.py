@@ -34,7 +34,8 @@ from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, ReplyCode
 from .auth import broker_of, user_of
 from .errors import ApiError, RequestError
-from .inputs import field_table, no_constants, read_body
+from .inputs import field_table, read_body
+from .jsonbody import parse_json_paced
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 100
@@ -92,8 +93,9 @@ class RawApiPaths:
 
 
 def segment(request: Request, name: str) -> str:
-    """A path parameter, percent-decoded (``%2F`` is ``/``)."""
-    return unquote(str(request.path_params[name]))
+    """A path parameter, percent-decoded (``%2F`` is ``/``; ``limits.ValidPaths`` has refused
+    paths that do not decode to UTF-8)."""
+    return unquote(str(request.path_params[name]), errors="strict")
 
 
 async def api_user(request: Request) -> User:
@@ -147,11 +149,11 @@ async def json_body(request: Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw, parse_constant=no_constants)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = await parse_json_paced(raw)
+    except ValueError as exc:
         raise bad_request(f"invalid payload: {exc}") from None
-    except RecursionError:
-        raise bad_request("invalid payload: nested too deep") from None
+    except RequestError as exc:
+        raise ApiError(exc.status, "bad_request", f"invalid payload: {exc.message}") from None
     if not isinstance(body, dict):
         kind = "a string" if isinstance(body, str) else "an array"
         kind = kind if isinstance(body, str | list) else "a scalar"

@@ -12,7 +12,6 @@ Responsibilities:
 
 from __future__ import annotations
 
-import json
 import logging
 
 import trio
@@ -23,7 +22,7 @@ from ...broker.pacing import Pacer, release
 from ...broker.streams import topics
 from ...broker.streams.topics import ProducerRecord
 from ...recordbatch import WriteBatch, decode_write, encode_read
-from . import inputs
+from . import inputs, jsonbody
 from .auth import broker_of, vhost_of
 from .errors import RequestError
 
@@ -67,7 +66,8 @@ async def write_records(request: Request) -> Response:
         raise RequestError(400, f"not a valid TQW1 body: {exc}") from None
     records: list[ProducerRecord] = []
     try:
-        await _records(batch, broker_of(request).config.max_message_size, records)
+        config = broker_of(request).config
+        await _records(batch, config.max_message_size, config.frame_max, records)
         topic = request.path_params["topic"]
         landed = await topics.produce(vhost, topic, records, producer=producer)
     finally:
@@ -88,30 +88,33 @@ def _producer(request: Request) -> tuple[str, int] | None:
     return request.headers["x-producer-id"], sequence
 
 
-async def _records(batch: WriteBatch, limit: int, records: list[ProducerRecord]) -> None:
+async def _records(
+    batch: WriteBatch, limit: int, frame_max: int, records: list[ProducerRecord]
+) -> None:
     """Append the batch's records to ``records``, each checked (``record_at``), giving way to
     other clients now and then."""
     pacer = Pacer()
     for i in range(len(batch)):
-        records.append(record_at(batch, i, limit))
+        records.append(record_at(batch, i, limit, frame_max))
         await pacer.step()
 
 
-def record_at(batch: WriteBatch, i: int, limit: int) -> ProducerRecord:
+def record_at(batch: WriteBatch, i: int, limit: int, frame_max: int = 0) -> ProducerRecord:
     """Record ``i`` of the batch, checked: a value of at most ``limit`` bytes (413), a key of
-    UTF-8 within 255 bytes and headers that are a JSON object of field-table values (400)."""
+    UTF-8 within 255 bytes and headers that are a JSON object of field-table values that fit
+    in an AMQP frame of ``frame_max`` bytes (400)."""
     value = batch.values[i]
     if len(value) > limit:
         raise RequestError(413, f"a value is limited to {limit} bytes (got {len(value)})")
     raw_headers = batch.headers[i]
     try:
         key = batch.keys[i].decode()
-        headers = json.loads(raw_headers, parse_constant=inputs.no_constants) if raw_headers else {}
+        headers = jsonbody.parse_json(raw_headers, f"record {i}'s headers") if raw_headers else {}
     except (ValueError, RecursionError) as exc:
         raise RequestError(400, f"record {i}: {exc}") from None
     if len(batch.keys[i]) > 255:
         raise RequestError(400, f"record {i}: a key is limited to 255 bytes")
     partition = batch.partitions[i]
-    return ProducerRecord(
-        value, key, inputs.field_table(headers, "headers"), partition if partition >= 0 else None
-    )
+    table = inputs.field_table(headers, "headers")
+    inputs.headers_fit(table, frame_max)
+    return ProducerRecord(value, key, table, partition if partition >= 0 else None)

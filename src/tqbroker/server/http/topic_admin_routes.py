@@ -158,8 +158,9 @@ async def reset_offsets(request: Request) -> Response:
         value = inputs.integer(body["value"], "value")
     elif to == "datetime" and "value" in body:
         raw = body["value"]
-        value = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
-        if value is None:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            value = inputs.integer(raw, "value")
+        else:
             value = inputs.timestamp(str(raw))
     dry_run = body.get("dry_run", False)
     if not isinstance(dry_run, bool):
