@@ -19,7 +19,7 @@ import pytest
 
 from tqbroker import BrokerConfig
 from tqbroker.broker import definitions_file
-from tqbroker.config import UserConfig
+from tqbroker.config import PermissionConfig, UserConfig
 from tqbroker.testing import RunningBroker, running_broker, start_broker_process
 
 DATA = Path(__file__).parent.parent / "data"
@@ -43,7 +43,12 @@ def topology(document: dict[str, Any], vhost: str = "/") -> dict[str, list[str]]
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[RunningBroker]:
-    users = (UserConfig("guest", "guest"), UserConfig("shopper", "pw", vhosts=("/",)))
+    users = (
+        UserConfig(
+            "guest", "guest", tags=("administrator",), permissions={"/": PermissionConfig()}
+        ),
+        UserConfig("shopper", "pw", tags=("management",), permissions={"/": PermissionConfig()}),
+    )
     config = BrokerConfig(port=0, http_port=0, data_dir=tmp_path / "data", users=users)
     with running_broker(config) as running:
         yield running

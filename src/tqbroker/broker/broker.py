@@ -23,7 +23,6 @@ from typing import Any
 
 import trio
 
-from ..auth import UserStore
 from ..backends.memory import MemoryBackend
 from ..config import BrokerConfig
 from ..fsutil import make_dirs
@@ -49,6 +48,7 @@ from .definitions_snapshot import encode_snapshot
 from .flusher import Flusher
 from .stats import MessageStats, StatsSampler, StatsTotal
 from .supervisor import FailureHandler, Supervisor
+from .users import build_authenticator, open_user_db
 from .vhost import VirtualHost
 
 log = logging.getLogger(__name__)
@@ -71,11 +71,9 @@ class Broker:
         self.flushers = {
             name: Flusher(backend) for name, backend in self.backends.items() if backend.durable
         }
-        self.users = UserStore()
-        for user in config.users:
-            self.users.add(
-                user.name, user.password, loopback_only=user.loopback_only, vhosts=user.vhosts
-            )
+        # The internal user database and the logins through the auth backend chain (users.py).
+        self.users = open_user_db(config)
+        self.authenticator = build_authenticator(config, self.users)
         self.vhosts: dict[str, VirtualHost] = {}
         self.supervisor = Supervisor()
         self.definitions_file = DefinitionsFile(
@@ -152,6 +150,7 @@ class Broker:
         cancelled; then close the backends cleanly."""
         data_dir = self.config.data_dir
         await trio.to_thread.run_sync(make_dirs, data_dir)  # it fsyncs: never on this thread
+        await self.users.save(data_dir)  # the configured users, stored
         # A full disk sets the alarm (publishers blocked) rather than stopping the start.
         await self.disk_monitor.check()
         # Checked before any backend opens: a refused start leaves the data directory as it is.

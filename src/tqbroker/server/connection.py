@@ -518,7 +518,7 @@ class AMQPConnection:
                         "the heartbeat task",
                     )
             case ConnectionOpen():
-                self.vhost = self.handshake.open(method)
+                self.vhost = await self.handshake.open(method)
                 self.vhost.stats.add(self.stats)
             case ConnectionClose():
                 # Release everything (exclusive queues included) before the client hears close-ok.

@@ -1,5 +1,6 @@
-"""Who a request is from and what it may touch: HTTP Basic authentication against the broker's
-users (``loopback_only`` users from loopback only) and the user's vhost permissions.
+"""Who a request is from and what it may touch: HTTP Basic authentication through the broker's
+``Authenticator`` (the same rate limit, failure delay, backends and loopback users as AMQP) and
+the user's vhost access from the auth backend.
 
 Responsibilities:
 - ``broker_of``: the broker the app serves (``app.state.broker``);
@@ -13,10 +14,9 @@ from __future__ import annotations
 import base64
 import logging
 
-import trio
 from starlette.requests import Request
 
-from ...auth import User, is_loopback
+from ...auth import AuthUser, LoginRefused, Peer
 from ...broker.broker import Broker
 from ...broker.vhost import VirtualHost
 from .errors import RequestError
@@ -31,7 +31,12 @@ def broker_of(request: Request) -> Broker:
     return broker
 
 
-async def user_of(request: Request) -> User:
+def peer_of(request: Request) -> Peer:
+    """The request's peer address (not the address the server is bound to)."""
+    return Peer(request.client.host if request.client else "")
+
+
+async def user_of(request: Request) -> AuthUser:
     """The broker user the request's credentials name (401 without valid ones)."""
     broker = broker_of(request)
     scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
@@ -41,12 +46,13 @@ async def user_of(request: Request) -> User:
         username = password = ""
     if scheme.lower() != "basic" or not username:
         raise RequestError(401, "HTTP Basic credentials of a broker user are required")
-    user = await trio.to_thread.run_sync(broker.users.verify, username, password)
-    if user is None:
-        raise RequestError(401, "login refused")
-    if user.loopback_only and not is_loopback(request.client.host if request.client else ""):
-        raise RequestError(401, f"user '{username}' can only connect via localhost")
-    return user
+    try:
+        return await broker.authenticator.login(username, password, peer_of(request))
+    except LoginRefused as refused:
+        log.warning("HTTP login refused: user '%s' - %s", username[:200], refused.reason)
+        if refused.loopback:
+            raise RequestError(401, f"user '{username}' can only connect via localhost") from None
+        raise RequestError(401, "login refused") from None
 
 
 async def vhost_of(request: Request) -> VirtualHost:
@@ -55,7 +61,7 @@ async def vhost_of(request: Request) -> VirtualHost:
     user = await user_of(request)
     username = user.name
     name = request.query_params.get("vhost", "/")
-    if not user.may_open(name):
+    if not await broker.authenticator.chain.check_vhost(user, name, peer_of(request)):
         raise RequestError(403, f"user '{username}' has no access to vhost '{name}'")
     vhost = broker.vhosts.get(name)
     if vhost is None:
