@@ -30,6 +30,7 @@ from .model import (
     TopicPermission,
     User,
     refusal_text,
+    topic_refusal_text,
 )
 from .passwords import DEFAULT_ALGORITHM, check_password, hash_password
 
@@ -58,4 +59,5 @@ __all__ = [
     "is_loopback",
     "load_chain",
     "refusal_text",
+    "topic_refusal_text",
 ]

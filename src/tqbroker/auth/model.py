@@ -131,9 +131,17 @@ class Peer:
     certificate_username: str | None = None
 
 
-def refusal_text(
-    permission: PermissionKind, kind: ResourceKind, name: str, vhost: str, user: str
-) -> str:
-    """RabbitMQ's ACCESS_REFUSED text for a refused resource check, e.g. ``configure access to
-    queue 'q' in vhost '/' refused for user 'bob'``."""
-    return f"{permission} access to {kind} '{name}' in vhost '{vhost}' refused for user '{user}'"
+def refusal_text(kind: ResourceKind, name: str, vhost: str, user: str) -> str:
+    """RabbitMQ 3.10's ACCESS_REFUSED text for a refused resource check (the same for
+    configure, write and read), e.g. ``access to queue 'q' in vhost '/' refused for user
+    'bob'`` (checked against RabbitMQ)."""
+    return f"access to {kind} '{name}' in vhost '{vhost}' refused for user '{user}'"
+
+
+def topic_refusal_text(routing_key: str, exchange: str, vhost: str, user: str) -> str:
+    """RabbitMQ 3.10's text for a refused topic check: ``access to topic 'rk' in exchange
+    'amq.topic' in vhost '/' refused for user 'bob'``."""
+    return (
+        f"access to topic '{routing_key}' in exchange '{exchange}' in vhost '{vhost}' "
+        f"refused for user '{user}'"
+    )

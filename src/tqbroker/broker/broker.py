@@ -48,7 +48,7 @@ from .definitions_snapshot import encode_snapshot
 from .flusher import Flusher
 from .stats import MessageStats, StatsSampler, StatsTotal
 from .supervisor import FailureHandler, Supervisor
-from .users import build_authenticator, open_user_db
+from .users import build_authenticator, grant_default_user, open_user_db
 from .vhost import VirtualHost
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class Broker:
             name: Flusher(backend) for name, backend in self.backends.items() if backend.durable
         }
         # The internal user database and the logins through the auth backend chain (users.py).
-        self.users = open_user_db(config)
+        self.users, self._first_user_start = open_user_db(config)
         self.authenticator = build_authenticator(config, self.users)
         self.vhosts: dict[str, VirtualHost] = {}
         self.supervisor = Supervisor()
@@ -150,7 +150,6 @@ class Broker:
         cancelled; then close the backends cleanly."""
         data_dir = self.config.data_dir
         await trio.to_thread.run_sync(make_dirs, data_dir)  # it fsyncs: never on this thread
-        await self.users.save(data_dir)  # the configured users, stored
         # A full disk sets the alarm (publishers blocked) rather than stopping the start.
         await self.disk_monitor.check()
         # Checked before any backend opens: a refused start leaves the data directory as it is.
@@ -177,6 +176,9 @@ class Broker:
                 )
                 self._restore(stored, dormant)
                 self._restored = True
+                if self._first_user_start:
+                    grant_default_user(self.users, self.config, list(self.vhosts))
+                await self.users.save(data_dir)  # the configured users, stored
                 self.recovery_seconds = time.monotonic() - recovery_started
                 if self.config.load_definitions is not None:
                     await load_definitions(self, self.config.load_definitions)

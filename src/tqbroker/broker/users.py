@@ -34,15 +34,16 @@ def user_from_config(entry: UserConfig) -> User:
     return User(entry.name, password_hash, entry.hashing_algorithm, frozenset(entry.tags))
 
 
-def open_user_db(config: BrokerConfig) -> UserDb:
-    """The stored users with the configured ones applied (StartupError for a bad store)."""
+def open_user_db(config: BrokerConfig) -> tuple[UserDb, bool]:
+    """The stored users with the configured ones applied (StartupError for a bad store), and
+    whether this is the user database's first start (nothing stored yet)."""
     db = UserDb()
     try:
         stored = db.load(config.data_dir)
     except (OSError, UserDbError) as exc:
         raise StartupError(f"cannot load the users: {exc}") from None
     if stored and config.users == DEFAULT_USERS:
-        return db
+        return db, False
     for entry in config.users:
         db.put_user(user_from_config(entry))
         permissions = dict(entry.permissions)
@@ -50,7 +51,19 @@ def open_user_db(config: BrokerConfig) -> UserDb:
             permissions.update({v: PermissionConfig() for v in config.vhosts})
         for vhost, p in permissions.items():
             db.set_permissions(entry.name, vhost, Permission(p.configure, p.write, p.read))
-    return db
+    return db, not stored
+
+
+def grant_default_user(db: UserDb, config: BrokerConfig, vhosts: list[str]) -> None:
+    """On the user database's first start with the default user: ``.*`` for it on every vhost
+    restored from the data directory (a data directory of a tqbroker before users had
+    permissions, where the default user could use every vhost)."""
+    if config.users != DEFAULT_USERS:
+        return
+    for entry in config.users:
+        for vhost in vhosts:
+            if db.permission(entry.name, vhost) is None:
+                db.set_permissions(entry.name, vhost, Permission())
 
 
 def build_authenticator(config: BrokerConfig, db: UserDb) -> Authenticator:

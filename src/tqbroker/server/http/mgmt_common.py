@@ -140,7 +140,7 @@ async def api_user(request: Request) -> ApiUser:
             raise ApiError(401, "not_authorized", "Login failed") from None
         raise
     if not user.tags & MANAGEMENT_TAGS:
-        raise ApiError(401, "not_authorized", "Not management user")
+        raise ApiError(401, "not_authorised", "Not management user")
     broker = broker_of(request)
     names = list(broker.vhosts)
     if not user.tags & {ADMINISTRATOR, MONITORING}:
