@@ -61,9 +61,9 @@ async def vhost_of(request: Request) -> VirtualHost:
     user = await user_of(request)
     username = user.name
     name = request.query_params.get("vhost", "/")
+    vhost = broker.vhosts.get(name)
+    if vhost is None:  # first, as AMQP's connection.open ("vhost x not found")
+        raise RequestError(404, f"no vhost '{name}'")
     if not await broker.authenticator.chain.check_vhost(user, name, peer_of(request)):
         raise RequestError(403, f"user '{username}' has no access to vhost '{name}'")
-    vhost = broker.vhosts.get(name)
-    if vhost is None:
-        raise RequestError(404, f"no vhost '{name}'")
     return vhost
