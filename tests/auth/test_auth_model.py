@@ -12,8 +12,10 @@ import trio
 from tqbroker.auth import (
     AuthChain,
     AuthConfigError,
+    Authenticator,
     AuthUser,
     InternalBackend,
+    LoginRefused,
     Peer,
     Permission,
     PermissionCache,
@@ -160,3 +162,35 @@ def test_an_unknown_backend_is_a_clear_error() -> None:
         load_chain(["ldap"])
     chain = load_chain(["internal"])  # through the entry point, as a third party's
     assert isinstance(chain.backends["internal"], InternalBackend)
+
+
+def test_a_changed_password_is_not_served_from_the_login_cache() -> None:
+    db = _db()
+    authenticator = Authenticator(
+        AuthChain([("internal", InternalBackend(db))]), failure_delay=0, failure_burst=100
+    )
+
+    async def main() -> None:
+        assert (await authenticator.login("bob", "pw", PEER)).name == "bob"
+        db.put_user(User("bob", hash_password("new")))
+        with pytest.raises(LoginRefused):
+            await authenticator.login("bob", "pw", PEER)
+        assert (await authenticator.login("bob", "new", PEER)).name == "bob"
+
+    trio.run(main)
+
+
+def test_loopback_users_log_in_from_a_loopback_peer_only() -> None:
+    db = _db()
+    authenticator = Authenticator(
+        AuthChain([("internal", InternalBackend(db))]), loopback_users=["bob"], failure_delay=0
+    )
+
+    async def main() -> None:
+        for host in ("127.0.0.1", "127.8.0.1", "::1", "::ffff:127.0.0.1"):
+            assert (await authenticator.login("bob", "pw", Peer(host))).name == "bob"
+        with pytest.raises(LoginRefused) as refused:
+            await authenticator.login("bob", "pw", Peer("192.0.2.1"))
+        assert refused.value.loopback
+
+    trio.run(main)
