@@ -55,6 +55,13 @@ def amqp_login(broker: RunningBroker, user: str, password: str) -> bool:
 _clients: dict[str, httpx.Client] = {}
 
 
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _clients:
+        _clients.popitem()[1].close()
+
+
 def http_status(broker: RunningBroker, user: str, password: str) -> httpx.Response:
     """GET /api/whoami (one keep-alive client per broker: a new httpx client costs tens of
     milliseconds of its own, which would swamp the timings)."""

@@ -5,6 +5,7 @@ the user's vhost access from the auth backend.
 Responsibilities:
 - ``broker_of``: the broker the app serves (``app.state.broker``);
 - ``user_of``: the user whose HTTP Basic credentials the request carries (401 otherwise);
+- ``ApiUser``: a management API user, its tags and the vhosts it may see;
 - ``vhost_of``: the request's vhost (the ``vhost`` query parameter, ``/`` by default) once its
   credentials and permissions are checked (401, 403; 404 for an unknown vhost).
 """
@@ -14,9 +15,11 @@ from __future__ import annotations
 import base64
 import logging
 
+import attrs
 from starlette.requests import Request
 
 from ...auth import AuthUser, LoginRefused, Peer
+from ...auth.model import ADMINISTRATOR, MONITORING
 from ...broker.broker import Broker
 from ...broker.vhost import VirtualHost
 from .errors import RequestError
@@ -29,6 +32,37 @@ def broker_of(request: Request) -> Broker:
     broker = request.app.state.broker
     assert isinstance(broker, Broker)
     return broker
+
+
+@attrs.frozen
+class ApiUser:
+    """A management API user: the authenticated user and the vhosts it may see (RabbitMQ's
+    tags: ``administrator`` and ``monitoring`` see every vhost and every user's connections;
+    ``management`` and ``policymaker`` the vhosts they have permissions on, and their own
+    connections)."""
+
+    auth: AuthUser
+    vhosts: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        return self.auth.name
+
+    @property
+    def tags(self) -> frozenset[str]:
+        return self.auth.tags
+
+    @property
+    def is_administrator(self) -> bool:
+        return ADMINISTRATOR in self.auth.tags
+
+    @property
+    def sees_everything(self) -> bool:
+        """Administrator or monitoring: every vhost, every user's connections and channels."""
+        return bool(self.auth.tags & {ADMINISTRATOR, MONITORING})
+
+    def may_open(self, vhost: str) -> bool:
+        return vhost in self.vhosts
 
 
 def peer_of(request: Request) -> Peer:

@@ -22,20 +22,18 @@ from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote
 
-import attrs
 import regex
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ...auth import AuthUser
 from ...auth.model import ADMINISTRATOR, MANAGEMENT_TAGS, MONITORING
 from ...broker.broker import Broker
 from ...broker.pacing import Pacer
 from ...broker.vhost import VirtualHost
 from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, ReplyCode
-from .auth import broker_of, peer_of, user_of
+from .auth import ApiUser, broker_of, peer_of, user_of
 from .errors import ApiError, RequestError
 from .inputs import field_table, no_constants, read_body
 
@@ -97,37 +95,6 @@ class RawApiPaths:
 def segment(request: Request, name: str) -> str:
     """A path parameter, percent-decoded (``%2F`` is ``/``)."""
     return unquote(str(request.path_params[name]))
-
-
-@attrs.frozen
-class ApiUser:
-    """A management API user: the authenticated user and the vhosts it may see (RabbitMQ's
-    tags: ``administrator`` and ``monitoring`` see every vhost and every user's connections;
-    ``management`` and ``policymaker`` the vhosts they have permissions on, and their own
-    connections)."""
-
-    auth: AuthUser
-    vhosts: frozenset[str]
-
-    @property
-    def name(self) -> str:
-        return self.auth.name
-
-    @property
-    def tags(self) -> frozenset[str]:
-        return self.auth.tags
-
-    @property
-    def is_administrator(self) -> bool:
-        return ADMINISTRATOR in self.auth.tags
-
-    @property
-    def sees_everything(self) -> bool:
-        """Administrator or monitoring: every vhost, every user's connections and channels."""
-        return bool(self.auth.tags & {ADMINISTRATOR, MONITORING})
-
-    def may_open(self, vhost: str) -> bool:
-        return vhost in self.vhosts
 
 
 async def api_user(request: Request) -> ApiUser:

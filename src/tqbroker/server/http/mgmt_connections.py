@@ -18,8 +18,8 @@ from ...recordbatch import json_value
 from ..channel import Channel
 from ..connection import AMQPConnection
 from ..registry import Connections, Registered
-from .auth import broker_of
-from .mgmt_common import ApiUser, api_user, listed_vhosts, listing, not_found, segment
+from .auth import ApiUser, broker_of
+from .mgmt_common import api_user, listed_vhosts, listing, not_found, segment
 
 CHANNEL_STATS: tuple[str, ...] = ("publish", "confirm", "return_unroutable", "drop_unroutable")
 CHANNEL_STATS += ("deliver", "deliver_no_ack", "get", "get_no_ack", "get_empty", "redeliver", "ack")

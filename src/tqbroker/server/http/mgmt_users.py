@@ -12,9 +12,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...auth.internal import permission_json, topic_permission_json, user_json
-from .auth import broker_of
+from .auth import ApiUser, broker_of
 from .errors import ApiError
-from .mgmt_common import ApiUser, api_user, api_vhost, listing, not_found, segment
+from .mgmt_common import api_user, api_vhost, listing, not_found, segment
 
 
 async def administrator(request: Request) -> ApiUser:
