@@ -83,7 +83,8 @@ async def user_of(request: Request) -> AuthUser:
     try:
         return await broker.authenticator.login(username, password, peer_of(request))
     except LoginRefused as refused:
-        log.warning("HTTP login refused: user '%s' - %s", username[:200], refused.reason)
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in username[:200])
+        log.warning("HTTP login refused: user '%s' - %s", shown, refused.reason)
         if refused.loopback:
             raise RequestError(401, f"user '{username}' can only connect via localhost") from None
         raise RequestError(401, "login refused") from None
