@@ -1,8 +1,9 @@
 """Broker configuration with embedded defaults: no file is needed to start.
 
 Responsibilities:
-- ``BrokerConfig``: listen address, data directory, protocol limits, timeouts, storage, logging
-  and the initial users and vhosts, each with the default a RabbitMQ user expects; every value is
+- ``BrokerConfig``: listen address, data directory, protocol limits, timeouts, storage, logging,
+  users (``[[users]]``, applied at every start), authentication and vhosts, each with the
+  default a RabbitMQ user expects; every value is
   range-checked by an attrs validator (``SettingError`` names the key), so ``BrokerConfig(...)``
   in Python refuses nonsense as the command line does;
 - ``TlsConfig``: the ``[tls]`` table (RabbitMQ's ``ssl_options`` names: certfile, keyfile,
@@ -26,6 +27,9 @@ import attrs
 import cattrs
 from cattrs.v import format_exception
 
+from .auth.model import compile_pattern
+from .auth.passwords import DEFAULT_ALGORITHM, HashError, validate_hash
+from .auth.sasl import DEFAULT_MECHANISMS, MECHANISMS
 from .resources import parse_limit
 
 MAX_PORT = 65535
@@ -84,6 +88,11 @@ def _not_empty(_instance: object, attribute: attrs.Attribute[Any], value: str) -
         raise SettingError(attribute.name, "must not be empty")
 
 
+def _some(_instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    if not value:
+        raise SettingError(attribute.name, "must name at least one")
+
+
 def _upper(value: object) -> object:
     return value.upper() if isinstance(value, str) else value
 
@@ -100,14 +109,61 @@ def _frame_max(instance: object, attribute: attrs.Attribute[Any], value: int) ->
         )
 
 
+def _permission_pattern(_instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    try:
+        compile_pattern(value)
+    except ValueError as exc:
+        raise SettingError(attribute.name, str(exc)) from None
+
+
+@attrs.frozen
+class PermissionConfig:
+    """A user's configure/write/read patterns on one vhost (RabbitMQ's ``set_permissions``)."""
+
+    configure: str = attrs.field(default=".*", validator=_permission_pattern)
+    write: str = attrs.field(default=".*", validator=_permission_pattern)
+    read: str = attrs.field(default=".*", validator=_permission_pattern)
+
+
+def _user_config(instance: UserConfig, _attribute: object, _value: object) -> None:
+    where = f"users: user '{instance.name}'"
+    if instance.password is not None and instance.password_hash is not None:
+        raise SettingError(where, "give password or password_hash, not both")
+    try:
+        validate_hash(instance.password_hash or "", instance.hashing_algorithm)
+    except HashError as exc:
+        raise SettingError(where, str(exc)) from None
+
+
 @attrs.frozen
 class UserConfig:
-    name: str
-    password: str
-    # Users that may only connect from a loopback address (RabbitMQ's ``loopback_users``).
-    loopback_only: bool = False
-    # The vhosts the user may open; None means every vhost.
-    vhosts: tuple[str, ...] | None = None
+    """A ``[[users]]`` entry: applied on every start, as RabbitMQ's ``load_definitions``
+    (created, or its password, tags and permissions overwritten). ``password`` (plain text, for
+    development: hashed in memory at load) or ``password_hash`` + ``hashing_algorithm``
+    (RabbitMQ's format, ``python -m tqbroker hash-password``); neither: no password (only
+    EXTERNAL logs the user in). ``permissions``: vhost -> patterns."""
+
+    name: str = attrs.field(validator=_not_empty)
+    password: str | None = attrs.field(default=None, repr=False)
+    password_hash: str | None = attrs.field(default=None, repr=False)
+    hashing_algorithm: str = attrs.field(default=DEFAULT_ALGORITHM, validator=_user_config)
+    tags: tuple[str, ...] = ()
+    permissions: Mapping[str, PermissionConfig] = attrs.field(factory=dict)
+
+
+# RabbitMQ's default user: guest/guest, administrator, everything on "/", loopback only
+# (``loopback_users``).
+DEFAULT_USERS = (
+    UserConfig("guest", "guest", tags=("administrator",), permissions={"/": PermissionConfig()}),
+)
+
+
+def _mechanisms(_instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    unknown = [m for m in value if m not in MECHANISMS]
+    if unknown or not value:
+        raise SettingError(
+            attribute.name, f"must be some of {', '.join(MECHANISMS)} (got {', '.join(value)})"
+        )
 
 
 LOGIN_FROM = ("common_name", "distinguished_name", "subject_alternative_name")
@@ -167,7 +223,23 @@ class BrokerConfig:
     http_port: int | None = attrs.field(default=15672, validator=_port)
     data_dir: Path = attrs.field(default=Path("tqbroker-data"), converter=Path)
     vhosts: tuple[str, ...] = ("/",)
-    users: tuple[UserConfig, ...] = (UserConfig("guest", "guest", loopback_only=True),)
+    users: tuple[UserConfig, ...] = DEFAULT_USERS
+    # Users that may log in from a loopback peer address only (RabbitMQ's loopback_users).
+    loopback_users: tuple[str, ...] = ("guest",)
+    # SASL mechanisms offered (RabbitMQ's auth_mechanisms); EXTERNAL only to connections with a
+    # verified client certificate.
+    auth_mechanisms: tuple[str, ...] = attrs.field(
+        default=DEFAULT_MECHANISMS, validator=_mechanisms
+    )
+    # The authentication/authorization backends, in order (RabbitMQ's auth_backends): names in
+    # the entry-point group tqbroker.auth_backends; "internal" is the user database.
+    auth_backends: tuple[str, ...] = attrs.field(default=("internal",), validator=_some)
+    # Constructor options per auth backend name, e.g. {"http": {"user_path": "..."}}.
+    auth_backend_options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    # Failed logins per source address: a burst, then a rate per second; over it a login is
+    # refused before any password check.
+    auth_failure_burst: int = attrs.field(default=10, validator=_between(1))
+    auth_failure_rate: float = attrs.field(default=1.0, validator=_between(0.001))
     # Offered in connection.tune (RabbitMQ's defaults and limits).
     channel_max: int = attrs.field(default=2047, validator=_between(0, MAX_PORT))
     # 0 = no limit (the spec's, as RabbitMQ's frame_max = 0).

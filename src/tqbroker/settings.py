@@ -31,7 +31,7 @@ from .config import OFF_KEYS, BrokerConfig, ConfigError, SettingError, TlsConfig
 
 ENV_PREFIX = "TQBROKER_"
 # Tables: from the file only.
-FILE_ONLY = ("users", "backend_options")
+FILE_ONLY = ("users", "backend_options", "auth_backend_options")
 # The [tls] table's keys, as settings: ``tls_port`` is ``port`` in [tls].
 TLS_PREFIX = "tls_"
 REDACTED = "<redacted>"
@@ -203,12 +203,15 @@ def to_toml(config: BrokerConfig) -> str:
         lines += ["", "[[users]]"]
         for field in attrs.fields(type(user)):
             value = getattr(user, field.name)
+            if field.name == "permissions":
+                value = {vhost: attrs.asdict(p) for vhost, p in value.items()}
             if value is not None:
-                shown = REDACTED if field.name == "password" else value
+                shown = REDACTED if field.name in ("password", "password_hash") else value
                 lines.append(f"{field.name} = {_value(shown)}")
-    for name, options in config.backend_options.items():
-        lines += ["", f"[backend_options.{_key(name)}]"]
-        lines += [f"{_key(key)} = {_value(_redact(key, value))}" for key, value in options.items()]
+    for section in ("backend_options", "auth_backend_options"):
+        for name, options in getattr(config, section).items():
+            lines += ["", f"[{section}.{_key(name)}]"]
+            lines += [f"{_key(k)} = {_value(_redact(k, v))}" for k, v in options.items()]
     return "\n".join(lines) + "\n"
 
 

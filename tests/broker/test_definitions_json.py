@@ -123,7 +123,8 @@ def test_the_schema_mapping_round_trips_any_topology(stored: dict[str, Any]) -> 
 def test_a_rabbitmq_export_reads_as_the_stored_form() -> None:
     document = parse_document(json.loads((DATA / "rabbitmq-3.10-definitions.json").read_text()))
     stored = to_stored(document)
-    assert "users" in document.unmodelled
+    assert "users" not in document.unmodelled
+    assert document.auth["users"][0]["name"] == "guest"
     root = stored["definitions"]["/"]
     queue = next(q for q in root["queues"] if q["name"] == "orders.eu")
     assert queue["backend"] is None  # RabbitMQ's file names none: the broker chooses

@@ -46,7 +46,8 @@ def test_flags_beat_variables_beat_the_file(tmp_path: Path) -> None:
 def test_print_config_redacts_passwords_and_reads_back(tmp_path: Path) -> None:
     (tmp_path / "c.toml").write_text(
         'vhosts = ["/", "staging"]\nmetrics_port = false\nlog_level = "warning"\n'
-        '[[users]]\nname = "app"\npassword = "s3cret-pw"\nvhosts = ["staging"]\n'
+        '[[users]]\nname = "app"\npassword = "s3cret-pw"\n'
+        'tags = ["management"]\n[users.permissions.staging]\nconfigure = "^app-"\n'
         '[backend_options.log]\nfsync = "never"\n'
     )
     done = print_config(tmp_path, "--config", "c.toml", "--log-format", "json")

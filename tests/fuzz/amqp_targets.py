@@ -3,7 +3,7 @@ driven as the server's read loop drives it), the method and field-table codec, c
 properties, and the SASL responses of ``connection.start-ok``.
 
 Documented errors: ``AMQPError`` and ``BadProtocolHeader`` from ``ServerConnection``;
-``DecodeError`` from the codec; ``ValueError`` from ``auth.parse_response``.
+``DecodeError`` from the codec; ``ValueError`` from ``auth.sasl.parse_response``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from tqbroker.auth import parse_response
+from tqbroker.auth.sasl import parse_response
 from tqbroker.protocol._framing import FRAME_HEAD_SIZE
 from tqbroker.protocol.codec import Long, add_long_header, encode_table, read_table, write_table
 from tqbroker.protocol.connection import (

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from rawamqp import RawAMQP
-from tqbroker.auth import parse_response
+from tqbroker.auth.sasl import parse_response
 from tqbroker.backends.log.format import encode_record
 from tqbroker.backends.log.recovery import scan_segment
 from tqbroker.backends.log.segment import Segment, segment_name

@@ -19,7 +19,7 @@ import pytest
 
 from tqbroker import BrokerConfig
 from tqbroker.broker import definitions_file
-from tqbroker.config import UserConfig
+from tqbroker.config import PermissionConfig, UserConfig
 from tqbroker.testing import RunningBroker, running_broker, start_broker_process
 
 DATA = Path(__file__).parent.parent / "data"
@@ -43,7 +43,12 @@ def topology(document: dict[str, Any], vhost: str = "/") -> dict[str, list[str]]
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[RunningBroker]:
-    users = (UserConfig("guest", "guest"), UserConfig("shopper", "pw", vhosts=("/",)))
+    users = (
+        UserConfig(
+            "guest", "guest", tags=("administrator",), permissions={"/": PermissionConfig()}
+        ),
+        UserConfig("shopper", "pw", tags=("management",), permissions={"/": PermissionConfig()}),
+    )
     config = BrokerConfig(port=0, http_port=0, data_dir=tmp_path / "data", users=users)
     with running_broker(config) as running:
         yield running
@@ -60,13 +65,18 @@ def test_a_rabbitmq_export_imports_routes_and_exports_back(
     answer = api.post("/api/definitions", content=EXPORT.read_bytes(), headers=JSON)
     assert answer.status_code == 204, answer.text
     skipped = answer.headers["x-definitions-skipped"]
-    assert "users (1): not modelled by tqbroker" in skipped
-    assert "permissions (1)" in skipped
+    assert "users" not in skipped  # imported, not skipped
+    assert "permissions" not in skipped
     # Durable when answered: the file has it already.
     stored = json.loads((tmp_path / "data" / "definitions.json").read_text())
     assert {q["name"] for q in stored["queues"]} >= {"orders.eu", "events", "lost"}
     exported = api.get("/api/definitions").json()
     assert topology(exported) == topology(json.loads(EXPORT.read_text()))
+    original = json.loads(EXPORT.read_text())
+    # RabbitMQ's users and permissions came in as they were (its guest's hash of "guest"),
+    # beside the broker's own (shopper).
+    assert [u for u in exported["users"] if u["name"] == "guest"] == original["users"]
+    assert original["permissions"][0] in exported["permissions"]
     connection = pika.BlockingConnection(pika.URLParameters(broker.url))
     channel = connection.channel()
     refund = pika.BasicProperties(headers={"kind": "refund"})

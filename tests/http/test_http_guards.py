@@ -14,19 +14,29 @@ import httpx
 import pika
 import pytest
 
+from tqbroker.auth import authenticator as auth_authenticator
 from tqbroker.auth import is_loopback
 from tqbroker.backends.log import segment as segment_module
-from tqbroker.config import BrokerConfig, UserConfig
+from tqbroker.config import BrokerConfig, PermissionConfig, UserConfig
 from tqbroker.recordbatch import BinaryColumn, WriteBatch, encode_write
-from tqbroker.server.http import auth as http_auth
 from tqbroker.testing import RunningBroker, running_broker
 
 pytestmark = pytest.mark.timeout(60)
 
 USERS = (
-    UserConfig("guest", "guest", loopback_only=True),
-    UserConfig("limited", "secret", vhosts=("/",)),
-    UserConfig("remote", "secret"),
+    UserConfig(
+        "guest",
+        "guest",
+        tags=("administrator",),
+        permissions={"/": PermissionConfig(), "other": PermissionConfig()},
+    ),
+    UserConfig("limited", "secret", tags=("management",), permissions={"/": PermissionConfig()}),
+    UserConfig(
+        "remote",
+        "secret",
+        tags=("administrator",),
+        permissions={"/": PermissionConfig(), "other": PermissionConfig()},
+    ),
 )
 STREAM = {"x-queue-type": "stream"}
 
@@ -104,7 +114,7 @@ def test_a_loopback_only_user_is_refused_from_another_address(
         seen.append(host)
         return host == "127.0.0.1"
 
-    monkeypatch.setattr(http_auth, "is_loopback", only_127_0_0_1)
+    monkeypatch.setattr(auth_authenticator, "is_loopback", only_127_0_0_1)
     elsewhere = httpx.HTTPTransport(local_address="127.0.0.2")
     with (
         client(broker, "guest", "guest", transport=elsewhere) as guest_elsewhere,

@@ -13,15 +13,24 @@ import httpx
 import pika
 import pytest
 
-from tqbroker.config import BrokerConfig, UserConfig
+from tqbroker.config import BrokerConfig, PermissionConfig, UserConfig
 from tqbroker.testing import RunningBroker, running_broker
 
 pytestmark = pytest.mark.timeout(60)
 
 USERS = (
-    UserConfig("guest", "guest", loopback_only=True),
-    UserConfig("bob", "bob-secret", vhosts=("other",)),
-    UserConfig("eve", "eve-secret", vhosts=("other",)),
+    UserConfig(
+        "guest",
+        "guest",
+        tags=("administrator",),
+        permissions={"/": PermissionConfig(), "other": PermissionConfig()},
+    ),
+    UserConfig(
+        "bob", "bob-secret", tags=("management",), permissions={"other": PermissionConfig()}
+    ),
+    UserConfig(
+        "eve", "eve-secret", tags=("management",), permissions={"other": PermissionConfig()}
+    ),
 )
 
 

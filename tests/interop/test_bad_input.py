@@ -43,7 +43,7 @@ from rawamqp import (
     method_arguments,
     method_frame,
 )
-from tqbroker.config import BrokerConfig, UserConfig
+from tqbroker.config import BrokerConfig, PermissionConfig, UserConfig
 from tqbroker.protocol.codec import U32
 from tqbroker.protocol.frames import (
     FRAME_BODY,
@@ -477,8 +477,12 @@ def test_r04_wrong_credentials_without_capability_close_tcp(
 NON_LOOPBACK_BROKER = {
     "host": "0.0.0.0",
     "users": (
-        UserConfig("guest", "guest", loopback_only=True),
-        UserConfig("remote", "secret"),
+        UserConfig(
+            "guest", "guest", tags=("administrator",), permissions={"/": PermissionConfig()}
+        ),
+        UserConfig(
+            "remote", "secret", tags=("administrator",), permissions={"/": PermissionConfig()}
+        ),
     ),
 }
 
@@ -581,8 +585,15 @@ def test_r09_open_unknown_vhost(connect: Connect, vhost: str) -> None:
 RESTRICTED = {
     "vhosts": ("/", "restricted"),
     "users": (
-        UserConfig("guest", "guest", loopback_only=True),
-        UserConfig("limited", "secret", vhosts=("/",)),
+        UserConfig(
+            "guest",
+            "guest",
+            tags=("administrator",),
+            permissions={"/": PermissionConfig(), "restricted": PermissionConfig()},
+        ),
+        UserConfig(
+            "limited", "secret", tags=("management",), permissions={"/": PermissionConfig()}
+        ),
     ),
 }
 

@@ -70,7 +70,7 @@ def test_config_file_sets_users_vhosts_and_storage(tmp_path: Path) -> None:
         "[[users]]\n"
         'name = "app"\n'
         'password = "s3cret"\n'
-        'vhosts = ["staging"]\n'
+        "[users.permissions.staging]\n"
         "[backend_options.log]\n"
         'fsync = "never"\n'
     )

@@ -1,4 +1,4 @@
-"""``tqbroker.auth.is_loopback``, where ``loopback_only`` users (guest) may log in from: the
+"""``tqbroker.auth.is_loopback``, where ``loopback_users`` (guest) may log in from: the
 loopback ranges, in every spelling a socket may report them, and nothing else."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from tqbroker.config import BrokerConfig, UserConfig
+from tqbroker.config import BrokerConfig, PermissionConfig, UserConfig
 from tqbroker.testing import RunningBroker, running_broker
 
 ARTIFACTS_ENV = "TQBROKER_UI_ARTIFACTS"
@@ -54,8 +54,18 @@ def other_vhost() -> str:
 def broker(other_vhost: str) -> Iterator[RunningBroker]:
     """guest, and ``ui-viewer`` (password ``viewer``) who may use only the other vhost."""
     users = (
-        UserConfig("guest", "guest", loopback_only=True),
-        UserConfig("ui-viewer", "viewer", vhosts=(other_vhost,)),
+        UserConfig(
+            "guest",
+            "guest",
+            tags=("administrator",),
+            permissions={"/": PermissionConfig(), other_vhost: PermissionConfig()},
+        ),
+        UserConfig(
+            "ui-viewer",
+            "viewer",
+            tags=("management",),
+            permissions={other_vhost: PermissionConfig()},
+        ),
     )
     config = BrokerConfig(port=0, vhosts=("/", other_vhost), users=users)
     with running_broker(config) as running:

@@ -23,7 +23,6 @@ from typing import Any
 
 import trio
 
-from ..auth import UserStore
 from ..backends.memory import MemoryBackend
 from ..config import BrokerConfig
 from ..fsutil import make_dirs
@@ -49,6 +48,7 @@ from .definitions_snapshot import encode_snapshot
 from .flusher import Flusher
 from .stats import MessageStats, StatsSampler, StatsTotal
 from .supervisor import FailureHandler, Supervisor
+from .users import build_authenticator, grant_default_user, open_user_db
 from .vhost import VirtualHost
 
 log = logging.getLogger(__name__)
@@ -71,11 +71,9 @@ class Broker:
         self.flushers = {
             name: Flusher(backend) for name, backend in self.backends.items() if backend.durable
         }
-        self.users = UserStore()
-        for user in config.users:
-            self.users.add(
-                user.name, user.password, loopback_only=user.loopback_only, vhosts=user.vhosts
-            )
+        # The internal user database and the logins through the auth backend chain (users.py).
+        self.users, self._first_user_start = open_user_db(config)
+        self.authenticator = build_authenticator(config, self.users)
         self.vhosts: dict[str, VirtualHost] = {}
         self.supervisor = Supervisor()
         self.definitions_file = DefinitionsFile(
@@ -178,6 +176,9 @@ class Broker:
                 )
                 self._restore(stored, dormant)
                 self._restored = True
+                if self._first_user_start:
+                    grant_default_user(self.users, self.config, list(self.vhosts))
+                await self.users.save(data_dir)  # the configured users, stored
                 self.recovery_seconds = time.monotonic() - recovery_started
                 if self.config.load_definitions is not None:
                     await load_definitions(self, self.config.load_definitions)

@@ -12,9 +12,10 @@ Responsibilities:
   document is checked first (exchange types, queue arguments): a bad one changes nothing.
   RabbitMQ's import keeps an existing exchange or queue that differs from the document and
   ignores a binding whose ends do not exist; so does this one (reported), unless ``strict``
-  (at boot: ``DefinitionsError`` naming it). What tqbroker does not model (users, permissions,
-  policies, parameters) and reserved names (``amq.*``, the empty queue name) are skipped and
-  reported.
+  (at boot: ``DefinitionsError`` naming it). Users, permissions and topic permissions (a
+  whole-broker document) go to the user database: created or overwritten, as RabbitMQ's import.
+  What tqbroker does not model (policies, parameters) and reserved names (``amq.*``, the empty
+  queue name) are skipped and reported.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._version import __version__
+from ..auth.internal import UserDb, UserDbError
 from ..protocol.errors import AMQPError, ReplyCode
 from .arguments import check_declaration
 from .declaring import open_and_declare_queue
@@ -92,11 +94,14 @@ async def export(broker: Broker, vhost: str | None = None) -> dict[str, Any]:
             "exchanges": exchanges,
             "bindings": bindings,
         }
+    auth = broker.users.to_json()
     return {
         **head(__version__),
-        "users": [],
+        "users": auth["users"],
         "vhosts": [{"name": name} for name in names],
-        **{section: [] for section in UNMODELLED if section != "users"},
+        "permissions": auth["permissions"],
+        "topic_permissions": auth["topic_permissions"],
+        **{section: [] for section in UNMODELLED},
         "queues": queues,
         "exchanges": exchanges,
         "bindings": bindings,
@@ -143,6 +148,10 @@ def check(broker: Broker, document: Document) -> list[str]:
         f"{section} ({count}): not modelled by tqbroker"
         for section, count in document.unmodelled.items()
     ]
+    try:
+        UserDb().load_json(document.auth)  # checked on a scratch database: a bad entry, no change
+    except UserDbError as exc:
+        raise DefinitionsError(str(exc)) from None
     for x in document.exchanges:
         if x.name == "" or x.name.startswith("amq."):
             skipped.append(f"{_queue_where(x)}: a reserved name")
@@ -220,6 +229,9 @@ async def import_document(broker: Broker, document: Document, *, strict: bool) -
             conflict(_queue_where(q), exc)
     for b in document.bindings:
         _bind(vhosts[b.vhost], b, skipped, strict=strict)
+    if any(document.auth.values()):
+        broker.users.load_json(document.auth)
+        await broker.users.save(broker.config.data_dir)
     for line in skipped:
         log.info("definitions import: skipped %s", line)
     return skipped
@@ -264,8 +276,10 @@ async def load_definitions(broker: Broker, path: Path) -> None:
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, DefinitionsError
         raise StartupError(f"load_definitions: {path}: {exc}") from None
     log.info(
-        "imported %s: %d exchanges, %d queues, %d bindings (existing ones kept; %d skipped)",
+        "imported %s: %d users, %d exchanges, %d queues, %d bindings (existing ones kept; "
+        "%d skipped)",
         path,
+        len(document.auth.get("users", [])),
         len(document.exchanges),
         len(document.queues),
         len(document.bindings),

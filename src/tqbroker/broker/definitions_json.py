@@ -34,11 +34,10 @@ from ..protocol.codec import FieldTable, FieldValue
 # The RabbitMQ release whose definitions schema this is (its ``rabbit_version``).
 RABBITMQ_VERSION: Final = "3.10.8"
 PRODUCT_NAME: Final = "tqbroker"
+# The sections of the internal user database (``auth.internal`` reads and writes them).
+AUTH_SECTIONS: Final = ("users", "permissions", "topic_permissions")
 # Sections of RabbitMQ's schema that tqbroker does not model (yet): accepted, reported skipped.
 UNMODELLED: Final = (
-    "users",
-    "permissions",
-    "topic_permissions",
     "parameters",
     "global_parameters",
     "policies",
@@ -91,6 +90,9 @@ class Document:
     exchanges: list[ExchangeDef]
     bindings: list[BindingDef]
     unmodelled: dict[str, int]  # section -> entries in it (non-empty sections only)
+    # users, permissions, topic_permissions as the document has them (a whole-broker import
+    # only), checked and applied by the user database.
+    auth: dict[str, list[Any]] = attrs.field(factory=dict)
 
 
 def head(product_version: str, *, vhost_only: bool = False) -> dict[str, Any]:
@@ -252,7 +254,7 @@ def parse_document(document: object, *, vhost: str | None = None) -> Document:
                 decode_table(entry.get("arguments", {}), where),
             )
         )
-    for section in (*UNMODELLED, "vhosts"):
+    for section in (*UNMODELLED, *AUTH_SECTIONS, "vhosts"):
         found = document.get(section)
         if found is not None and not isinstance(found, list):
             raise DefinitionsError(f"'{section}' must be a list")
@@ -263,7 +265,8 @@ def parse_document(document: object, *, vhost: str | None = None) -> Document:
         vhosts += [v for v in dict.fromkeys(named) if v not in vhosts]
     else:
         vhosts = [vhost]
-    return Document(list(dict.fromkeys(vhosts)), queues, exchanges, bindings, unmodelled)
+    auth = {s: list(document.get(s) or []) for s in AUTH_SECTIONS} if vhost is None else {}
+    return Document(list(dict.fromkeys(vhosts)), queues, exchanges, bindings, unmodelled, auth)
 
 
 # -- the stored form (what ``definitions.restore`` reads) and back -----------------------------
@@ -370,8 +373,11 @@ def from_stored(stored: Mapping[str, Any], product_version: str) -> dict[str, An
     names = list(dict.fromkeys([*stored.get("vhosts", []), *per_vhost]))
     return {
         **head(product_version),
-        **{section: [] for section in UNMODELLED},
+        "users": [],
         "vhosts": [{"name": name} for name in names],
+        "permissions": [],
+        "topic_permissions": [],
+        **{section: [] for section in UNMODELLED},
         "queues": [
             queue_json(v, q) for v, defs in per_vhost.items() for q in defs.get("queues", [])
         ],

@@ -45,7 +45,9 @@ def encode_snapshot(vhosts: Mapping[str, VirtualHost]) -> bytes:
         **head(__version__),
         "users": [],
         "vhosts": [{"name": name} for name in vhosts],
-        **{section: [] for section in UNMODELLED if section != "users"},
+        "permissions": [],  # users and permissions are in users.json (auth.internal)
+        "topic_permissions": [],
+        **{section: [] for section in UNMODELLED},
     }
     parts = [_dumps(opening)[:-1]]
     for section, entries in (("queues", queues), ("exchanges", exchanges), ("bindings", bindings)):

@@ -1,12 +1,16 @@
-"""The API for exchange-type plugins: everything a plugin may import from tqbroker.
+"""The API for plugins: everything a plugin may import from tqbroker.
 
 An exchange type is registered under the entry-point group ``tqbroker.exchange_types``
-(``docs/plugins.md``). Plugins import only the names below; everything else in tqbroker is private
+(``docs/plugins.md``); an authentication/authorization backend under ``tqbroker.auth_backends``
+(``AuthBackend``, ``AuthUser``, ``Peer``, ``AuthBackendError``; ``docs/security.md``).
+Plugins import only the names below; everything else in tqbroker is private
 and may change without notice.
 """
 
 from __future__ import annotations
 
+from ..auth.backends import AuthBackend, AuthBackendError
+from ..auth.model import AuthUser, Peer, PermissionKind, ResourceKind
 from ..backends.base import FLUSH_FIRST, FlushFirst, Popped, QueueStore
 from ..clock import now_ms, to_trio
 from ..model import Message
@@ -26,6 +30,9 @@ from .spec import (
 
 __all__ = [
     "FLUSH_FIRST",
+    "AuthBackend",
+    "AuthBackendError",
+    "AuthUser",
     "BasicProperties",
     "Destination",
     "Durability",
@@ -38,9 +45,12 @@ __all__ = [
     "GroupCommit",
     "HoldingRouter",
     "Message",
+    "Peer",
+    "PermissionKind",
     "Popped",
     "PropertyRouter",
     "QueueStore",
+    "ResourceKind",
     "Router",
     "encode_table",
     "now_ms",

@@ -467,7 +467,7 @@ class AMQPConnection:
                         "the heartbeat task",
                     )
             case ConnectionOpen():
-                self.vhost = self.handshake.open(method)
+                self.vhost = await self.handshake.open(method)
                 self.vhost.stats.add(self.stats)
                 if self._on_open is not None:
                     self._on_open()

@@ -2,11 +2,12 @@
 
 Responsibilities:
 - ``connection.start``: the server properties and capabilities, the SASL mechanisms;
-- ``connection.start-ok``: the client's properties and capabilities, SASL PLAIN/AMQPLAIN against
-  the user store (in a thread: the hash is slow), loopback-only users refused from elsewhere; a
-  refusal after a pause, as ``connection.close`` 403 to clients that understand it and a hang-up
+- ``connection.start-ok``: the client's properties and capabilities, SASL PLAIN/AMQPLAIN (or
+  EXTERNAL: the user named by the verified client certificate, ``peer_username``) through the
+  broker's ``Authenticator`` (rate limit, auth backends, loopback users, the pause before a
+  refusal); a refusal as ``connection.close`` 403 to clients that understand it and a hang-up
   for the others; then ``connection.tune``;
-- ``connection.open``: the vhost, if it exists and the user may open it;
+- ``connection.open``: the vhost, if it exists and the auth backend lets the user open it;
 - the log lines of a connection's life, worded as RabbitMQ 3.10 words them ("accepting AMQP
   connection", "user 'guest' authenticated and granted access to vhost '/'", "PLAIN login
   refused: user 'bob' - invalid credentials" -- never the password, "closing AMQP
@@ -22,12 +23,11 @@ import logging
 import platform
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-import trio
+from typing import TYPE_CHECKING, NoReturn
 
 from .._version import __version__
-from ..auth import MECHANISMS, User, is_loopback, parse_response
+from ..auth import AuthUser, LoginRefused, Peer
+from ..auth.sasl import offered_mechanisms, parse_response
 from ..broker.vhost import VirtualHost
 from ..protocol.codec import FieldTable
 from ..protocol.errors import AMQPError, ReplyCode
@@ -88,16 +88,20 @@ class Handshake:
         *,
         peer_username: str | None = None,
     ):
+        """``peer_username``: the user named by the connection's verified TLS client
+        certificate (EXTERNAL is offered only then)."""
         self._broker = broker
-        # The user a verified TLS client certificate names (EXTERNAL), or None.
-        self.peer_username = peer_username
         self._peer = peer
         self._peer_host = peer_host
         self._send = send
         self.capabilities: FieldTable = {}
         self.client_properties: FieldTable = {}
         self.mechanism = ""  # the SASL mechanism the client chose
-        self.user: User | None = None
+        self.user: AuthUser | None = None
+        self.peer_username = peer_username
+        self.mechanisms = offered_mechanisms(
+            broker.config.auth_mechanisms, peer_username is not None
+        )
         self.local = local
         self.vhost_name: str | None = None
         self._accepted_at = time.monotonic()
@@ -148,7 +152,7 @@ class Handshake:
     def start(self) -> None:
         """The client sent the protocol header: ``connection.start``."""
         properties = server_properties(self._broker.config.host)
-        self._send(ConnectionStart(0, 9, properties, " ".join(MECHANISMS), "en_US"))
+        self._send(ConnectionStart(0, 9, properties, " ".join(self.mechanisms), "en_US"))
 
     async def start_ok(self, start_ok: ConnectionStartOk) -> None:
         """Authenticate, then ``connection.tune``."""
@@ -156,31 +160,35 @@ class Handshake:
         self.mechanism = start_ok.mechanism[:64]
         capabilities = start_ok.client_properties.get("capabilities")
         self.capabilities = capabilities if isinstance(capabilities, dict) else {}
-        if start_ok.mechanism not in MECHANISMS:
+        if start_ok.mechanism not in self.mechanisms:
             log.warning(
                 "closing connection %s: unknown authentication mechanism %r",
                 self._peer,
                 start_ok.mechanism[:64],
             )
             raise HangUp  # the spec: close without sending anything further
+        password: str | None
+        if start_ok.mechanism == "EXTERNAL":
+            assert self.peer_username is not None  # offered only with a certificate's user
+            username, password = self.peer_username, None
+        else:
+            try:
+                username, password = parse_response(
+                    start_ok.mechanism, start_ok.response.encode("utf-8", "surrogateescape")
+                )
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise AMQPError(ReplyCode.ACCESS_REFUSED, str(exc), hard=True) from None
+        peer = Peer(self._peer_host, None, self.peer_username)
         try:
-            username, password = parse_response(
-                start_ok.mechanism, start_ok.response.encode("utf-8", "surrogateescape")
-            )
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise AMQPError(ReplyCode.ACCESS_REFUSED, str(exc), hard=True) from None
-        users = self._broker.users
-        user = await trio.to_thread.run_sync(users.verify, username, password)
-        if user is None:
-            self._log_refused(start_ok.mechanism, username, "invalid credentials")
-            await self._refuse_login(
-                f"Login was refused using authentication mechanism {start_ok.mechanism}. "
+            self.user = await self._broker.authenticator.login(username, password, peer)
+        except LoginRefused as refused:
+            self._log_refused(start_ok.mechanism, username, refused.reason)
+            self._refuse_login(
+                f"user '{username}' can only connect via localhost"
+                if refused.loopback
+                else f"Login was refused using authentication mechanism {start_ok.mechanism}. "
                 "For details see the broker logfile."
             )
-        elif user.loopback_only and not is_loopback(self._peer_host):
-            self._log_refused(start_ok.mechanism, username, "can only connect via localhost")
-            await self._refuse_login(f"user '{username}' can only connect via localhost")
-        self.user = user
         config = self._broker.config
         self._send(ConnectionTune(config.channel_max, config.frame_max, config.heartbeat))
 
@@ -196,22 +204,23 @@ class Handshake:
             extra=self.log_fields(user=user, reason=reason),
         )
 
-    async def _refuse_login(self, text: str) -> None:
-        """After a pause, tell clients that understand it (``authentication_failure_close``)
-        with connection.close 403; hang up on the others, as the spec says."""
-        await trio.sleep(self._broker.config.auth_failure_delay)
+    def _refuse_login(self, text: str) -> NoReturn:
+        """Tell clients that understand it (``authentication_failure_close``) with
+        connection.close 403; hang up on the others, as the spec says. (The authenticator
+        paused before refusing.)"""
         if self.capabilities.get("authentication_failure_close") is not True:
             raise HangUp
         raise AMQPError(ReplyCode.ACCESS_REFUSED, text, hard=True)
 
-    def open(self, method: ConnectionOpen) -> VirtualHost:
+    async def open(self, method: ConnectionOpen) -> VirtualHost:
         """``connection.open``: the vhost, if the user may open it (``connection.open-ok``)."""
         name = method.virtual_host
         vhost = self._broker.vhosts.get(name)
         if vhost is None:
             raise AMQPError(ReplyCode.NOT_ALLOWED, f"vhost {name} not found")
         assert self.user is not None  # authenticated before open is allowed
-        if not self.user.may_open(name):
+        peer = Peer(self._peer_host, None, self.peer_username)
+        if not await self._broker.authenticator.chain.check_vhost(self.user, name, peer):
             raise AMQPError(
                 ReplyCode.NOT_ALLOWED,
                 f"access to vhost '{name}' refused for user '{self.user.name}'",

@@ -1,9 +1,11 @@
-"""Who a request is from and what it may touch: HTTP Basic authentication against the broker's
-users (``loopback_only`` users from loopback only) and the user's vhost permissions.
+"""Who a request is from and what it may touch: HTTP Basic authentication through the broker's
+``Authenticator`` (the same rate limit, failure delay, backends and loopback users as AMQP) and
+the user's vhost access from the auth backend.
 
 Responsibilities:
 - ``broker_of``: the broker the app serves (``app.state.broker``);
 - ``user_of``: the user whose HTTP Basic credentials the request carries (401 otherwise);
+- ``ApiUser``: a management API user, its tags and the vhosts it may see;
 - ``vhost_of``: the request's vhost (the ``vhost`` query parameter, ``/`` by default) once its
   credentials and permissions are checked (401, 403; 404 for an unknown vhost).
 """
@@ -13,10 +15,11 @@ from __future__ import annotations
 import base64
 import logging
 
-import trio
+import attrs
 from starlette.requests import Request
 
-from ...auth import User, is_loopback
+from ...auth import AuthUser, LoginRefused, Peer
+from ...auth.model import ADMINISTRATOR, MONITORING
 from ...broker.broker import Broker
 from ...broker.vhost import VirtualHost
 from .errors import RequestError
@@ -31,7 +34,43 @@ def broker_of(request: Request) -> Broker:
     return broker
 
 
-async def user_of(request: Request) -> User:
+@attrs.frozen
+class ApiUser:
+    """A management API user: the authenticated user and the vhosts it may see (RabbitMQ's
+    tags: ``administrator`` and ``monitoring`` see every vhost and every user's connections;
+    ``management`` and ``policymaker`` the vhosts they have permissions on, and their own
+    connections)."""
+
+    auth: AuthUser
+    vhosts: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        return self.auth.name
+
+    @property
+    def tags(self) -> frozenset[str]:
+        return self.auth.tags
+
+    @property
+    def is_administrator(self) -> bool:
+        return ADMINISTRATOR in self.auth.tags
+
+    @property
+    def sees_everything(self) -> bool:
+        """Administrator or monitoring: every vhost, every user's connections and channels."""
+        return bool(self.auth.tags & {ADMINISTRATOR, MONITORING})
+
+    def may_open(self, vhost: str) -> bool:
+        return vhost in self.vhosts
+
+
+def peer_of(request: Request) -> Peer:
+    """The request's peer address (not the address the server is bound to)."""
+    return Peer(request.client.host if request.client else "")
+
+
+async def user_of(request: Request) -> AuthUser:
     """The broker user the request's credentials name (401 without valid ones)."""
     broker = broker_of(request)
     scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
@@ -41,12 +80,14 @@ async def user_of(request: Request) -> User:
         username = password = ""
     if scheme.lower() != "basic" or not username:
         raise RequestError(401, "HTTP Basic credentials of a broker user are required")
-    user = await trio.to_thread.run_sync(broker.users.verify, username, password)
-    if user is None:
-        raise RequestError(401, "login refused")
-    if user.loopback_only and not is_loopback(request.client.host if request.client else ""):
-        raise RequestError(401, f"user '{username}' can only connect via localhost")
-    return user
+    try:
+        return await broker.authenticator.login(username, password, peer_of(request))
+    except LoginRefused as refused:
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in username[:200])
+        log.warning("HTTP login refused: user '%s' - %s", shown, refused.reason)
+        if refused.loopback:
+            raise RequestError(401, f"user '{username}' can only connect via localhost") from None
+        raise RequestError(401, "login refused") from None
 
 
 async def vhost_of(request: Request) -> VirtualHost:
@@ -55,9 +96,9 @@ async def vhost_of(request: Request) -> VirtualHost:
     user = await user_of(request)
     username = user.name
     name = request.query_params.get("vhost", "/")
-    if not user.may_open(name):
-        raise RequestError(403, f"user '{username}' has no access to vhost '{name}'")
     vhost = broker.vhosts.get(name)
-    if vhost is None:
+    if vhost is None:  # first, as AMQP's connection.open ("vhost x not found")
         raise RequestError(404, f"no vhost '{name}'")
+    if not await broker.authenticator.chain.check_vhost(user, name, peer_of(request)):
+        raise RequestError(403, f"user '{username}' has no access to vhost '{name}'")
     return vhost

@@ -39,7 +39,7 @@ _SAFE_FILENAME = re.compile(r"[^A-Za-z0-9._@+-]")
 
 async def _authorised(request: Request, vhost: str | None) -> None:
     user = await api_user(request)
-    if user.vhosts is not None and (vhost is None or not user.may_open(vhost)):
+    if not user.is_administrator and (vhost is None or not user.may_open(vhost)):
         raise ApiError(401, "not_authorised", "Not administrator user")
 
 

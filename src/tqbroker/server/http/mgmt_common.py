@@ -5,8 +5,9 @@ Responsibilities:
   (``not_found()`` is RabbitMQ's ``Object Not Found``);
 - ``RawApiPaths``: ``/api`` paths are routed on the raw path, so a vhost spelled ``%2F`` stays one
   path segment (``segment`` decodes a path parameter);
-- ``api_user``, ``api_vhost``: HTTP Basic credentials and vhost access, answered as RabbitMQ
-  answers (401 ``Login failed``, 404 for an unknown vhost);
+- ``api_user``, ``api_vhost``: HTTP Basic credentials, the user's tags (``ApiUser``: a user
+  without a management tag is refused) and vhost access, answered as RabbitMQ answers (401
+  ``Login failed``, 404 for an unknown vhost);
 - ``listing``: a list answered as RabbitMQ answers one: ``name``/``use_regex`` filtering,
   ``sort``/``sort_reverse``, ``page``/``page_size`` pagination and ``columns=`` selection;
 - ``json_body``, ``flag``: request bodies, including rabbitmqadmin's ``"true"`` strings.
@@ -26,13 +27,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ...auth import User
+from ...auth.model import ADMINISTRATOR, MANAGEMENT_TAGS, MONITORING
 from ...broker.broker import Broker
 from ...broker.pacing import Pacer
 from ...broker.vhost import VirtualHost
 from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, ReplyCode
-from .auth import broker_of, user_of
+from .auth import ApiUser, broker_of, peer_of, user_of
 from .errors import ApiError, RequestError
 from .inputs import field_table, read_body
 from .jsonbody import parse_json_paced
@@ -98,17 +99,26 @@ def segment(request: Request, name: str) -> str:
     return unquote(str(request.path_params[name]), errors="strict")
 
 
-async def api_user(request: Request) -> User:
-    """The user of the request's Basic credentials (401 in RabbitMQ's words otherwise)."""
+async def api_user(request: Request) -> ApiUser:
+    """The user of the request's Basic credentials, with a management tag (401 in RabbitMQ's
+    words otherwise)."""
     try:
-        return await user_of(request)
+        user = await user_of(request)
     except RequestError as exc:
         if exc.status == 401:
             raise ApiError(401, "not_authorized", "Login failed") from None
         raise
+    if not user.tags & MANAGEMENT_TAGS:
+        raise ApiError(401, "not_authorised", "Not management user")
+    broker = broker_of(request)
+    names = list(broker.vhosts)
+    if not user.tags & {ADMINISTRATOR, MONITORING}:
+        chain, peer = broker.authenticator.chain, peer_of(request)
+        names = [n for n in names if await chain.check_vhost(user, n, peer)]
+    return ApiUser(user, frozenset(names))
 
 
-async def api_vhost(request: Request, user: User | None = None) -> VirtualHost:
+async def api_vhost(request: Request, user: ApiUser | None = None) -> VirtualHost:
     """The path's ``{vhost}``, once the user may use it (404 if it does not exist)."""
     user = user or await api_user(request)
     name = segment(request, "vhost")
@@ -120,7 +130,7 @@ async def api_vhost(request: Request, user: User | None = None) -> VirtualHost:
     return vhost
 
 
-def visible_vhosts(broker: Broker, user: User, name: str | None = None) -> list[VirtualHost]:
+def visible_vhosts(broker: Broker, user: ApiUser, name: str | None = None) -> list[VirtualHost]:
     """The vhosts a listing covers: ``name``'s (404 if unknown) or every one the user may use."""
     if name is not None:
         vhost = broker.vhosts.get(name)
@@ -132,7 +142,7 @@ def visible_vhosts(broker: Broker, user: User, name: str | None = None) -> list[
     return [v for n, v in sorted(broker.vhosts.items()) if user.may_open(n)]
 
 
-async def listed_vhosts(request: Request, user: User | None = None) -> list[VirtualHost]:
+async def listed_vhosts(request: Request, user: ApiUser | None = None) -> list[VirtualHost]:
     """The vhosts of a listing route with an optional ``{vhost}`` path parameter."""
     user = user or await api_user(request)
     name = segment(request, "vhost") if "vhost" in request.path_params else None

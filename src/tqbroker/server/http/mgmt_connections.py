@@ -12,7 +12,6 @@ import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...auth import User
 from ...broker.consumer import Consumer
 from ...broker.queue import Queue
 from ...broker.stats import io_stats, message_stats
@@ -21,7 +20,7 @@ from ..certinfo import connection_fields
 from ..channel import Channel
 from ..connection import AMQPConnection
 from ..registry import Connections, Registered
-from .auth import broker_of
+from .auth import ApiUser, broker_of
 from .mgmt_common import api_user, listed_vhosts, listing, not_found, segment
 
 CHANNEL_STATS: tuple[str, ...] = ("publish", "confirm", "return_unroutable", "drop_unroutable")
@@ -159,10 +158,10 @@ def consumer_details(connections: Connections, queue: Queue, node: str) -> list[
     return [consumer_json(c, queue, by_channel.get(id(c.channel))) for c in queue.consumers]
 
 
-def _mine(user: User, entry: Registered) -> bool:
+def _mine(user: ApiUser, entry: Registered) -> bool:
     """Whether ``user`` may see (and close) the connection: an administrator any, another user
     only their own, as RabbitMQ shows them."""
-    return user.vhosts is None or _user(entry.connection) == user.name
+    return user.sees_everything or _user(entry.connection) == user.name
 
 
 async def _visible(request: Request) -> list[Registered]:

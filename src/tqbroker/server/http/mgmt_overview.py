@@ -31,7 +31,6 @@ from .auth import broker_of
 from .errors import ApiError
 from .mgmt_common import api_user, api_vhost, listing, not_found, segment, visible_vhosts
 from .mgmt_connections import connections_of
-from .mgmt_users import user_tags
 
 API_VERSION = "3.10.8"  # the RabbitMQ management API this one follows
 _STARTED = time.monotonic()
@@ -97,8 +96,9 @@ async def overview(request: Request) -> Response:
             "node": broker.node_name,
             "exchange_types": _exchange_types(broker),
             "listeners": _listeners(request),
-            # The node's counters are for administrators (another user's vhosts are in them).
-            "message_stats": message_stats(broker.stats) if user.vhosts is None else {},
+            # The node's counters are for administrators and monitoring users (another user's
+            # vhosts are in them).
+            "message_stats": message_stats(broker.stats) if user.sees_everything else {},
             "queue_totals": totals,
             "object_totals": {
                 "channels": channels,
@@ -116,7 +116,7 @@ async def overview(request: Request) -> Response:
 async def whoami(request: Request) -> Response:
     """``GET /api/whoami`` (tags as ``mgmt_users`` gives them)."""
     user = await api_user(request)
-    return JSONResponse({"name": user.name, "tags": user_tags(user)})
+    return JSONResponse({"name": user.name, "tags": sorted(user.tags)})
 
 
 async def cluster_name(request: Request) -> Response:

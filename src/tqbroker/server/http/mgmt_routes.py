@@ -27,8 +27,6 @@ MANAGEMENT_ROUTES = [
             "/api/operator-policies",
             "/api/parameters",
             "/api/vhost-limits",
-            "/api/topic-permissions",
-            "/api/vhosts/{vhost}/topic-permissions",
             "/api/users/without-permissions",
         )
     ),
@@ -42,6 +40,9 @@ MANAGEMENT_ROUTES = [
     Route("/api/vhosts/{vhost}/connections", connections.list_connections),
     Route("/api/vhosts/{vhost}/channels", connections.list_channels),
     Route("/api/vhosts/{vhost}/permissions", users.vhost_permissions),
+    Route("/api/vhosts/{vhost}/topic-permissions", users.vhost_topic_permissions),
+    Route("/api/topic-permissions", users.topic_permissions),
+    Route("/api/users/{name}/topic-permissions", users.user_topic_permissions),
     Route("/api/users", users.users),
     Route("/api/users/{name}", users.user),
     Route("/api/users/{name}/permissions", users.user_permissions),

@@ -1,52 +1,36 @@
-"""The management API's users and permissions, read-only until users can be managed at runtime
-(the security work), for administrators: ``/api/users[/{name}]``, ``/api/users/{name}/permissions``,
-``/api/permissions`` and ``/api/vhosts/{vhost}/permissions``. A user's permissions are
-RabbitMQ's ``.*`` configure/write/read on every vhost it may use; a user who may use every
-vhost is tagged ``administrator``, another ``management``. Password hashes are never shown.
+"""The management API's users and permissions, read-only here (runtime changes are other
+routes), for administrators: ``/api/users[/{name}]``, ``/api/users/{name}/permissions``,
+``/api/users/{name}/topic-permissions``, ``/api/permissions``, ``/api/topic-permissions``,
+``/api/vhosts/{vhost}/permissions`` and ``/api/vhosts/{vhost}/topic-permissions``, from the
+internal user database: tags as stored, permissions as set. Password hashes are shown to
+administrators only (as RabbitMQ's ``/api/users``), and only administrators reach these routes.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...auth import User
-from .auth import broker_of
+from ...auth.internal import permission_json, topic_permission_json, user_json
+from .auth import ApiUser, broker_of
 from .errors import ApiError
 from .mgmt_common import api_user, api_vhost, listing, not_found, segment
 
 
-async def administrator(request: Request) -> User:
+async def administrator(request: Request) -> ApiUser:
     """The request's user, who must be an administrator (401 ``Not administrator user``
     otherwise, as RabbitMQ answers)."""
     user = await api_user(request)
-    if user.vhosts is not None:
+    if not user.is_administrator:
         raise ApiError(401, "not_authorised", "Not administrator user")
     return user
-
-
-def user_tags(user: User) -> list[str]:
-    return ["administrator"] if user.vhosts is None else ["management"]
-
-
-def _user_json(user: User) -> dict[str, Any]:
-    return {"name": user.name, "tags": user_tags(user), "limits": {}}
-
-
-def _permissions(user: User, vhosts: list[str]) -> list[dict[str, Any]]:
-    return [
-        {"user": user.name, "vhost": v, "configure": ".*", "write": ".*", "read": ".*"}
-        for v in vhosts
-        if user.may_open(v)
-    ]
 
 
 async def users(request: Request) -> Response:
     """``GET /api/users``."""
     await administrator(request)
-    return await listing(request, (_user_json(u) for u in broker_of(request).users.all()))
+    db = broker_of(request).users
+    return await listing(request, (user_json(u, with_hash=True) for u in db.all()))
 
 
 async def user(request: Request) -> Response:
@@ -55,30 +39,53 @@ async def user(request: Request) -> Response:
     found = broker_of(request).users.get(segment(request, "name"))
     if found is None:
         raise not_found()
-    return JSONResponse(_user_json(found))
+    return JSONResponse(user_json(found, with_hash=True))
 
 
 async def user_permissions(request: Request) -> Response:
     """``GET /api/users/{name}/permissions``."""
     await administrator(request)
-    broker = broker_of(request)
-    found = broker.users.get(segment(request, "name"))
-    if found is None:
+    db = broker_of(request).users
+    name = segment(request, "name")
+    if db.get(name) is None:
         raise not_found()
-    return await listing(request, _permissions(found, sorted(broker.vhosts)))
+    return await listing(request, [permission_json(*row) for row in db.permissions_of(user=name)])
+
+
+async def user_topic_permissions(request: Request) -> Response:
+    """``GET /api/users/{name}/topic-permissions``."""
+    await administrator(request)
+    db = broker_of(request).users
+    name = segment(request, "name")
+    if db.get(name) is None:
+        raise not_found()
+    rows = db.topic_permissions_of(user=name)
+    return await listing(request, [topic_permission_json(*row) for row in rows])
 
 
 async def permissions(request: Request) -> Response:
     """``GET /api/permissions``."""
     await administrator(request)
-    broker = broker_of(request)
-    vhosts = sorted(broker.vhosts)
-    return await listing(request, [p for u in broker.users.all() for p in _permissions(u, vhosts)])
+    rows = broker_of(request).users.permissions_of()
+    return await listing(request, [permission_json(*row) for row in rows])
+
+
+async def topic_permissions(request: Request) -> Response:
+    """``GET /api/topic-permissions``."""
+    await administrator(request)
+    rows = broker_of(request).users.topic_permissions_of()
+    return await listing(request, [topic_permission_json(*row) for row in rows])
 
 
 async def vhost_permissions(request: Request) -> Response:
     """``GET /api/vhosts/{vhost}/permissions``."""
     vhost = await api_vhost(request, await administrator(request))
-    return await listing(
-        request, [p for u in broker_of(request).users.all() for p in _permissions(u, [vhost.name])]
-    )
+    rows = broker_of(request).users.permissions_of(vhost=vhost.name)
+    return await listing(request, [permission_json(*row) for row in rows])
+
+
+async def vhost_topic_permissions(request: Request) -> Response:
+    """``GET /api/vhosts/{vhost}/topic-permissions``."""
+    vhost = await api_vhost(request, await administrator(request))
+    rows = broker_of(request).users.topic_permissions_of(vhost=vhost.name)
+    return await listing(request, [topic_permission_json(*row) for row in rows])
