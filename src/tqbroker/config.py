@@ -208,6 +208,9 @@ class BrokerConfig:
     )
     # Seconds a client has from TCP accept to connection.open-ok.
     handshake_timeout: float = attrs.field(default=10.0, validator=_between(0.001))
+    # Connections one source address may have between TCP accept and connection.open-ok; more
+    # are closed at once (0 = no limit).
+    max_pending_handshakes_per_address: int = attrs.field(default=100, validator=_between(0))
     # Seconds open connections get to finish on shutdown before they are cut.
     shutdown_timeout: float = attrs.field(default=5.0, validator=_between(0))
     # Seconds to wait before answering a failed login (slows down password guessing).

@@ -19,6 +19,7 @@ from canary import Canary
 from tqbroker.broker.vhost import VirtualHost
 from tqbroker.model import Message
 from tqbroker.server.connection import AMQPConnection
+from tqbroker.server.writer import ConnectionWriter
 from tqbroker.testing import RunningBroker, running_broker
 
 
@@ -180,11 +181,11 @@ def test_a_bug_in_a_delivery_closes_the_consumers_connection(
 def test_a_bug_in_the_heartbeat_task_closes_its_connection(
     broker: RunningBroker, canary: Canary, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def heartbeat_loop(self: AMQPConnection, interval: float) -> None:
+    async def heartbeats(self: ConnectionWriter, interval: float) -> None:
         await trio.sleep(0.05)
         raise RuntimeError("heartbeat bug")
 
-    monkeypatch.setattr(AMQPConnection, "_heartbeat_loop", heartbeat_loop)
+    monkeypatch.setattr(ConnectionWriter, "heartbeats", heartbeats)
     victim = connect(broker, heartbeat=2)
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
         victim.sleep(3)

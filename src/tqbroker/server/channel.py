@@ -1,12 +1,7 @@
-"""One open AMQP channel of a connection: its methods dispatched (``HANDLERS``), its consumers,
-and the parts of its state kept apart.
+"""One open AMQP channel of a connection: the handlers of its methods (``dispatch.py`` says
+which handles what), its consumers, and the parts of its state kept apart.
 
 Responsibilities:
-- dispatch each method of the exchange, queue, basic, confirm and tx classes to its handler;
-  every handler raises ``AMQPError`` to refuse (the connection then closes the channel or the
-  connection); all are synchronous but those changing durable topology, which return what the
-  connection's reader awaits before the next frame: their ``*-ok`` goes out once the change is
-  written (``broker/definitions_file.py``);
 - publishing (``publishing.py``) into the transaction (``transactions.py``) or the queues, with
   publisher confirms (``confirms.py``) and ``mandatory`` returns;
 - consumers and their prefetch, ``basic.get``, ack / nack / reject / recover over the channel's
@@ -22,8 +17,6 @@ from __future__ import annotations
 import base64
 import logging
 import os
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
 
 import trio
 
@@ -33,69 +26,21 @@ from ..broker.consumer import Consumer
 from ..broker.exchange import Exchange
 from ..broker.queue import Queue
 from ..broker.reply_to import REPLY_TO
-from ..broker.stats import MessageStats, StatsTotal
+from ..broker.stats import MessageStats
 from ..broker.vhost import VirtualHost
 from ..model import Message
 from ..protocol import frames
 from ..protocol import methods as m
 from ..protocol.errors import AMQPError, ReplyCode
+from .channel_host import ChannelHost
 from .confirms import PublisherConfirms, Wait
-from .deliveries import AckDeadlines, Deliveries, Delivery, Settlement, Taken, settle
+from .deliveries import Deliveries, Delivery, Settlement, Taken, settle
 from .publishing import check_publish, route
 from .reply_to import ReplyTo
 from .topology import Topology
 from .transactions import Transaction, commit_error
 
 log = logging.getLogger(__name__)
-
-
-class ChannelHost(AckDeadlines, Protocol):
-    """What a channel needs of its connection (``AMQPConnection``)."""
-
-    @property
-    def stats(self) -> StatsTotal:
-        """The connection's counters: its channels' are parts of it."""
-        ...
-
-    @property
-    def notifies_cancel(self) -> bool:
-        """The client asked for ``basic.cancel`` when a queue deletes its consumer."""
-        ...
-
-    def send_method(self, channel: int, method: m.Method) -> None: ...
-
-    def write_deliver(
-        self,
-        channel: int,
-        consumer_tag: bytes,
-        delivery_tag: int,
-        redelivered: bool,
-        message: Message,
-    ) -> None:
-        """Send ``basic.deliver`` (``consumer_tag`` as a shortstr) with the message."""
-        ...
-
-    def write_get_ok(
-        self, channel: int, delivery_tag: int, redelivered: bool, message: Message, left: int
-    ) -> None: ...
-
-    def write_return(self, channel: int, message: Message) -> None:
-        """Return an unroutable mandatory message (``basic.return`` 312 NO_ROUTE)."""
-        ...
-
-    def can_write(self) -> bool:
-        """False while the client is slow to read what was queued for it."""
-        ...
-
-    def confirms_pending(self, channel: Channel) -> None:
-        """Call ``channel.flush_confirms()`` once the current read batch is handled."""
-        ...
-
-    def fail_channel(self, err: AMQPError) -> None: ...
-
-    def internal_error(self, exc: Exception, where: str) -> None:
-        """A bug in ``where``: close the connection (541)."""
-        ...
 
 
 def _server_name(prefix: str) -> str:
@@ -126,20 +71,6 @@ class Channel:
         # Message counters (``broker/stats.py``), part of the connection's total.
         self.stats = MessageStats()
         host.stats.add(self.stats)
-
-    def handle(self, method: m.Method) -> Awaitable[None] | None:
-        """Carry out one method; raises ``AMQPError`` to refuse it. A change to durable
-        topology returns what to await before its reply is sent (and the next method read)."""
-        handler = HANDLERS.get(type(method))
-        if handler is None:
-            durable = DURABLE_HANDLERS.get(type(method))
-            if durable is not None:
-                return durable(self, method)
-            raise AMQPError(
-                ReplyCode.COMMAND_INVALID, f"{method.NAME} is not a client-to-server method"
-            )
-        handler(self, method)
-        return None
 
     def _send(self, method: m.Method) -> None:
         self.host.send_method(self.number, method)
@@ -429,102 +360,3 @@ class Channel:
             self.confirms = None  # it holds our bound method: a reference cycle
         self.reply_to.close()
         self.host.stats.remove(self.stats)  # its counts stay in the connection's
-
-
-# -- dispatch --------------------------------------------------------------------------------
-
-Handler = Callable[[Channel, Any], None]
-DurableHandler = Callable[[Channel, Any], Awaitable[None]]
-
-
-def _topology(operation: Callable[[Topology, Any], m.Method | None]) -> Handler:
-    """A handler doing an exchange or queue operation and sending its reply (if any)."""
-
-    def handle(channel: Channel, method: m.Method) -> None:
-        reply = operation(channel.topology, method)
-        if reply is not None:
-            channel.host.send_method(channel.number, reply)
-
-    return handle
-
-
-def _durable(operation: Callable[[Topology, Any], m.Method | None]) -> DurableHandler:
-    """A handler doing an exchange or queue operation now, and returning the wait for its
-    durable changes to be written, after which the reply (if any) goes out."""
-
-    def handle(channel: Channel, method: m.Method) -> Awaitable[None]:
-        since = channel.vhost.definitions.mark()
-        return _answer(channel, since, operation(channel.topology, method))
-
-    return handle
-
-
-def _opening(operation: Callable[[Topology, Any], Awaitable[m.Method | None]]) -> DurableHandler:
-    """``_durable``, for an operation that awaits a store opening in a worker thread."""
-
-    async def handle(channel: Channel, method: m.Method) -> None:
-        since = channel.vhost.definitions.mark()
-        await _answer(channel, since, await operation(channel.topology, method))
-
-    return handle
-
-
-async def _answer(channel: Channel, since: int, reply: m.Method | None) -> None:
-    """Send ``reply`` once the durable changes made since ``since`` are written (541 if that
-    failed); nothing if the channel closed meanwhile."""
-    try:
-        await channel.vhost.definitions.wait(since)
-    except AMQPError:
-        if channel.closed:
-            return
-        raise
-    if reply is not None and not channel.closed:
-        channel.host.send_method(channel.number, reply)
-
-
-def _flow(channel: Channel, method: m.ChannelFlow) -> None:
-    if not method.active:
-        raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "active=false")
-    channel.host.send_method(channel.number, m.ChannelFlowOk(True))
-
-
-def _access_request(channel: Channel, _method: m.AccessRequest) -> None:
-    channel.host.send_method(channel.number, m.AccessRequestOk(1))
-
-
-def _ignore(_channel: Channel, _method: m.Method) -> None:
-    """Answers to what the server sent: nothing to do."""
-
-
-HANDLERS: dict[type[m.Method], Handler] = {
-    m.BasicAck: Channel._ack,
-    m.BasicNack: Channel._nack,
-    m.BasicReject: Channel._reject,
-    m.BasicQos: Channel._qos,
-    m.BasicConsume: Channel._consume,
-    m.BasicCancel: Channel._cancel,
-    m.BasicGet: Channel._get,
-    m.BasicRecover: Channel._recover,
-    m.BasicRecoverAsync: Channel._recover,
-    m.QueuePurge: _topology(Topology.queue_purge),
-    m.ConfirmSelect: Channel._confirm_select,
-    m.TxSelect: Channel._tx_select,
-    m.TxCommit: Channel._tx_commit,
-    m.TxRollback: Channel._tx_rollback,
-    m.ChannelFlow: _flow,
-    m.AccessRequest: _access_request,
-    m.BasicCancelOk: _ignore,
-    m.ChannelFlowOk: _ignore,
-}
-
-# Methods that change durable topology: the reader awaits them (``Channel.handle``).
-DURABLE_HANDLERS: dict[type[m.Method], DurableHandler] = {
-    m.QueueDeclare: _opening(Topology.queue_declare),
-    m.QueueBind: _durable(Topology.queue_bind),
-    m.QueueUnbind: _durable(Topology.queue_unbind),
-    m.QueueDelete: _durable(Topology.queue_delete),
-    m.ExchangeDeclare: _opening(Topology.exchange_declare),
-    m.ExchangeDelete: _durable(Topology.exchange_delete),
-    m.ExchangeBind: _durable(Topology.exchange_bind),
-    m.ExchangeUnbind: _durable(Topology.exchange_unbind),
-}

@@ -5,12 +5,12 @@ Responsibilities:
   heartbeat task;
 - the handshake (``handshake.py``) within a deadline, then channels opened and closed, their
   methods handed to them (``Channel``), and what they send written (``ChannelHost``);
-- heartbeats both ways (two missed intervals close the socket);
+- heartbeats both ways (two missed intervals close the socket; ``writer.py`` sends ours);
 - publishers blocked during a resource alarm (``flow.py``);
 - errors: soft ones close the channel, hard ones send ``connection.close`` and wait briefly for
   ``close-ok``;
-- a write buffer that coalesces frames into one ``send_all`` and tells queue actors when a slow
-  reader is backed up;
+- what goes out through one ``ConnectionWriter`` (``writer.py``): a buffer that coalesces
+  frames into one ``send_all`` and tells queue actors when a slow reader is backed up;
 - teardown: channels closed (unacked messages requeued), exclusive queues deleted;
 - the fault boundary: an unexpected exception in any of this (a bug) is logged and closes this
   connection alone with 541 INTERNAL_ERROR (``internal_error``).
@@ -29,7 +29,7 @@ import trio
 import trio.lowlevel
 
 from .. import clock
-from ..broker.pacing import SLICE_SECONDS, Pacer
+from ..broker.pacing import SLICE_SECONDS
 from ..broker.stats import ConnectionStats
 from ..broker.storage import storage_error
 from ..broker.vhost import VirtualHost
@@ -46,7 +46,7 @@ from ..protocol.connection import (
     State,
 )
 from ..protocol.errors import AMQPError, ReplyCode
-from ..protocol.frames import HEARTBEAT_FRAME, PROTOCOL_HEADER
+from ..protocol.frames import PROTOCOL_HEADER
 from ..protocol.methods import (
     ChannelClose,
     ChannelCloseOk,
@@ -62,11 +62,14 @@ from ..protocol.methods import (
     Method,
 )
 from .channel import Channel
-from .deliveries import AckTimeouts, Deliveries
+from .deliveries import AckTimeouts
+from .dispatch import dispatch
 from .encoding import write_deliver, write_get_ok, write_return
 from .flow import PublisherFlow
 from .handshake import Handshake, HangUp
+from .open_channels import OpenChannels
 from .weakcall import weakly
+from .writer import ConnectionWriter
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -75,15 +78,20 @@ log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
 EVENTS_PER_CLOCK_LOOK = 64  # the read loop looks at the clock this often (SLICE_SECONDS)
-# Deliveries pause while this much is waiting to be written to a slow client.
-WRITE_HIGH_WATER = 4 * 1024 * 1024
 # How long to wait for close-ok after sending connection.close.
 CLOSE_TIMEOUT = 3.0
 
 
 class AMQPConnection:
-    def __init__(self, broker: Broker, stream: trio.SocketStream) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        stream: trio.SocketStream,
+        on_open: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_open`` is called once the client has opened a vhost (its handshake is done)."""
         self.broker = broker
+        self._on_open = on_open
         self.stream = stream
         config = broker.config
         self.protocol = ServerConnection(
@@ -102,28 +110,21 @@ class AMQPConnection:
             self.peer_host: str = peer[0]
         except OSError:
             self.peer, self.peer_host = "unknown", ""
-        self.out = bytearray()
-        self.channels: dict[int, Channel] = {}
+        self.channels = OpenChannels()
         send = weakly(self._send_handshake, None)
         self.handshake = Handshake(broker, self.peer, self.peer_host, send, _local(stream))
         self.vhost: VirtualHost | None = None
-        self._writer_wakeup = trio.Event()
-        self._writer_done = trio.Event()
-        self._drained = trio.Event()  # set whenever the writer has sent everything queued
-        self._finishing = False
-        self._backed_up = False
-        self._confirming: dict[int, Channel] = {}
         self._deadline = trio.current_time() + config.handshake_timeout
         self._nursery: trio.Nursery | None = None
-        self._sent_at = trio.current_time()
         self._ack_timeouts = AckTimeouts(
-            self.peer, weakly(self._unacked, []), weakly(self.fail_channel, None)
+            self.peer, weakly(self.channels.unacked, []), weakly(self.fail_channel, None)
         )
         self._receive_scope: trio.CancelScope | None = None  # the reader's, while it waits
         self.flow = PublisherFlow(broker.alarms, send, self.handshake, self.peer)
         # Its channels' counters and its socket's (``broker/stats.py``); part of its vhost's.
         self.stats = ConnectionStats()
         broker.stats_sampler.register(self.stats)
+        self.writer = ConnectionWriter(stream, self.stats, self.peer, self.channels.wake_queues)
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -135,19 +136,17 @@ class AMQPConnection:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._write_loop)
+                nursery.start_soon(self.writer.run)
                 nursery.start_soon(self._guarded, self._ack_timeouts.run, "the ack timeout task")
                 try:
                     await self._read_loop()
                 except HangUp:
-                    self.out.clear()
+                    self.writer.clear()
                 except Exception as exc:
                     # A bug outside the handling of one event: close without waiting for close-ok.
                     self.internal_error(exc, "the reader")
-                self._finishing = True
-                self._writer_wakeup.set()
                 with trio.move_on_after(CLOSE_TIMEOUT):
-                    await self._writer_done.wait()
+                    await self.writer.finish()
                 nursery.cancel_scope.cancel()
         except* Exception as group:
             # The writer failed: it may have sent part of a frame, so the connection is dropped.
@@ -160,19 +159,13 @@ class AMQPConnection:
                     log.exception("connection %s: teardown failed", self.peer)
             self.handshake.log_closed()
             await trio.aclose_forcefully(self.stream)
-            self._confirming.clear()  # no reference cycle left: freed once the listener lets go
             self._nursery = self._receive_scope = None
 
     async def _teardown(self) -> None:
         """Close the channels (unacked deliveries requeued) and delete the exclusive queues,
         giving way to other tasks now and then (there may be 100k of them)."""
         self.protocol.release_bodies()
-        channels = list(self.channels.values())
-        self.channels.clear()
-        pacer = Pacer()
-        for channel in channels:
-            channel.close()
-            await pacer.step()
+        await self.channels.close_all_paced()
         if self.vhost is not None:
             self.vhost.stats.remove(self.stats)  # its counts stay in the vhost's
             await self.vhost.connection_closed(self)
@@ -208,7 +201,7 @@ class AMQPConnection:
 
     def _abort(self) -> None:
         """Drop the connection now (teardown follows in ``run``)."""
-        self.out.clear()
+        self.writer.clear()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -229,8 +222,7 @@ class AMQPConnection:
     # -- writing -----------------------------------------------------------------------------
 
     def write(self, data: bytes) -> None:
-        self.out += data
-        self._writer_wakeup.set()
+        self.writer.write(data)
 
     def _send_handshake(self, method: Method) -> None:
         if self.protocol.state in (State.CLOSING, State.CLOSED):
@@ -250,7 +242,8 @@ class AMQPConnection:
         redelivered: bool,
         message: Message,
     ) -> None:
-        out = self.out
+        writer = self.writer
+        out = writer.out
         # The writer, once woken, sends what ``out`` holds until it is empty (every append to
         # it wakes the writer): only the delivery that finds it empty needs to wake it, once
         # per send rather than once per delivery.
@@ -259,19 +252,25 @@ class AMQPConnection:
             out, message, channel, consumer_tag, delivery_tag, redelivered, self.protocol.frame_max
         )
         if idle:
-            self._writer_wakeup.set()
+            writer.wake()
 
     def write_get_ok(
         self, channel: int, delivery_tag: int, redelivered: bool, message: Message, left: int
     ) -> None:
         write_get_ok(
-            self.out, channel, delivery_tag, redelivered, message, left, self.protocol.frame_max
+            self.writer.out,
+            channel,
+            delivery_tag,
+            redelivered,
+            message,
+            left,
+            self.protocol.frame_max,
         )
-        self._writer_wakeup.set()
+        self.writer.wake()
 
     def write_return(self, channel: int, message: Message) -> None:
-        write_return(self.out, channel, message, self.protocol.frame_max)
-        self._writer_wakeup.set()
+        write_return(self.writer.out, channel, message, self.protocol.frame_max)
+        self.writer.wake()
 
     @property
     def notifies_cancel(self) -> bool:
@@ -283,50 +282,12 @@ class AMQPConnection:
 
     def can_write(self) -> bool:
         """False while the client is slow to read what we already queued for it."""
-        if len(self.out) < WRITE_HIGH_WATER:
-            return True
-        self._backed_up = True
-        return False
-
-    async def _write_loop(self) -> None:
-        try:
-            while True:
-                await self._writer_wakeup.wait()
-                self._writer_wakeup = trio.Event()
-                stats = self.stats
-                while self.out:
-                    data, self.out = self.out, bytearray()
-                    stats.send_oct += len(data)
-                    stats.send_cnt += 1
-                    await self.stream.send_all(data)
-                    self._sent_at = trio.current_time()
-                self._drained.set()
-                if self._backed_up:
-                    self._backed_up = False
-                    for channel in self.channels.values():
-                        channel.wake_queues()
-                if self._finishing:
-                    return
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            log.debug("connection %s: write failed: %r", self.peer, exc)
-            self.out.clear()
-        finally:
-            self._writer_done.set()
-
-    async def _heartbeat_loop(self, interval: float) -> None:
-        self._sent_at = trio.current_time()
-        while True:
-            await trio.sleep(interval)
-            if trio.current_time() - self._sent_at >= interval:
-                self.write(HEARTBEAT_FRAME)
+        return self.writer.can_write()
 
     # -- delivery acknowledgement timeout ----------------------------------------------------
 
     def watch_ack_deadline(self, deadline: float) -> None:
         self._ack_timeouts.watch(deadline)
-
-    def _unacked(self) -> list[tuple[int, Deliveries]]:
-        return [(number, channel.deliveries) for number, channel in self.channels.items()]
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -343,11 +304,9 @@ class AMQPConnection:
         with trio.move_on_at(self._receive_deadline()) as timeout:
             self._receive_scope = timeout
             try:
-                if len(self.out) >= WRITE_HIGH_WATER:
-                    # The client does not read what we send (returns, get-oks, acks): stop
-                    # reading from it until it does, so TCP pushes back on the publisher.
-                    self._drained = trio.Event()
-                    await self._drained.wait()
+                # The client does not read what we send (returns, get-oks, acks): stop
+                # reading from it until it does, so TCP pushes back on the publisher.
+                await self.writer.wait_drained()
                 return await self.stream.receive_some(RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 log.debug("connection %s lost: %r", self.peer, exc)
@@ -375,7 +334,7 @@ class AMQPConnection:
             while True:
                 handled += 1
                 if handled % EVENTS_PER_CLOCK_LOOK == 0 and time.perf_counter() >= give_way_at:
-                    self._flush_confirms()
+                    self.channels.flush_confirms()
                     await trio.lowlevel.checkpoint()
                     give_way_at = time.perf_counter() + SLICE_SECONDS
                     now_ms = clock.now_ms()
@@ -392,7 +351,7 @@ class AMQPConnection:
                     try:
                         target = self.channels.get(event.channel)
                         if target is None:
-                            target = self._channel(event.channel)  # raises
+                            target = self.channels.require(event.channel)
                         target.publish(event.method, event.properties, event.body, now_ms)
                         self.flow.published = True
                     except Exception as exc:
@@ -410,7 +369,7 @@ class AMQPConnection:
                         else:
                             pending = self._channel_method(event.channel, event.method)
                             if pending is not None:  # durable topology: the next frame waits
-                                self._flush_confirms()
+                                self.channels.flush_confirms()
                                 await pending
                                 now_ms = clock.now_ms()
                     elif isinstance(event, ProtocolHeaderReceived):
@@ -419,12 +378,7 @@ class AMQPConnection:
                     self._event_failed(event, exc)
                 if protocol.state is State.CLOSED:
                     return
-            self._flush_confirms()
-
-    def _flush_confirms(self) -> None:
-        for channel in self._confirming.values():
-            channel.flush_confirms()
-        self._confirming.clear()
+            self.channels.flush_confirms()
 
     def _event_failed(self, event: object, exc: Exception) -> None:
         """Handling an event raised: ``AMQPError`` refuses it (its channel or the connection
@@ -462,16 +416,11 @@ class AMQPConnection:
                 return
             log.info("closing connection %s: %s", self.peer, err.reply_text)
             self.flow.interrupt()  # a blocked reader must read the close-ok
-            for channel in self.channels.values():
-                channel.close()
-            self.channels.clear()
+            self.channels.close_all()
             self.write(self.protocol.close_connection(err))
             self._deadline = trio.current_time() + CLOSE_TIMEOUT
             return
-        failed = self.channels.pop(err.channel, None)
-        if failed is not None:
-            failed.close()
-            self._confirming.pop(failed.number, None)
+        self.channels.close(err.channel)
         log.debug("closing channel %s on %s: %s", err.channel, self.peer, err.reply_text)
         self.write(self.protocol.close_channel(err))
 
@@ -480,30 +429,21 @@ class AMQPConnection:
         self._fail(err)
 
     def confirms_pending(self, channel: Channel) -> None:
-        self._confirming[channel.number] = channel
+        self.channels.confirms_pending(channel)
 
     # -- methods -----------------------------------------------------------------------------
-
-    def _channel(self, number: int) -> Channel:
-        channel = self.channels.get(number)
-        if channel is None:  # the protocol checked the channel is open; be safe anyway
-            raise AMQPError(ReplyCode.CHANNEL_ERROR, f"channel {number} is not open")
-        return channel
 
     def _channel_method(self, number: int, method: Method) -> Awaitable[None] | None:
         if isinstance(method, ChannelOpen):
             assert self.vhost is not None
-            opened = self.channels[number] = Channel(self, number, self.vhost)
+            opened = self.channels.open(self, number, self.vhost)
             self.broker.stats_sampler.register(opened.stats)
             self.write(self.protocol.send_method(number, ChannelOpenOk()))
         elif isinstance(method, ChannelClose):
-            channel = self.channels.pop(number, None)
-            if channel is not None:
-                channel.close()
-                self._confirming.pop(channel.number, None)
+            self.channels.close(number)
             self.write(self.protocol.send_method(number, ChannelCloseOk()))
         elif not isinstance(method, ChannelCloseOk):
-            return self._channel(number).handle(method)
+            return dispatch(self.channels.require(number), method)
         return None
 
     async def _connection_method(self, method: Method) -> None:
@@ -514,12 +454,14 @@ class AMQPConnection:
                 if self.protocol.heartbeat and self._nursery is not None:
                     self._nursery.start_soon(
                         self._guarded,
-                        functools.partial(self._heartbeat_loop, self.protocol.heartbeat / 2),
+                        functools.partial(self.writer.heartbeats, self.protocol.heartbeat / 2),
                         "the heartbeat task",
                     )
             case ConnectionOpen():
                 self.vhost = await self.handshake.open(method)
                 self.vhost.stats.add(self.stats)
+                if self._on_open is not None:
+                    self._on_open()
             case ConnectionClose():
                 # Release everything (exclusive queues included) before the client hears close-ok.
                 await self._teardown()

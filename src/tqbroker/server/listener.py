@@ -4,6 +4,8 @@ Responsibilities:
 - start the broker (queue actors), bind the AMQP listeners and start the HTTP API
   (``server/http/``), then report the bound addresses (``Listening``) through the Trio start
   protocol;
+- at most ``max_pending_handshakes_per_address`` connections per source address in their
+  handshake (``admission.py``); more are closed at once;
 - a nursery per connection, under a handler nursery owned here; a connection that fails
   (a bug its own boundary did not contain) is logged and closed, and ``serve`` goes on;
 - graceful shutdown when ``shutdown`` is set: stop accepting, ask every client to leave
@@ -21,6 +23,7 @@ import trio
 
 from ..broker.broker import Broker
 from ..config import BrokerConfig
+from .admission import HandshakeAdmission
 from .connection import AMQPConnection
 from .http import serve_http, serve_metrics
 from .registry import Connections
@@ -79,8 +82,14 @@ async def serve(
             )
             connections.listeners += [("http/prometheus", host, port) for host, port in metrics]
 
+        admission = HandshakeAdmission(config.max_pending_handshakes_per_address)
+
         async def handle(stream: trio.SocketStream) -> None:
-            connection = AMQPConnection(broker, stream)
+            ticket = admission.admit(_peer_host(stream))
+            if ticket is None:  # too many connections from there are in their handshake
+                await trio.aclose_forcefully(stream)
+                return
+            connection = AMQPConnection(broker, stream, on_open=ticket.release)
             connections.add(connection)
             try:
                 await connection.run()
@@ -89,6 +98,7 @@ async def serve(
                 log.error("connection %s failed", connection.peer, exc_info=group)
                 await trio.aclose_forcefully(stream)
             finally:
+                ticket.release()
                 connections.discard(connection)
                 if not connections and shutdown is not None and shutdown.is_set():
                     all_closed.set()
@@ -113,3 +123,10 @@ async def serve(
                 await all_closed.wait()
             handler_nursery.cancel_scope.cancel()
         broker_nursery.cancel_scope.cancel()
+
+
+def _peer_host(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, IndexError):
+        return "unknown"

@@ -1,0 +1,132 @@
+"""Which handler carries out each method a client sends on a channel (``dispatch``).
+
+Every handler raises ``AMQPError`` to refuse (the connection then closes the channel or the
+connection). All are synchronous but those changing durable topology, which return what the
+connection's reader awaits before the next frame: their ``*-ok`` goes out once the change is
+written (``broker/definitions_file.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..protocol import methods as m
+from ..protocol.errors import AMQPError, ReplyCode
+from .channel import Channel
+from .topology import Topology
+
+
+def dispatch(channel: Channel, method: m.Method) -> Awaitable[None] | None:
+    """Carry out one method on ``channel``; raises ``AMQPError`` to refuse it. A change to
+    durable topology returns what to await before its reply is sent (and the next method
+    read)."""
+    handler = HANDLERS.get(type(method))
+    if handler is None:
+        durable = DURABLE_HANDLERS.get(type(method))
+        if durable is not None:
+            return durable(channel, method)
+        raise AMQPError(
+            ReplyCode.COMMAND_INVALID, f"{method.NAME} is not a client-to-server method"
+        )
+    handler(channel, method)
+    return None
+
+
+# -- dispatch --------------------------------------------------------------------------------
+
+Handler = Callable[[Channel, Any], None]
+DurableHandler = Callable[[Channel, Any], Awaitable[None]]
+
+
+def _topology(operation: Callable[[Topology, Any], m.Method | None]) -> Handler:
+    """A handler doing an exchange or queue operation and sending its reply (if any)."""
+
+    def handle(channel: Channel, method: m.Method) -> None:
+        reply = operation(channel.topology, method)
+        if reply is not None:
+            channel.host.send_method(channel.number, reply)
+
+    return handle
+
+
+def _durable(operation: Callable[[Topology, Any], m.Method | None]) -> DurableHandler:
+    """A handler doing an exchange or queue operation now, and returning the wait for its
+    durable changes to be written, after which the reply (if any) goes out."""
+
+    def handle(channel: Channel, method: m.Method) -> Awaitable[None]:
+        since = channel.vhost.definitions.mark()
+        return _answer(channel, since, operation(channel.topology, method))
+
+    return handle
+
+
+def _opening(operation: Callable[[Topology, Any], Awaitable[m.Method | None]]) -> DurableHandler:
+    """``_durable``, for an operation that awaits a store opening in a worker thread."""
+
+    async def handle(channel: Channel, method: m.Method) -> None:
+        since = channel.vhost.definitions.mark()
+        await _answer(channel, since, await operation(channel.topology, method))
+
+    return handle
+
+
+async def _answer(channel: Channel, since: int, reply: m.Method | None) -> None:
+    """Send ``reply`` once the durable changes made since ``since`` are written (541 if that
+    failed); nothing if the channel closed meanwhile."""
+    try:
+        await channel.vhost.definitions.wait(since)
+    except AMQPError:
+        if channel.closed:
+            return
+        raise
+    if reply is not None and not channel.closed:
+        channel.host.send_method(channel.number, reply)
+
+
+def _flow(channel: Channel, method: m.ChannelFlow) -> None:
+    if not method.active:
+        raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "active=false")
+    channel.host.send_method(channel.number, m.ChannelFlowOk(True))
+
+
+def _access_request(channel: Channel, _method: m.AccessRequest) -> None:
+    channel.host.send_method(channel.number, m.AccessRequestOk(1))
+
+
+def _ignore(_channel: Channel, _method: m.Method) -> None:
+    """Answers to what the server sent: nothing to do."""
+
+
+HANDLERS: dict[type[m.Method], Handler] = {
+    m.BasicAck: Channel._ack,
+    m.BasicNack: Channel._nack,
+    m.BasicReject: Channel._reject,
+    m.BasicQos: Channel._qos,
+    m.BasicConsume: Channel._consume,
+    m.BasicCancel: Channel._cancel,
+    m.BasicGet: Channel._get,
+    m.BasicRecover: Channel._recover,
+    m.BasicRecoverAsync: Channel._recover,
+    m.QueuePurge: _topology(Topology.queue_purge),
+    m.ConfirmSelect: Channel._confirm_select,
+    m.TxSelect: Channel._tx_select,
+    m.TxCommit: Channel._tx_commit,
+    m.TxRollback: Channel._tx_rollback,
+    m.ChannelFlow: _flow,
+    m.AccessRequest: _access_request,
+    m.BasicCancelOk: _ignore,
+    m.ChannelFlowOk: _ignore,
+}
+
+# Methods that change durable topology: the reader awaits them (``Channel.handle``).
+DURABLE_HANDLERS: dict[type[m.Method], DurableHandler] = {
+    m.QueueDeclare: _opening(Topology.queue_declare),
+    m.QueueBind: _durable(Topology.queue_bind),
+    m.QueueUnbind: _durable(Topology.queue_unbind),
+    m.QueueDelete: _durable(Topology.queue_delete),
+    m.ExchangeDeclare: _opening(Topology.exchange_declare),
+    m.ExchangeDelete: _durable(Topology.exchange_delete),
+    m.ExchangeBind: _durable(Topology.exchange_bind),
+    m.ExchangeUnbind: _durable(Topology.exchange_unbind),
+}
