@@ -218,3 +218,17 @@ def test_cache_keys_hold_no_password_and_tell_queries_apart() -> None:
     assert cache.key(a) != cache.key(b)
     assert b"bc" not in cache.key(a)
     assert AnswerCache(60, 0, 2).key(a) != cache.key(a)  # a key per process
+
+
+def test_the_brokers_caches_last_one_cache_period_at_most() -> None:
+    """``generation`` (what the broker's login and permission caches compare) moves every
+    min(cache_ttl, deny_cache_ttl) seconds, and at every reading when that is 0."""
+    now = [0.0]
+    http = HttpAuthBackend(**dead_paths(), cache_ttl=5, deny_cache_ttl=2, clock=lambda: now[0])
+    generation = http.generation
+    now[0] += 1.9
+    assert http.generation == generation
+    now[0] += 0.2
+    assert http.generation != generation
+    uncached = HttpAuthBackend(**dead_paths(), deny_cache_ttl=0)
+    assert uncached.generation != uncached.generation

@@ -113,9 +113,11 @@ class HttpAuthBackend:
         self.cache = AnswerCache(ttl, deny_ttl, int(size), clock)
         self._clock = clock
         # The broker's caches of our answers (its login cache, the channels' permission
-        # caches) last while ``generation`` holds: it moves every min(ttl, deny_ttl) seconds,
-        # with every request when that is 0, and with every error (no failure is kept).
+        # caches) last while ``generation`` holds: it moves every min(ttl, deny_ttl) seconds
+        # (at every reading when that is 0: the broker then keeps nothing) and with every
+        # error (no failure is kept). Within that, our own cache gives each answer its TTL.
         self._period = min(ttl, deny_ttl)
+        self._readings = 0
         self.requests = 0  # requests sent to the service
         self.errors = 0  # requests that got no answer
         self._run: tuple[trio.lowlevel.TrioToken, httpx.AsyncClient, trio.Semaphore] | None
@@ -123,8 +125,10 @@ class HttpAuthBackend:
 
     @property
     def generation(self) -> int:
-        moving = int(self._clock() / self._period) if self._period > 0 else self.requests
-        return moving + self.errors
+        if self._period > 0:
+            return int(self._clock() / self._period) + self.errors
+        self._readings += 1
+        return self._readings + self.errors
 
     async def authenticate(
         self, username: str, password: str | None, peer: Peer
