@@ -8,12 +8,14 @@ import queue
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import cast
 from urllib.parse import parse_qsl
 
 import attrs
 import hypercorn.config
 import hypercorn.trio
 import trio
+from hypercorn.typing import Framework
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
@@ -98,7 +100,8 @@ class AuthService:
 def running_service(service: AuthService) -> Iterator[AuthService]:
     """Serve ``service`` on 127.0.0.1 (an ephemeral port, ``service.url``) until the block
     ends."""
-    app = Starlette(routes=[Route("/auth/{kind}", service.answer, methods=["GET", "POST"])])
+    routes = [Route("/auth/{kind}", service.answer, methods=["GET", "POST"])]
+    app = cast(Framework, Starlette(routes=routes))  # hypercorn's types: any ASGI app
     config = hypercorn.config.Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = config.errorlog = None

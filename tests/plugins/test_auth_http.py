@@ -6,6 +6,7 @@ the cache and the bound on requests in flight. (The broker's use of it: test_aut
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import trio
@@ -42,7 +43,7 @@ def service(shared: AuthService) -> AuthService:
     return shared
 
 
-def dead_paths() -> dict[str, str]:
+def dead_paths() -> dict[str, Any]:
     """The four paths, on a port where nothing listens."""
     kinds = ("user", "vhost", "resource", "topic")
     return {f"{k}_path": f"http://127.0.0.1:1/auth/{k}" for k in kinds}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import attrs
 import httpx
@@ -28,7 +28,7 @@ TIMEOUT = 0.5
 QUICK = BrokerConfig(port=0, auth_failure_delay=0.01, auth_failure_burst=1000)
 
 
-def config(options: dict[str, object]) -> BrokerConfig:
+def config(options: Mapping[str, object]) -> BrokerConfig:
     backends = ("http", "internal")
     return attrs.evolve(QUICK, auth_backends=backends, auth_backend_options={"http": options})
 
