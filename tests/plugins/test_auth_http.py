@@ -184,6 +184,40 @@ async def test_requests_in_flight_are_bounded(service: AuthService) -> None:
     assert service.most_in_flight == 2
 
 
+async def test_identical_questions_at_once_are_one_request(service: AuthService) -> None:
+    service.delay = 0.2
+    http = backend(service, cache_ttl=0)
+    users: list[AuthUser | None] = []
+
+    async def login(password: str) -> None:
+        users.append(await http.authenticate("alice", password, PEER))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(login, "s3cret p&ss")
+        nursery.start_soon(login, "wrong")
+    assert service.count("user") == 2
+    assert sum(user is not None for user in users) == 10
+    service.status = 500  # an error reaches every waiting task, and is not kept
+    with pytest.RaisesGroup(AuthBackendError, AuthBackendError, AuthBackendError):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(login, "s3cret p&ss")
+    assert service.count("user") == 3
+    service.status, users[:] = 200, []
+
+    async def impatient() -> None:
+        with trio.move_on_after(0.05):
+            await login("s3cret p&ss")
+
+    async with trio.open_nursery() as nursery:  # the asker gives up: the waiting task asks
+        nursery.start_soon(impatient)
+        await trio.sleep(0.01)
+        nursery.start_soon(login, "s3cret p&ss")
+    assert service.count("user") == 5
+    assert users == [AuthUser("alice", {"management"}, "http")]
+
+
 @pytest.mark.parametrize(
     ("options", "problem"),
     [

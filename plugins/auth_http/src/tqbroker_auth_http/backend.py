@@ -120,6 +120,7 @@ class HttpAuthBackend:
         self._readings = 0
         self.requests = 0  # requests sent to the service
         self.errors = 0  # requests that got no answer
+        self._flights: dict[bytes, _Flight] = {}  # requests on their way, by cache key
         self._run: tuple[trio.lowlevel.TrioToken, httpx.AsyncClient, trio.Semaphore] | None
         self._run = None
 
@@ -168,12 +169,33 @@ class HttpAuthBackend:
         return (await self._ask(query)).allowed
 
     async def _ask(self, query: Query) -> Answer:
+        """The cached answer, or the one of a request already on its way for the same query
+        (a burst of identical logins is one request), or a new request's."""
         key = self.cache.key(query)
-        answer = self.cache.get(key)
-        if answer is None:
-            answer = await self._request(query)
-            self.cache.put(key, answer)
-        return answer
+        while True:
+            answer = self.cache.get(key)
+            if answer is not None:
+                return answer
+            flight = self._flights.get(key)
+            if flight is None:
+                break
+            await flight.done.wait()
+            if flight.answer is not None:
+                return flight.answer
+            if flight.error is not None:
+                raise AuthBackendError(flight.error)
+            # the asking task was cancelled: ask again
+        flight = self._flights[key] = _Flight()
+        try:
+            flight.answer = await self._request(query)
+        except AuthBackendError as exc:
+            flight.error = str(exc)
+            raise
+        finally:
+            del self._flights[key]
+            flight.done.set()
+        self.cache.put(key, flight.answer)
+        return flight.answer
 
     def _client(self) -> tuple[httpx.AsyncClient, trio.Semaphore]:
         """This Trio run's client and request slots (made on first use in a run)."""
@@ -228,6 +250,15 @@ class HttpAuthBackend:
         where = redact_url(self.paths[query.path])
         problem = _scrub(problem, query)
         return AuthBackendError(f"HTTP auth service {where} ({query.path}): {problem}")
+
+
+class _Flight:
+    """A request on its way, for the tasks that wait for the same answer."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.answer: Answer | None = None
+        self.error: str | None = None
 
 
 async def _read(response: httpx.Response) -> bytes:
