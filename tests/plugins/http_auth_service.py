@@ -28,9 +28,10 @@ KINDS = ("user", "vhost", "resource", "topic")
 class AuthService:
     """The tables: ``users`` name -> (password, answer) (a password of None: any, or none, is
     accepted: a certificate user); ``vhosts`` (user, vhost) allowed; ``resources`` (user, vhost,
-    resource, name, permission) allowed; ``topics`` (user, vhost, exchange, routing key,
-    permission) allowed. ``delay`` seconds before each answer; ``status``/``body`` override
-    every answer. ``requests`` are (kind, method, fields) in order of arrival."""
+    name, resource, permission) allowed (name ``*``: any); ``topics`` (user, vhost, exchange,
+    routing key, permission) allowed. ``delay`` seconds before each answer; ``status`` and
+    ``body`` override every answer. ``requests`` are (kind, method, fields) in order of
+    arrival."""
 
     users: dict[str, tuple[str | None, str]] = attrs.field(factory=dict)
     vhosts: set[tuple[str, str]] = attrs.field(factory=set)
@@ -60,7 +61,9 @@ class AuthService:
             return "allow" if (user, f["vhost"]) in self.vhosts else "deny"
         key = (user, f["vhost"], f["name"])
         if kind == "resource":
-            return "allow" if (*key, f["resource"], f["permission"]) in self.resources else "deny"
+            wanted = (f["resource"], f["permission"])
+            anything = (user, f["vhost"], "*", *wanted) in self.resources
+            return "allow" if anything or (*key, *wanted) in self.resources else "deny"
         topic = (*key, f["routing_key"], f["permission"])
         return "allow" if topic in self.topics else "deny"
 

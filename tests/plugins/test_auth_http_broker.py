@@ -6,6 +6,7 @@ users (a clear log line, never a password) while the broker keeps serving intern
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -44,6 +45,16 @@ def shared() -> Iterator[AuthService]:
             "erin": ("erin-pw", "allow"),
         },
         vhosts={("alice", "/"), ("bob", "/"), ("root", "/"), ("erin", "/")},
+        # round_trip's server-named queue, and its publish through the default exchange
+        resources={
+            (user, "/", name, kind, permission)
+            for user in ("alice", "bob", "root", "erin", "frank")
+            for name, kind, permission in [
+                ("*", "queue", "configure"),
+                ("*", "queue", "read"),
+                ("amq.default", "exchange", "write"),
+            ]
+        },
     )
     with running_service(service):
         yield service
@@ -177,3 +188,65 @@ def test_the_service_down_refuses_its_users_and_internal_ones_still_work(
     assert "http://127.0.0.1:1/auth/user" in line
     assert "ConnectError" in line
     assert "alice-pw" not in caplog.text
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tqbroker.server.access") is None,
+    reason="the broker's permission checks on AMQP operations (server/access.py) are not here",
+)
+def test_resource_and_topic_checks_ask_the_service(
+    broker: RunningBroker, service: AuthService
+) -> None:
+    """Through AMQP: each operation's check is a request to ``resource_path`` or ``topic_path``
+    with RabbitMQ's fields, and a deny is RabbitMQ's 403 for it."""
+    service.users["paul"] = ("paul-pw", "allow")
+    service.vhosts.add(("paul", "/"))
+    service.resources |= {
+        ("paul", "/", "jobs", "queue", "configure"),
+        ("paul", "/", "jobs", "queue", "read"),
+        ("paul", "/", "amq.default", "exchange", "write"),
+        ("paul", "/", "events", "exchange", "write"),
+    }
+    service.topics.add(("paul", "/", "events", "eu.orders", "write"))
+    admin = pika.BlockingConnection(pika.URLParameters(broker.url))  # guest: internal
+    admin.channel().exchange_declare("events", "topic")
+    connection = pika.BlockingConnection(pika.URLParameters(url(broker, "paul", "paul-pw")))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("jobs")
+        channel.basic_publish("", "jobs", b"job")
+        assert channel.basic_get("jobs", auto_ack=True)[2] == b"job"
+        channel.basic_publish("events", "eu.orders", b"allowed")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.basic_publish("events", "us.orders", b"refused")
+        assert refused.value.reply_code == 403
+        assert refused.value.reply_text == (
+            "ACCESS_REFUSED - access to topic 'us.orders' in exchange 'events' in vhost '/' "
+            "refused for user 'paul'"
+        )
+        channel = connection.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.queue_declare("other")
+        assert refused.value.reply_code == 403
+        assert "access to queue 'other' in vhost '/' refused for user 'paul'" in (
+            refused.value.reply_text
+        )
+    finally:
+        connection.close()
+        admin.close()
+    asked = {(f["resource"], f["name"], f["permission"]) for f in service.fields("resource")}
+    assert asked >= {
+        ("queue", "jobs", "configure"),
+        ("exchange", "amq.default", "write"),
+        ("queue", "jobs", "read"),
+        ("exchange", "events", "write"),
+        ("queue", "other", "configure"),
+    }
+    topic = service.fields("topic")[-1]
+    assert (topic["name"], topic["routing_key"], topic["permission"]) == (
+        "events",
+        "us.orders",
+        "write",
+    )
+    assert topic["variable_map.username"] == "paul"
