@@ -5,6 +5,7 @@ thread of its own, on 127.0.0.1. It answers from tables and records every reques
 from __future__ import annotations
 
 import queue
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -99,16 +100,30 @@ class AuthService:
         self.epoch += 1
 
 
+@attrs.frozen
+class ServiceTls:
+    """HTTPS for the service: its certificate and key (PEM files), and the CA file whose
+    client certificates it requires (None: no client certificate asked for)."""
+
+    certfile: str
+    keyfile: str
+    client_ca: str | None = None
+
+
 @contextmanager
-def running_service(service: AuthService) -> Iterator[AuthService]:
+def running_service(service: AuthService, tls: ServiceTls | None = None) -> Iterator[AuthService]:
     """Serve ``service`` on 127.0.0.1 (an ephemeral port, ``service.url``) until the block
-    ends."""
+    ends, over HTTPS with ``tls``."""
     routes = [Route("/auth/{kind}", service.answer, methods=["GET", "POST"])]
     app = cast(Framework, Starlette(routes=routes))  # hypercorn's types: any ASGI app
     config = hypercorn.config.Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = config.errorlog = None
     config.graceful_timeout = 0.2  # handlers still sleeping (a slow-service test) are cut
+    if tls is not None:
+        config.certfile, config.keyfile = tls.certfile, tls.keyfile
+        if tls.client_ca is not None:
+            config.ca_certs, config.verify_mode = tls.client_ca, ssl.CERT_REQUIRED
     started: queue.Queue[str | BaseException] = queue.Queue()
     stop: list[tuple[trio.lowlevel.TrioToken, trio.Event]] = []
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote_plus, urlencode, urlsplit
 
+import certifi
 import httpx
 import trio
 
@@ -66,6 +68,30 @@ def _url(name: str, value: Any) -> str:
     return value
 
 
+SSL_OPTIONS = frozenset({"cacertfile", "certfile", "keyfile"})
+
+
+def tls_context(options: Any) -> ssl.SSLContext:
+    """The client TLS context of RabbitMQ's ``ssl_options`` (``cacertfile``: the CAs that sign
+    the service's certificate, certifi's bundle by default; ``certfile`` and ``keyfile``: a
+    client certificate). The service's certificate and host name are always verified."""
+    if not isinstance(options, Mapping) or not set(options) <= SSL_OPTIONS:
+        known = ", ".join(sorted(SSL_OPTIONS))
+        raise ValueError(f"ssl_options must be a table of {known}, not {options!r}")
+    for key, value in options.items():
+        if not isinstance(value, str):
+            raise ValueError(f"ssl_options.{key} must be a file name, not {value!r}")
+    if "keyfile" in options and "certfile" not in options:
+        raise ValueError("ssl_options.keyfile needs ssl_options.certfile")
+    try:
+        context = ssl.create_default_context(cafile=options.get("cacertfile", certifi.where()))
+        if "certfile" in options:
+            context.load_cert_chain(options["certfile"], options.get("keyfile"))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"ssl_options: {exc}") from None
+    return context
+
+
 class HttpAuthBackend:
     """RabbitMQ's ``rabbitmq_auth_backend_http`` as a tqbroker auth backend (entry point
     ``http`` in ``tqbroker.auth_backends``); options from ``[auth_backend_options.http]``:
@@ -77,7 +103,8 @@ class HttpAuthBackend:
       seconds a ``deny`` is kept; an error (no answer) is never kept;
     - ``timeout``: seconds a question may take, waiting for a free slot included;
     - ``max_concurrent_requests``: requests in flight at most (the pool's connections);
-    - ``cache_size``: answers kept at most.
+    - ``cache_size``: answers kept at most;
+    - ``ssl_options``: for ``https://`` paths, ``cacertfile``, ``certfile``, ``keyfile``.
     """
 
     def __init__(
@@ -93,6 +120,7 @@ class HttpAuthBackend:
         timeout: float = 5.0,
         max_concurrent_requests: int = 16,
         cache_size: int = 10_000,
+        ssl_options: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         given = (user_path, vhost_path, resource_path, topic_path)
@@ -111,6 +139,7 @@ class HttpAuthBackend:
             raise ValueError("max_concurrent_requests and cache_size must be whole numbers")
         self.max_concurrent_requests = int(concurrency)
         self.cache = AnswerCache(ttl, deny_ttl, int(size), clock)
+        self._tls = tls_context(ssl_options or {})
         self._clock = clock
         # The broker's caches of our answers (its login cache, the channels' permission
         # caches) last while ``generation`` holds: it moves every min(ttl, deny_ttl) seconds
@@ -207,7 +236,11 @@ class HttpAuthBackend:
             )
             # trust_env=False: no proxy or netrc from the broker's environment.
             client = httpx.AsyncClient(
-                timeout=self.timeout, limits=limits, follow_redirects=False, trust_env=False
+                timeout=self.timeout,
+                limits=limits,
+                verify=self._tls,
+                follow_redirects=False,
+                trust_env=False,
             )
             self._run = (token, client, trio.Semaphore(self.max_concurrent_requests))
             trio.lowlevel.spawn_system_task(_close_when_run_ends, client, name="auth_http")
@@ -236,7 +269,7 @@ class HttpAuthBackend:
         except trio.TooSlowError:
             raise self._failed(query, f"no answer within {self.timeout:g} s") from None
         except httpx.HTTPError as exc:
-            raise self._failed(query, f"{type(exc).__name__}: {exc}") from None
+            raise self._failed(query, _describe(exc)) from None
         except (AuthBackendError, BadAnswer) as exc:
             raise self._failed(query, str(exc)) from None
         if not answer.allowed and answer.reason:
@@ -268,6 +301,21 @@ async def _read(response: httpx.Response) -> bytes:
         if len(body) > MAX_BODY:
             raise AuthBackendError(f"an answer longer than {MAX_BODY} bytes")
     return body
+
+
+def _describe(exc: BaseException) -> str:
+    """``ConnectError: <why>``; the words of the first cause that has some when the error has
+    none (httpx on Trio wraps an ``ssl.SSLCertVerificationError`` in text-less errors)."""
+    inner: BaseException | None = exc
+    for _ in range(8):
+        if inner is None or str(inner):
+            break
+        inner = inner.__cause__ or inner.__context__
+    if inner is None or not str(inner):
+        return type(exc).__name__
+    if inner is exc:
+        return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {type(inner).__name__}: {inner}"
 
 
 def _subject(query: Query) -> str:
