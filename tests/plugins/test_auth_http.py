@@ -5,6 +5,7 @@ the cache and the bound on requests in flight. (The broker's use of it: test_aut
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -138,6 +139,16 @@ async def test_anything_but_allow_or_deny_refuses_without_the_password(
     assert len(http.cache) == 0
     service.reset()
     assert await http.authenticate("alice", "s3cret p&ss", PEER) is not None
+
+
+async def test_a_deny_reason_is_logged_without_the_password(
+    service: AuthService, caplog: pytest.LogCaptureFixture
+) -> None:
+    service.body = "deny wrong password 's3cret p&ss' (s3cret+p%26ss)"
+    with caplog.at_level(logging.INFO):
+        assert await backend(service).authenticate("alice", "s3cret p&ss", PEER) is None
+    assert "HTTP auth service denied user 'alice': wrong password '***' (***)" in caplog.text
+    assert "s3cret" not in caplog.text
 
 
 async def test_a_resource_answer_with_tags_is_malformed(service: AuthService) -> None:

@@ -14,7 +14,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import quote_plus, urlencode, urlsplit
+from urllib.parse import quote, quote_plus, urlencode, urlsplit
 
 import certifi
 import httpx
@@ -67,6 +67,26 @@ def _url(name: str, value: Any) -> str:
         raise ValueError(f"{name} has no host: {redact_url(value)!r}")
     return value
 
+
+class _HttpxRequestLines(logging.Filter):
+    """httpx logs each request at INFO with its whole URL: for a GET to one of the service's
+    paths the query (the password) is taken out of that line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) > 1 and isinstance(args[1], httpx.URL):
+            url = args[1]
+            if url.query and str(url.copy_with(query=None)) in self.paths:
+                record.args = (args[0], url.copy_with(query=b"redacted"), *args[2:])
+        return True
+
+
+REQUEST_LINES = _HttpxRequestLines()
+logging.getLogger("httpx").addFilter(REQUEST_LINES)
 
 SSL_OPTIONS = frozenset({"cacertfile", "certfile", "keyfile"})
 
@@ -140,6 +160,7 @@ class HttpAuthBackend:
         self.max_concurrent_requests = int(concurrency)
         self.cache = AnswerCache(ttl, deny_ttl, int(size), clock)
         self._tls = tls_context(ssl_options or {})
+        REQUEST_LINES.paths.update(str(httpx.URL(path).copy_with(query=None)) for path in given)
         self._clock = clock
         # The broker's caches of our answers (its login cache, the channels' permission
         # caches) last while ``generation`` holds: it moves every min(ttl, deny_ttl) seconds
@@ -335,7 +356,7 @@ def _scrub(text: str, query: Query) -> str:
     """``text`` with the query's password (as sent, or percent-encoded) masked."""
     for key, value in query.fields:
         if key == "password" and value:
-            for form in {value, quote_plus(value)}:
+            for form in sorted({value, quote_plus(value), quote(value), quote(value, safe="")}):
                 text = text.replace(form, "***")
     return text
 
