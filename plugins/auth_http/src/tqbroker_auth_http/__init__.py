@@ -4,7 +4,8 @@
 
 Registered under the entry-point group ``tqbroker.auth_backends`` as ``http``: list it in the
 broker's ``auth_backends`` and give its options in ``[auth_backend_options.http]``.
-``contract.py`` is the sans-IO half (requests, answers, cache); ``backend.py`` the client.
+``contract.py`` is the sans-IO half (requests, answers, cache); ``backend.py`` the client;
+``options.py`` checks the options; ``logtext.py`` keeps passwords out of log lines and errors.
 """
 
 from __future__ import annotations

@@ -9,14 +9,10 @@ the broker.
 from __future__ import annotations
 
 import logging
-import math
-import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
-from urllib.parse import quote, quote_plus, urlencode, urlsplit
+from urllib.parse import quote_plus, urlencode
 
-import certifi
 import httpx
 import trio
 
@@ -43,73 +39,14 @@ from .contract import (
     user_query,
     vhost_query,
 )
+from .logtext import REQUEST_LINES, describe, scrub, subject
+from .options import number_option, tls_context, url_option
 
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "http"
 MAX_BODY = 64 * 1024  # bytes of an answer read at most (an answer is a word and a few tags)
 FORM = {"content-type": "application/x-www-form-urlencoded"}
-
-
-def _number(name: str, value: Any, *, minimum: float, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, not {value!r}")
-    if value < minimum or (strict and value == minimum):
-        relation = ">" if strict else ">="
-        raise ValueError(f"{name} must be {relation} {minimum:g}, not {value!r}")
-    return float(value)
-
-
-def _url(name: str, value: Any) -> str:
-    if not isinstance(value, str) or urlsplit(value).scheme not in ("http", "https"):
-        raise ValueError(f"{name} must be an http:// or https:// URL, not {value!r}")
-    if not urlsplit(value).hostname:
-        raise ValueError(f"{name} has no host: {redact_url(value)!r}")
-    return value
-
-
-class _HttpxRequestLines(logging.Filter):
-    """httpx logs each request at INFO with its whole URL: for a GET to one of the service's
-    paths the query (the password) is taken out of that line."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.paths: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple) and len(args) > 1 and isinstance(args[1], httpx.URL):
-            url = args[1]
-            if url.query and str(url.copy_with(query=None)) in self.paths:
-                record.args = (args[0], url.copy_with(query=b"redacted"), *args[2:])
-        return True
-
-
-REQUEST_LINES = _HttpxRequestLines()
-logging.getLogger("httpx").addFilter(REQUEST_LINES)
-
-SSL_OPTIONS = frozenset({"cacertfile", "certfile", "keyfile"})
-
-
-def tls_context(options: Any) -> ssl.SSLContext:
-    """The client TLS context of RabbitMQ's ``ssl_options`` (``cacertfile``: the CAs that sign
-    the service's certificate, certifi's bundle by default; ``certfile`` and ``keyfile``: a
-    client certificate). The service's certificate and host name are always verified."""
-    if not isinstance(options, Mapping) or not set(options) <= SSL_OPTIONS:
-        known = ", ".join(sorted(SSL_OPTIONS))
-        raise ValueError(f"ssl_options must be a table of {known}, not {options!r}")
-    for key, value in options.items():
-        if not isinstance(value, str):
-            raise ValueError(f"ssl_options.{key} must be a file name, not {value!r}")
-    if "keyfile" in options and "certfile" not in options:
-        raise ValueError("ssl_options.keyfile needs ssl_options.certfile")
-    try:
-        context = ssl.create_default_context(cafile=options.get("cacertfile", certifi.where()))
-        if "certfile" in options:
-            context.load_cert_chain(options["certfile"], options.get("keyfile"))
-    except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"ssl_options: {exc}") from None
-    return context
 
 
 class HttpAuthBackend:
@@ -145,16 +82,16 @@ class HttpAuthBackend:
     ) -> None:
         given = (user_path, vhost_path, resource_path, topic_path)
         self.paths: dict[PathName, str] = {
-            name: _url(name, value) for name, value in zip(PATH_NAMES, given, strict=True)
+            name: url_option(name, value) for name, value in zip(PATH_NAMES, given, strict=True)
         }
         if not isinstance(http_method, str) or http_method.lower() not in ("get", "post"):
             raise ValueError(f"http_method must be 'get' or 'post', not {http_method!r}")
         self.method = http_method.lower()
-        ttl = _number("cache_ttl", cache_ttl, minimum=0)
-        deny_ttl = _number("deny_cache_ttl", deny_cache_ttl, minimum=0)
-        self.timeout = _number("timeout", timeout, minimum=0, strict=True)
-        concurrency = _number("max_concurrent_requests", max_concurrent_requests, minimum=1)
-        size = _number("cache_size", cache_size, minimum=0)
+        ttl = number_option("cache_ttl", cache_ttl, minimum=0)
+        deny_ttl = number_option("deny_cache_ttl", deny_cache_ttl, minimum=0)
+        self.timeout = number_option("timeout", timeout, minimum=0, strict=True)
+        concurrency = number_option("max_concurrent_requests", max_concurrent_requests, minimum=1)
+        size = number_option("cache_size", cache_size, minimum=0)
         if not concurrency.is_integer() or not size.is_integer():
             raise ValueError("max_concurrent_requests and cache_size must be whole numbers")
         self.max_concurrent_requests = int(concurrency)
@@ -290,19 +227,19 @@ class HttpAuthBackend:
         except trio.TooSlowError:
             raise self._failed(query, f"no answer within {self.timeout:g} s") from None
         except httpx.HTTPError as exc:
-            raise self._failed(query, _describe(exc)) from None
+            raise self._failed(query, describe(exc)) from None
         except (AuthBackendError, BadAnswer) as exc:
             raise self._failed(query, str(exc)) from None
+        except Exception as exc:  # whatever else the client raises: no answer, not a crash
+            raise self._failed(query, describe(exc)) from None
         if not answer.allowed and answer.reason:
-            log.info(
-                "HTTP auth service denied %s: %s", _subject(query), _scrub(answer.reason, query)
-            )
+            log.info("HTTP auth service denied %s: %s", subject(query), scrub(answer.reason, query))
         return answer
 
     def _failed(self, query: Query, problem: str) -> AuthBackendError:
         self.errors += 1
         where = redact_url(self.paths[query.path])
-        problem = _scrub(problem, query)
+        problem = scrub(problem, query)
         return AuthBackendError(f"HTTP auth service {where} ({query.path}): {problem}")
 
 
@@ -322,43 +259,6 @@ async def _read(response: httpx.Response) -> bytes:
         if len(body) > MAX_BODY:
             raise AuthBackendError(f"an answer longer than {MAX_BODY} bytes")
     return body
-
-
-def _describe(exc: BaseException) -> str:
-    """``ConnectError: <why>``; the words of the first cause that has some when the error has
-    none (httpx on Trio wraps an ``ssl.SSLCertVerificationError`` in text-less errors)."""
-    inner: BaseException | None = exc
-    for _ in range(8):
-        if inner is None or str(inner):
-            break
-        inner = inner.__cause__ or inner.__context__
-    if inner is None or not str(inner):
-        return type(exc).__name__
-    if inner is exc:
-        return f"{type(exc).__name__}: {exc}"
-    return f"{type(exc).__name__}: {type(inner).__name__}: {inner}"
-
-
-def _subject(query: Query) -> str:
-    fields = dict(query.fields)
-    user = fields.get("username", "")[:200]
-    if query.path == "user_path":
-        return f"user '{user}'"
-    if query.path == "vhost_path":
-        return f"access to vhost '{fields['vhost']}' for user '{user}'"
-    return (
-        f"{fields['permission']} access to {fields['resource']} '{fields['name']}' in vhost "
-        f"'{fields['vhost']}' for user '{user}'"
-    )
-
-
-def _scrub(text: str, query: Query) -> str:
-    """``text`` with the query's password (as sent, or percent-encoded) masked."""
-    for key, value in query.fields:
-        if key == "password" and value:
-            for form in sorted({value, quote_plus(value), quote(value), quote(value, safe="")}):
-                text = text.replace(form, "***")
-    return text
 
 
 async def _close_when_run_ends(client: httpx.AsyncClient) -> None:
