@@ -183,6 +183,9 @@ def test_the_service_down_refuses_its_users_and_internal_ones_still_work(
     with running_broker(config(dead)) as down, caplog.at_level(logging.WARNING):
         assert "403" in refusal(url(down, "alice", "alice-pw"))
         round_trip(down.url)  # guest, from the internal database
+        with httpx.Client(base_url=down.http_url, timeout=10) as http:
+            assert http.get("/api/whoami", auth=("alice", "alice-pw")).status_code == 401
+            assert http.get("/api/whoami", auth=("guest", "guest")).status_code == 200
     line = next(r.getMessage() for r in caplog.records if "could not authenticate" in r.message)
     assert line.startswith("auth backend 'http' could not authenticate 'alice': HTTP auth service")
     assert "http://127.0.0.1:1/auth/user" in line
