@@ -123,6 +123,7 @@ async def test_tags_come_from_the_answer(service: AuthService) -> None:
         (200, "yes", "unexpected answer"),
         (200, "allowed", "unexpected answer"),
         (200, "", "unexpected answer"),
+        (200, "allow " + "x" * 70_000, "an answer longer than 65536 bytes"),
     ],
 )
 async def test_anything_but_allow_or_deny_refuses_without_the_password(
