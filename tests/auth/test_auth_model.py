@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from tqbroker.auth import (
+    AuthBackendError,
     AuthChain,
     AuthConfigError,
     Authenticator,
@@ -28,6 +29,7 @@ from tqbroker.auth import (
     refusal_text,
     topic_refusal_text,
 )
+from tqbroker.auth.authenticator import BACKEND_UNAVAILABLE
 from tqbroker.auth.internal import parse_tags
 from tqbroker.auth.model import PatternError
 
@@ -158,7 +160,7 @@ def test_the_permission_cache_follows_the_generation() -> None:
 
 
 def test_an_unknown_backend_is_a_clear_error() -> None:
-    with pytest.raises(AuthConfigError, match="unknown backend 'ldap' \\(installed: internal"):
+    with pytest.raises(AuthConfigError, match=r"unknown backend 'ldap' \(installed: .*internal"):
         load_chain(["ldap"])
     chain = load_chain(["internal"])  # through the entry point, as a third party's
     assert isinstance(chain.backends["internal"], InternalBackend)
@@ -192,5 +194,37 @@ def test_loopback_users_log_in_from_a_loopback_peer_only() -> None:
         with pytest.raises(LoginRefused) as refused:
             await authenticator.login("bob", "pw", Peer("192.0.2.1"))
         assert refused.value.loopback
+
+    trio.run(main)
+
+
+class _Down(InternalBackend):
+    """The internal database behind a backend that can be made unable to answer."""
+
+    down = True
+
+    async def authenticate(
+        self, username: str, password: str | None, peer: Peer
+    ) -> AuthUser | None:
+        if self.down:
+            raise AuthBackendError("service unavailable")
+        return await super().authenticate(username, password, peer)
+
+
+def test_a_backend_that_cannot_answer_does_not_count_against_the_address() -> None:
+    """An outage of the backend refuses logins, but does not use up the address's allowance
+    of failed logins: once it answers again, the user logs in at once."""
+    backend = _Down(_db())
+    authenticator = Authenticator(
+        AuthChain([("down", backend)]), failure_delay=0, failure_burst=2, failure_rate=0.001
+    )
+
+    async def main() -> None:
+        for _ in range(5):
+            with pytest.raises(LoginRefused) as refused:
+                await authenticator.login("bob", "pw", PEER)
+            assert refused.value.reason == BACKEND_UNAVAILABLE
+        backend.down = False
+        assert (await authenticator.login("bob", "pw", PEER)).name == "bob"
 
     trio.run(main)

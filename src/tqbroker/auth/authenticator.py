@@ -6,6 +6,7 @@
   password under a per-process key (never the password), valid while the chain's generation
   is unchanged (a password or permission change empties it in effect);
 - the backends (``AuthChain``), which cost the same for an unknown user as for a wrong password;
+  a backend that cannot answer refuses the login without counting it against the address;
 - ``loopback_users`` (RabbitMQ's broker setting, default ``["guest"]``) checked against the
   PEER address (``is_loopback``: 127.0.0.0/8, ``::1``, and IPv4-mapped 127.0.0.0/8);
 - every refusal answered after ``failure_delay`` seconds (a sleeping task costs no CPU).
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterable
 
 import trio
 
-from .backends import AuthChain
+from .backends import AuthBackendError, AuthChain
 from .model import AuthUser, Peer
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 INVALID_CREDENTIALS = "invalid credentials"
 LOOPBACK_ONLY = "can only connect via localhost"
 RATE_LIMITED = "too many failed logins from this address"
+BACKEND_UNAVAILABLE = "no auth backend could answer"
 
 
 class LoginRefused(Exception):
@@ -118,7 +120,10 @@ class Authenticator:
         certificate). LoginRefused after ``failure_delay`` otherwise."""
         if not self.buckets.allows(peer.host):
             await self._refuse(username, RATE_LIMITED, peer, count=False)
-        user = await self._authenticate(username, password, peer)
+        try:
+            user = await self._authenticate(username, password, peer)
+        except AuthBackendError:  # not the client's failure: not counted against its address
+            await self._refuse(username, BACKEND_UNAVAILABLE, peer, count=False)
         if user is None:
             await self._refuse(username, INVALID_CREDENTIALS, peer)
         elif username in self.loopback_users and not is_loopback(peer.host):

@@ -41,7 +41,8 @@ class AuthBackend(Protocol):
 
     ``generation`` changes whenever an answer of the backend may have changed (a permission
     set, a user deleted): caches of its answers compare it. A backend whose answers change
-    out of the broker's sight (a remote service) keeps it constant and bounds its own caching.
+    out of the broker's sight (a remote service) moves it at least as often as its answers
+    may be cached (its TTL), so that the broker's caches hold them no longer.
     """
 
     @property
@@ -102,15 +103,21 @@ class AuthChain:
     async def authenticate(
         self, username: str, password: str | None, peer: Peer
     ) -> AuthUser | None:
-        """The first backend's user that accepts; None when every backend refuses."""
+        """The first backend's user that accepts; None when every backend refuses.
+        ``AuthBackendError`` when none accepts and one or more could not answer (the login is
+        refused, but it is not the client's failure)."""
+        unanswered: list[str] = []
         for name, backend in self.backends.items():
             try:
                 user = await backend.authenticate(username, password, peer)
             except AuthBackendError as exc:
                 log.warning("auth backend %r could not authenticate %r: %s", name, username, exc)
+                unanswered.append(name)
                 continue
             if user is not None:
                 return user if user.backend == name else _with_backend(user, name)
+        if unanswered:
+            raise AuthBackendError(f"no answer from auth backend(s) {', '.join(unanswered)}")
         return None
 
     def _backend(self, user: AuthUser) -> AuthBackend | None:
