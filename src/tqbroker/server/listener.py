@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import socket
 
 import attrs
 import trio
@@ -74,10 +75,10 @@ async def serve(
         await broker_nursery.start(broker.run)
         listeners: list[trio.SocketListener] = []
         if not config.tls.only:
-            listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+            listeners = await open_listeners(config.port, config.host)
         tls_listeners: list[trio.SocketListener] = []
         if tls is not None:
-            tls_listeners = await trio.open_tcp_listeners(config.tls.port, host=config.host)
+            tls_listeners = await open_listeners(config.tls.port, config.host)
         addresses, tls_addresses = _bound(listeners), _bound(tls_listeners)
         for host, port in addresses:
             log.info("tqbroker %s listening for AMQP on %s:%d", broker.config.host, host, port)
@@ -181,6 +182,23 @@ async def serve(
                 await all_closed.wait()
             handler_nursery.cancel_scope.cancel()
         broker_nursery.cancel_scope.cancel()
+
+
+async def open_listeners(port: int, host: str) -> list[trio.SocketListener]:
+    """Listening sockets on ``host:port``. ``::`` is dual-stack (IPv4 clients too, as
+    RabbitMQ's and hypercorn's listeners on ``::`` are); trio would make it IPv6-only."""
+    if host != "::" or not socket.has_dualstack_ipv6():
+        return await trio.open_tcp_listeners(port, host=host)
+    sock = trio.socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        await sock.bind(("::", port))
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return [trio.SocketListener(sock)]
 
 
 def _bound(listeners: list[trio.SocketListener]) -> list[Address]:
