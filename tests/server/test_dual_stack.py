@@ -15,11 +15,13 @@ import pytest
 
 SCRIPT = textwrap.dedent(
     """
-    import subprocess, sys, time
+    import subprocess, sys
+    from pathlib import Path
     subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
     import pika
     from tqbroker.testing import start_broker_process
-    with start_broker_process(None, extra_args=["--host", "::"], cwd=__import__("pathlib").Path(sys.argv[1])) as broker:
+    here = Path(sys.argv[1])
+    with start_broker_process(None, extra_args=["--host", "::"], cwd=here) as broker:
         for host in ("127.0.0.1", "::1"):
             params = pika.ConnectionParameters(host, broker.port, connection_attempts=1)
             connection = pika.BlockingConnection(params)
