@@ -15,9 +15,11 @@ import pytest
 
 SCRIPT = textwrap.dedent(
     """
-    import subprocess, sys
+    import fcntl, socket, struct, sys
     from pathlib import Path
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
+    # The namespace's loopback interface up (``ip link set lo up``, without iproute2).
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", 0x1 | 0x8 | 0x40))  # SIOCSIFFLAGS
     import pika
     from tqbroker.testing import start_broker_process
     here = Path(sys.argv[1])
