@@ -92,8 +92,8 @@ async def test_a_closed_connection_is_freed_at_once(
     opened: list[weakref.ref[AMQPConnection]] = []
     real = AMQPConnection.__init__
 
-    def init(connection: AMQPConnection, *args: object) -> None:
-        real(connection, *args)  # type: ignore[arg-type]
+    def init(connection: AMQPConnection, *args: object, **kwargs: object) -> None:
+        real(connection, *args, **kwargs)  # type: ignore[arg-type]
         opened.append(weakref.ref(connection))
 
     monkeypatch.setattr(AMQPConnection, "__init__", init)
