@@ -29,7 +29,10 @@ def records(path: Path) -> list[dict[str, Any]]:
 def wait_for(path: Path, text: str, timeout: float = 10) -> str:
     deadline = time.monotonic() + timeout
     while True:
-        content = path.read_text() if path.exists() else ""
+        try:
+            content = path.read_text()
+        except FileNotFoundError:  # not there yet, or being rotated this instant
+            content = ""
         if text in content or time.monotonic() > deadline:
             return content
         time.sleep(0.05)
