@@ -19,6 +19,9 @@ nox.options.reuse_existing_virtualenvs = True
 RUFF = "ruff==0.17.6"  # the same pin as the test extra: generated code is formatted with it
 DEV_ENV = Path(__file__).resolve().parent / ".nox" / "dev"
 _dev_env_ready = False  # pip has brought .nox/dev up to date during this run of nox
+# The default sets run on two pytest-xdist workers, a test file each at a time: most of their
+# time is spent waiting on brokers, clients and subprocesses, not on the CPU.
+PARALLEL = ("-n", "2", "--dist", "loadfile")
 
 
 def dev_env(session: nox.Session) -> tuple[str, dict[str, str]]:
@@ -42,7 +45,7 @@ def tests(session: nox.Session) -> None:
     """The test suite (slow tests excluded unless asked for with ``-- -m slow``); durable queues
     on the default ``log`` backend."""
     python, env = dev_env(session)
-    args = session.posargs or ["-m", "not slow"]
+    args = session.posargs or ["-m", "not slow", *PARALLEL]
     session.run(python, "-m", "pytest", "-p", "no:cacheprovider", *args, env=env, external=True)
 
 
@@ -51,7 +54,10 @@ def tests(session: nox.Session) -> None:
 def backends(session: nox.Session, backend: str) -> None:
     """The client-facing and storage suites again with durable queues on another backend."""
     python, env = dev_env(session)
-    args = session.posargs or ["-m", "not slow", "tests/interop", "tests/storage", "tests/plugins"]
+    args = session.posargs or [
+        *("-m", "not slow", *PARALLEL),
+        *("tests/interop", "tests/storage", "tests/plugins"),
+    ]
     env["TQBROKER_TEST_DURABLE_BACKEND"] = backend
     session.run(python, "-m", "pytest", "-p", "no:cacheprovider", *args, env=env, external=True)
 
