@@ -21,7 +21,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..auth import AuthChain, AuthUser, PermissionCache, PermissionKind, ResourceKind
+from ..auth import (
+    AuthBackend,
+    AuthChain,
+    AuthUser,
+    PermissionCache,
+    PermissionKind,
+    ResourceKind,
+)
 from ..auth.backends import DEFAULT_EXCHANGE_RESOURCE
 from ..broker.declaring import server_name
 from ..broker.reply_to import REPLY_TO
@@ -34,6 +41,7 @@ if TYPE_CHECKING:
     from .topology import Topology
 
 TOPIC = "topic"  # the exchange type whose routing keys topic permissions guard
+WRITABLE_SIZE = 64  # exchanges a channel remembers it may publish to
 
 # (kind, name, permission, routing key): a topic permission check has a routing key (kind is
 # "topic", name the exchange), a resource check None.
@@ -84,6 +92,12 @@ class ChannelAccess:
     ) -> None:
         self.user, self.vhost = user, vhost
         self.cache = PermissionCache(chain, user, vhost, variables=variables)
+        # The publish fast path: exchange -> may write, valid while the generation of the
+        # answering backend (the chain's one backend, usually: one property read) is unchanged.
+        backends = list(chain.backends.values())
+        self._source: AuthChain | AuthBackend = backends[0] if len(backends) == 1 else chain
+        self._generation = self._source.generation
+        self._writable: dict[str, bool] = {}
 
     def refusal(self, check: Check) -> AMQPError:
         kind, name, _permission, routing_key = check
@@ -123,8 +137,22 @@ class ChannelAccess:
                 raise self.refusal(check)
 
     def writes(self, exchange: str) -> bool | None:
-        """The publish fast path: the cached answer of ``write`` on ``exchange``."""
-        return self.cache.cached("exchange", exchange, "write")
+        """The publish fast path: the cached answer of ``write`` on ``exchange`` (None: ask
+        ``check_write``)."""
+        if self._source.generation != self._generation:
+            return None
+        return self._writable.get(exchange)
+
+    async def check_write(self, exchange: str) -> None:
+        """``write`` on ``exchange`` asked (through the cache); remembered for ``writes``."""
+        generation = self._source.generation
+        await self.check([("exchange", exchange, "write", None)])
+        if generation != self._generation:
+            self._writable.clear()
+            self._generation = generation
+        if len(self._writable) >= WRITABLE_SIZE:
+            self._writable.pop(next(iter(self._writable)))
+        self._writable[exchange] = True
 
 
 # -- what each method needs ------------------------------------------------------------------

@@ -124,7 +124,7 @@ class Channel:
         """``publish`` with its permission checks asked of the auth backends (RabbitMQ's
         order: write on the exchange, the exchange found and not internal, topic write)."""
         access = self.access
-        await access.check([("exchange", method.exchange, "write", None)])
+        await access.check_write(method.exchange)
         exchange = publish_exchange(self.vhost, method)
         if exchange.type_name == TOPIC:
             await access.check([("topic", exchange.name, "write", method.routing_key)])
