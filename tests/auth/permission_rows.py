@@ -7,8 +7,9 @@ The users (in vhost ``permtest``): ``permuser`` may configure names with a ``c``
 first ``-``, write those with a ``w``, read those with an ``r`` (``cr-q``: configure and read;
 ``n-x``: nothing), and write the default exchange; ``genuser`` may configure server-named
 queues only (``amq.gen-...``) and write or read nothing. ``permuser`` has topic permissions on
-the topic exchange ``rw-topic``: publish with keys starting with its name, bind with keys
-starting ``bindable.``.
+the topic exchange ``rw-topic`` (publish with keys starting with its name, bind with keys
+starting ``bindable.``) and ``rw-topic2`` (keys starting ``{client_id}.permtest.``: RabbitMQ
+expands ``{vhost}`` but has no ``client_id`` for AMQP 0-9-1 and leaves it as written).
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ USERS: dict[str, tuple[str, str, str]] = {
     ),
     "genuser": ("^amq\\.gen-", "", ""),
 }
-# user -> (exchange, write, read)
-TOPIC_PERMISSIONS = {"permuser": ("rw-topic", "^{username}\\.", "^bindable\\.")}
+# (user, exchange, write, read)
+TOPIC_PERMISSIONS = [
+    ("permuser", "rw-topic", "^{username}\\.", "^bindable\\."),
+    # {vhost} is expanded; {client_id} is not (no client_id in AMQP 0-9-1: stays as written)
+    ("permuser", "rw-topic2", "^{client_id}\\.{vhost}\\.", ".*"),
+]
 
 # Resources the administrator declares before every row: (kind, name, type or arguments).
-EXCHANGES = ["n-x0", "r-x0", "w-x", "w-x2", "cw-xd", "rw-topic"]
+EXCHANGES = ["n-x0", "r-x0", "w-x", "w-x2", "cw-xd", "rw-topic", "rw-topic2"]
 QUEUES = ["n-q0", "r-q0", "w-q0", "c-qdel", "cr-qdel"]
 
 Outcome = str | tuple[int, str]
@@ -165,6 +170,8 @@ ROWS: list[Row] = [
     Row("topic bind allowed", P, lambda ch: ch.queue_bind("w-q0", "rw-topic", "bindable.a")),
     Row("topic bind refused", P, lambda ch: ch.queue_bind("w-q0", "rw-topic", "other.a")),
     Row("topic exchange.bind refused", P, lambda ch: ch.exchange_bind("w-x", "rw-topic", "o")),
+    Row("topic variables allowed", P, _publish("rw-topic2", "{client_id}.permtest.a")),
+    Row("topic variables refused", P, _publish("rw-topic2", "abc.permtest.a")),
 ]
 
 _SERVER_NAMED = re.compile(r"amq\.gen-[A-Za-z0-9_-]+")
@@ -177,7 +184,7 @@ def setup(admin: BlockingChannel) -> None:
     for name in ["c-q", "n-q", "cr-qd", "cr-qd2", "c-qd3"]:
         admin.queue_delete(name)
     for name in EXCHANGES:
-        admin.exchange_declare(name, "topic" if name.endswith("topic") else "direct")
+        admin.exchange_declare(name, "topic" if "topic" in name else "direct")
     for name in QUEUES:
         admin.queue_declare(name)
 
@@ -233,6 +240,6 @@ def setup_rabbitmq(http_url: str) -> None:
             ).raise_for_status()
             patterns = {"configure": configure, "write": write, "read": read}
             api.put(f"/api/permissions/{VHOST}/{user}", json=patterns).raise_for_status()
-        for user, (exchange, write, read) in TOPIC_PERMISSIONS.items():
+        for user, exchange, write, read in TOPIC_PERMISSIONS:
             body = {"exchange": exchange, "write": write, "read": read}
             api.put(f"/api/topic-permissions/{VHOST}/{user}", json=body).raise_for_status()

@@ -88,6 +88,7 @@ EXPECTED: dict[str, rows.Outcome] = {
     "topic publish refused": _topic("other.a"),
     "topic bind refused": _topic("other.a"),
     "topic exchange.bind refused": _topic("o"),
+    "topic variables refused": _topic("abc.permtest.a", "rw-topic2"),
 }
 
 
@@ -110,7 +111,7 @@ def _config() -> BrokerConfig:
 def broker() -> Iterator[RunningBroker]:
     with running_broker(_config()) as running:
         assert running.broker is not None
-        for user, (exchange, write, read) in rows.TOPIC_PERMISSIONS.items():
+        for user, exchange, write, read in rows.TOPIC_PERMISSIONS:
             running.broker.users.set_topic_permissions(
                 user, rows.VHOST, TopicPermission(exchange, write, read)
             )

@@ -33,7 +33,6 @@ from ..auth.backends import DEFAULT_EXCHANGE_RESOURCE
 from ..broker.declaring import server_name
 from ..broker.reply_to import REPLY_TO
 from ..protocol import methods as m
-from ..protocol.codec import FieldTable
 from ..protocol.errors import AMQPError, ReplyCode
 
 if TYPE_CHECKING:
@@ -63,25 +62,17 @@ def topic_refusal(exchange: str, routing_key: str, vhost: str, user: str) -> str
     )
 
 
-def client_variables(client_properties: FieldTable) -> dict[str, str]:
-    """The topic permission variables a client's properties give (``client_id``, as
-    RabbitMQ's ``extract_variable_map_from_amqp_params``)."""
-    client_id = client_properties.get("client_id")
-    if isinstance(client_id, bytes):
-        client_id = client_id.decode("utf-8", "replace")
-    return {"client_id": client_id} if isinstance(client_id, str) else {}
-
-
 class ChannelAccess:
     """One channel's permission checks (its user, vhost and cache of answers)."""
 
     @classmethod
-    def of_connection(
-        cls, chain: AuthChain, user: AuthUser | None, vhost: str, client_properties: FieldTable
-    ) -> ChannelAccess:
-        """The checks of a channel of an open connection (authenticated: ``user`` is set)."""
+    def of_connection(cls, chain: AuthChain, user: AuthUser | None, vhost: str) -> ChannelAccess:
+        """The checks of a channel of an open connection (authenticated: ``user`` is set).
+        Topic permission patterns get ``{username}`` and ``{vhost}`` expanded; RabbitMQ 3.10
+        takes no ``client_id`` from an AMQP 0-9-1 client's properties (the oracle leaves
+        ``{client_id}`` as it is written), nor does this."""
         assert user is not None  # channels open after connection.open
-        return cls(chain, user, vhost, client_variables(client_properties))
+        return cls(chain, user, vhost)
 
     def __init__(
         self,

@@ -442,10 +442,7 @@ class AMQPConnection:
         if isinstance(method, ChannelOpen):
             assert self.vhost is not None
             access = ChannelAccess.of_connection(
-                self.broker.authenticator.chain,
-                self.handshake.user,
-                self.vhost.name,
-                self.handshake.client_properties,
+                self.broker.authenticator.chain, self.handshake.user, self.vhost.name
             )
             opened = self.channels.open(self, number, self.vhost, access)
             self.broker.stats_sampler.register(opened.stats)
