@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from ...broker.streams import admin, reading, topics
 from ...broker.streams.topics import ConsumerRecord
 from ...recordbatch import json_value
-from . import inputs
+from . import inputs, topic_access
 from .auth import broker_of, vhost_of
 from .errors import RequestError
 
@@ -33,7 +33,9 @@ async def declare_topic(request: Request) -> Response:
     count = inputs.integer(body.get("partitions", 1), "partitions")
     arguments = inputs.field_table(body.get("arguments", {}), "arguments")
     topic = request.path_params["topic"]
-    created = await topics.declare(await vhost_of(request), topic, count, arguments)
+    vhost = await vhost_of(request)
+    await topic_access.check_declare(request, vhost, count)
+    created = await topics.declare(vhost, topic, count, arguments)
     return JSONResponse(
         {"topic": topic, "partitions": count, "created": created},
         status_code=201 if created else 200,
@@ -44,6 +46,7 @@ async def produce(request: Request) -> Response:
     """``POST /topics/{topic}/messages``: one record, or ``{"records": [...]}``; where each
     landed once durable."""
     vhost = await vhost_of(request)
+    await topic_access.check_produce(request, vhost)
     body = await inputs.json_object(request)
     single = "records" not in body
     raw = [body] if single else body["records"]
@@ -69,6 +72,7 @@ async def consume(request: Request) -> Response:
     if offset is not None and timestamp is not None:
         raise RequestError(400, "give 'offset' or 'timestamp', not both")
     vhost = await vhost_of(request)
+    await topic_access.check_read(request, vhost, partition)
     topic = request.path_params["topic"]
     if offset == "latest":
         offset = topics.partition(vhost, topic, partition).stream.durable_end
@@ -100,6 +104,7 @@ async def offsets(request: Request) -> Response:
     """``GET /topics/{topic}/offsets``: each partition's earliest and latest offsets (and with
     ``timestamp``, its first offset at or after that time)."""
     vhost = await vhost_of(request)
+    await topic_access.check_read(request, vhost)
     topic = request.path_params["topic"]
     found: list[dict[str, int | str | None]] = [
         {
