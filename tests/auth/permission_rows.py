@@ -82,6 +82,7 @@ ROWS: list[Row] = [
     # exchange.declare: configure on the exchange; passive: nothing.
     Row("exchange.declare allowed", P, lambda ch: ch.exchange_declare("c-x", "direct")),
     Row("exchange.declare refused", P, lambda ch: ch.exchange_declare("n-x", "direct")),
+    Row("exchange.declare existing refused", P, lambda ch: ch.exchange_declare("n-x0", "direct")),
     Row(
         "exchange.declare passive allowed", P, lambda ch: ch.exchange_declare("n-x0", passive=True)
     ),
@@ -113,6 +114,7 @@ ROWS: list[Row] = [
     # queue.declare: configure on the queue; passive: nothing.
     Row("queue.declare allowed", P, lambda ch: ch.queue_declare("c-q")),
     Row("queue.declare refused", P, lambda ch: ch.queue_declare("n-q")),
+    Row("queue.declare existing refused", P, lambda ch: ch.queue_declare("n-q0")),
     Row("queue.declare exclusive allowed", P, lambda ch: ch.queue_declare("c-qe", exclusive=True)),
     Row("queue.declare exclusive refused", P, lambda ch: ch.queue_declare("n-qe", exclusive=True)),
     Row("queue.declare passive allowed", P, lambda ch: ch.queue_declare("n-q0", passive=True)),

@@ -37,6 +37,7 @@ def _topic(key: str, exchange: str = "rw-topic") -> tuple[int, str]:
 # What RabbitMQ 3.10.8 answers (recorded from the oracle; the oracle test compares live).
 EXPECTED: dict[str, rows.Outcome] = {
     "exchange.declare refused": _refused("exchange", "n-x"),
+    "exchange.declare existing refused": _refused("exchange", "n-x0"),
     "exchange.declare passive missing": (404, "NOT_FOUND - no exchange 'n-xm' in vhost 'permtest'"),
     "exchange.declare amq.* refused": _refused("exchange", "amq.nx"),
     "exchange.declare amq.* configurable": (
@@ -51,6 +52,7 @@ EXPECTED: dict[str, rows.Outcome] = {
         "ACCESS_REFUSED - deletion of system exchange 'amq.direct' in vhost 'permtest' not allowed",
     ),
     "queue.declare refused": _refused("queue", "n-q"),
+    "queue.declare existing refused": _refused("queue", "n-q0"),
     "queue.declare exclusive refused": _refused("queue", "n-qe"),
     "queue.declare passive missing": (404, "NOT_FOUND - no queue 'n-qm' in vhost 'permtest'"),
     "queue.declare amq.* refused": (

@@ -89,6 +89,7 @@ class ChannelAccess:
         self._source: AuthChain | AuthBackend = backends[0] if len(backends) == 1 else chain
         self._generation = self._source.generation
         self._writable: dict[str, bool] = {}
+        self._topic_writable: dict[tuple[str, str], bool] = {}
 
     def refusal(self, check: Check) -> AMQPError:
         kind, name, _permission, routing_key = check
@@ -134,16 +135,33 @@ class ChannelAccess:
             return None
         return self._writable.get(exchange)
 
+    def topic_writes(self, exchange: str, routing_key: str) -> bool | None:
+        """The publish fast path on a topic exchange: the cached answer of the topic
+        permission ``write`` of ``routing_key`` (None: ask ``check_topic_write``)."""
+        if self._source.generation != self._generation:
+            return None
+        return self._topic_writable.get((exchange, routing_key))
+
     async def check_write(self, exchange: str) -> None:
         """``write`` on ``exchange`` asked (through the cache); remembered for ``writes``."""
         generation = self._source.generation
         await self.check([("exchange", exchange, "write", None)])
+        self._remember(generation, self._writable, exchange)
+
+    async def check_topic_write(self, exchange: str, routing_key: str) -> None:
+        generation = self._source.generation
+        await self.check([("topic", exchange, "write", routing_key)])
+        self._remember(generation, self._topic_writable, (exchange, routing_key))
+
+    def _remember(self, generation: int, allowed: dict[Any, bool], key: object) -> None:
+        """An allowed publish, answered at ``generation``."""
         if generation != self._generation:
             self._writable.clear()
+            self._topic_writable.clear()
             self._generation = generation
-        if len(self._writable) >= WRITABLE_SIZE:
-            self._writable.pop(next(iter(self._writable)))
-        self._writable[exchange] = True
+        if len(allowed) >= WRITABLE_SIZE:
+            allowed.pop(next(iter(allowed)))
+        allowed[key] = True
 
 
 # -- what each method needs ------------------------------------------------------------------

@@ -111,8 +111,7 @@ class Channel:
         exchange = publish_exchange(self.vhost, method)
         if (
             exchange.type_name == TOPIC
-            and self.access.cached(("topic", exchange.name, "write", method.routing_key))
-            is not True
+            and self.access.topic_writes(exchange.name, method.routing_key) is not True
         ):
             return self._publish_after_checks(method, properties_raw, body, timestamp_ms)
         self._publish(exchange, method, properties_raw, body, timestamp_ms)
@@ -127,7 +126,7 @@ class Channel:
         await access.check_write(method.exchange)
         exchange = publish_exchange(self.vhost, method)
         if exchange.type_name == TOPIC:
-            await access.check([("topic", exchange.name, "write", method.routing_key)])
+            await access.check_topic_write(exchange.name, method.routing_key)
         if not self.closed:
             self._publish(exchange, method, properties_raw, body, timestamp_ms)
 
