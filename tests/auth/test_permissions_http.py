@@ -1,7 +1,8 @@
-"""The topic routes (JSON and columnar) and the Spark data source's client check RabbitMQ's
-permissions on what an AMQP client would touch: producing writes through the topic's exchange
-(the default exchange, ``amq.default``, for a topic that is one stream queue), reading and
-offsets read the partitions' queues, declaring configures the exchange and the queues."""
+"""The topic routes (JSON, columnar and administration) and the Spark data source's client
+check RabbitMQ's permissions on what an AMQP client would touch: producing writes through the
+topic's exchange (the default exchange, ``amq.default``, for a topic that is one stream queue),
+reading, offsets and group offset resets read the partitions' queues, declaring, growing and
+deleting configure the exchange and the queues."""
 
 from __future__ import annotations
 
@@ -81,6 +82,21 @@ def test_columnar_routes_allowed_and_refused(broker: RunningBroker) -> None:
         _refused(eve.post("/topics/t/records", content=_body()), "exchange", "t", "eve")
         assert bob.get("/topics/t/partitions/0/records").status_code == 200
         _refused(bob.get("/topics/t/partitions/1/records"), "queue", "t-1", "bob")
+
+
+def test_admin_routes_allowed_and_refused(broker: RunningBroker) -> None:
+    """Deleting or growing a topic needs configure; resetting a group's offsets needs read;
+    listing and describing need only the vhost."""
+    with _as(broker, "bob") as bob:
+        _refused(bob.delete("/topics/t"), "exchange", "t", "bob")
+        _refused(bob.patch("/topics/t", json={"partitions": 3}), "exchange", "t", "bob")
+        reset = {"to": "earliest", "dry_run": True}
+        _refused(bob.post("/topics/t/groups/g/offsets", json=reset), "queue", "t-1", "bob")
+        assert bob.get("/topics").status_code == 200
+        assert bob.get("/topics/t").status_code == 200
+    with httpx.Client(base_url=broker.http_url, auth=("guest", "guest")) as guest:
+        reset = {"to": "earliest", "dry_run": True}
+        assert guest.post("/topics/t/groups/g/offsets", json=reset).status_code == 200
 
 
 def test_spark_client_gets_the_refusal(broker: RunningBroker) -> None:

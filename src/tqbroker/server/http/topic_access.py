@@ -4,9 +4,13 @@ RabbitMQ's read/write permissions on what an AMQP client would touch to do the s
 - producing writes through the topic's exchange (the topic's name), or the default exchange
   (``amq.default``) for a topic that is one stream queue: ``write`` on that exchange;
 - reading records or offsets of a partition: ``read`` on its stream queue (every partition's
-  for the offsets of all);
-- declaring a partitioned topic: ``configure`` on its exchange and its partitions' queues,
-  and what binding them needs (``write`` on each queue, ``read`` on the exchange).
+  for the offsets of all, and for resetting a consumer group's offsets);
+- declaring or growing a partitioned topic: ``configure`` on its exchange and its partitions'
+  queues, and what binding them needs (``write`` on each queue, ``read`` on the exchange);
+  deleting one: ``configure`` on them.
+
+Listing and describing topics and groups (metadata, as the management API's listings) need
+only access to the vhost.
 
 A refusal is 403 with RabbitMQ's text (``access to queue 't-0' in vhost '/' refused for
 user 'bob'``). A topic that does not exist needs nothing here: its route answers 404 as
@@ -50,6 +54,16 @@ async def check_declare(request: Request, vhost: VirtualHost, count: int) -> Non
     await require(request, vhost, declare(request.path_params["topic"], count))
 
 
+async def check_delete(request: Request, vhost: VirtualHost) -> None:
+    """Deleting the path's topic: ``configure`` on its exchange and partitions' queues."""
+    await require(request, vhost, delete(vhost, request.path_params["topic"]))
+
+
+async def check_grow(request: Request, vhost: VirtualHost, count: int) -> None:
+    """Growing the path's topic to ``count`` partitions: what declaring it so needs."""
+    await require(request, vhost, declare(request.path_params["topic"], count))
+
+
 async def require(request: Request, vhost: VirtualHost, needs: Iterable[Need]) -> None:
     """403 unless the request's user has every permission of ``needs`` on ``vhost``."""
     user = await user_of(request)
@@ -77,6 +91,16 @@ def read(vhost: VirtualHost, topic: str, partition: int | None = None) -> list[N
     if partition is not None:
         found = found[partition : partition + 1] if partition >= 0 else []
     return [("queue", queue.name, "read") for queue in found]
+
+
+def delete(vhost: VirtualHost, topic: str) -> list[Need]:
+    """``configure`` on the topic's exchange (if it has one) and its partitions' queues."""
+    needs: list[Need] = [("exchange", topic, "configure")] if topic in vhost.exchanges else []
+    try:
+        found = topics.partitions(vhost, topic)
+    except topics.TopicError:
+        return needs
+    return needs + [("queue", queue.name, "configure") for queue in found]
 
 
 def declare(topic: str, count: int) -> list[Need]:
