@@ -172,6 +172,17 @@ class PermissionCache:
     ``cached``/``cached_topic`` are the synchronous fast path (None: not known, ask
     ``check``/``check_topic``)."""
 
+    __slots__ = (
+        "_answers",
+        "_chain",
+        "_generation",
+        "_size",
+        "_topics",
+        "_user",
+        "_variables",
+        "_vhost",
+    )
+
     def __init__(
         self,
         chain: AuthChain,

@@ -65,6 +65,16 @@ def topic_refusal(exchange: str, routing_key: str, vhost: str, user: str) -> str
 class ChannelAccess:
     """One channel's permission checks (its user, vhost and cache of answers)."""
 
+    __slots__ = (
+        "_generation",
+        "_source",
+        "_topic_writable",
+        "_writable",
+        "cache",
+        "user",
+        "vhost",
+    )
+
     @classmethod
     def of_connection(cls, chain: AuthChain, user: AuthUser | None, vhost: str) -> ChannelAccess:
         """The checks of a channel of an open connection (authenticated: ``user`` is set).
