@@ -24,7 +24,7 @@ from canary import Canary
 from tqbroker.broker.broker import Broker
 from tqbroker.broker.streams import topics
 from tqbroker.broker.streams.topics import ProducerRecord
-from tqbroker.config import BrokerConfig, UserConfig
+from tqbroker.config import BrokerConfig, PermissionConfig, UserConfig
 from tqbroker.recordbatch import BinaryColumn, WriteBatch, encode_write
 from tqbroker.server.http import create_app
 from tqbroker.server.http.inputs import MAX_REQUEST_BYTES
@@ -36,8 +36,13 @@ from tqbroker.testing import RunningBroker, running_broker, start_broker
 pytestmark = pytest.mark.timeout(60)
 
 USERS = (
-    UserConfig("guest", "guest", loopback_only=True),
-    UserConfig("limited", "secret", vhosts=("/",)),
+    UserConfig(
+        "guest",
+        "guest",
+        tags=("administrator",),
+        permissions={"/": PermissionConfig(), "other": PermissionConfig()},
+    ),
+    UserConfig("limited", "secret", tags=("management",), permissions={"/": PermissionConfig()}),
 )
 BIG = "99999999999999999999"
 

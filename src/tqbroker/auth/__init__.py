@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
-from .authenticator import Authenticator, LoginRefused, is_loopback
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .backends import (
     AUTH_BACKENDS_GROUP,
     AuthBackend,
@@ -20,7 +22,6 @@ from .backends import (
     PermissionCache,
     load_chain,
 )
-from .internal import InternalBackend, UserDb, UserDbError
 from .model import (
     AuthUser,
     Peer,
@@ -33,6 +34,33 @@ from .model import (
     topic_refusal_text,
 )
 from .passwords import DEFAULT_ALGORITHM, check_password, hash_password
+
+if TYPE_CHECKING:
+    from .authenticator import Authenticator as Authenticator
+    from .authenticator import LoginRefused as LoginRefused
+    from .authenticator import is_loopback as is_loopback
+    from .internal import InternalBackend as InternalBackend
+    from .internal import UserDb as UserDb
+    from .internal import UserDbError as UserDbError
+
+# The modules that use trio load on first use: ``tqbroker.config`` imports this package's
+# password and SASL parts, and ``import tqbroker.protocol`` must stay free of trio (sans-IO).
+_LAZY = {
+    "Authenticator": "authenticator",
+    "LoginRefused": "authenticator",
+    "is_loopback": "authenticator",
+    "InternalBackend": "internal",
+    "UserDb": "internal",
+    "UserDbError": "internal",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tqbroker.auth' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "AUTH_BACKENDS_GROUP",

@@ -94,10 +94,13 @@ class AuthChain:
         if not backends:
             raise AuthConfigError("auth_backends: at least one backend is needed")
         self.backends: dict[str, AuthBackend] = dict(backends)
+        self._only = next(iter(self.backends.values())) if len(self.backends) == 1 else None
 
     @property
     def generation(self) -> int:
         """Changes when any backend's answers may have (see ``AuthBackend.generation``)."""
+        if self._only is not None:  # the usual single backend: no generator per check
+            return self._only.generation
         return sum(b.generation for b in self.backends.values())
 
     async def authenticate(
@@ -171,29 +174,90 @@ def _with_backend(user: AuthUser, name: str) -> AuthUser:
 
 
 class PermissionCache:
-    """One channel's cache of resource checks (RabbitMQ caches them per channel), emptied
-    when the chain's generation changes; at most ``size`` entries."""
+    """One channel's cache of resource and topic checks (RabbitMQ caches them per channel),
+    emptied when the chain's generation changes; at most ``size`` entries of each.
+    ``cached``/``cached_topic`` are the synchronous fast path (None: not known, ask
+    ``check``/``check_topic``)."""
 
-    def __init__(self, chain: AuthChain, user: AuthUser, vhost: str, size: int = 64) -> None:
+    __slots__ = (
+        "_answers",
+        "_chain",
+        "_generation",
+        "_size",
+        "_topics",
+        "_user",
+        "_variables",
+        "_vhost",
+    )
+
+    def __init__(
+        self,
+        chain: AuthChain,
+        user: AuthUser,
+        vhost: str,
+        size: int = 64,
+        variables: Mapping[str, str] | None = None,
+    ) -> None:
         self._chain, self._user, self._vhost, self._size = chain, user, vhost, size
+        self._variables = dict(variables or {})
         self._generation = chain.generation
         self._answers: dict[tuple[str, str, str], bool] = {}
+        self._topics: dict[tuple[str, str, str], bool] = {}
 
-    async def check(self, kind: ResourceKind, name: str, permission: PermissionKind) -> bool:
+    def _fresh(self) -> None:
         generation = self._chain.generation
         if generation != self._generation:
             self._answers.clear()
+            self._topics.clear()
             self._generation = generation
+
+    def cached(self, kind: ResourceKind, name: str, permission: PermissionKind) -> bool | None:
+        """The cached answer of a resource check, None if not known (a dict lookup)."""
+        if self._chain.generation != self._generation:
+            self._fresh()
+            return None
+        return self._answers.get((kind, name, permission))
+
+    def cached_topic(
+        self, exchange: str, routing_key: str, permission: PermissionKind
+    ) -> bool | None:
+        if self._chain.generation != self._generation:
+            self._fresh()
+            return None
+        return self._topics.get((exchange, routing_key, permission))
+
+    async def check(self, kind: ResourceKind, name: str, permission: PermissionKind) -> bool:
+        self._fresh()
         key = (kind, name, permission)
         answer = self._answers.get(key)
         if answer is None:
             answer = await self._chain.check_resource(
                 self._user, self._vhost, kind, name, permission
             )
-            if len(self._answers) >= self._size:
-                self._answers.pop(next(iter(self._answers)))
-            self._answers[key] = answer
+            _remember(self._answers, key, answer, self._size)
         return answer
+
+    async def check_topic(
+        self, exchange: str, routing_key: str, permission: PermissionKind
+    ) -> bool:
+        """A topic permission check (the variables given at construction, e.g. client_id)."""
+        self._fresh()
+        key = (exchange, routing_key, permission)
+        answer = self._topics.get(key)
+        if answer is None:
+            answer = await self._chain.check_topic(
+                self._user, self._vhost, exchange, routing_key, permission, self._variables
+            )
+            _remember(self._topics, key, answer, self._size)
+        return answer
+
+
+def _remember(
+    answers: dict[tuple[str, str, str], bool], key: tuple[str, str, str], answer: bool, size: int
+) -> None:
+    if len(answers) >= size:
+        answers.pop(next(iter(answers)))
+    answers[key] = answer
 
 
 def load_chain(

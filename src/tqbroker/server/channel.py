@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+from collections.abc import Awaitable
 
 import trio
 
@@ -32,10 +33,11 @@ from ..model import Message
 from ..protocol import frames
 from ..protocol import methods as m
 from ..protocol.errors import AMQPError, ReplyCode
+from .access import TOPIC, ChannelAccess
 from .channel_host import ChannelHost
 from .confirms import PublisherConfirms, Wait
 from .deliveries import Deliveries, Delivery, Settlement, Taken, settle
-from .publishing import check_publish, route
+from .publishing import make_message, publish_exchange, route
 from .reply_to import ReplyTo
 from .topology import Topology
 from .transactions import Transaction, commit_error
@@ -51,10 +53,13 @@ class Channel:
     """One open channel: the ``DeliveryChannel`` of its consumers (queue actors call
     ``can_deliver``, ``deliver``, ``consumer_cancelled``)."""
 
-    def __init__(self, host: ChannelHost, number: int, vhost: VirtualHost) -> None:
+    def __init__(
+        self, host: ChannelHost, number: int, vhost: VirtualHost, access: ChannelAccess
+    ) -> None:
         self.host = host
         self.number = number
         self.vhost = vhost
+        self.access = access  # the user's permission checks (``access.py``)
         self.topology = Topology(vhost, host)
         self.deliveries = Deliveries(host)
         self.consumers: dict[str, Consumer] = {}
@@ -92,17 +97,48 @@ class Channel:
         properties_raw: bytes,
         body: bytes,
         timestamp_ms: int | None = None,
-    ) -> None:
+    ) -> Awaitable[None] | None:
         """Route (or hold, in a transaction) a published message. ``timestamp_ms``: when it
-        arrived (``clock.now_ms()`` of the read that brought it; now if None)."""
-        exchange, message = check_publish(
-            self.vhost,
-            method,
-            properties_raw,
-            body,
-            clock.now_ms() if timestamp_ms is None else timestamp_ms,
-            self.reply_to,
-        )
+        arrived (``clock.now_ms()`` of the read that brought it; now if None). The user's
+        permissions are checked first (``access.py``); when the channel's cache cannot answer,
+        this returns what to await (the checks, then the publish)."""
+        if timestamp_ms is None:
+            timestamp_ms = clock.now_ms()
+        if method.immediate:
+            raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true")
+        if self.access.writes(method.exchange) is not True:
+            return self._publish_after_checks(method, properties_raw, body, timestamp_ms)
+        exchange = publish_exchange(self.vhost, method)
+        if (
+            exchange.type_name == TOPIC
+            and self.access.topic_writes(exchange.name, method.routing_key) is not True
+        ):
+            return self._publish_after_checks(method, properties_raw, body, timestamp_ms)
+        self._publish(exchange, method, properties_raw, body, timestamp_ms)
+        return None
+
+    async def _publish_after_checks(
+        self, method: m.BasicPublish, properties_raw: bytes, body: bytes, timestamp_ms: int
+    ) -> None:
+        """``publish`` with its permission checks asked of the auth backends (RabbitMQ's
+        order: write on the exchange, the exchange found and not internal, topic write)."""
+        access = self.access
+        await access.check_write(method.exchange)
+        exchange = publish_exchange(self.vhost, method)
+        if exchange.type_name == TOPIC:
+            await access.check_topic_write(exchange.name, method.routing_key)
+        if not self.closed:
+            self._publish(exchange, method, properties_raw, body, timestamp_ms)
+
+    def _publish(
+        self,
+        exchange: Exchange,
+        method: m.BasicPublish,
+        properties_raw: bytes,
+        body: bytes,
+        timestamp_ms: int,
+    ) -> None:
+        message = make_message(method, properties_raw, body, timestamp_ms, self.reply_to)
         stats = self.stats
         stats.publish += 1
         if self.tx is not None:

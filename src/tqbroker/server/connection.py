@@ -61,6 +61,7 @@ from ..protocol.methods import (
     ConnectionUpdateSecretOk,
     Method,
 )
+from .access import ChannelAccess
 from .channel import Channel
 from .deliveries import AckTimeouts
 from .dispatch import dispatch
@@ -361,8 +362,12 @@ class AMQPConnection:
                         target = self.channels.get(event.channel)
                         if target is None:
                             target = self.channels.require(event.channel)
-                        target.publish(event.method, event.properties, event.body, now_ms)
+                        pending = target.publish(event.method, event.properties, event.body, now_ms)
                         self.flow.published = True
+                        if pending is not None:  # a permission check to ask: the next waits
+                            self.channels.flush_confirms()
+                            await pending
+                            now_ms = clock.now_ms()
                     except Exception as exc:
                         self._event_failed(event, exc)
                     continue  # a publish never ends the connection
@@ -445,7 +450,10 @@ class AMQPConnection:
     def _channel_method(self, number: int, method: Method) -> Awaitable[None] | None:
         if isinstance(method, ChannelOpen):
             assert self.vhost is not None
-            opened = self.channels.open(self, number, self.vhost)
+            access = ChannelAccess.of_connection(
+                self.broker.authenticator.chain, self.handshake.user, self.vhost.name
+            )
+            opened = self.channels.open(self, number, self.vhost, access)
             self.broker.stats_sampler.register(opened.stats)
             self.write(self.protocol.send_method(number, ChannelOpenOk()))
         elif isinstance(method, ChannelClose):

@@ -3,7 +3,9 @@
 Every handler raises ``AMQPError`` to refuse (the connection then closes the channel or the
 connection). All are synchronous but those changing durable topology, which return what the
 connection's reader awaits before the next frame: their ``*-ok`` goes out once the change is
-written (``broker/definitions_file.py``).
+written (``broker/definitions_file.py``). The methods RabbitMQ checks permissions of run
+their checks first (``access.py``): a check not cached on the channel makes the handler
+return what to await too (the check, then the method).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from ..protocol import methods as m
 from ..protocol.errors import AMQPError, ReplyCode
+from . import access
 from .channel import Channel
 from .topology import Topology
 
@@ -29,14 +32,55 @@ def dispatch(channel: Channel, method: m.Method) -> Awaitable[None] | None:
         raise AMQPError(
             ReplyCode.COMMAND_INVALID, f"{method.NAME} is not a client-to-server method"
         )
-    handler(channel, method)
-    return None
+    return handler(channel, method)
 
 
 # -- dispatch --------------------------------------------------------------------------------
 
-Handler = Callable[[Channel, Any], None]
+Handler = Callable[[Channel, Any], Awaitable[None] | None]
 DurableHandler = Callable[[Channel, Any], Awaitable[None]]
+Needs = Callable[[Channel, Any], list[access.Check]]
+
+
+def _checked(needs: Needs, handler: Handler) -> Handler:
+    """``handler`` after the permission checks ``needs`` says the method needs: at once when
+    the channel's cache answers them all, else after awaiting them."""
+
+    def handle(channel: Channel, method: m.Method) -> Awaitable[None] | None:
+        checks = needs(channel, method)
+        if checks:
+            pending = channel.access.require(checks)
+            if pending is not None:
+                return _after(pending, handler, channel, method)
+        return handler(channel, method)
+
+    return handle
+
+
+async def _after(
+    pending: Awaitable[None], handler: Handler, channel: Channel, method: m.Method
+) -> None:
+    await pending
+    if channel.closed:
+        return
+    then = handler(channel, method)
+    if then is not None:
+        await then
+
+
+def _on_vhost(needs: Callable[[Any, Any], list[access.Check]]) -> Needs:
+    return lambda channel, method: needs(channel.vhost, method)
+
+
+def _on_topology(needs: Callable[[Any, Any], list[access.Check]]) -> Needs:
+    return lambda channel, method: needs(channel.topology, method)
+
+
+def _consume_needs(channel: Channel, method: m.BasicConsume) -> list[access.Check]:
+    """RabbitMQ refuses a reused consumer tag before it checks the permission."""
+    if method.consumer_tag and method.consumer_tag in channel.consumers:
+        return []
+    return access.queue_read(channel.topology, method)
 
 
 def _topology(operation: Callable[[Topology, Any], m.Method | None]) -> Handler:
@@ -103,12 +147,12 @@ HANDLERS: dict[type[m.Method], Handler] = {
     m.BasicNack: Channel._nack,
     m.BasicReject: Channel._reject,
     m.BasicQos: Channel._qos,
-    m.BasicConsume: Channel._consume,
+    m.BasicConsume: _checked(_consume_needs, Channel._consume),
     m.BasicCancel: Channel._cancel,
-    m.BasicGet: Channel._get,
+    m.BasicGet: _checked(_on_topology(access.queue_read), Channel._get),
     m.BasicRecover: Channel._recover,
     m.BasicRecoverAsync: Channel._recover,
-    m.QueuePurge: _topology(Topology.queue_purge),
+    m.QueuePurge: _checked(_on_topology(access.queue_read), _topology(Topology.queue_purge)),
     m.ConfirmSelect: Channel._confirm_select,
     m.TxSelect: Channel._tx_select,
     m.TxCommit: Channel._tx_commit,
@@ -120,13 +164,17 @@ HANDLERS: dict[type[m.Method], Handler] = {
 }
 
 # Methods that change durable topology: the reader awaits them (``Channel.handle``).
-DURABLE_HANDLERS: dict[type[m.Method], DurableHandler] = {
-    m.QueueDeclare: _opening(Topology.queue_declare),
-    m.QueueBind: _durable(Topology.queue_bind),
-    m.QueueUnbind: _durable(Topology.queue_unbind),
-    m.QueueDelete: _durable(Topology.queue_delete),
-    m.ExchangeDeclare: _opening(Topology.exchange_declare),
-    m.ExchangeDelete: _durable(Topology.exchange_delete),
-    m.ExchangeBind: _durable(Topology.exchange_bind),
-    m.ExchangeUnbind: _durable(Topology.exchange_unbind),
+DURABLE_HANDLERS: dict[type[m.Method], Handler] = {
+    m.QueueDeclare: _checked(_on_topology(access.queue_declare), _opening(Topology.queue_declare)),
+    m.QueueBind: _checked(_on_topology(access.queue_bind), _durable(Topology.queue_bind)),
+    m.QueueUnbind: _checked(_on_topology(access.queue_bind), _durable(Topology.queue_unbind)),
+    m.QueueDelete: _checked(_on_topology(access.queue_delete), _durable(Topology.queue_delete)),
+    m.ExchangeDeclare: _checked(
+        _on_vhost(access.exchange_declare), _opening(Topology.exchange_declare)
+    ),
+    m.ExchangeDelete: _checked(
+        _on_vhost(access.exchange_delete), _durable(Topology.exchange_delete)
+    ),
+    m.ExchangeBind: _checked(_on_vhost(access.exchange_bind), _durable(Topology.exchange_bind)),
+    m.ExchangeUnbind: _checked(_on_vhost(access.exchange_bind), _durable(Topology.exchange_unbind)),
 }

@@ -16,6 +16,7 @@ from collections.abc import ValuesView
 from ..broker.pacing import Pacer
 from ..broker.vhost import VirtualHost
 from ..protocol.errors import AMQPError, ReplyCode
+from .access import ChannelAccess
 from .channel import Channel
 from .channel_host import ChannelHost
 from .deliveries import Deliveries
@@ -44,8 +45,10 @@ class OpenChannels:
             raise AMQPError(ReplyCode.CHANNEL_ERROR, f"channel {number} is not open")
         return channel
 
-    def open(self, host: ChannelHost, number: int, vhost: VirtualHost) -> Channel:
-        channel = self._by_number[number] = Channel(host, number, vhost)
+    def open(
+        self, host: ChannelHost, number: int, vhost: VirtualHost, access: ChannelAccess
+    ) -> Channel:
+        channel = self._by_number[number] = Channel(host, number, vhost, access)
         return channel
 
     def close(self, number: int) -> None:

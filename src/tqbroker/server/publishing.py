@@ -2,9 +2,13 @@
 routing.
 
 Responsibilities:
-- ``check_publish``: refuse ``immediate`` and internal exchanges; validate the properties as a
-  full decode would (decoding them only if memoised or needed: reply-to, expiration); a
-  ``reply_to`` of the direct reply-to pseudo-queue becomes the channel's reply address;
+- ``check_publish``: in RabbitMQ's order, refuse ``immediate``, the publish the user may not
+  do (``write`` on the exchange, then after the exchange is found and not internal, on a topic
+  exchange the topic permission ``write`` of the routing key: ``access.py``; the caller runs
+  those checks, ``publish_exchange`` and ``make_message`` are the steps around them); validate
+  the properties as a full decode would (decoding them only if memoised or needed: reply-to,
+  expiration); a ``reply_to`` of the direct reply-to pseudo-queue becomes the channel's reply
+  address;
 - ``route``: replies to a direct reply-to address, sender-selected distribution (``CC`` and
   ``BCC`` headers; ``BCC`` removed before delivery), the exchange's routing, enqueueing; what a
   confirm must wait for, whether a queue refused the message, and the message to return when
@@ -45,6 +49,22 @@ _NO_PROPERTIES = BasicProperties()
 Routed = tuple[list[Wait], bool, Message | None]
 
 
+def check_immediate(method: BasicPublish) -> None:
+    if method.immediate:
+        raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true")
+
+
+def publish_exchange(vhost: VirtualHost, method: BasicPublish) -> Exchange:
+    """The exchange a publish goes to (404 if missing, 403 if internal)."""
+    exchange = vhost.get_exchange(method.exchange)
+    if exchange.internal:
+        raise AMQPError(
+            ReplyCode.ACCESS_REFUSED,
+            f"cannot publish to internal exchange '{exchange.name}' in vhost '{vhost.name}'",
+        )
+    return exchange
+
+
 def check_publish(
     vhost: VirtualHost,
     method: BasicPublish,
@@ -53,16 +73,22 @@ def check_publish(
     timestamp_ms: int,
     reply_to: ReplyTo,
 ) -> tuple[Exchange, Message]:
-    """The exchange a publish goes to and the message it makes; raises ``AMQPError`` to refuse
-    it. ``reply_to``: the channel's direct reply-to consumer."""
-    if method.immediate:
-        raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true")
-    exchange = vhost.get_exchange(method.exchange)
-    if exchange.internal:
-        raise AMQPError(
-            ReplyCode.ACCESS_REFUSED,
-            f"cannot publish to internal exchange '{exchange.name}' in vhost '{vhost.name}'",
-        )
+    """The exchange a publish goes to and the message it makes, with no permission checks
+    (``access.py``); raises ``AMQPError`` to refuse it. ``reply_to``: the channel's direct
+    reply-to consumer."""
+    check_immediate(method)
+    exchange = publish_exchange(vhost, method)
+    return exchange, make_message(method, properties_raw, body, timestamp_ms, reply_to)
+
+
+def make_message(
+    method: BasicPublish,
+    properties_raw: bytes,
+    body: bytes,
+    timestamp_ms: int,
+    reply_to: ReplyTo,
+) -> Message:
+    """The message a publish makes, its properties checked."""
     # Validated here as a full decode would (a bad block is refused before routing), but
     # decoded only if memoised or needed (reply-to, expiration, headers); else None: the
     # message decodes them if something asks.
@@ -81,10 +107,9 @@ def check_publish(
                     ReplyCode.PRECONDITION_FAILED,
                     f"invalid expiration '{properties.expiration}': {ttl}",
                 )
-    message = Message(
+    return Message(
         method.exchange, method.routing_key, properties_raw, body, properties, timestamp_ms
     )
-    return exchange, message
 
 
 def route(

@@ -177,7 +177,10 @@ class Client:
         if status == 401:
             hint = "check the options 'tqbroker.user' and 'tqbroker.password'"
         elif status == 403:
-            hint = f"the user may not use vhost '{self.connection.vhost}' (option 'tqbroker.vhost')"
+            hint = (
+                f"the user may not use vhost '{self.connection.vhost}' (option "
+                "'tqbroker.vhost'), or lacks the read or write permission the message names"
+            )
         elif status == 404:
             hint = f"is topic '{topic}' declared (PUT /topics/{topic})?"
         else:

@@ -22,7 +22,7 @@ from ...broker.pacing import Pacer, release
 from ...broker.streams import topics
 from ...broker.streams.topics import ProducerRecord
 from ...recordbatch import WriteBatch, decode_write, encode_read
-from . import inputs, jsonbody
+from . import inputs, jsonbody, topic_access
 from .auth import broker_of, vhost_of
 from .errors import RequestError
 
@@ -39,6 +39,7 @@ async def read_records(request: Request) -> Response:
     """The columnar bulk read (``recordbatch.ReadBatch``)."""
     query = request.query_params
     vhost = await vhost_of(request)
+    await topic_access.check_read(request, vhost, request.path_params["partition"])
     batch = topics.read_batch(
         vhost,
         request.path_params["topic"],
@@ -55,6 +56,7 @@ async def write_records(request: Request) -> Response:
     """The columnar bulk write (``recordbatch.WriteBatch``), idempotent with a producer
     id and the sequence of its first record."""
     vhost = await vhost_of(request)
+    await topic_access.check_produce(request, vhost)
     producer = _producer(request)
     body = await inputs.read_body(request)
     try:

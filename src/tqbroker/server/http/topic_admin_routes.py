@@ -16,7 +16,7 @@ from ...broker.streams import admin, topics
 from ...broker.vhost import VirtualHost
 from ...recordbatch import json_value
 from ..registry import Registered
-from . import inputs
+from . import inputs, topic_access
 from .auth import vhost_of
 from .errors import RequestError
 from .mgmt_connections import connections_of
@@ -68,6 +68,7 @@ async def describe_topic(request: Request) -> Response:
 async def delete_topic(request: Request) -> Response:
     """``DELETE /topics/{topic}``: its partitions and its exchange (404 if unknown)."""
     vhost = await vhost_of(request)
+    await topic_access.check_delete(request, vhost)
     topic = request.path_params["topic"]
     count = await admin.delete(vhost, topic)
     return JSONResponse({"topic": topic, "deleted_partitions": count})
@@ -80,6 +81,7 @@ async def alter_topic(request: Request) -> Response:
     if "partitions" not in body:
         raise RequestError(400, 'give the new partition count: {"partitions": N}')
     count = inputs.integer(body["partitions"], "partitions")
+    await topic_access.check_grow(request, vhost, count)
     topic = request.path_params["topic"]
     before = await admin.grow(vhost, topic, count)
     return JSONResponse({"topic": topic, "partitions": count, "previous_partitions": before})
@@ -149,6 +151,7 @@ async def reset_offsets(request: Request) -> Response:
     "datetime", "value": ..., "dry_run": bool, "partitions": [...]}``: the new offsets (written
     unless ``dry_run``); 409 while the group has members."""
     vhost = await vhost_of(request)
+    await topic_access.check_read(request, vhost)
     body = await inputs.json_object(request)
     to = body.get("to")
     if not isinstance(to, str):

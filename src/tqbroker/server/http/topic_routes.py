@@ -21,7 +21,7 @@ from ...broker.pacing import Pacer
 from ...broker.streams import admin, reading, topics
 from ...broker.streams.topics import ConsumerRecord
 from ...recordbatch import json_value
-from . import inputs
+from . import inputs, topic_access
 from .auth import broker_of, vhost_of
 from .errors import RequestError
 
@@ -35,6 +35,7 @@ async def declare_topic(request: Request) -> Response:
     count = inputs.integer(body.get("partitions", 1), "partitions")
     arguments = inputs.field_table(body.get("arguments", {}), "arguments")
     topic = request.path_params["topic"]
+    await topic_access.check_declare(request, vhost, count)
     created = await topics.declare(vhost, topic, count, arguments)
     return JSONResponse(
         {"topic": topic, "partitions": count, "created": created},
@@ -46,6 +47,7 @@ async def produce(request: Request) -> Response:
     """``POST /topics/{topic}/messages``: one record, or ``{"records": [...]}``; where each
     landed once durable."""
     vhost = await vhost_of(request)
+    await topic_access.check_produce(request, vhost)
     body = await inputs.json_object(request)
     single = "records" not in body
     raw = [body] if single else body["records"]
@@ -75,6 +77,7 @@ async def consume(request: Request) -> Response:
     if offset is not None and timestamp is not None:
         raise RequestError(400, "give 'offset' or 'timestamp', not both")
     vhost = await vhost_of(request)
+    await topic_access.check_read(request, vhost, partition)
     topic = request.path_params["topic"]
     if offset == "latest":
         offset = topics.partition(vhost, topic, partition).stream.durable_end
@@ -106,6 +109,7 @@ async def offsets(request: Request) -> Response:
     """``GET /topics/{topic}/offsets``: each partition's earliest and latest offsets (and with
     ``timestamp``, its first offset at or after that time)."""
     vhost = await vhost_of(request)
+    await topic_access.check_read(request, vhost)
     topic = request.path_params["topic"]
     found: list[dict[str, int | str | None]] = [
         {
