@@ -113,6 +113,7 @@ class AMQPConnection:
         self.channels = OpenChannels()
         send = weakly(self._send_handshake, None)
         self.handshake = Handshake(broker, self.peer, self.peer_host, send, _local(stream))
+        self.handshake.channels = self.channels
         self.vhost: VirtualHost | None = None
         self._deadline = trio.current_time() + config.handshake_timeout
         self._nursery: trio.Nursery | None = None
@@ -157,6 +158,7 @@ class AMQPConnection:
                     await self._teardown()
                 except Exception:
                     log.exception("connection %s: teardown failed", self.peer)
+            self.broker.limits.release(self.handshake)
             self.handshake.log_closed()
             await trio.aclose_forcefully(self.stream)
             self._nursery = self._receive_scope = None
@@ -436,6 +438,8 @@ class AMQPConnection:
     def _channel_method(self, number: int, method: Method) -> Awaitable[None] | None:
         if isinstance(method, ChannelOpen):
             assert self.vhost is not None
+            assert self.handshake.user is not None
+            self.broker.limits.check_channel(self.handshake.user.name)
             opened = self.channels.open(self, number, self.vhost)
             self.broker.stats_sampler.register(opened.stats)
             self.write(self.protocol.send_method(number, ChannelOpenOk()))
