@@ -86,7 +86,7 @@ async def export(broker: Broker, vhost: str | None = None) -> dict[str, Any]:
     if vhost is not None:
         return {
             **head(__version__, vhost_only=True),
-            "parameters": [],
+            "parameters": broker.limits.parameters(vhost),
             "policies": [],
             "queues": queues,
             "exchanges": exchanges,
@@ -97,6 +97,7 @@ async def export(broker: Broker, vhost: str | None = None) -> dict[str, Any]:
         "users": [],
         "vhosts": [{"name": name} for name in names],
         **{section: [] for section in UNMODELLED if section != "users"},
+        "parameters": broker.limits.parameters(),  # the vhost limits, as RabbitMQ exports them
         "queues": queues,
         "exchanges": exchanges,
         "bindings": bindings,
