@@ -106,7 +106,7 @@ def test_vhost_and_limit_commands(broker: Broker) -> None:
     assert f"no vhost '{vhost}'" in broker.ctl("delete-vhost", vhost, status=1).stderr
 
 
-def test_no_password_in_errors(broker: Broker) -> None:
+def test_no_password_in_errors() -> None:
     """An unreachable broker's URL is shown without its credentials."""
     done = subprocess.run(
         [
