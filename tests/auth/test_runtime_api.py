@@ -300,3 +300,20 @@ def test_limits_refuse_as_rabbitmq(target: Target) -> None:
                 time.sleep(0.1)
         assert client.delete(f"/api/vhosts/{lim}").status_code == 204
         assert client.delete(f"/api/users/{lim}").status_code == 204
+
+
+def test_imported_vhost_limits_apply(target: Target) -> None:
+    """A definitions document's vhost limits (RabbitMQ's export shape) are imported."""
+    vhost = f"imp-{uuid.uuid4().hex[:6]}"
+    limits = {"value": {"max-queues": 3}, "vhost": vhost, "component": "vhost-limits"}
+    document = {"vhosts": [{"name": vhost}], "parameters": [{**limits, "name": "limits"}]}
+    with _client(target.http_url) as client:
+        response = client.post("/api/definitions", json=document)
+        assert response.status_code in (201, 204)
+        assert "parameters" not in response.headers.get("x-definitions-skipped", "")
+        assert client.get(f"/api/vhost-limits/{vhost}").json() == [
+            {"vhost": vhost, "value": {"max-queues": 3}}
+        ]
+        exported = client.get(f"/api/definitions/{vhost}").json()
+        assert exported["parameters"] == [{**limits, "name": "limits"}]
+        assert client.delete(f"/api/vhosts/{vhost}").status_code == 204

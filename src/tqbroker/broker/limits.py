@@ -96,23 +96,29 @@ class Limits:
             if value and (vhost is None or name == vhost)
         ]
 
-    def load_parameters(self, entries: object, vhosts: Iterable[str] | None = None) -> None:
+    def load_parameters(
+        self, entries: object, vhosts: Iterable[str] | None = None, vhost: str | None = None
+    ) -> int:
         """Apply the ``vhost-limits`` entries of a definitions document's ``parameters``
-        (others are not limits; malformed ones are skipped)."""
+        (others are not limits; malformed ones are skipped); ``vhost``: a vhost's import, every
+        entry is that vhost's. How many entries were applied."""
         known = None if vhosts is None else set(vhosts)
+        applied = 0
         for entry in entries if isinstance(entries, list) else []:
             if not isinstance(entry, dict) or entry.get("component") != COMPONENT:
                 continue
-            vhost, value = entry.get("vhost", "/"), entry.get("value")
-            if not isinstance(vhost, str) or not isinstance(value, dict):
+            name, value = vhost or entry.get("vhost", "/"), entry.get("value")
+            if not isinstance(name, str) or not isinstance(value, dict):
                 continue
-            if known is not None and vhost not in known:
+            if known is not None and name not in known:
                 continue
-            for name, limit in value.items():
+            applied += 1
+            for limit, number in value.items():
                 try:
-                    self.set_vhost(vhost, name, check_limit(name, limit, VHOST_LIMITS, "limits"))
+                    self.set_vhost(name, limit, check_limit(limit, number, VHOST_LIMITS, "limits"))
                 except LimitError:
                     continue
+        return applied
 
     # -- connections and channels -------------------------------------------------------------
 
@@ -178,6 +184,11 @@ def queue_limit_error(queue: str, vhost: str, limit: int) -> AMQPError:
         ReplyCode.PRECONDITION_FAILED,
         f"cannot declare queue '{queue}': queue limit in vhost '{vhost}' ({limit}) is reached",
     )
+
+
+def is_vhost_limits(entry: object) -> bool:
+    """Whether a ``parameters`` entry holds vhost limits (tqbroker models those)."""
+    return isinstance(entry, dict) and entry.get("component") == COMPONENT
 
 
 def vhost_metadata(description: object, tags: object) -> dict[str, Any]:
