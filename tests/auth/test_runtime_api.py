@@ -211,10 +211,14 @@ def test_runtime_user_logs_in_and_permissions_apply_at_once(target: Target) -> N
         client.put(f"/api/permissions/%2F/{ann}", json=everything)
         connection = _amqp(target, ann, "s3")
         connection.channel().queue_declare(f"{ann}-q", auto_delete=True)
+        without = client.get("/api/users/without-permissions").json()
+        assert ann not in [u["name"] for u in without]
         # Cleared at runtime: the next connection is refused at once.
         assert client.delete(f"/api/permissions/%2F/{ann}").status_code == 204
         with pytest.raises(pika.exceptions.ProbableAccessDeniedError):
             _amqp(target, ann, "s3")
+        without = client.get("/api/users/without-permissions").json()
+        assert ann in [u["name"] for u in without]
         client.put(f"/api/permissions/%2F/{ann}", json={"configure": "", "write": "", "read": ""})
         # A new password: the open connection stays (as RabbitMQ), the old password is refused.
         client.put(f"/api/users/{ann}", json={"password": "s4", "tags": ""})

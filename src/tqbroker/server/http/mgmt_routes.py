@@ -30,7 +30,6 @@ MANAGEMENT_ROUTES = [
             "/api/policies/{vhost}",
             "/api/operator-policies",
             "/api/parameters",
-            "/api/users/without-permissions",
         )
     ),
     Route("/api/overview", overview.overview),
@@ -57,6 +56,7 @@ MANAGEMENT_ROUTES = [
     Route("/api/topic-permissions", users.topic_permissions),
     Route("/api/users/{name}/topic-permissions", users.user_topic_permissions),
     Route("/api/users", users.users),
+    Route("/api/users/without-permissions", users.users_without_permissions),
     Route("/api/users/bulk-delete", user_writes.bulk_delete_users, methods=["POST"]),
     Route("/api/users/{name}", users.user, methods=["GET"]),
     Route("/api/users/{name}", user_writes.put_user, methods=["PUT"]),

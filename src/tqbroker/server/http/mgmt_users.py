@@ -36,6 +36,17 @@ async def users(request: Request) -> Response:
     )
 
 
+async def users_without_permissions(request: Request) -> Response:
+    """``GET /api/users/without-permissions``: the users with no permissions on any vhost."""
+    await administrator(request)
+    db = broker_of(request).users
+    permitted = {u for u, _v, _p in db.permissions_of()}
+    found = [u for u in db.all() if u.name not in permitted]
+    return await listing(
+        request, (user_json(u, with_hash=True, limits=db.limits.get(u.name)) for u in found)
+    )
+
+
 async def user(request: Request) -> Response:
     """``GET /api/users/{name}``."""
     await administrator(request)
