@@ -320,4 +320,7 @@ def test_imported_vhost_limits_apply(target: Target) -> None:
         ]
         exported = client.get(f"/api/definitions/{vhost}").json()
         assert exported["parameters"] == [{**limits, "name": "limits"}]
+        listed = client.get(f"/api/parameters/vhost-limits/{vhost}").json()
+        assert listed == [{**limits, "name": "limits"}]
+        assert {**limits, "name": "limits"} in client.get("/api/parameters").json()
         assert client.delete(f"/api/vhosts/{vhost}").status_code == 204

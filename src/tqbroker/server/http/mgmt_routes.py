@@ -29,7 +29,6 @@ MANAGEMENT_ROUTES = [
             "/api/policies",
             "/api/policies/{vhost}",
             "/api/operator-policies",
-            "/api/parameters",
         )
     ),
     Route("/api/overview", overview.overview),
@@ -41,6 +40,9 @@ MANAGEMENT_ROUTES = [
     Route("/api/vhosts/{vhost}", overview.vhost, methods=["GET"]),
     Route("/api/vhosts/{vhost}", vhosts.put_vhost, methods=["PUT"]),
     Route("/api/vhosts/{vhost}", vhosts.delete_vhost, methods=["DELETE"]),
+    Route("/api/parameters", vhosts.parameters),
+    Route("/api/parameters/{component}", vhosts.parameters),
+    Route("/api/parameters/{component}/{vhost}", vhosts.parameters),
     Route("/api/vhost-limits", vhosts.vhost_limits),
     Route("/api/vhost-limits/{vhost}", vhosts.vhost_limits),
     Route("/api/vhost-limits/{vhost}/{name}", vhosts.put_vhost_limit, methods=["PUT"]),

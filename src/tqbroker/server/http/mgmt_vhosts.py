@@ -108,6 +108,23 @@ async def vhost_limits(request: Request) -> Response:
     return JSONResponse(rows)
 
 
+async def parameters(request: Request) -> Response:
+    """``GET /api/parameters[/{component}[/{vhost}]]``: the runtime parameters, which in
+    tqbroker are the vhost limits (component ``vhost-limits``), as RabbitMQ lists them."""
+    user = await api_user(request)
+    broker = broker_of(request)
+    component = segment(request, "component") if "component" in request.path_params else None
+    vhost = segment(request, "vhost") if "vhost" in request.path_params else None
+    if vhost is not None and (vhost not in broker.vhosts or not user.may_open(vhost)):
+        raise not_found()
+    rows = [
+        p
+        for p in broker.limits.parameters(vhost)
+        if user.may_open(p["vhost"]) and component in (None, p["component"])
+    ]
+    return JSONResponse(rows)
+
+
 async def put_vhost_limit(request: Request) -> Response:
     """``PUT /api/vhost-limits/{vhost}/{name}`` ``{"value": N}``: 204."""
     await administrator(request)
