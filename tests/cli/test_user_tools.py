@@ -52,7 +52,7 @@ def test_user_commands(broker: Broker) -> None:
     assert "first-Secret" not in added.stdout + added.stderr
     refused = broker.ctl("add-user", user, "x", status=1)
     assert f"user '{user}' already exists" in refused.stderr
-    broker.ctl("set-permissions", user, ".*", ".*", ".*")
+    broker.ctl("set_permissions", user, ".*", ".*", ".*")  # rabbitmqctl's spelling works too
     _login(broker, user, "first-Secret")
     broker.ctl("set-user-tags", user, "monitoring", "custom")
     _login(broker, user, "first-Secret")  # the password was kept

@@ -158,11 +158,6 @@ class Limits:
         if not self._by_user.get(user, True):
             del self._by_user[user]
 
-    def connections(self, vhost: str | None = None, user: str | None = None) -> int:
-        if vhost is not None:
-            return len(self._by_vhost.get(vhost, ()))
-        return len(self._by_user.get(user or "", ()))
-
     def check_channel(self, user: str) -> None:
         """Before a ``channel.open`` of ``user``: 530 when the user's channels (across its
         connections) are at its ``max-channels``."""

@@ -1,5 +1,6 @@
 """rabbitmqctl's user, permission, vhost and limit commands, over the management API (so they
-work against tqbroker and RabbitMQ alike), with rabbitmqctl's names and arguments:
+work against tqbroker and RabbitMQ alike), with rabbitmqctl's names and arguments (``add_user``
+also works for ``add-user``):
 
 - ``add-user NAME [PASSWORD]``, ``change-password NAME [PASSWORD]`` (no PASSWORD: one line of
   standard input, never echoed), ``clear-password NAME``, ``delete-user NAME``,
@@ -32,7 +33,11 @@ from .api import Api, CommandError, UsageError, quote
 def _command(
     subparsers: argparse._SubParsersAction[Any], common: Any, name: str, help: str, run: Any
 ) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(name, parents=[common], help=help)
+    # rabbitmqctl's own spelling works too: add_user, set_permissions, ...
+    aliases = [name.replace("-", "_")]
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, parents=[common], help=help, aliases=aliases
+    )
     parser.set_defaults(run=run)
     return parser
 
