@@ -28,7 +28,10 @@ def tq() -> Iterator[RunningBroker]:
 
 
 def _client(url: str) -> httpx.Client:
-    return httpx.Client(base_url=url, auth=("guest", "guest"), timeout=30)
+    """A connection per request: RabbitMQ's server (and tqbroker's, after a refusal answered
+    before the body is read) may close a kept-alive connection just as the next request goes."""
+    headers = {"connection": "close"}
+    return httpx.Client(base_url=url, auth=("guest", "guest"), timeout=30, headers=headers)
 
 
 def _answer(response: httpx.Response) -> tuple[int, object]:
@@ -149,7 +152,8 @@ def test_not_administrator_is_refused(tq: RunningBroker) -> None:
         client.put(
             "/api/permissions/%2F/mgmt-only", json={"configure": ".*", "write": ".*", "read": ".*"}
         )
-        as_them = httpx.Client(base_url=tq.http_url, auth=("mgmt-only", "p"), timeout=30)
+        as_them = _client(tq.http_url)
+        as_them.auth = httpx.BasicAuth("mgmt-only", "p")
         for method, path in [
             ("PUT", "/api/users/x"),
             ("DELETE", "/api/users/guest"),
@@ -174,6 +178,7 @@ class Target:
     http_url: str
     host: str
     port: int
+    name: str = "tqbroker"
 
 
 @pytest.fixture(scope="module", params=["tqbroker", "rabbitmq"])
@@ -181,7 +186,7 @@ def target(request: pytest.FixtureRequest, tq: RunningBroker) -> Target:
     if request.param == "tqbroker":
         return Target(tq.http_url, tq.host, tq.port)
     rabbit: RabbitMQ = request.getfixturevalue("rabbitmq_oracle")  # skips without RabbitMQ
-    return Target(rabbit.http_url, "127.0.0.1", rabbit.port)
+    return Target(rabbit.http_url, "127.0.0.1", rabbit.port, "rabbitmq")
 
 
 def _amqp(target: Target, user: str, password: str, vhost: str = "/") -> pika.BlockingConnection:
@@ -245,7 +250,10 @@ def test_deleting_a_vhost_closes_its_connections(target: Target) -> None:
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
             _serve_until_closed(connection)
         assert closed.value.reply_code == 320
-        assert closed.value.reply_text == f"CONNECTION_FORCED - vhost '{vhost}' is deleted"
+        texts = {f"CONNECTION_FORCED - vhost '{vhost}' is deleted"}
+        if target.name == "rabbitmq":  # its vhost supervisor may close first: "is down"
+            texts.add(f"CONNECTION_FORCED - vhost '{vhost}' is down")
+        assert closed.value.reply_text in texts
         assert client.get(f"/api/queues/{vhost}/stays-not").status_code == 404
 
 
