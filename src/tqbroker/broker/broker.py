@@ -157,6 +157,8 @@ class Broker:
         if vhost is None:
             return False
         since = self.definitions.mark()
+        # Its connections are closing: a declare meanwhile is refused (a limit of 0 queues).
+        vhost.queue_limit = lambda: 0
         pacer = Pacer()
         for queue in list(vhost.queues.values()):  # with their stored messages
             vhost.queue_unused(queue)

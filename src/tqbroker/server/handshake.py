@@ -225,6 +225,8 @@ class Handshake:
                 ReplyCode.NOT_ALLOWED,
                 f"access to vhost '{name}' refused for user '{self.user.name}'",
             )
+        if self._broker.vhosts.get(name) is not vhost:  # deleted while the check ran
+            raise AMQPError(ReplyCode.NOT_ALLOWED, f"vhost {name} not found")
         # The vhost's and the user's connection limits (530 over either); released at close.
         self._broker.limits.admit(self, self.user.name, name, self.channels)
         self._send(ConnectionOpenOk())
