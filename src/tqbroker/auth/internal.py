@@ -45,6 +45,9 @@ class UserDb:
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}  # (user, vhost)
         self.topic_permissions: dict[tuple[str, str, str], TopicPermission] = {}
+        # RabbitMQ's user limits (``max-connections``, ``max-channels``) by user; checked by
+        # ``broker/limits.py``, exported in each user's ``limits``.
+        self.limits: dict[str, dict[str, int]] = {}
         self.generation = 0
         self._limiter = trio.CapacityLimiter(1)
 
@@ -90,6 +93,7 @@ class UserDb:
     def delete_user(self, name: str) -> bool:
         """Delete a user and its permissions; False if there was none."""
         found = self.users.pop(name, None) is not None
+        self.limits.pop(name, None)
         self.permissions = {k: p for k, p in self.permissions.items() if k[0] != name}
         self.topic_permissions = {k: p for k, p in self.topic_permissions.items() if k[0] != name}
         self.generation += 1
@@ -137,7 +141,7 @@ class UserDb:
         return {
             "users": []
             if vhost is not None
-            else [user_json(u, with_hash=True) for u in self.all()],
+            else [user_json(u, with_hash=True, limits=self.limits.get(u.name)) for u in self.all()],
             "permissions": [
                 permission_json(u, v, p) for u, v, p in self.permissions_of(vhost=vhost)
             ],
@@ -154,8 +158,12 @@ class UserDb:
         known = set(self.users) | {u.name for u in users}
         permissions = [parse_permission(p, known) for p in _entries(document, "permissions")]
         topics = [parse_topic_permission(p, known) for p in _entries(document, "topic_permissions")]
+        entries = _entries(document, "users")
+        limits = {u.name: parse_limits(e) for u, e in zip(users, entries, strict=True)}
         for user in users:
             self.users[user.name] = user
+            if limits[user.name]:
+                self.limits[user.name] = limits[user.name]
         for name, vhost, permission in permissions:
             self.permissions[(name, vhost)] = permission
         for name, vhost, topic in topics:
@@ -188,15 +196,27 @@ class UserDb:
         )
 
 
-def user_json(user: User, *, with_hash: bool) -> dict[str, Any]:
+def user_json(
+    user: User, *, with_hash: bool, limits: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """A user as RabbitMQ's definitions and ``/api/users`` show it (the hash only if asked)."""
     shown: dict[str, Any] = {"name": user.name}
     if with_hash:
         shown["password_hash"] = user.password_hash
         shown["hashing_algorithm"] = user.hashing_algorithm
     shown["tags"] = sorted(user.tags)
-    shown["limits"] = {}
+    shown["limits"] = dict(limits or {})
     return shown
+
+
+def parse_limits(entry: Mapping[str, Any]) -> dict[str, int]:
+    """A users entry's ``limits`` (``max-connections``, ``max-channels``: integers)."""
+    limits = entry.get("limits") or {}
+    if not isinstance(limits, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in limits.values()
+    ):
+        raise UserDbError(f"user '{entry.get('name')}': limits must map names to integers")
+    return {str(k): v for k, v in limits.items()}
 
 
 def permission_json(user: str, vhost: str, p: Permission) -> dict[str, Any]:

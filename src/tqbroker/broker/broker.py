@@ -15,6 +15,7 @@ Responsibilities:
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import time
@@ -46,6 +47,8 @@ from .definitions_file import DefinitionsCommit, DefinitionsFile
 from .definitions_json import DefinitionsError
 from .definitions_snapshot import encode_snapshot
 from .flusher import Flusher
+from .limits import Limits
+from .pacing import Pacer
 from .stats import MessageStats, StatsSampler, StatsTotal
 from .supervisor import FailureHandler, Supervisor
 from .users import build_authenticator, grant_default_user, open_user_db
@@ -75,9 +78,14 @@ class Broker:
         self.users, self._first_user_start = open_user_db(config)
         self.authenticator = build_authenticator(config, self.users)
         self.vhosts: dict[str, VirtualHost] = {}
+        # The vhost and user limits and the connections they count (limits.py); each vhost's
+        # description and tags (set over the management API), persisted with the definitions.
+        self.limits = Limits(self.users.limits)
+        self.vhost_metadata: dict[str, dict[str, Any]] = {}
         self.supervisor = Supervisor()
         self.definitions_file = DefinitionsFile(
-            config.data_dir, lambda: encode_snapshot(self.vhosts)
+            config.data_dir,
+            lambda: encode_snapshot(self.vhosts, self.vhost_metadata, self.limits.parameters()),
         )
         self.definitions_flusher = Flusher(self.definitions_file)
         self.definitions = DefinitionsCommit(
@@ -119,6 +127,7 @@ class Broker:
             spawn=self._spawn,
             definitions=self.definitions,
         )
+        vhost.queue_limit = functools.partial(self.limits.max_queues, name)
         self.stats.add(vhost.stats)
         return vhost
 
@@ -139,6 +148,32 @@ class Broker:
             vhost = self.vhosts[name] = self._new_vhost(name)
             self.definitions.changed()
         return vhost
+
+    async def delete_vhost(self, name: str) -> bool:
+        """Delete the vhost ``name`` (False if there is none): its queues and their stored
+        messages, its exchanges and bindings, its limits and every permission on it. Its
+        connections are the caller's to close. Returns once the deletion is durable."""
+        vhost = self.vhosts.pop(name, None)
+        if vhost is None:
+            return False
+        since = self.definitions.mark()
+        # Its connections are closing: a declare meanwhile is refused (a limit of 0 queues).
+        vhost.queue_limit = lambda: 0
+        pacer = Pacer()
+        for queue in list(vhost.queues.values()):  # with their stored messages
+            vhost.queue_unused(queue)
+            await pacer.step()
+        for entry in vhost.dormant.definitions()["queues"]:
+            vhost.delete_queue(entry["name"], if_unused=False, if_empty=False, owner=None)
+        self.stats.remove(vhost.stats)
+        self.vhost_metadata.pop(name, None)
+        self.limits.clear_vhost(name)
+        self.definitions.changed()
+        self.users.delete_vhost(name)
+        await self.users.save(self.config.data_dir)
+        await self.definitions.wait(since)
+        log.info("deleted vhost '%s'", name)
+        return True
 
     def _spawn(
         self, fn: Callable[[], Awaitable[object]], *, on_failure: FailureHandler | None = None
@@ -261,6 +296,8 @@ class Broker:
             v for v in stored.get("vhosts", []) if v not in self.config.vhosts
         ]
         self.definitions.restoring = True
+        self.vhost_metadata.update(stored.get("vhost_metadata", {}))
+        self.limits.load_parameters(stored.get("parameters", []), names)
         try:
             for name in names:
                 vhost = self.vhosts[name] = self._new_vhost(name)

@@ -28,6 +28,7 @@ from .arguments import (
     check_equivalent,
     compared_arguments,
 )
+from .limits import queue_limit_error
 from .queue import Queue
 from .storage import storage_error
 
@@ -85,6 +86,9 @@ def check_queue_declare(
             compared_arguments(existing.arguments.table),
         )
         return existing
+    limit = vhost.queue_limit()
+    if limit is not None and len(vhost.queues) >= limit:
+        raise queue_limit_error(name, vhost.name, limit)
     parsed = QueueArguments.parse(arguments)
     backend_name = vhost.storage.backend_for(
         name, durable=durable, exclusive=exclusive, arguments=parsed

@@ -88,7 +88,7 @@ async def export(broker: Broker, vhost: str | None = None) -> dict[str, Any]:
     if vhost is not None:
         return {
             **head(__version__, vhost_only=True),
-            "parameters": [],
+            "parameters": broker.limits.parameters(vhost),
             "policies": [],
             "queues": queues,
             "exchanges": exchanges,
@@ -102,6 +102,7 @@ async def export(broker: Broker, vhost: str | None = None) -> dict[str, Any]:
         "permissions": auth["permissions"],
         "topic_permissions": auth["topic_permissions"],
         **{section: [] for section in UNMODELLED},
+        "parameters": broker.limits.parameters(),  # the vhost limits, as RabbitMQ exports them
         "queues": queues,
         "exchanges": exchanges,
         "bindings": bindings,
@@ -269,8 +270,11 @@ async def load_definitions(broker: Broker, path: Path) -> None:
     what exists is a ``StartupError``, as is a file that cannot be read)."""
     try:
         raw = await trio.to_thread.run_sync(path.read_bytes)
-        document = parse_document(json.loads(raw))
+        loaded = json.loads(raw)
+        document = parse_document(loaded)
         skipped = await import_document(broker, document, strict=True)
+        if broker.limits.load_parameters(loaded.get("parameters"), broker.vhosts):
+            broker.definitions.changed()
     except OSError as exc:
         raise StartupError(f"load_definitions: cannot read {path}: {exc.strerror}") from None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, DefinitionsError

@@ -33,6 +33,7 @@ from ..fsutil import atomic_write, fsync_dir
 from ..protocol.errors import AMQPError, ReplyCode
 from .definitions_json import DefinitionsError, parse_document, to_stored
 from .flusher import Flusher
+from .limits import vhost_settings
 from .supervisor import Spawn
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ class DefinitionsFile:
         except FileNotFoundError:
             return self._load_legacy()
         try:
-            return to_stored(parse_document(json.loads(raw)))
+            document = json.loads(raw)
+            return {**to_stored(parse_document(document)), **vhost_settings(document)}
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, DefinitionsError
             raise DefinitionsError(f"the definitions file {self.path}: {exc}") from None
 

@@ -30,6 +30,7 @@ from typing import Any, Final
 import attrs
 
 from ..protocol.codec import FieldTable, FieldValue
+from .limits import is_vhost_limits
 
 # The RabbitMQ release whose definitions schema this is (its ``rabbit_version``).
 RABBITMQ_VERSION: Final = "3.10.8"
@@ -259,6 +260,11 @@ def parse_document(document: object, *, vhost: str | None = None) -> Document:
         if found is not None and not isinstance(found, list):
             raise DefinitionsError(f"'{section}' must be a list")
     unmodelled = {s: len(document[s]) for s in UNMODELLED if document.get(s)}
+    limits = sum(1 for e in document.get("parameters") or [] if is_vhost_limits(e))
+    if limits:  # imported (broker/limits.py), not skipped
+        unmodelled["parameters"] -= limits
+        if not unmodelled["parameters"]:
+            del unmodelled["parameters"]
     if vhost is None:
         named = [q.vhost for q in queues] + [x.vhost for x in exchanges]
         named += [b.vhost for b in bindings]

@@ -20,11 +20,17 @@ from .queue import Queue
 from .vhost import VirtualHost
 
 
-def encode_snapshot(vhosts: Mapping[str, VirtualHost]) -> bytes:
+def encode_snapshot(
+    vhosts: Mapping[str, VirtualHost],
+    metadata: Mapping[str, Mapping[str, Any]] | None = None,
+    parameters: list[dict[str, Any]] | None = None,
+) -> bytes:
     """The durable topology as the definitions file holds it: RabbitMQ's definitions JSON
     (``definitions_json``), one entry a line. Each queue's entry is encoded once in its life
     (``_queue_json``), so that a declare among 100k durable queues costs the event loop a join
-    of their bytes, not their encoding."""
+    of their bytes, not their encoding. ``metadata``: vhosts' description and tags (in their
+    ``vhosts`` entries, as RabbitMQ 3.11 exports them); ``parameters``: the vhost limits."""
+    metadata = metadata or {}
     queues: list[bytes] = []
     exchanges: list[bytes] = []
     bindings: list[bytes] = []
@@ -44,10 +50,11 @@ def encode_snapshot(vhosts: Mapping[str, VirtualHost]) -> bytes:
     opening = {
         **head(__version__),
         "users": [],
-        "vhosts": [{"name": name} for name in vhosts],
+        "vhosts": [{"name": name, **metadata.get(name, {})} for name in vhosts],
         "permissions": [],  # users and permissions are in users.json (auth.internal)
         "topic_permissions": [],
         **{section: [] for section in UNMODELLED},
+        "parameters": parameters or [],
     }
     parts = [_dumps(opening)[:-1]]
     for section, entries in (("queues", queues), ("exchanges", exchanges), ("bindings", bindings)):

@@ -20,7 +20,7 @@ topology is told to ``definitions`` (deferred after a backend flush for a store'
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 import trio
@@ -86,6 +86,8 @@ class VirtualHost:
         # Deleted queues' counters, by kind ("classic", "stream"): global totals never go back.
         self.deleted_queue_stats: dict[str, MessageStats] = {}
         self.dormant = Dormant(name)  # stored definitions kept but not running
+        # Its ``max-queues`` limit, if any (the broker's ``limits.py`` answers).
+        self.queue_limit: Callable[[], int | None] = lambda: None
         self.consumer_groups = ConsumerGroups(spawn)  # on streams (x-stream-group)
         self.default_exchange = DefaultExchange(name, self.queues)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}

@@ -3,7 +3,9 @@ broker, RabbitMQ's and Kafka's in one:
 
 - rabbitmqctl-style, over the RabbitMQ-compatible management API (``rabbit.py``): ``list``,
   ``purge``, ``delete``, ``close-connection``, ``export-definitions``, ``import-definitions``,
-  ``status``;
+  ``status``; users, permissions, vhosts and limits (``users.py``): ``add-user``,
+  ``delete-user``, ``change-password``, ``set-user-tags``, ``set-permissions``, ``add-vhost``,
+  ``delete-vhost``, ``set-vhost-limits``, ``set-user-limits``, ``list-users`` ...;
 - kafka-topics and kafka-consumer-groups style, over the topic routes: ``topics ...``
   (``topics.py``), ``groups ...`` (``groups.py``);
 - kcat style: ``produce`` (``produce.py``) and ``consume`` (``consume.py``).
@@ -20,7 +22,7 @@ import os
 import sys
 from typing import NoReturn
 
-from . import consume, groups, produce, rabbit, topics
+from . import consume, groups, produce, rabbit, topics, users
 from .api import AMQP_URL_VARIABLE, URL_VARIABLE, Api, CommandError, UsageError
 from .output import FORMATS
 
@@ -70,6 +72,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = _common(False)
     rabbit.add(commands, common)
+    users.add(commands, common)
     topics.add(commands, common)
     groups.add(commands, common)
     produce.add(commands, common)

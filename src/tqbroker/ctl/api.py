@@ -173,5 +173,7 @@ def _reason(exc: urllib.error.HTTPError) -> str:
     if isinstance(body, dict):
         for key in ("message", "reason", "error"):
             if isinstance(body.get(key), str) and body[key]:
-                return str(body[key])
+                return str(body[key]).strip()
+            if isinstance(body.get(key), list):  # RabbitMQ's ["no_such_user", "bob"]
+                return json.dumps(body[key])
     return str(exc.reason)

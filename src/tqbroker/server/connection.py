@@ -121,6 +121,7 @@ class AMQPConnection:
         self.handshake = Handshake(
             broker, self.peer, self.peer_host, send, local, peer_username=peer_username
         )
+        self.handshake.channels = self.channels
         self.vhost: VirtualHost | None = None
         self._deadline = (
             deadline if deadline is not None else trio.current_time() + config.handshake_timeout
@@ -167,6 +168,7 @@ class AMQPConnection:
                     await self._teardown()
                 except Exception:
                     log.exception("connection %s: teardown failed", self.peer)
+            self.broker.limits.release(self.handshake)
             self.handshake.log_closed()
             await trio.aclose_forcefully(self.stream)
             self._nursery = self._receive_scope = None
@@ -450,6 +452,8 @@ class AMQPConnection:
     def _channel_method(self, number: int, method: Method) -> Awaitable[None] | None:
         if isinstance(method, ChannelOpen):
             assert self.vhost is not None
+            assert self.handshake.user is not None
+            self.broker.limits.check_channel(self.handshake.user.name)
             access = ChannelAccess.of_connection(
                 self.broker.authenticator.chain, self.handshake.user, self.vhost.name
             )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING, NoReturn
 
 from .._version import __version__
@@ -104,6 +104,7 @@ class Handshake:
         )
         self.local = local
         self.vhost_name: str | None = None
+        self.channels: Sized = ()  # the connection's channel table (user channel limits)
         self._accepted_at = time.monotonic()
 
     # -- log lines ---------------------------------------------------------------------------
@@ -225,6 +226,10 @@ class Handshake:
                 ReplyCode.NOT_ALLOWED,
                 f"access to vhost '{name}' refused for user '{self.user.name}'",
             )
+        if self._broker.vhosts.get(name) is not vhost:  # deleted while the check ran
+            raise AMQPError(ReplyCode.NOT_ALLOWED, f"vhost {name} not found")
+        # The vhost's and the user's connection limits (530 over either); released at close.
+        self._broker.limits.admit(self, self.user.name, name, self.channels)
         self._send(ConnectionOpenOk())
         self.vhost_name = name
         product = " ".join(

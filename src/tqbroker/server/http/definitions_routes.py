@@ -80,6 +80,8 @@ async def post_definitions(request: Request) -> Response:
         document = parse_document(loaded, vhost=vhost)
         since = broker.definitions.mark()
         skipped = await import_document(broker, document, strict=False)
+        if broker.limits.load_parameters(loaded.get("parameters"), broker.vhosts, vhost):
+            broker.definitions.changed()  # vhost limits, as RabbitMQ imports them
     except DefinitionsError as exc:
         log.info("definitions import refused: %s", exc)
         raise ApiError(400, "bad_request", str(exc)) from None

@@ -58,7 +58,9 @@ class RequestError(Exception):
 class ApiError(Exception):
     """A management API refusal: RabbitMQ's status, ``error`` and ``reason``."""
 
-    def __init__(self, status: int, error: str, reason: str) -> None:
+    def __init__(self, status: int, error: str, reason: str | list[object]) -> None:
+        """``reason``: RabbitMQ's text, or the Erlang term it answers some refusals with
+        (``["no_such_user", "bob"]``)."""
         super().__init__(reason)
         self.status = status
         self.error = error

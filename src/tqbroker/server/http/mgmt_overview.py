@@ -174,14 +174,19 @@ async def node(request: Request) -> Response:
     return JSONResponse(_node_json(request))
 
 
-async def _vhost_json(vhost: VirtualHost, node: str) -> dict[str, Any]:
+async def _vhost_json(
+    vhost: VirtualHost, node: str, metadata: dict[str, Any] | None = None
+) -> dict[str, Any]:
     totals = await _totals([vhost])
     del totals["consumers"]
+    metadata = metadata or {}
+    default = "Default virtual host" if vhost.name == "/" else ""
+    description, tags = metadata.get("description", default), metadata.get("tags", [])
     found: dict[str, Any] = {
         "name": vhost.name,
-        "description": "Default virtual host" if vhost.name == "/" else "",
-        "tags": [],
-        "metadata": {"description": "", "tags": []},
+        "description": description,
+        "tags": tags,
+        "metadata": {"description": metadata.get("description", ""), "tags": tags},
         "default_queue_type": "classic",
         "tracing": False,
         "cluster_state": {node: "running"},
@@ -197,14 +202,19 @@ async def vhosts(request: Request) -> Response:
     """``GET /api/vhosts``."""
     user = await api_user(request)
     broker = broker_of(request)
-    found = [await _vhost_json(v, broker.node_name) for v in visible_vhosts(broker, user)]
+    found = [
+        await _vhost_json(v, broker.node_name, broker.vhost_metadata.get(v.name))
+        for v in visible_vhosts(broker, user)
+    ]
     return await listing(request, found)
 
 
 async def vhost(request: Request) -> Response:
     """``GET /api/vhosts/{vhost}``."""
     found = await api_vhost(request)
-    return JSONResponse(await _vhost_json(found, broker_of(request).node_name))
+    broker = broker_of(request)
+    metadata = broker.vhost_metadata.get(found.name)
+    return JSONResponse(await _vhost_json(found, broker.node_name, metadata))
 
 
 async def aliveness_test(request: Request) -> Response:

@@ -10,11 +10,15 @@ from . import mgmt_connections as connections
 from . import mgmt_exchanges as exchanges
 from . import mgmt_overview as overview
 from . import mgmt_queues as queues
+from . import mgmt_user_writes as user_writes
 from . import mgmt_users as users
+from . import mgmt_vhosts as vhosts
 
 _BINDING = "/api/bindings/{vhost}/e/{source}/{kind}/{destination}"
 _QUEUE = "/api/queues/{vhost}/{name}"
 _EXCHANGE = "/api/exchanges/{vhost}/{name}"
+_PERMISSIONS = "/api/permissions/{vhost}/{user}"
+_TOPIC_PERMISSIONS = "/api/topic-permissions/{vhost}/{user}"
 
 MANAGEMENT_ROUTES = [
     # Features tqbroker does not have: none defined, as RabbitMQ lists them then.
@@ -25,9 +29,6 @@ MANAGEMENT_ROUTES = [
             "/api/policies",
             "/api/policies/{vhost}",
             "/api/operator-policies",
-            "/api/parameters",
-            "/api/vhost-limits",
-            "/api/users/without-permissions",
         )
     ),
     Route("/api/overview", overview.overview),
@@ -36,7 +37,20 @@ MANAGEMENT_ROUTES = [
     Route("/api/nodes", overview.nodes),
     Route("/api/nodes/{name}", overview.node),
     Route("/api/vhosts", overview.vhosts),
-    Route("/api/vhosts/{vhost}", overview.vhost),
+    Route("/api/vhosts/{vhost}", overview.vhost, methods=["GET"]),
+    Route("/api/vhosts/{vhost}", vhosts.put_vhost, methods=["PUT"]),
+    Route("/api/vhosts/{vhost}", vhosts.delete_vhost, methods=["DELETE"]),
+    Route("/api/parameters", vhosts.parameters),
+    Route("/api/parameters/{component}", vhosts.parameters),
+    Route("/api/parameters/{component}/{vhost}", vhosts.parameters),
+    Route("/api/vhost-limits", vhosts.vhost_limits),
+    Route("/api/vhost-limits/{vhost}", vhosts.vhost_limits),
+    Route("/api/vhost-limits/{vhost}/{name}", vhosts.put_vhost_limit, methods=["PUT"]),
+    Route("/api/vhost-limits/{vhost}/{name}", vhosts.delete_vhost_limit, methods=["DELETE"]),
+    Route("/api/user-limits", vhosts.user_limits),
+    Route("/api/user-limits/{user}", vhosts.user_limits),
+    Route("/api/user-limits/{user}/{name}", vhosts.put_user_limit, methods=["PUT"]),
+    Route("/api/user-limits/{user}/{name}", vhosts.delete_user_limit, methods=["DELETE"]),
     Route("/api/vhosts/{vhost}/connections", connections.list_connections),
     Route("/api/vhosts/{vhost}/channels", connections.list_channels),
     Route("/api/vhosts/{vhost}/permissions", users.vhost_permissions),
@@ -44,9 +58,19 @@ MANAGEMENT_ROUTES = [
     Route("/api/topic-permissions", users.topic_permissions),
     Route("/api/users/{name}/topic-permissions", users.user_topic_permissions),
     Route("/api/users", users.users),
-    Route("/api/users/{name}", users.user),
+    Route("/api/users/without-permissions", users.users_without_permissions),
+    Route("/api/users/bulk-delete", user_writes.bulk_delete_users, methods=["POST"]),
+    Route("/api/users/{name}", users.user, methods=["GET"]),
+    Route("/api/users/{name}", user_writes.put_user, methods=["PUT"]),
+    Route("/api/users/{name}", user_writes.delete_user, methods=["DELETE"]),
     Route("/api/users/{name}/permissions", users.user_permissions),
     Route("/api/permissions", users.permissions),
+    Route(_PERMISSIONS, user_writes.show_permissions, methods=["GET"]),
+    Route(_PERMISSIONS, user_writes.put_permissions, methods=["PUT"]),
+    Route(_PERMISSIONS, user_writes.delete_permissions, methods=["DELETE"]),
+    Route(_TOPIC_PERMISSIONS, user_writes.show_topic_permissions, methods=["GET"]),
+    Route(_TOPIC_PERMISSIONS, user_writes.put_topic_permissions, methods=["PUT"]),
+    Route(_TOPIC_PERMISSIONS, user_writes.delete_topic_permissions, methods=["DELETE"]),
     Route("/api/aliveness-test/{vhost}", overview.aliveness_test),
     Route("/api/health/checks/virtual-hosts", overview.virtual_hosts_check),
     Route("/api/health/checks/port-listener/{port}", overview.port_listener_check),

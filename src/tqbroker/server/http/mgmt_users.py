@@ -1,5 +1,6 @@
-"""The management API's users and permissions, read-only here (runtime changes are other
-routes), for administrators: ``/api/users[/{name}]``, ``/api/users/{name}/permissions``,
+"""The management API's users and permissions, read-only here (runtime changes:
+``mgmt_user_writes.py``), for administrators: ``/api/users[/{name}]``,
+``/api/users/{name}/permissions``,
 ``/api/users/{name}/topic-permissions``, ``/api/permissions``, ``/api/topic-permissions``,
 ``/api/vhosts/{vhost}/permissions`` and ``/api/vhosts/{vhost}/topic-permissions``, from the
 internal user database: tags as stored, permissions as set. Password hashes are shown to
@@ -30,16 +31,30 @@ async def users(request: Request) -> Response:
     """``GET /api/users``."""
     await administrator(request)
     db = broker_of(request).users
-    return await listing(request, (user_json(u, with_hash=True) for u in db.all()))
+    return await listing(
+        request, (user_json(u, with_hash=True, limits=db.limits.get(u.name)) for u in db.all())
+    )
+
+
+async def users_without_permissions(request: Request) -> Response:
+    """``GET /api/users/without-permissions``: the users with no permissions on any vhost."""
+    await administrator(request)
+    db = broker_of(request).users
+    permitted = {u for u, _v, _p in db.permissions_of()}
+    found = [u for u in db.all() if u.name not in permitted]
+    return await listing(
+        request, (user_json(u, with_hash=True, limits=db.limits.get(u.name)) for u in found)
+    )
 
 
 async def user(request: Request) -> Response:
     """``GET /api/users/{name}``."""
     await administrator(request)
-    found = broker_of(request).users.get(segment(request, "name"))
+    db = broker_of(request).users
+    found = db.get(segment(request, "name"))
     if found is None:
         raise not_found()
-    return JSONResponse(user_json(found, with_hash=True))
+    return JSONResponse(user_json(found, with_hash=True, limits=db.limits.get(found.name)))
 
 
 async def user_permissions(request: Request) -> Response:
