@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import attrs
@@ -25,8 +25,9 @@ from ...broker.queue import Queue
 from ...broker.vhost import VirtualHost
 from ...protocol.codec import FieldTable, encode_table
 from ...recordbatch import json_value
-from .errors import ApiError
+from .mgmt_access import access_refused, binding_needs, require
 from .mgmt_common import (
+    api_user,
     api_vhost,
     json_body,
     listed_vhosts,
@@ -103,7 +104,7 @@ async def list_bindings(request: Request) -> Response:
     return await listing(request, (binding_json(b) for v in vhosts for b in all_bindings(v)))
 
 
-def _kind(request: Request) -> str:
+def _kind(request: Request) -> Literal["queue", "exchange"]:
     """``q`` a queue, ``e`` an exchange (404 otherwise, as RabbitMQ)."""
     kind = request.path_params["kind"]
     if kind not in ("q", "e"):
@@ -134,9 +135,11 @@ async def bindings_between(request: Request) -> Response:
 async def create_binding(request: Request) -> Response:
     """``POST /api/bindings/{vhost}/e/{source}/q|e/{destination}``: 201 and the ``Location``
     (``{destination}/{properties_key}``) of the binding."""
-    vhost = await api_vhost(request)
+    user = await api_user(request)
+    vhost = await api_vhost(request, user)
     body = await json_body(request)
     source, destination = segment(request, "source"), segment(request, "destination")
+    await require(request, user, vhost, *binding_needs(source, destination, _kind(request)))
     key = short_string(body.get("routing_key", ""), "'routing_key'")
     arguments = table(body.get("arguments"), "arguments")
     async with topology_change(vhost):
@@ -168,10 +171,13 @@ async def show_binding(request: Request) -> Response:
 
 async def delete_binding(request: Request) -> Response:
     """``DELETE /api/bindings/{vhost}/e/{source}/q|e/{destination}/{props}``."""
-    vhost = await api_vhost(request)
+    user = await api_user(request)
+    vhost = await api_vhost(request, user)
     binding = _one(vhost, request)
     if binding.source == "":
-        raise ApiError(401, "not_authorised", "Access refused.")
+        raise access_refused()
+    needs = binding_needs(binding.source, binding.destination, _kind(request))
+    await require(request, user, vhost, *needs)
     async with topology_change(vhost):
         if binding.destination_type == "queue":
             queue = vhost.queues.get(binding.destination)

@@ -28,7 +28,7 @@ from ...protocol.errors import AMQPError
 from ...protocol.methods import BasicProperties
 from ...recordbatch import json_value
 from .auth import broker_of
-from .errors import ApiError
+from .mgmt_access import access_refused, require, require_get
 from .mgmt_bindings import binding_json, bindings_of_queue
 from .mgmt_common import (
     api_user,
@@ -132,12 +132,14 @@ async def show_queue(request: Request) -> Response:
 
 async def declare_queue(request: Request) -> Response:
     """``PUT /api/queues/{vhost}/{name}``: 201 created, 204 if it existed as asked."""
-    vhost = await api_vhost(request)
+    user = await api_user(request)
+    vhost = await api_vhost(request, user)
     body = await json_body(request)
     name = short_string(segment(request, "name"), "the queue name")
     arguments = table(body.get("arguments"), "arguments")
     if name.startswith("amq."):
-        raise ApiError(401, "not_authorised", "Access refused.")
+        raise access_refused()
+    await require(request, user, vhost, ("queue", name, "configure"))
     durable, auto_delete = flag(body, "durable", True), flag(body, "auto_delete", False)
     existed = name in vhost.queues
     async with topology_change(vhost):
@@ -156,8 +158,10 @@ async def declare_queue(request: Request) -> Response:
 
 async def delete_queue(request: Request) -> Response:
     """``DELETE /api/queues/{vhost}/{name}`` (``?if-empty=true``, ``?if-unused=true``)."""
-    vhost = await api_vhost(request)
+    user = await api_user(request)
+    vhost = await api_vhost(request, user)
     queue = _queue(vhost, request)
+    await require(request, user, vhost, ("queue", queue.name, "configure"))
     async with topology_change(vhost):
         vhost.delete_queue(
             queue.name,
@@ -170,8 +174,10 @@ async def delete_queue(request: Request) -> Response:
 
 async def purge_queue(request: Request) -> Response:
     """``DELETE /api/queues/{vhost}/{name}/contents``."""
-    vhost = await api_vhost(request)
+    user = await api_user(request)
+    vhost = await api_vhost(request, user)
     queue = _queue(vhost, request)
+    await require(request, user, vhost, ("queue", queue.name, "read"))
     try:
         vhost.purge_queue(queue.name, queue.exclusive_owner)
     except AMQPError as exc:
@@ -193,6 +199,7 @@ async def get_messages(request: Request) -> Response:
     user = await api_user(request)
     vhost = await api_vhost(request, user)
     queue = _queue(vhost, request)
+    await require_get(request, user, vhost, queue.name)
     body = await json_body(request)
     count = integer(body, "count", 1, 1, MAX_GET_COUNT)
     truncate = integer(body, "truncate", 2**63 - 1, 0, 2**63 - 1)
