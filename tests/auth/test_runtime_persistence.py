@@ -88,3 +88,23 @@ def test_runtime_changes_survive_a_restart(tmp_path: Path) -> None:
     with start_broker_process(data_dir, durable_backend="log") as broker, _client(broker) as api:
         assert api.get("/api/users/pete").status_code == 404
         assert api.get("/api/permissions/pv/pete").status_code == 404
+
+
+def test_vhost_limits_are_imported_from_definitions(tmp_path: Path) -> None:
+    """A definitions document's vhost limits (RabbitMQ's ``vhost-limits`` parameter) apply."""
+    document = {
+        "vhosts": [{"name": "imported"}],
+        "parameters": [
+            {
+                "component": "vhost-limits",
+                "name": "limits",
+                "vhost": "imported",
+                "value": {"max-queues": 1},
+            }
+        ],
+    }
+    with start_broker_process(tmp_path / "data") as broker, _client(broker) as api:
+        assert api.post("/api/definitions", json=document).status_code in (201, 204)
+        assert api.get("/api/vhost-limits/imported").json() == [
+            {"vhost": "imported", "value": {"max-queues": 1}}
+        ]
