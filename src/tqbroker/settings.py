@@ -36,6 +36,7 @@ FILE_ONLY = ("users", "backend_options", "auth_backend_options")
 TLS_PREFIX = "tls_"
 REDACTED = "<redacted>"
 _SECRET = re.compile(r"password|secret|token", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/:@\s]*:)[^/@\s]*@", re.IGNORECASE)
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
@@ -216,7 +217,12 @@ def to_toml(config: BrokerConfig) -> str:
 
 
 def _redact(key: str, value: object) -> object:
-    return REDACTED if _SECRET.search(key) else value
+    """A secret-named option's value redacted, and the password of a URL (``http://u:p@h``)."""
+    if _SECRET.search(key):
+        return REDACTED
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(rf"\1{REDACTED}@", value)
+    return value
 
 
 def _key(key: str) -> str:

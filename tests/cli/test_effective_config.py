@@ -49,12 +49,19 @@ def test_print_config_redacts_passwords_and_reads_back(tmp_path: Path) -> None:
         '[[users]]\nname = "app"\npassword = "s3cret-pw"\n'
         'tags = ["management"]\n[users.permissions.staging]\nconfigure = "^app-"\n'
         '[backend_options.log]\nfsync = "never"\n'
+        '[auth_backend_options.internal]\nservice = "http://svc:url-pw@127.0.0.1:9/auth"\n'
     )
     done = print_config(tmp_path, "--config", "c.toml", "--log-format", "json")
     assert done.returncode == 0, done.stderr
     assert "s3cret-pw" not in done.stdout
+    assert "url-pw" not in done.stdout  # a URL's password too
+    assert 'service = "http://svc:<redacted>@127.0.0.1:9/auth"' in done.stdout
     assert 'password = "<redacted>"' in done.stdout
     (tmp_path / "shown.toml").write_text(done.stdout)
+    (tmp_path / "c.toml").write_text(
+        (tmp_path / "c.toml").read_text().split("[auth_backend_options")[0]
+    )
+    (tmp_path / "shown.toml").write_text(done.stdout.split("\n[auth_backend_options")[0])
     shown = load_config(tmp_path / "shown.toml")
     original = load_config(tmp_path / "c.toml", log_format="json")
     assert shown.metrics_port is None
