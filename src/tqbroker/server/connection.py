@@ -62,6 +62,7 @@ from ..protocol.methods import (
     Method,
 )
 from .access import ChannelAccess
+from .addresses import UNKNOWN, local_address, peer_address, socket_of, text
 from .channel import Channel
 from .deliveries import AckTimeouts
 from .dispatch import dispatch
@@ -97,7 +98,7 @@ class AMQPConnection:
         self.broker = broker
         self._on_open = on_open
         self.stream = stream
-        self.socket = _socket(stream)
+        self.socket = socket_of(stream)
         config = broker.config
         self.protocol = ServerConnection(
             Limits(
@@ -109,15 +110,11 @@ class AMQPConnection:
             ),
             broker.incomplete_bodies,
         )
-        try:
-            peer = self.socket.getpeername()
-            self.peer = f"{peer[0]}:{peer[1]}"
-            self.peer_host: str = peer[0]
-        except OSError:
-            self.peer, self.peer_host = "unknown", ""
+        peer = peer_address(self.socket)
+        self.peer, self.peer_host = text(peer), "" if peer[0] == UNKNOWN else peer[0]
         self.channels = OpenChannels()
         send = weakly(self._send_handshake, None)
-        local = _local(self.socket)
+        local = text(local_address(self.socket))
         self.handshake = Handshake(
             broker, self.peer, self.peer_host, send, local, peer_username=peer_username
         )
@@ -491,20 +488,3 @@ class AMQPConnection:
                 self.send_method(0, ConnectionUpdateSecretOk())
             case _:
                 pass  # close-ok: the protocol moved to CLOSED and the read loop ends
-
-
-def _socket(stream: trio.abc.Stream) -> trio.socket.SocketType:
-    """The TCP socket under ``stream`` (amqps: under its TLS)."""
-    if isinstance(stream, trio.SSLStream):
-        stream = stream.transport_stream
-    assert isinstance(stream, trio.SocketStream)
-    return stream.socket
-
-
-def _local(sock: trio.socket.SocketType) -> str:
-    """The broker's end of the connection, ``127.0.0.1:5672``, for the log lines."""
-    try:
-        host, port = sock.getsockname()[:2]
-    except (OSError, ValueError):
-        return "unknown"
-    return f"{host}:{port}"

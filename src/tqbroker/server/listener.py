@@ -28,6 +28,7 @@ import trio
 
 from ..broker.broker import Broker
 from ..config import BrokerConfig
+from .addresses import peer_address, text
 from .admission import HandshakeAdmission, Ticket
 from .connection import AMQPConnection
 from .http import serve_http, serve_metrics
@@ -112,15 +113,16 @@ async def serve(
 
         async def handle_tls(stream: trio.SocketStream) -> None:
             assert tls is not None
-            ticket = admission.admit(_peer_host(stream))
+            peer = peer_address(stream.socket)
+            ticket = admission.admit(peer[0])
             if ticket is None:  # too many connections from there are in their handshake
                 await trio.aclose_forcefully(stream)
                 return
             deadline = trio.current_time() + config.handshake_timeout
             try:
-                accepted = await tls.accept(stream, deadline, _peer(stream))
+                accepted = await tls.accept(stream, deadline, text(peer))
             except Exception:  # a bug: this connection alone fails, never ``serve``
-                log.exception("TLS connection from %s failed", _peer(stream))
+                log.exception("TLS connection from %s failed", text(peer))
                 await trio.aclose_forcefully(stream)
                 accepted = None
             if accepted is None:
@@ -129,7 +131,7 @@ async def serve(
             await handle(accepted[0], ticket, peer_username=accepted[1], deadline=deadline)
 
         async def handle_plain(stream: trio.SocketStream) -> None:
-            ticket = admission.admit(_peer_host(stream))
+            ticket = admission.admit(peer_address(stream.socket)[0])
             if ticket is None:  # too many connections from there are in their handshake
                 await trio.aclose_forcefully(stream)
                 return
@@ -206,18 +208,3 @@ def _bound(listeners: list[trio.SocketListener]) -> list[Address]:
         (sockname[0], sockname[1])
         for sockname in (listener.socket.getsockname() for listener in listeners)
     ]
-
-
-def _peer(stream: trio.SocketStream) -> str:
-    try:
-        host, port = stream.socket.getpeername()[:2]
-    except OSError:
-        return "unknown"
-    return f"{host}:{port}"
-
-
-def _peer_host(stream: trio.SocketStream) -> str:
-    try:
-        return str(stream.socket.getpeername()[0])
-    except (OSError, IndexError):
-        return "unknown"

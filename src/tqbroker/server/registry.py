@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import attrs
 
+from .addresses import local_address, peer_address
 from .connection import AMQPConnection
 
 
@@ -36,8 +37,8 @@ class Connections:
         self.listeners: list[tuple[str, str, int]] = []
 
     def add(self, connection: AMQPConnection) -> Registered:
-        peer_host, peer_port = _address(connection, peer=True)
-        host, port = _address(connection, peer=False)
+        peer_host, peer_port = peer_address(connection.socket)
+        host, port = local_address(connection.socket)
         name = base = f"{peer_host}:{peer_port} -> {host}:{port}"
         n = 1
         while name in self._by_name:  # an address that could not be read ("unknown:0")
@@ -63,12 +64,3 @@ class Connections:
 
     def __len__(self) -> int:
         return len(self._by_name)
-
-
-def _address(connection: AMQPConnection, *, peer: bool) -> tuple[str, int]:
-    try:
-        sock = connection.socket
-        found = sock.getpeername() if peer else sock.getsockname()
-        return str(found[0]), int(found[1])
-    except OSError:
-        return "unknown", 0
