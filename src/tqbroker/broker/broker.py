@@ -213,7 +213,10 @@ class Broker:
                 self._restored = True
                 if self._first_user_start:
                     grant_default_user(self.users, self.config, list(self.vhosts))
-                await self.users.save(data_dir)  # the configured users, stored
+                try:
+                    await self.users.save(data_dir)  # the configured users, stored
+                except OSError as exc:  # a full disk: they are applied again at every start
+                    log.error("cannot store the users at startup: %s", exc)
                 self.recovery_seconds = time.monotonic() - recovery_started
                 if self.config.load_definitions is not None:
                     await load_definitions(self, self.config.load_definitions)
