@@ -64,10 +64,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from tqbroker.spark import register
+    from tqbroker.spark import loopback_builder, register
 
     with (
         tempfile.TemporaryDirectory(prefix="tqbroker-bench-") as data_dir,
@@ -84,10 +83,8 @@ def main() -> None:
         print(f"fill through POST /records ({args.count:,} x {args.size} B): {rate:,.0f} rows/s")
 
         spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("tqbroker-bench")
+            loopback_builder("tqbroker-bench")
             .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.driver.memory", "2g")
             .getOrCreate()

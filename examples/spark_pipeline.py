@@ -94,16 +94,13 @@ def publish_events(amqp: str, count: int) -> None:
 
 def run_spark_job(http: str, checkpoint: str) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need pyarrow, tqbroker
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from tqbroker.spark import register
+    from tqbroker.spark import loopback_builder, register
 
     spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("tqbroker-pipeline")
+        loopback_builder("tqbroker-pipeline")
         .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()

@@ -63,15 +63,11 @@ def spark() -> Iterator[SparkSession]:
     # environment of the JVM: set it before the session starts.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    from tqbroker.spark import register
+    from tqbroker.spark import loopback_builder, register
 
     session = (
-        SparkSession.builder.master("local[2]")
-        .appName("tqbroker-tests")
+        loopback_builder("tqbroker-tests")
         .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")

@@ -31,6 +31,7 @@ from ._arrow import read_ddl
 from ._client import BrokerError
 from ._offsets import DataLossError
 from ._options import OptionError, lower_keys, sink_options, source_options
+from ._session import loopback_builder
 from ._sink import BatchWriter, StreamWriter, sink_columns, stream_sink_id
 from ._source import BatchReader, StreamReader, TopicRange, check_schema
 
@@ -43,6 +44,7 @@ __all__ = [
     "OptionError",
     "TopicRange",
     "TqbrokerDataSource",
+    "loopback_builder",
     "register",
 ]
 
