@@ -95,7 +95,9 @@ class Consume:
     """Consume ``count`` messages from ``queue`` (manual acks, ``multiple`` every ``ack_every``).
     ``subscribe_early``: subscribe in the prepare step (the queue is empty until the clock
     starts); otherwise the run step subscribes (a queue filled beforehand). ``latency``: record
-    each delivery's end-to-end latency from the stamp a ``PacedPublish`` put in its body."""
+    each delivery's end-to-end latency from the stamp a ``PacedPublish`` put in its body.
+    ``also``: more queues consumed on the same connection and channel (one consumer each,
+    ``subscribe_early`` only); ``count`` is then the deliveries from all of them."""
 
     queue: str
     count: int
@@ -104,11 +106,14 @@ class Consume:
     arguments: FieldTable | None = None
     subscribe_early: bool = False
     latency: bool = False
+    also: tuple[str, ...] = ()
 
     def prepare(self, client: RawClient) -> None:
         client.qos(self.prefetch)
         if self.subscribe_early:
-            client.subscribe(self.queue, prefetch=self.prefetch, arguments=self.arguments)
+            for i, queue in enumerate((self.queue, *self.also)):
+                tag = f"bench.{i}"
+                client.subscribe(queue, prefetch=self.prefetch, arguments=self.arguments, tag=tag)
 
     def run(self, client: RawClient) -> Outcome:
         stamps: array[int] | None = array("q") if self.latency else None

@@ -3,7 +3,7 @@
     python benchmarks/suite.py [--rabbitmq auto|start|none] [--rabbitmq-url amqp://...]
                                [--runs 3] [--messages 200000] [--queued 1000000]
                                [--workloads publish-transient,consume,...] [--json out.json]
-                               [--smoke]
+                               [--mode multi|single|both] [--smoke]
 
 The workloads are described in ``workloads.py``; the load comes from worker processes using the
 lean raw-socket client (``loadgen.py``, ``rawclient.py``).
@@ -12,7 +12,9 @@ Responsibilities (the command line; the parts live beside it):
 - targets (``targets.py``): tqbroker started here (``python -m tqbroker``, log backend, fsync
   before confirm); RabbitMQ started here on loopback (a private node, stopped afterwards), or
   any broker at an AMQP URL;
-- runs: every workload ``--runs`` times per target, targets interleaved run by run;
+- runs: every workload ``--runs`` times per target, targets interleaved run by run; with
+  ``--mode both``, the whole suite in the multi-process mode, then in the single-connection
+  mode (one publisher connection, one consumer connection, one process per side);
 - output (``report.py``): one table of medians (workload | tqbroker | RabbitMQ | ratio | broker
   CPU | client CPU) and its notes, and with ``--json`` every run, the machine, the versions and
   the load average.
@@ -29,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from procstats import IDLE_LOAD, py_spy, wait_for_idle
@@ -59,20 +61,36 @@ def main(argv: list[str] | None = None) -> int:
             _start_targets(args, Path(tmp), epmd, targets)
             versions = {t.name: t.version() for t in targets}
             _log("; ".join(f"{name}: {v}" for name, v in versions.items()))
-            results = run_suite(targets, workloads, settings, _log)
+            by_mode: dict[str, tuple[Settings, Results]] = {}
+            for mode in MODES[args.mode]:
+                moded = replace(settings, mode=mode)
+                _log(f"-- mode {mode}: {MODE_TITLES[mode]}")
+                by_mode[mode] = (moded, run_suite(targets, workloads, moded, _log))
         finally:
             for target in targets:
                 target.close()
             epmd.cleanup()
 
-    print(table(results, targets, workloads))
-    print("\n".join(notes(results, targets, settings)))
-    if args.json:
-        found = record(
-            results, targets, workloads, settings, versions=versions, load_before=load_before
+    records: dict[str, object] = {}
+    for mode, (moded, results) in by_mode.items():
+        if len(by_mode) > 1:
+            print(f"\n### mode {mode}: {MODE_TITLES[mode]}\n")
+        print(table(results, targets, workloads))
+        print("\n".join(notes(results, targets, moded)))
+        records[mode] = record(
+            results, targets, workloads, moded, versions=versions, load_before=load_before
         )
+    if args.json:
+        found = records if len(records) > 1 else next(iter(records.values()))
         args.json.write_text(json.dumps(found, indent=2) + "\n")
-    return 1 if results.errors else 0
+    return 1 if any(results.errors for _s, results in by_mode.values()) else 0
+
+
+MODES = {"multi": ["multi"], "single": ["single"], "both": ["multi", "single"]}
+MODE_TITLES = {
+    "multi": "one worker process per consumer (fanout: one per queue)",
+    "single": "one publisher connection, one consumer connection, one process per side",
+}
 
 
 def run_suite(
@@ -140,6 +158,13 @@ def _parser() -> argparse.ArgumentParser:
         "--workloads",
         default=",".join(WORKLOADS),
         help=f"comma-separated, from: {', '.join(WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=list(MODES),
+        default="multi",
+        help="load generator: multi (a process per consumer), single (one connection and "
+        "process per side), both (the suite twice, a table each)",
     )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run: does it work")
     parser.add_argument("--runs", type=int, help="runs per workload and broker (median reported)")

@@ -8,15 +8,22 @@ Workloads (1 KiB bodies; the load comes from worker processes using the lean raw
 - consume: one consumer drains a queue filled beforehand (prefetch 1000, ``multiple`` ack
   every 100);
 - latency: a publisher at a fixed 2k msg/s stamps each body, a consumer takes the difference
-  on arrival; p50 and p99 (the first quarter second is warm-up, left out);
-- fanout: a fanout exchange bound to 4 queues, one consumer process per queue, one publisher
-  (no confirms); deliveries per second;
+  on arrival; p50, p99 and p99.9 (the first quarter second is warm-up, left out);
+- fanout, fanout-16: a fanout exchange bound to 4 (16) queues, one publisher (no confirms);
+  deliveries per second; in the multi mode one consumer process per queue, in the single mode
+  one consumer connection (one process) consuming every queue; fanout-16 publishes a quarter
+  of the messages (the same deliveries as fanout);
 - stream: confirmed publish into a stream (window 256), then one consumer reads it from
   ``x-stream-offset=first``;
 - memory-durable: a fresh broker, RSS growth per message after N persistent messages queued
   on a durable queue; then kill -9 and restart on the same data: seconds until the queue answers
   with all N again, per GB of message bodies (unclean recovery);
 - memory-transient: the same RSS growth with transient messages on a non-durable queue.
+
+Generator modes (``Settings.mode``): ``multi`` (several worker processes where a workload has
+several consumers: fanout), ``single`` (one publisher connection and one consumer connection,
+one process per side, for every workload). The other workloads have one connection per side in
+both modes.
 
 Responsibilities: the sizes (``Settings``, ``SMOKE``), one ``Measure`` per row and run, each
 workload (``WORKLOADS``) and the rows it fills (``ROWS_OF``); with ``--profile``, py-spy
@@ -50,6 +57,7 @@ class Settings:
     prefetch: int = 1000
     ack_every: int = 100
     fanout_queues: int = 4
+    mode: str = "multi"  # or "single": one connection (and process) per side
     latency_rate: float = 2000.0
     latency_seconds: float = 10.0
     settle: float = 1.0  # seconds before reading RSS
@@ -201,7 +209,7 @@ def latency(target: Target, s: Settings, tag: str) -> dict[str, Measure]:
             detail,
             other_cpu=result.other_cpu,
         )
-        for key, p in (("latency_p50", 0.50), ("latency_p99", 0.99))
+        for key, p in (("latency_p50", 0.50), ("latency_p99", 0.99), ("latency_p999", 0.999))
     }
 
 
@@ -211,8 +219,16 @@ def _percentile(ordered: list[int], p: float) -> float:
 
 
 def fanout(target: Target, s: Settings, tag: str) -> dict[str, Measure]:
+    return {"fanout": _fanout(target, s, tag, s.fanout_queues, s.messages)}
+
+
+def fanout_16(target: Target, s: Settings, tag: str) -> dict[str, Measure]:
+    return {"fanout_16": _fanout(target, s, f"16.{tag}", 16, max(s.messages // 4, 1))}
+
+
+def _fanout(target: Target, s: Settings, tag: str, width: int, messages: int) -> Measure:
     exchange = f"bench.fanout.{tag}"
-    queues = [f"bench.fanout.{tag}.{i}" for i in range(s.fanout_queues)]
+    queues = [f"bench.fanout.{tag}.{i}" for i in range(width)]
     with _cleanup(target, queues, (exchange,)):
         with _client(target) as client:
             client.exchange_declare(exchange, "fanout")
@@ -220,12 +236,19 @@ def fanout(target: Target, s: Settings, tag: str) -> dict[str, Measure]:
                 client.declare(queue, durable=False)
                 client.bind(queue, exchange)
         jobs: list[Job] = [
-            Consume(q, s.messages, prefetch=s.prefetch, ack_every=s.ack_every, subscribe_early=True)
-            for q in queues
+            Consume(
+                q,
+                messages * width if s.mode == "single" else messages,
+                prefetch=s.prefetch,
+                ack_every=s.ack_every,
+                subscribe_early=True,
+                also=tuple(queues[1:]) if s.mode == "single" else (),
+            )
+            for q in (queues[:1] if s.mode == "single" else queues)
         ]
-        jobs.append(Publish("", s.messages, exchange=exchange, body_size=s.body_size))
-        result = _run(target, jobs, s, f"fanout-{tag}")
-    return {"fanout": _throughput(result, s.messages * len(queues))}
+        jobs.append(Publish("", messages, exchange=exchange, body_size=s.body_size))
+        result = _run(target, jobs, s, f"fanout{width}-{s.mode}-{tag}")
+    return _throughput(result, messages * width)
 
 
 def stream(target: Target, s: Settings, tag: str) -> dict[str, Measure]:
@@ -356,6 +379,7 @@ WORKLOADS: dict[str, Workload] = {
     "consume": consume,
     "latency": latency,
     "fanout": fanout,
+    "fanout-16": fanout_16,
     "stream": stream,
     "memory-durable": memory_durable,
     "memory-transient": memory_transient,
@@ -367,8 +391,9 @@ ROWS_OF: dict[str, list[str]] = {
     "publish-transient": ["publish_transient"],
     "publish-persistent": ["publish_persistent"],
     "consume": ["consume"],
-    "latency": ["latency_p50", "latency_p99"],
+    "latency": ["latency_p50", "latency_p99", "latency_p999"],
     "fanout": ["fanout"],
+    "fanout-16": ["fanout_16"],
     "stream": ["stream_publish", "stream_read"],
     "memory-durable": ["memory_durable", "recovery"],
     "memory-transient": ["memory_transient"],
