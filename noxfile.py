@@ -99,11 +99,12 @@ def generate(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """The benchmark suite against RabbitMQ (started on loopback when installed; tqbroker alone
-    otherwise), one table of medians (prints numbers; asserts nothing): ``nox -s bench``,
-    ``nox -s bench -- --smoke``, ``nox -s bench -- --rabbitmq-url amqp://... --json out.json``.
-    See docs/performance.md."""
+    otherwise), a table of medians per generator mode, both modes unless ``--mode`` is given
+    (prints numbers; asserts nothing): ``nox -s bench``, ``nox -s bench -- --smoke``,
+    ``nox -s bench -- --rabbitmq-url amqp://... --json out.json``. See docs/performance.md."""
     session.install("-r", "requirements/broker.txt")
-    session.run("python", "benchmarks/suite.py", *session.posargs)
+    mode = [] if any(a.startswith("--mode") for a in session.posargs) else ["--mode", "both"]
+    session.run("python", "benchmarks/suite.py", *mode, *session.posargs)
 
 
 @nox.session(name="bench-storage")

@@ -9,10 +9,8 @@ Workloads (1 KiB bodies; the load comes from worker processes using the lean raw
   every 100);
 - latency: a publisher at a fixed 2k msg/s stamps each body, a consumer takes the difference
   on arrival; p50, p99 and p99.9 (the first quarter second is warm-up, left out);
-- fanout, fanout-16: a fanout exchange bound to 4 (16) queues, one publisher (no confirms);
-  deliveries per second; in the multi mode one consumer process per queue, in the single mode
-  one consumer connection (one process) consuming every queue; fanout-16 publishes a quarter
-  of the messages (the same deliveries as fanout);
+- fanout, fanout-16: a fanout exchange bound to 4 (16) queues, one publisher (no confirms),
+  deliveries per second (consumers: see the modes); fanout-16 publishes a quarter as many;
 - stream: confirmed publish into a stream (window 256), then one consumer reads it from
   ``x-stream-offset=first``;
 - memory-durable: a fresh broker, RSS growth per message after N persistent messages queued
@@ -20,10 +18,8 @@ Workloads (1 KiB bodies; the load comes from worker processes using the lean raw
   with all N again, per GB of message bodies (unclean recovery);
 - memory-transient: the same RSS growth with transient messages on a non-durable queue.
 
-Generator modes (``Settings.mode``): ``multi`` (several worker processes where a workload has
-several consumers: fanout), ``single`` (one publisher connection and one consumer connection,
-one process per side, for every workload). The other workloads have one connection per side in
-both modes.
+Generator modes (``Settings.mode``): ``multi``, a worker process per consumer (fanout: one per
+queue); ``single``, one publisher connection and one consumer connection, a process per side.
 
 Responsibilities: the sizes (``Settings``, ``SMOKE``), one ``Measure`` per row and run, each
 workload (``WORKLOADS``) and the rows it fills (``ROWS_OF``); with ``--profile``, py-spy
@@ -100,7 +96,11 @@ def _throughput(result: RunResult, messages: int) -> Measure:
         result.wall,
         result.broker_cpu,
         result.client_cpu,
-        {"messages": messages, "client_us_per_msg": 1e6 * result.client_cpu / messages},
+        {
+            "messages": messages,
+            "client_us_per_msg": 1e6 * result.client_cpu / messages,
+            "processes": len(result.outcomes),
+        },
         result.busiest_worker,
         result.other_cpu,
     )
