@@ -8,7 +8,8 @@ Responsibilities:
   milliseconds); TTLs count from it and durable backends store it with the message;
 - ``delivery_cache``: an opaque slot owned by the server layer (``server/encoding.py`` keeps
   the message's encoded ``basic.deliver`` parts there); the model never reads it;
-- ``with_long_header``: a copy with one more header, spliced into the encoded properties.
+- ``with_long_header``: a copy with one more header, spliced into the encoded properties;
+- ``shared_raw``: small property blocks shared between messages (one object per distinct block).
 """
 
 from __future__ import annotations
@@ -18,6 +19,23 @@ import attrs
 from .protocol.codec import FieldTable, Long, add_long_header
 from .protocol.methods import BasicProperties
 from .protocol.properties import decode_properties
+
+_SHARED_LIMIT = 64  # raw property blocks up to this size are shared between messages
+_SHARED_MAX = 4096  # distinct blocks remembered (the table is emptied when it is full)
+_shared_raw: dict[bytes, bytes] = {}
+
+
+def shared_raw(raw: bytes) -> bytes:
+    """One bytes object for every equal small property block (most publishers send the same
+    few: 35 B less per queued message); larger or too many distinct blocks pass through."""
+    if len(raw) > _SHARED_LIMIT:
+        return raw
+    found = _shared_raw.get(raw)
+    if found is None:
+        if len(_shared_raw) >= _SHARED_MAX:
+            _shared_raw.clear()
+        found = _shared_raw[raw] = raw
+    return found
 
 
 class Message:
@@ -44,7 +62,7 @@ class Message:
     ) -> None:
         self.exchange = exchange
         self.routing_key = routing_key
-        self.properties_raw = properties_raw
+        self.properties_raw = shared_raw(properties_raw)
         self.body = body
         self._properties = properties
         self.timestamp_ms = timestamp_ms
