@@ -35,8 +35,10 @@ class _LifoStore(MemoryQueueStore):
     def pop(self) -> tuple[int, Message, bool] | None:
         if self._requeued or not self._ready:
             return super().pop()
-        message_id, message = self._ready.pop()
+        message = self._ready.pop()
+        message_id = self._head_id + len(self._ready)  # ids are consecutive from the head
         self._messages[message_id] = message
+        self._unacked.add(message_id)
         return message_id, message, False
 
 
@@ -59,8 +61,7 @@ class _PeekPopsStore(MemoryQueueStore):
 class _PeekIgnoresRequeuedStore(MemoryQueueStore):
     def peek(self) -> tuple[int, Message, bool] | None:
         if self._ready:
-            message_id, message = self._ready[0]
-            return message_id, message, False
+            return self._head_id, self._ready[0], False
         return super().peek()
 
 
