@@ -240,10 +240,10 @@ class ClassicQueue(Queue):
         (``x-priority``, highest first; the list is kept in that order) and round-robin among
         equals, skipping those without prefetch credit."""
         consumers = self.consumers
-        if self.single_active_consumer:
+        n = len(consumers)
+        if n == 1 or self.single_active_consumer:  # one to ask (the commonest case)
             active = consumers[0]
             return active if active.has_capacity() else None
-        n = len(consumers)
         group_start = 0
         while group_start < n:
             priority = consumers[group_start].priority
