@@ -1,25 +1,22 @@
 """TLS test helpers: a ``trustme`` PKI written to files (a CA, the broker's certificate for
 127.0.0.1, client certificates: good, expired, from an untrusted CA) and brokers with a ``[tls]``
-table, run in a thread as ``tqbroker.testing.running_broker`` does (that one reports no amqps
-port, so these keep the whole ``Listening``)."""
+table, run in a thread by ``tqbroker.testing.running_broker`` (its ``Listening`` names the
+amqps and HTTPS addresses too)."""
 
 from __future__ import annotations
 
 import datetime
-import queue
 import ssl
-import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
-import trio
 import trustme
 
 from tqbroker.config import BrokerConfig, TlsConfig
-from tqbroker.server.listener import Listening, serve
+from tqbroker.server.listener import Listening
+from tqbroker.testing import running_broker
 
 HOST = "127.0.0.1"
 
@@ -80,45 +77,8 @@ def client_context(pki: Pki, cert: Path | None = None) -> ssl.SSLContext:
 @contextmanager
 def tls_broker(tls: TlsConfig, **settings: object) -> Iterator[Listening]:
     """A broker on 127.0.0.1 (ephemeral ports, a temporary data directory) with ``tls``, in a
-    thread; shut down gracefully on exit."""
-    results: queue.Queue[Listening | BaseException] = queue.Queue()
-    stop: list[tuple[trio.Event, trio.lowlevel.TrioToken]] = []
-    with tempfile.TemporaryDirectory(prefix="tqbroker-tls-") as data_dir:
-        config = BrokerConfig(
-            port=0,
-            http_port=0,
-            metrics_port=0,
-            data_dir=Path(data_dir),
-            tls=tls,
-            **settings,  # type: ignore[arg-type]
-        )
-
-        async def main() -> None:
-            shutdown = trio.Event()
-            stop.append((shutdown, trio.lowlevel.current_trio_token()))
-            async with trio.open_nursery() as nursery:
-                results.put(
-                    await nursery.start(
-                        lambda task_status: serve(
-                            config, shutdown=shutdown, task_status=task_status
-                        )
-                    )
-                )
-
-        def run() -> None:
-            try:
-                trio.run(main)
-            except BaseException as exc:  # reported to the waiting test
-                results.put(exc)
-
-        thread = threading.Thread(target=run, name="tqbroker-tls", daemon=True)
-        thread.start()
-        listening = results.get(timeout=30)
-        if isinstance(listening, BaseException):
-            raise RuntimeError("the broker did not start") from listening
-        try:
-            yield listening
-        finally:
-            shutdown, token = stop[0]
-            trio.from_thread.run_sync(shutdown.set, trio_token=token)
-            thread.join(timeout=30)
+    thread (``tqbroker.testing.running_broker``): where it listens, amqps included."""
+    config = BrokerConfig(port=0, tls=tls, **settings)  # type: ignore[arg-type]
+    with running_broker(config) as running:
+        assert running.listening is not None
+        yield running.listening

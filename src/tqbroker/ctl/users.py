@@ -226,12 +226,17 @@ def set_permissions(args: argparse.Namespace, api: Api) -> int:
     return 0
 
 
-def clear_permissions(args: argparse.Namespace, api: Api) -> int:
+def _delete_if_there(api: Api, path: str) -> None:
+    """DELETE ``path``; one that is not there (404) is already as asked."""
     try:
-        api.request("DELETE", _permissions_path(api, args.user))
+        api.request("DELETE", path)
     except CommandError as exc:
         if not str(exc).startswith("404"):
             raise
+
+
+def clear_permissions(args: argparse.Namespace, api: Api) -> int:
+    _delete_if_there(api, _permissions_path(api, args.user))
     print(f"cleared permissions of user '{args.user}' in vhost '{api.vhost}'")
     return 0
 
@@ -259,11 +264,7 @@ def set_topic_permissions(args: argparse.Namespace, api: Api) -> int:
 
 
 def clear_topic_permissions(args: argparse.Namespace, api: Api) -> int:
-    try:
-        api.request("DELETE", _permissions_path(api, args.user, "topic-permissions"))
-    except CommandError as exc:
-        if not str(exc).startswith("404"):
-            raise
+    _delete_if_there(api, _permissions_path(api, args.user, "topic-permissions"))
     print(f"cleared topic permissions of user '{args.user}' in vhost '{api.vhost}'")
     return 0
 

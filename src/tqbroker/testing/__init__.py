@@ -41,6 +41,8 @@ class RunningBroker:
     http_port: int | None = None
     metrics_port: int | None = None
     broker: Broker | None = attrs.field(default=None, eq=False, repr=False)
+    # Every address it listens on (amqps and HTTPS too, when the config has ``[tls]``).
+    listening: Listening | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -65,6 +67,7 @@ class RunningBroker:
             listening.http[0][1] if listening.http else None,
             listening.metrics[0][1] if listening.metrics else None,
             listening.broker,
+            listening,
         )
 
 
