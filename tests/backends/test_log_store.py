@@ -13,8 +13,9 @@ import pytest
 
 from tqbroker.backends import FLUSH_FIRST
 from tqbroker.backends.log import LogBackend
+from tqbroker.backends.log.cache import RecordCache
 from tqbroker.backends.log.format import decode_record
-from tqbroker.backends.log.log import Log, RecordCache
+from tqbroker.backends.log.log import Log
 from tqbroker.backends.log.store import LogQueueStore
 from tqbroker.model import Message
 

@@ -25,8 +25,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from tqbroker.backends.log.cache import RecordCache
 from tqbroker.backends.log.format import Record
-from tqbroker.backends.log.log import COMPACTION_DIR, Log, RecordCache
+from tqbroker.backends.log.log import COMPACTION_DIR, Log
 from tqbroker.backends.log.stream import LogStream
 from tqbroker.backends.streams import CompactionPolicy
 from tqbroker.broker.streams.compaction import compaction_policy
@@ -52,6 +53,14 @@ def entry(record: Record) -> Entry:
     key = headers.get("key")
     assert key is None or isinstance(key, str)
     return key, record.message.body, record.timestamp_ms
+
+
+def append(stream: LogStream, record: Message) -> int:
+    """Append ``record`` as a record batch of its own (into the log at once, where these tests
+    look at segments): the state machine below appends real batches."""
+    offset = stream.append(record)
+    stream.seal()
+    return offset
 
 
 def open_stream(directory: Path, *, segment_bytes: int = 400, cache_bytes: int = 0) -> LogStream:
@@ -152,6 +161,7 @@ class CompactionMachine(RuleBasedStateMachine):
     def append(self, records: list[tuple[str | None, bool, int, int]]) -> None:
         for key, tombstone, skew, size in records:
             self._append(key, tombstone, skew, size)
+        self.stream.seal()  # one record batch
 
     @rule(
         wait=st.sampled_from([0, 10, GRACE // 2, GRACE, 3 * GRACE]),
@@ -162,6 +172,7 @@ class CompactionMachine(RuleBasedStateMachine):
         """Plan, then append and apply retention while the work "runs", then swap."""
         self.now += wait
         now = self.now
+        self.stream.seal()  # the open record batch into the log, as compaction_work does
         active_base = self.stream.log.segments[-1].base_offset
         work = self.stream.compaction_work(POLICY, now)
         if work is None:
@@ -175,6 +186,7 @@ class CompactionMachine(RuleBasedStateMachine):
         assert self.stream.finish_compaction(result) == len(removed & self.model.keys())
         for offset in removed:
             self.model.pop(offset, None)
+        self.stream.seal()
         if self.stream.log.segments[-1].base_offset == active_base:  # no roll meanwhile
             assert self.stream.compaction_work(POLICY, now) is None
 
@@ -234,7 +246,7 @@ def test_the_latest_record_of_each_key_stays_at_its_offset(tmp_path: Path) -> No
     offsets: dict[int, tuple[str | None, bytes]] = {}
     for n in range(30):
         key, body = history[n % len(history)]
-        offsets[stream.append(message(key, body, T0 + n))] = (key, body)
+        offsets[append(stream, message(key, body, T0 + n))] = (key, body)
     assert len(stream.log.segments) > 3
     active_base = stream.log.segments[-1].base_offset
     removed = compact(stream, compaction_policy("key", tombstone_grace_ms=10**9), T0 + 30)
@@ -261,7 +273,7 @@ def test_a_pass_is_due_when_a_segment_closed_or_the_policy_changed(tmp_path: Pat
         active = stream.log.segments[-1]
         n = 0
         while stream.log.segments[-1] is active:
-            stream.append(message("a" if n % 2 else None, b"x" * 50, T0))
+            append(stream, message("a" if n % 2 else None, b"x" * 50, T0))
             n += 1
 
     assert stream.compaction_work(POLICY, T0) is None  # only the active segment
@@ -269,7 +281,7 @@ def test_a_pass_is_due_when_a_segment_closed_or_the_policy_changed(tmp_path: Pat
     append_until_a_roll()
     assert compact(stream, POLICY, T0)
     assert stream.compaction_work(POLICY, T0) is None
-    stream.append(message("a", b"x" * 50, T0))  # no roll: the active segment grows
+    append(stream, message("a", b"x" * 50, T0))  # no roll: the active segment grows
     assert stream.compaction_work(POLICY, T0) is None
     assert stream.compaction_work(compaction_policy(key_header="other"), T0) is not None
     append_until_a_roll()
@@ -284,11 +296,11 @@ def test_a_pass_is_due_when_a_segment_closed_or_the_policy_changed(tmp_path: Pat
 
 def test_tombstones_stay_until_their_grace_is_over(tmp_path: Path) -> None:
     stream = open_stream(tmp_path)
-    old = stream.append(message("a", b"old value", T0))
-    other = stream.append(message("b", b"other", T0))
-    tombstone = stream.append(message("a", b"", T0 + 100))
+    old = append(stream, message("a", b"old value", T0))
+    other = append(stream, message("b", b"other", T0))
+    tombstone = append(stream, message("a", b"", T0 + 100))
     while len(stream.log.segments) < 2:
-        stream.append(message(None, b"x" * 50, T0 + 200))
+        append(stream, message(None, b"x" * 50, T0 + 200))
     assert compact(stream, POLICY, T0 + 100 + GRACE - 1) == 1  # the old value only
     assert stream.read(old) is None
     assert stream.read(tombstone) is not None  # readers still see the deletion
@@ -299,7 +311,7 @@ def test_tombstones_stay_until_their_grace_is_over(tmp_path: Path) -> None:
     assert stream.read(other) is not None
     assert stream.compaction_work(POLICY, T0 + 10 * GRACE) is None
     # A tombstone in the active segment stays, however old: only closed segments are rewritten.
-    late = stream.append(message("b", b"", T0))
+    late = append(stream, message("b", b"", T0))
     assert compact(stream, compaction_policy("key", tombstone_grace_ms=0), T0 + 10 * GRACE) == 1
     assert stream.read(other) is None
     assert stream.read(late) is not None
@@ -309,16 +321,16 @@ def test_tombstones_stay_until_their_grace_is_over(tmp_path: Path) -> None:
 def test_keys_by_routing_key_or_header(tmp_path: Path) -> None:
     stream = open_stream(tmp_path)
 
-    def append(routing_key: str, header: object) -> int:
+    def add(routing_key: str, header: object) -> int:
         raw = BasicProperties(headers={"id": header} if header is not None else None).encode()
-        return stream.append(Message("ex", routing_key, raw, b"body", timestamp_ms=T0))
+        return append(stream, Message("ex", routing_key, raw, b"body", timestamp_ms=T0))
 
-    by_bytes = append("k1", b"7")
-    by_text = append("k2", "7")  # the same key as b"7"
-    by_int = append("k1", 7)  # no key: an int
-    no_header = append("k2", None)
+    by_bytes = add("k1", b"7")
+    by_text = add("k2", "7")  # the same key as b"7"
+    by_int = add("k1", 7)  # no key: an int
+    no_header = add("k2", None)
     while len(stream.log.segments) < 2:
-        append("k3", None)
+        add("k3", None)
     assert compact(stream, compaction_policy(key_header="id"), T0) == 1
     assert stream.read(by_bytes) is None
     assert [stream.read(o) is not None for o in (by_text, by_int, no_header)] == [True] * 3
@@ -349,7 +361,7 @@ def damage(stream: LogStream, offset: int) -> None:
 
 def test_the_record_cache_never_serves_a_removed_record(tmp_path: Path) -> None:
     stream = open_stream(tmp_path, cache_bytes=1 << 20)
-    offsets = [stream.append(message("a", b"v%d" % n, T0)) for n in range(40)]
+    offsets = [append(stream, message("a", b"v%d" % n, T0)) for n in range(40)]
     assert all(offset in stream.log._cached for offset in offsets)  # all hot
     assert len(stream.log.segments) > 1
     active_base = stream.log.segments[-1].base_offset
@@ -366,7 +378,7 @@ def test_the_record_cache_never_serves_a_removed_record(tmp_path: Path) -> None:
 def test_a_damaged_record_in_a_compacted_segment_is_stepped_over(tmp_path: Path) -> None:
     stream = open_stream(tmp_path, segment_bytes=4000)
     for n in range(200):
-        stream.append(message(f"k{n % 40}" if n % 3 else None, b"v%d" % n + b"." * 20, T0))
+        append(stream, message(f"k{n % 40}" if n % 3 else None, b"v%d" % n + b"." * 20, T0))
     assert compact(stream, POLICY, T0)
     stream.close()
     stream = open_stream(tmp_path)
@@ -387,13 +399,13 @@ def test_a_tombstone_stays_while_an_older_segment_cannot_be_compacted(tmp_path: 
     """A damaged segment is left as it is, older records of a key included: that key's later
     tombstone must stay, or the older record would come back as the latest."""
     stream = open_stream(tmp_path, segment_bytes=600)
-    old = stream.append(message("k", b"old", T0))
-    damaged = stream.append(message(None, b"d" * 30, T0))
+    old = append(stream, message("k", b"old", T0))
+    damaged = append(stream, message(None, b"d" * 30, T0))
     while len(stream.log.segments) == 1:
-        stream.append(message("other", b"x" * 30, T0))
-    tombstone = stream.append(message("k", b"", T0))
+        append(stream, message("other", b"x" * 30, T0))
+    tombstone = append(stream, message("k", b"", T0))
     while len(stream.log.segments) == 2:
-        stream.append(message(None, b"y" * 30, T0))
+        append(stream, message(None, b"y" * 30, T0))
     flush(stream)
     first = stream.log.segments[0]
     damage(stream, damaged)
@@ -411,12 +423,12 @@ def test_a_segment_retention_takes_meanwhile_is_skipped_and_deleted_at_once(
     tmp_path: Path,
 ) -> None:
     stream = open_stream(tmp_path)
-    old = stream.append(message("a", b"old", T0))
+    old = append(stream, message("a", b"old", T0))
     for n in range(30):
-        stream.append(message(f"k{n % 3}", b"x" * 40, T0))
-    tombstone = stream.append(message("a", b"", T0))
+        append(stream, message(f"k{n % 3}", b"x" * 40, T0))
+    tombstone = append(stream, message("a", b"", T0))
     while stream.log.segments[-1].base_offset <= tombstone:
-        stream.append(message(None, b"y" * 40, T0))
+        append(stream, message(None, b"y" * 40, T0))
     flush(stream)
     first = stream.log.segments[0]
     work = stream.compaction_work(compaction_policy("key", tombstone_grace_ms=0), T0)
@@ -447,17 +459,17 @@ def build(directory: Path) -> tuple[LogStream, dict[int, Entry]]:
     stream = open_stream(directory, segment_bytes=600)
     model: dict[int, Entry] = {}
 
-    def append(key: str | None, body: bytes, timestamp_ms: int) -> None:
-        model[stream.append(message(key, body, timestamp_ms))] = (key, body, timestamp_ms)
+    def add(key: str | None, body: bytes, timestamp_ms: int) -> None:
+        model[append(stream, message(key, body, timestamp_ms))] = (key, body, timestamp_ms)
 
     for n in range(20):
-        append("early", b"e%d" % n, T0 + n)
+        add("early", b"e%d" % n, T0 + n)
     for n in range(120):
         key = None if n % 7 == 0 else f"k{n % 5}"
-        append(key, b"" if n % 11 == 0 else b"v%d" % n + b"." * (n % 30), T0 + n)
-    append("early", b"", T0)
+        add(key, b"" if n % 11 == 0 else b"v%d" % n + b"." * (n % 30), T0 + n)
+    add("early", b"", T0)
     for n in range(30):
-        append(None, b"u%d" % n, T0 + 200)
+        add(None, b"u%d" % n, T0 + 200)
     flush(stream)
     return stream, model
 
@@ -563,6 +575,7 @@ while True:
     key, body = generate(n)
     raw = BasicProperties(headers={"key": key} if key is not None else None).encode()
     assert stream.append(Message("ex", "rk", raw, body, timestamp_ms=T0 + n)) == n
+    stream.seal()
     stream.log.write_out()  # a kill loses at most the record being appended
     n += 1
     if n % 150 == 0:
@@ -621,7 +634,7 @@ def test_processes_killed_while_they_compact_leave_a_consistent_stream(
 async def test_reads_appends_and_retention_go_on_while_the_work_runs(tmp_path: Path) -> None:
     stream = open_stream(tmp_path, segment_bytes=64 * 1024)
     for n in range(40_000):
-        stream.append(message(f"k{n % 500}", b"v%d." % n + b"x" * 80, T0 + n))
+        append(stream, message(f"k{n % 500}", b"v%d." % n + b"x" * 80, T0 + n))
     flush(stream)
     segments = len(stream.log.segments)
     assert segments > 20
@@ -638,7 +651,7 @@ async def test_reads_appends_and_retention_go_on_while_the_work_runs(tmp_path: P
             record = stream.read_from(offset)
             offset = record.offset + 1 if record is not None else stream.first_offset
             reads += 1
-            stream.append(message("new", b"meanwhile", T0))
+            append(stream, message("new", b"meanwhile", T0))
             appends += 1
             if reads == 100:
                 retention_removed = stream.apply_retention(

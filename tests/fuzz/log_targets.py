@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tqbroker.backends.log.format import RecordError, decode_record, encode_record
+from tqbroker.backends.log.format import RecordError, decode_frame, encode_record
 from tqbroker.backends.log.recovery import load_segment, scan_segment
 from tqbroker.backends.log.segment import Segment, read_file_records, segment_name
 from tqbroker.filecache import Directory
@@ -47,14 +47,14 @@ def intact_prefix(raw: bytes, base: int) -> list[tuple[int, int, bytes]]:
     found, pos, least = [], 0, base
     while pos < len(raw):
         try:
-            record = decode_record(raw, pos)
+            frame = decode_frame(raw, pos)
         except RecordError:
             break
-        if record is None or record.offset < least:
+        if frame is None or frame.offset < least:
             break
-        found.append((pos, record.offset, record.message.body))
-        pos += record.size
-        least = record.offset + 1
+        found.extend((pos, record.offset, record.message.body) for record in frame.records)
+        pos += frame.size
+        least = frame.last_offset + 1
     return found
 
 

@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
-from tqbroker.backends.log.format import encode_record
+from tqbroker.backends.log.format import encode_batch, encode_record
 from tqbroker.backends.log.segment import Segment, segment_name
 from tqbroker.filecache import Directory
 from tqbroker.model import Message
@@ -174,6 +174,10 @@ def log() -> Iterator[bytes]:
     damaged = bytearray(log_raw)
     damaged[40] ^= 0x10
     yield framed(4 + 8 * 6, b"", b"", bytes(damaged))  # scan a sealed segment, step over
+    batch = encode_batch(
+        1000, [(5000 + i, 1, Message("ex", f"b{i}", b"\x00\x00", b"x")) for i in range(3)]
+    )
+    yield framed(2, b"", b"", batch + log_raw[: len(log_raw) // 2])  # a batch, then a torn tail
 
 
 def recordbatch() -> Iterator[bytes]:

@@ -17,7 +17,7 @@ import attrs
 from hypothesis import strategies as st
 
 from protocol.strategies import any_method, basic_properties, field_tables, method_instances
-from tqbroker.backends.log.format import encode_record
+from tqbroker.backends.log.format import encode_batch, encode_record
 from tqbroker.backends.log.segment import Segment, segment_name
 from tqbroker.filecache import Directory
 from tqbroker.model import Message
@@ -169,10 +169,27 @@ def segment_files(
         directory = Path(name)
         segment = Segment(Directory(directory), base, interval)
         offset = base - 1
+        batch: list[tuple[int, int, Message]] = []  # runs of consecutive offsets, up to 3
+
+        def write_batch() -> None:
+            first = offset - len(batch) + 1
+            stamp = max(entry[0] for entry in batch)
+            segment.append(first, stamp, encode_batch(first, batch), offset)
+            batch.clear()
+
         for gap, stamp, exchange, key, props, body in records:
+            if batch and gap != 1:
+                write_batch()
             offset += gap
             message = Message(exchange, key, props, body)
-            segment.append(offset, stamp, encode_record(offset, stamp, 1, message))
+            if gap == 1 and len(records) % 2:  # half the inputs hold record batches
+                batch.append((stamp, 1, message))
+                if len(batch) == 3:
+                    write_batch()
+            else:
+                segment.append(offset, stamp, encode_record(offset, stamp, 1, message))
+        if batch:
+            write_batch()
         segment.write_out()
         suffixes = (".log", ".index", ".timeindex")
         files = tuple((directory / segment_name(base, s)).read_bytes() for s in suffixes)

@@ -84,6 +84,7 @@ def append(store: object, n: int) -> None:
     else:
         assert isinstance(store, LogStream)
         store.append(message(n))
+        store.seal()  # a record batch of one: into the log now, as a queue's push goes
 
 
 def segment_log(store: object) -> Log:
@@ -198,10 +199,11 @@ def test_a_segment_ending_at_the_recovery_point_is_rescanned_not_trusted(tmp_pat
     while log.segments[-1].size + 250 <= 16 * 240:
         stamp = t0 + (20_000 if n == 5 else n * 1000)  # the clock stepped back after offset 5
         stream.append(Message("", "s", PERSISTENT, b"%06d" % n + b"." * 200, timestamp_ms=stamp))
+        stream.seal()
         n += 1
     stream.store_offset("c", 1)  # makes the checkpoint necessary
     flush(backend)
-    stream.append(message(n))  # rolls at the recovery point
+    append(stream, n)  # rolls at the recovery point
     assert [s.base_offset for s in log.segments] == [0, n]
     first = log.segments[0]
     assert first.max_timestamp == t0 + 20_000

@@ -88,6 +88,20 @@ class StreamLog(Protocol):
         none yet. Readers go on from the record's offset + 1, stepping over gaps."""
         ...
 
+    def read_many(self, offset: int, end: int, limit: int) -> list[StreamRecord]:
+        """Up to ``limit`` records from the first at or after ``offset``, all below ``end``,
+        in order (what ``read_from`` would give one by one): a reader's bulk read."""
+        ...
+
+    @property
+    def batch_generation(self) -> int:
+        """Changes whenever appends made so far become durable by a later flush than before:
+        a backend that batches appends (one frame per batch) moves it when it closes a batch.
+        While it has not changed, a new append rides the same flush as the appends before
+        it, so one flush ticket serves the whole batch. (A backend that writes each append
+        at once may change it on every append.)"""
+        ...
+
     @property
     def first_offset(self) -> int:
         """No record is below it."""

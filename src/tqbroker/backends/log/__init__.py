@@ -45,7 +45,8 @@ import cbor2
 
 from ... import fsio
 from ...fsutil import fsync_dir
-from .log import Log, RecordCache
+from .cache import RecordCache
+from .log import Log
 from .store import LogQueueStore
 from .stream import LogStream
 

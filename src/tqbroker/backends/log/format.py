@@ -1,15 +1,22 @@
-"""The byte layout of log records and index entries (``docs/storage-format.md`` is the grammar).
+"""The byte layout of log frames and index entries (``docs/storage-format.md`` is the grammar).
 
-Responsibilities:
-- encode a message as one record: ``length u32 | crc32c u32 | offset u64 | timestamp_ms u64 |
-  flags u8 | exchange shortstr | routing_key shortstr | properties_length u32 | properties |
-  body``, where ``length`` counts everything after itself and the CRC-32C (Castagnoli) covers
-  everything after the CRC;
-- decode and validate a record from a buffer (``RecordError`` for a bad length or CRC, ``None``
-  when the buffer holds only part of one); ``parse_record`` decodes a record known to be sound
-  (no CRC); the message decoded carries the record's timestamp;
-- the index entry layouts: offset index ``relative_offset u32 | position u32``, time index
-  ``timestamp_ms u64 | relative_offset u32``.
+A log file is a sequence of *frames*, each ``length u32 | crc32c u32 | offset u64 |
+timestamp_ms u64 | flags u8 | ...``, where ``length`` counts everything after itself and the
+CRC-32C (Castagnoli) covers everything after the CRC. A frame is one of:
+
+- a *record* (format 1, every log): one message, ``... | exchange shortstr | routing_key
+  shortstr | properties_length u32 | properties | body``;
+- a *record batch* (format 2, streams; flag ``FLAG_BATCH``): Kafka's record batch, many
+  messages under one header and one CRC, ``offset`` the first record's, ``timestamp_ms`` the
+  greatest, then ``count u32`` and the entries ``entry_length u32 | offset_delta u32 |
+  timestamp_ms u64 | flags u8 | exchange | routing_key | properties_length u32 | properties |
+  body``.
+
+Responsibilities: encode a record (``encode_record``) or a batch (``encode_batch``); decode and
+validate a frame from a buffer (``decode_frame``: ``RecordError`` for a bad length or CRC,
+``None`` when the buffer holds only part of one), or a frame known to be sound without its CRC
+(``parse_frame``); the index entry layouts (offset index ``relative_offset u32 | position
+u32``, time index ``timestamp_ms u64 | relative_offset u32``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,12 @@ MIN_RECORD = HEAD_SIZE + FIXED_SIZE + 1 + 1 + 4  # two empty shortstrs, empty pr
 MAX_RECORD = 512 * 1024 * 1024 + 1024
 
 FLAG_PERSISTENT = 0x01
+FLAG_BATCH = 0x80  # the frame is a record batch (format 2)
+
+BATCH_COUNT = struct.Struct(">I")
+ENTRY_HEAD = struct.Struct(">IIQB")  # entry_length, offset_delta, timestamp_ms, flags
+BATCH_OVERHEAD = HEAD_SIZE + FIXED_SIZE + BATCH_COUNT.size  # a batch's bytes besides entries
+ENTRY_OVERHEAD = ENTRY_HEAD.size + 1 + 1 + 4  # an entry's bytes besides names, props and body
 
 INDEX_ENTRY = struct.Struct(">II")  # relative offset, file position
 TIME_ENTRY = struct.Struct(">QI")  # timestamp ms, relative offset
@@ -76,9 +89,67 @@ class Record:
     def persistent(self) -> bool:
         return bool(self.flags & FLAG_PERSISTENT)
 
+    # A record is a frame of its own (see ``Frame``).
+    @property
+    def last_offset(self) -> int:
+        return self.offset
 
-def decode_record(buf: bytes | bytearray | memoryview, pos: int) -> Record | None:
-    """The record starting at ``pos``; ``None`` if ``buf`` ends before it does. Checks the
+    @property
+    def records(self) -> tuple[Record]:
+        return (self,)
+
+
+class Batch:
+    """A decoded record batch: its records in offset order."""
+
+    __slots__ = ("offset", "records", "size", "timestamp_ms")
+
+    def __init__(self, offset: int, timestamp_ms: int, records: list[Record], size: int) -> None:
+        self.offset = offset  # the first record's
+        self.timestamp_ms = timestamp_ms  # the greatest of its records'
+        self.records = records
+        self.size = size  # bytes on disk, head included
+
+    @property
+    def last_offset(self) -> int:
+        return self.records[-1].offset
+
+
+# What a position in a log file holds: one record, or a batch of them. Both have ``offset``
+# (the first), ``last_offset``, ``timestamp_ms`` (the greatest), ``size`` and ``records``.
+Frame = Record | Batch
+
+
+def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> bytes:
+    """A record batch of ``entries`` (``(timestamp_ms, flags, message)``), offsets from
+    ``base_offset`` on."""
+    parts: list[bytes] = [b""]
+    append = parts.append
+    pack_entry = ENTRY_HEAD.pack
+    pack_u32 = _U32.pack
+    max_timestamp = 0
+    for delta, (timestamp_ms, flags, message) in enumerate(entries):
+        exchange = message.exchange.encode()
+        routing_key = message.routing_key.encode()
+        props = message.properties_raw
+        body = message.body
+        length = 4 + 8 + 1 + 2 + len(exchange) + len(routing_key) + 4 + len(props) + len(body)
+        append(pack_entry(length, delta, timestamp_ms, flags))
+        append(bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key)
+        append(pack_u32(len(props)))
+        append(props)
+        append(body)
+        if timestamp_ms > max_timestamp:
+            max_timestamp = timestamp_ms
+    parts[0] = RECORD_FIXED.pack(
+        base_offset, max_timestamp, FLAG_BATCH | FLAG_PERSISTENT
+    ) + BATCH_COUNT.pack(len(entries))
+    rest = b"".join(parts)
+    return RECORD_HEAD.pack(len(rest) + 4, google_crc32c.value(rest)) + rest
+
+
+def decode_frame(buf: bytes | bytearray | memoryview, pos: int) -> Frame | None:
+    """The frame starting at ``pos``; ``None`` if ``buf`` ends before it does. Checks the
     length and the CRC (``RecordError``)."""
     if len(buf) - pos < HEAD_SIZE:
         return None
@@ -91,33 +162,83 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int) -> Record | Non
     rest = bytes(buf[pos + HEAD_SIZE : end])
     if google_crc32c.value(rest) != crc:
         raise RecordError("CRC-32C mismatch")
-    return _parse(rest, 0, end - pos)
+    return _parse_frame(rest, 0, end - pos)
+
+
+def decode_record(buf: bytes | bytearray | memoryview, pos: int) -> Record | None:
+    """``decode_frame`` for files that hold single records only (memory-backend pages)."""
+    frame = decode_frame(buf, pos)
+    if isinstance(frame, Batch):
+        raise RecordError("a record batch where a single record belongs")
+    return frame
+
+
+def parse_frame(frame: bytes) -> Frame:
+    """Decode one whole frame known to be sound (one this process encoded and kept in
+    memory): no CRC check."""
+    return _parse_frame(frame, HEAD_SIZE, len(frame))
 
 
 def parse_record(record: bytes) -> Record:
-    """Decode one whole record (as ``encode_record`` made it) known to be sound: one this
-    process encoded and kept in memory. No CRC check."""
+    """``parse_frame`` of a single record."""
     return _parse(record, HEAD_SIZE, len(record))
+
+
+def _parse_frame(frame: bytes, start: int, size: int) -> Frame:
+    if len(frame) > start + FIXED_SIZE - 1 and frame[start + FIXED_SIZE - 1] & FLAG_BATCH:
+        return _parse_batch(frame, start, size)
+    return _parse(frame, start, size)
+
+
+def _parse_batch(frame: bytes, start: int, size: int) -> Batch:
+    try:
+        base, max_timestamp, _flags = RECORD_FIXED.unpack_from(frame, start)
+        (count,) = BATCH_COUNT.unpack_from(frame, start + FIXED_SIZE)
+        p = start + FIXED_SIZE + 4
+        records: list[Record] = []
+        unpack_entry = ENTRY_HEAD.unpack_from
+        least = 0  # the first entry is the base offset; each next one is above the last
+        for _ in range(count):
+            length, delta, timestamp_ms, flags = unpack_entry(frame, p)
+            if delta < least or (least == 0 and delta != 0):
+                raise RecordError("a record batch whose offsets do not increase from its base")
+            least = delta + 1
+            end = p + 4 + length
+            if end > len(frame):
+                raise RecordError("an entry past the end of the batch")
+            message = _message(frame, p + ENTRY_HEAD.size, end, timestamp_ms)
+            records.append(Record(base + delta, timestamp_ms, flags, message, length + 4))
+            p = end
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise RecordError(f"malformed record batch: {exc}") from None
+    if not records or p != len(frame):
+        raise RecordError("a record batch whose entries do not fill it")
+    return Batch(base, max_timestamp, records, size)
 
 
 def _parse(record: bytes, start: int, size: int) -> Record:
     """The record whose fixed fields start at ``record[start]`` (``size``: its whole length)."""
     try:
         offset, timestamp_ms, flags = RECORD_FIXED.unpack_from(record, start)
-        p = start + FIXED_SIZE
-        n = record[p]
-        exchange = record[p + 1 : p + 1 + n].decode()
-        p += 1 + n
-        n = record[p]
-        routing_key = record[p + 1 : p + 1 + n].decode()
-        p += 1 + n
-        (n,) = _U32.unpack_from(record, p)
-        p += 4
-        props = record[p : p + n]
-        if len(props) != n:
-            raise RecordError("properties past the end of the record")
-        body = record[p + n :]
+        message = _message(record, start + FIXED_SIZE, len(record), timestamp_ms)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise RecordError(f"malformed record: {exc}") from None
-    message = Message(exchange, routing_key, props, body, timestamp_ms=timestamp_ms)
     return Record(offset, timestamp_ms, flags, message, size)
+
+
+def _message(buf: bytes, p: int, end: int, timestamp_ms: int) -> Message:
+    """The message whose ``exchange routing_key properties_length properties body`` are
+    ``buf[p:end]``."""
+    n = buf[p]
+    exchange = buf[p + 1 : p + 1 + n].decode()
+    p += 1 + n
+    n = buf[p]
+    routing_key = buf[p + 1 : p + 1 + n].decode()
+    p += 1 + n
+    (n,) = _U32.unpack_from(buf, p)
+    p += 4
+    if p + n > end:
+        raise RecordError("properties past the end of the record")
+    return Message(
+        exchange, routing_key, buf[p : p + n], buf[p + n : end], timestamp_ms=timestamp_ms
+    )

@@ -20,7 +20,6 @@ import contextlib
 import errno
 import logging
 import time
-from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -32,9 +31,17 @@ from ... import filecache, fsio
 from ...filecache import Directory
 from ...fsutil import fsync_dir
 from ...model import Message
-from .format import Record, RecordError, encode_record, parse_record
+from .cache import RecordCache
+from .format import (
+    Frame,
+    Record,
+    RecordError,
+    encode_batch,
+    encode_record,
+    parse_frame,
+)
 from .recovery import load_segment, scan_segment
-from .segment import Segment
+from .segment import Segment, first_at_or_after
 
 log = logging.getLogger(__name__)
 
@@ -47,63 +54,6 @@ RESOURCE_ERRNOS: Final = OPEN_ERRNOS | {errno.ENOMEM}
 CLEAN_MARKER = "clean-shutdown"
 # Where compacted copies of segments are written before they are moved over the originals.
 COMPACTION_DIR = "compaction.tmp"
-
-
-class RecordCache:
-    """The most recently appended records of every log of a backend, bounded by bytes and
-    evicted oldest first, so that a consumer keeping up with publishers is served from memory
-    instead of a read from the page cache. Only a log's active segment is served from it (older
-    records are read from disk, checked). Each log registers for an id and a dict of its own
-    entries.
-
-    Built to cost the garbage collector nothing: a log's entries are ``offset -> record bytes``
-    (as written to the segment), a dict of atoms that CPython does not track, and the eviction
-    order is an ``array``. A full collection then never walks the cache, however many records it
-    holds (caching ``Message`` objects made full collections stall the broker for hundreds of
-    milliseconds with a few hundred thousand records cached).
-
-    Compaction never touches an active segment, so the cache never serves a record compaction
-    removed."""
-
-    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
-        self.max_bytes = max_bytes
-        self._logs: dict[int, dict[int, bytes]] = {}
-        # (log id, offset, bytes charged) triples, oldest first from ``_order_start``.
-        self._order = array("q")
-        self._order_start = 0
-        self._bytes = 0
-        self._last_id = 0
-
-    def register(self) -> tuple[int, dict[int, bytes]]:
-        """A new log's id and the dict its cached records appear in (by offset)."""
-        self._last_id += 1
-        entries: dict[int, bytes] = {}
-        self._logs[self._last_id] = entries
-        return self._last_id, entries
-
-    def unregister(self, log_id: int) -> None:
-        """The log is closed: forget its records (their bytes are released as they age out)."""
-        self._logs.pop(log_id, None)
-
-    def put(self, log_id: int, offset: int, record: bytes) -> None:
-        entries = self._logs.get(log_id)
-        if entries is None:
-            return
-        size = len(record) + 64
-        entries[offset] = record
-        self._order.extend((log_id, offset, size))
-        self._bytes += size
-        order = self._order
-        while self._bytes > self.max_bytes:
-            i = self._order_start
-            old_entries = self._logs.get(order[i])
-            if old_entries is not None:
-                old_entries.pop(order[i + 1], None)
-            self._bytes -= order[i + 2]
-            self._order_start = i + 3
-        if self._order_start > 3 * 65536 and 2 * self._order_start > len(order):
-            del order[: self._order_start]  # compact now and then: amortised O(1) per record
-            self._order_start = 0
 
 
 class Log:
@@ -129,6 +79,8 @@ class Log:
         self.corrupt_records = 0
         self.sync_failed = False  # an fdatasync failed: nothing written since can be trusted
         self._directory_dirty = False  # a segment was created since the last sync
+        self._reading: Segment | None = None  # the segment read last (it keeps a frame)
+        self._cache_frame: tuple[bytes, Frame | None] = (b"", None)  # decoded from the cache
         # Called whenever the log (or its store) gets something for the next flush to do: the
         # backend flushes only the stores that called it (see ``LogBackend``).
         self.changed: Callable[[], None] = _nothing
@@ -161,8 +113,10 @@ class Log:
             if clean or (next_base is not None and next_base < recovery_point):
                 load_segment(segment, next_base)
             elif not scan_segment(segment):
+                segment.forget_frame()
                 self._drop_after(i, bases)
                 break
+            segment.forget_frame()  # what the load decoded last
         if marker.exists():
             fsio.fs.unlink(marker)
             fsync_dir(self.directory)
@@ -245,6 +199,39 @@ class Log:
                 active.write_out()
         return offset
 
+    def append_batch(self, entries: list[tuple[int, int, Message]]) -> int:
+        """Append ``entries`` (``(timestamp_ms, flags, message)``; a timestamp of 0: now) as
+        one record batch (buffered; one entry is written as a record); return the first
+        offset. The batch goes to the record
+        cache too."""
+        now = 0
+        if any(entry[0] == 0 for entry in entries):
+            now = _now_ms()
+            entries = [(stamp or now, flags, message) for stamp, flags, message in entries]
+        active = self.segments[-1]
+        offset = active.next_offset
+        if len(entries) == 1:  # a record of its own: a batch of one would cost 21 B more
+            stamp, flags, message = entries[0]
+            frame = encode_record(offset, stamp, flags, message)
+        else:
+            frame = encode_batch(offset, entries)
+        last = offset + len(entries) - 1
+        max_timestamp = max(entry[0] for entry in entries)
+        if active.size and (
+            active.size + len(frame) > self.segment_bytes
+            or max_timestamp - self._segment_created_ms > self.segment_ms
+        ):
+            self._roll(offset)
+            active = self.segments[-1]
+        active.append(offset, max_timestamp, frame, last)
+        self.changed()
+        if self.cache.max_bytes:
+            self.cache.put(self._cache_id, offset, frame, last)
+        if active.pending >= 256 * 1024:
+            with contextlib.suppress(OSError):  # as in ``append``
+                active.write_out()
+        return offset
+
     def read(self, offset: int) -> Record | None:
         """The record at ``offset``; None if it is not in the log. A record that fails its
         CRC is logged, counted and treated as absent: a corrupt body is never returned."""
@@ -255,7 +242,9 @@ class Log:
         if i == len(self.segments) - 1:
             cached = self._cached.get(offset)
             if cached is not None:
-                return parse_record(cached)  # our own bytes: no CRC to check
+                record = self._from_cache(cached, offset)
+                return record if record is not None and record.offset == offset else None
+        self._reading_in(segment)
         try:
             return segment.read(offset)
         except RecordError as exc:
@@ -273,13 +262,46 @@ class Log:
             if j == last:  # the active segment: no gaps, so the wanted offset may be cached
                 cached = self._cached.get(max(offset, segment.base_offset))
                 if cached is not None:
-                    return parse_record(cached)
+                    return self._from_cache(cached, offset)
+            self._reading_in(segment)
             record = segment.read_next(offset) or segment.read_from(
                 offset, partial(self._damaged, segment)
             )
             if record is not None:
                 return record
         return None
+
+    def read_many(self, offset: int, end: int, limit: int) -> list[Record]:
+        """Up to ``limit`` intact records from the first at or after ``offset``, all below
+        ``end``. Each batch is decoded once (the cache and the segments keep the last frame
+        they decoded), so this costs a lookup per record."""
+        found: list[Record] = []
+        read_from = self.read_from
+        while len(found) < limit and offset < end:
+            record = read_from(offset)
+            if record is None or record.offset >= end:
+                break
+            found.append(record)
+            offset = record.offset + 1
+        return found
+
+    def _from_cache(self, frame_bytes: bytes, offset: int) -> Record | None:
+        """The first record at or after ``offset`` of a cached frame (decoded once: the last
+        frame decoded from the cache is kept)."""
+        kept_bytes, frame = self._cache_frame
+        if kept_bytes is not frame_bytes or frame is None:
+            frame = parse_frame(frame_bytes)  # our own bytes: no CRC to check
+            self._cache_frame = (frame_bytes, frame)
+        i = first_at_or_after(frame, offset)
+        return frame.records[i] if i is not None else None
+
+    def _reading_in(self, segment: Segment) -> None:
+        """Reads go to ``segment`` now: the frame kept by the segment read before is let go
+        (each segment keeps the last frame it decoded)."""
+        if self._reading is not segment:
+            if self._reading is not None:
+                self._reading.forget_frame()
+            self._reading = segment
 
     def _damaged(self, segment: Segment, exc: RecordError) -> None:
         self.corrupt_records += 1

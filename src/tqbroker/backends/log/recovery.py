@@ -4,9 +4,9 @@ Responsibilities:
 - ``load_segment``: trust the files of a segment a clean shutdown or a recovery point vouches
   for, but check every index entry against the record header it points at and walk the records
   after the last entry; rescan when anything looks wrong;
-- ``scan_segment``: validate every record from the start and rebuild both indexes, truncating
-  the torn tail at the first bad length or CRC (or, in a trusted segment, stepping over a
-  damaged record).
+- ``scan_segment``: validate every frame (record or record batch) from the start and rebuild
+  both indexes, truncating the torn tail at the first bad length or CRC (or, in a trusted
+  segment, stepping over a damaged frame).
 
 Which segments are loaded and which scanned, and what happens to the ones after a truncated
 segment, is ``Log.open``'s business.
@@ -72,12 +72,12 @@ def _tail_consistent(segment: Segment) -> bool:
     max_timestamp = segment.max_timestamp
     try:
         while pos < segment.size:
-            record = segment.read_at(pos)
-            if record.offset < expected:
+            frame = segment.read_at(pos)
+            if frame.offset < expected:
                 return False
-            max_timestamp = max(max_timestamp, record.timestamp_ms)
-            expected = record.offset + 1
-            pos += record.size
+            max_timestamp = max(max_timestamp, frame.timestamp_ms)
+            expected = frame.last_offset + 1
+            pos += frame.size
     except RecordError:
         return False
     if segment.time_index.keys:
@@ -97,9 +97,9 @@ def scan_segment(segment: Segment, *, truncate: bool = True, end_offset: int | N
     intact = True
     while pos < file_size:
         try:
-            record = segment.read_at(pos)
-            if record.offset < expected:
-                raise RecordError(f"offset {record.offset}, expected {expected} or more")
+            frame = segment.read_at(pos)
+            if frame.offset < expected:
+                raise RecordError(f"offset {frame.offset}, expected {expected} or more")
         except RecordError as exc:
             log.warning("%s: invalid record at byte %d (%s)", segment.log_path, pos, exc)
             intact = False
@@ -115,9 +115,9 @@ def scan_segment(segment: Segment, *, truncate: bool = True, end_offset: int | N
             pos, expected = resume
             segment.index_next_record()
             continue
-        segment.index_record(record, pos)
-        pos += record.size
-        expected = record.offset + 1
+        segment.index_record(frame, pos)
+        pos += frame.size
+        expected = frame.last_offset + 1
     next_offset = expected
     cut = not intact and truncate
     if cut:

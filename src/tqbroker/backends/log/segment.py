@@ -2,13 +2,16 @@
 
 Responsibilities:
 - files named by the segment's 20-digit base offset, as Kafka names them;
-- records with strictly increasing offsets: consecutive as appended, with gaps once compacted;
-- buffered appends (``append`` adds to a buffer, ``write_out`` writes it with one ``pwrite``);
+- frames (``format.py``: single records, or record batches) with strictly increasing offsets:
+  consecutive as appended, with gaps once compacted;
+- buffered appends (``append`` adds a frame to a buffer, ``write_out`` writes it with one
+  ``pwrite``);
 - its two ``SparseIndex``es (``index.py``): the offset index (one entry per
   ``index_interval_bytes`` of records) and the time index (the greatest timestamp so far at those
   entries, so monotonic whatever the record timestamps);
-- reads by offset: index lookup, then a forward scan (records not yet written out are read from
-  the buffer); a damaged record (a flipped bit) is stepped over, so only that one is lost; and
+- reads by offset: index lookup, then a forward scan of the frames (those not yet written out
+  are read from the buffer; the last frame decoded is kept, so reading a batch record by record
+  decodes it once); a damaged frame (a flipped bit) is stepped over, so only it is lost; and
   every intact record from an offset on, in order;
 - the primitives recovery (``recovery.py``) rebuilds a segment with;
 - compaction's side: ``read_file_records`` reads a snapshot of a record file in a worker thread;
@@ -37,9 +40,12 @@ from .format import (
     INDEX_ENTRY,
     RECORD_HEAD,
     TIME_ENTRY,
+    Batch,
+    Frame,
     Record,
     RecordError,
-    decode_record,
+    decode_frame,
+    encode_record,
 )
 from .index import SparseIndex
 
@@ -83,6 +89,7 @@ class Segment:
         self.index_dirty = False  # index entries written since the last sync of the indexes
         self._read_pos = -1  # read-ahead cache: file position of _read_buf
         self._read_buf = b""
+        self._last_frame: tuple[int, Frame | None] = (-1, None)  # the last decoded, by position
         # Where the last walk stopped: (least offset, file position) of the next record.
         self._hint = (-1, 0)
 
@@ -104,14 +111,18 @@ class Segment:
 
     # -- appending ---------------------------------------------------------------------------
 
-    def append(self, offset: int, timestamp_ms: int, record: bytes) -> None:
+    def append(
+        self, offset: int, timestamp_ms: int, frame: bytes, last_offset: int | None = None
+    ) -> None:
+        """Buffer a frame: a record with ``offset`` or a batch from ``offset`` to
+        ``last_offset``, whose greatest timestamp is ``timestamp_ms``."""
         self.max_timestamp = max(self.max_timestamp, timestamp_ms)
         if self._since_index >= self.index_interval_bytes:
             self._add_index_entry(offset - self.base_offset, self.size)
-        self._buffer += record
-        self.size += len(record)
-        self._since_index += len(record)
-        self.next_offset = offset + 1
+        self._buffer += frame
+        self.size += len(frame)
+        self._since_index += len(frame)
+        self.next_offset = (offset if last_offset is None else last_offset) + 1
 
     def _add_index_entry(self, relative: int, position: int) -> None:
         """Index the record at ``position`` (``max_timestamp`` already counts it). The time
@@ -146,6 +157,7 @@ class Segment:
                 # The read-ahead holds what the file had past the end (bytes a scan stopped
                 # at, never cut): stale now that records are written over them.
                 self._read_buf = b""
+                self._last_frame = (-1, None)
             self.written += len(data)
             self._buffer.clear()
             self.dirty = True
@@ -194,12 +206,15 @@ class Segment:
         if offset != hint_least or pos >= self.size:
             return None
         try:
-            record = self.read_at(pos)
+            frame = self.read_at(pos)
         except RecordError:
             return None
-        if record.offset < offset:
+        records = frame.records
+        i = first_at_or_after(frame, offset)
+        if i is None:
             return None
-        self._hint = (record.offset + 1, pos + record.size)
+        record = records[i]
+        self._hint = (record.offset + 1, pos + frame.size if i == len(records) - 1 else pos)
         return record
 
     def read_from(self, offset: int, on_damage: Callable[[RecordError], None]) -> Record | None:
@@ -240,15 +255,16 @@ class Segment:
         return self._walk(pos, least)
 
     def _walk(self, pos: int, least: int) -> Iterator[Record | RecordError]:
-        """The records from byte ``pos`` (where a record with offset ``least`` or more starts)
-        to the end, the append buffer included. A damaged record (or one whose offset is not
-        above the one before) yields a ``RecordError`` instead, and the walk goes on at the next
-        intact record (see ``resync``)."""
+        """The records from byte ``pos`` (where a frame with an offset of ``least`` or more
+        starts, or the batch that holds ``least``) to the end, the append buffer included. A
+        damaged frame (or one whose offsets are not above the one before) yields a
+        ``RecordError`` instead, and the walk goes on at the next intact frame (see
+        ``resync``)."""
         while pos < self.size:
             try:
-                record = self.read_at(pos)
-                if record.offset < least:
-                    raise RecordError(f"offset {record.offset} where {least} or more belongs")
+                frame = self.read_at(pos)
+                if frame.last_offset < least:
+                    raise RecordError(f"offset {frame.offset} where {least} or more belongs")
             except RecordError as exc:
                 yield RecordError(f"byte {pos}: {exc}")
                 resume = self.resync(pos, least)
@@ -256,10 +272,15 @@ class Segment:
                     return
                 pos, least = resume
                 continue
-            pos += record.size
-            least = record.offset + 1
-            self._hint = (least, pos)
-            yield record
+            end = pos + frame.size
+            records = frame.records
+            last = len(records) - 1
+            for i, record in enumerate(records):
+                if record.offset < least:
+                    continue
+                self._hint = (record.offset + 1, end if i == last else pos)
+                yield record
+            pos, least = end, frame.last_offset + 1
 
     def resync(self, pos: int, least: int) -> tuple[int, int] | None:
         """After a damaged record at byte ``pos`` (whose offset is ``least`` or more): the
@@ -304,32 +325,46 @@ class Segment:
             return None
         return offset if offset >= least else None
 
-    def read_at(self, pos: int) -> Record:
+    def read_at(self, pos: int) -> Frame:
+        """The frame at byte ``pos`` (the last one decoded is kept: reading a batch record by
+        record decodes it once). Raises ``RecordError`` if it is damaged or cut short."""
+        last_pos, last = self._last_frame
+        if last_pos == pos and last is not None:
+            return last
+        frame = self._decode_at(pos)
+        self._last_frame = (pos, frame)
+        return frame
+
+    def forget_frame(self) -> None:
+        """Drop the kept frame (a reader moved on to another segment)."""
+        self._last_frame = (-1, None)
+
+    def _decode_at(self, pos: int) -> Frame:
         if pos >= self.written:
             # Not written out yet (perhaps because writing fails: a full disk): read it from
             # the append buffer rather than write it out, which could raise OSError.
-            record = decode_record(self._buffer, pos - self.written)
-            if record is None:
+            frame = decode_frame(self._buffer, pos - self.written)
+            if frame is None:
                 raise RecordError(f"record at {self.log_path}:{pos} is cut short")
-            return record
+            return frame
         buf_start = self._read_pos
         if buf_start <= pos and pos + HEAD_SIZE <= buf_start + len(self._read_buf):
             (length, _crc) = RECORD_HEAD.unpack_from(self._read_buf, pos - buf_start)
             if pos + 4 + length <= buf_start + len(self._read_buf):
-                record = decode_record(self._read_buf, pos - buf_start)
-                if record is not None:
-                    return record
-        # Refill: at least the whole record (its length is in the first 4 bytes).
+                frame = decode_frame(self._read_buf, pos - buf_start)
+                if frame is not None:
+                    return frame
+        # Refill: at least the whole frame (its length is in the first 4 bytes).
         head = self.file.pread(READ_AHEAD, pos)
         if len(head) >= 4:
             length = int.from_bytes(head[:4], "big")
             if 4 + length > len(head) and pos + 4 + length <= self.written:
                 head += self.file.pread(4 + length - len(head), pos + len(head))
         self._read_pos, self._read_buf = pos, head
-        record = decode_record(head, 0)
-        if record is None:
+        frame = decode_frame(head, 0)
+        if frame is None:
             raise RecordError(f"record at {self.log_path}:{pos} is cut short")
-        return record
+        return frame
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The first offset whose record has a timestamp >= ``timestamp_ms`` (None: none here).
@@ -362,12 +397,12 @@ class Segment:
         self._since_index = self.index_interval_bytes
         self.max_timestamp = -1
 
-    def index_record(self, record: Record, position: int) -> None:
-        """Count a record found by a scan at ``position``, as ``append`` counts one."""
-        self.max_timestamp = max(self.max_timestamp, record.timestamp_ms)
+    def index_record(self, frame: Frame, position: int) -> None:
+        """Count a frame found by a scan at ``position``, as ``append`` counts one."""
+        self.max_timestamp = max(self.max_timestamp, frame.timestamp_ms)
         if self._since_index >= self.index_interval_bytes:
-            self._add_index_entry(record.offset - self.base_offset, position)
-        self._since_index += record.size
+            self._add_index_entry(frame.offset - self.base_offset, position)
+        self._since_index += frame.size
 
     def index_next_record(self) -> None:
         """The next record a scan counts gets an index entry (it follows a damaged one)."""
@@ -388,6 +423,7 @@ class Segment:
             self.file.ftruncate(end)
         self.size = self.written = end
         self._read_pos, self._read_buf = -1, b""
+        self._last_frame = (-1, None)
         self._hint = (-1, 0)
         self.offset_index.rewrite()
         self.time_index.rewrite()
@@ -436,10 +472,10 @@ class Segment:
 
 def read_file_records(path: Path, size: int) -> Iterator[tuple[Record, bytes]]:
     """The records in the first ``size`` bytes of the record file at ``path``, each with its
-    bytes, in order: a snapshot read by a worker thread through a descriptor of its own (the
-    file may be appended to meanwhile, or unlinked). Raises ``RecordError`` at the first
-    damaged record (or one whose offset is not above the one before), OSError if the file is
-    gone."""
+    bytes as a single record (a batch's records are encoded as records of their own), in
+    order: a snapshot read by a worker thread through a descriptor of its own (the file may be
+    appended to meanwhile, or unlinked). Raises ``RecordError`` at the first damaged frame (or
+    one whose offsets are not above the one before), OSError if the file is gone."""
     if size == 0:
         return
     with (
@@ -449,11 +485,32 @@ def read_file_records(path: Path, size: int) -> Iterator[tuple[Record, bytes]]:
     ):
         pos, least = 0, 0
         while pos < size:
-            record = decode_record(view, pos)
-            if record is None:
+            frame = decode_frame(view, pos)
+            if frame is None:
                 raise RecordError(f"record at {path}:{pos} is cut short")
-            if record.offset < least:
-                raise RecordError(f"offset {record.offset} at {path}:{pos}, {least} or more due")
-            yield record, bytes(view[pos : pos + record.size])
-            pos += record.size
-            least = record.offset + 1
+            if frame.offset < least:
+                raise RecordError(f"offset {frame.offset} at {path}:{pos}, {least} or more due")
+            if isinstance(frame, Batch):
+                for record in frame.records:
+                    raw = encode_record(
+                        record.offset, record.timestamp_ms, record.flags, record.message
+                    )
+                    yield record, raw
+            else:
+                yield frame, bytes(view[pos : pos + frame.size])
+            pos += frame.size
+            least = frame.last_offset + 1
+
+
+def first_at_or_after(frame: Frame, offset: int) -> int | None:
+    """The index in ``frame.records`` of the first record at or after ``offset``."""
+    records = frame.records
+    i = offset - frame.offset
+    if i <= 0:
+        return 0
+    if i < len(records) and records[i].offset == offset:
+        return i  # no gap before it (a batch is never compacted in place)
+    for j, record in enumerate(records):
+        if record.offset >= offset:
+            return j
+    return None

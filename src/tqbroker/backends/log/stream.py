@@ -4,6 +4,10 @@ Responsibilities:
 - ``LogStream``: append (every record persistent: a stream keeps what it is given), read a
   record by offset or the first one at or after an offset, find the first offset at or after a
   timestamp, the first and next offsets;
+- record batches: appends collect in an open batch, written as one frame (one header, one
+  CRC, one index entry, one cache entry) when anything reads or flushes the log, or when it
+  reaches ``MAX_BATCH_RECORDS`` / ``MAX_BATCH_BYTES``: so the publishes of one read buffer (and
+  of every connection served before the next flush) become one batch;
 - retention per whole segment, Kafka's way (``x-max-length-bytes``, ``x-max-age``), never the
   active segment; removed segments are deleted at the next flush;
 - the flush protocol the log backend's flushes drive (``begin_flush`` / ``close`` / ``abandon``),
@@ -39,13 +43,15 @@ from ...fsutil import atomic_write, fsync_dir
 from ...model import Message
 from ..streams import CompactionPolicy
 from .compaction import CompactionResult, Source, compact
-from .format import FLAG_PERSISTENT, Record
+from .format import BATCH_OVERHEAD, ENTRY_OVERHEAD, FLAG_PERSISTENT, Record
 from .log import COMPACTION_DIR, RESOURCE_ERRNOS, ChangeFlag, Log
 from .segment import Segment
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "stream.cbor"
+MAX_BATCH_RECORDS = 4096
+MAX_BATCH_BYTES = 1024 * 1024
 
 
 class LogStream:
@@ -73,6 +79,11 @@ class LogStream:
         self._compaction_policy: CompactionPolicy | None = None
         self._compacted_upto = -1
         self._tombstone_due_ms: int | None = None
+        # The open batch: appended records not yet in the log, (timestamp_ms, flags, message);
+        # a message never stamped (0) gets the time of the seal.
+        self._batch: list[tuple[int, int, Message]] = []
+        self._batch_bytes = 0
+        self.batch_generation = 0  # changes each time the open batch is sealed
 
     def open(self) -> None:
         try:
@@ -96,11 +107,45 @@ class LogStream:
     # -- reading and writing -----------------------------------------------------------------
 
     def append(self, message: Message) -> int:
-        return self.log.append(message, FLAG_PERSISTENT)
+        """Add a record to the open batch; return its offset."""
+        size = (
+            ENTRY_OVERHEAD
+            + len(message.exchange)
+            + len(message.routing_key)
+            + len(message.properties_raw)
+            + len(message.body)
+        )
+        if self._batch and self._batch_bytes + size > self._batch_room():
+            self.seal()  # a batch fills a segment at most (unless one record is bigger)
+        batch = self._batch
+        offset = self.log.next_offset + len(batch)
+        if not batch:
+            self._batch_bytes = BATCH_OVERHEAD
+            self.log.changed()  # the next flush seals and writes the batch
+        batch.append((message.timestamp_ms, FLAG_PERSISTENT, message))
+        self._batch_bytes += size
+        if len(batch) >= MAX_BATCH_RECORDS or self._batch_bytes >= MAX_BATCH_BYTES:
+            self.seal()
+        return offset
+
+    def _batch_room(self) -> int:
+        """How big the open batch may grow: what is left of the active segment, or a whole
+        segment if it would roll anyway."""
+        log = self.log
+        left = log.segment_bytes - log.segments[-1].size
+        return left if left >= self._batch_bytes else log.segment_bytes
+
+    def seal(self) -> None:
+        """Write the open batch into the log (buffered, as one frame)."""
+        if self._batch:
+            batch, self._batch, self._batch_bytes = self._batch, [], 0
+            self.batch_generation += 1
+            self.log.append_batch(batch)
 
     def read(self, offset: int) -> Record | None:
         """The record at ``offset``; None below the first offset, at the end, for an offset
         that compaction removed, or for a record that is damaged (logged by the log)."""
+        self.seal()
         if offset < self.first_offset:
             return None
         return self.log.read(offset)
@@ -109,7 +154,14 @@ class LogStream:
         """The first record at or after ``offset`` (or the first offset); None when there is
         none yet. A reader goes on from the record's offset + 1: this steps over the gaps that
         compaction leaves (and damaged records, logged by the log)."""
+        self.seal()
         return self.log.read_from(max(offset, self.first_offset))
+
+    def read_many(self, offset: int, end: int, limit: int) -> list[Record]:
+        """Up to ``limit`` records from the first at or after ``offset``, all below ``end``:
+        ``read_from`` for a reader that takes many (a whole batch is taken at once)."""
+        self.seal()
+        return self.log.read_many(max(offset, self.first_offset), end, limit)
 
     @property
     def first_offset(self) -> int:
@@ -118,7 +170,7 @@ class LogStream:
 
     @property
     def next_offset(self) -> int:
-        return self.log.next_offset
+        return self.log.next_offset + len(self._batch)
 
     @property
     def durable_end(self) -> int:
@@ -145,10 +197,12 @@ class LogStream:
             self._offsets_dirty = True
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        self.seal()
         return max(self.log.offset_for_timestamp(timestamp_ms), self.first_offset)
 
     def apply_retention(self, *, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:
         """Detach whole segments past retention (deleted at the next flush); return how many."""
+        self.seal()
         removed = self.log.segments_past_retention(
             max_bytes=max_bytes, max_age_ms=max_age_ms, now_ms=now_ms
         )
@@ -171,6 +225,7 @@ class LogStream:
         log as of now (the active segment's included), except tombstones whose
         ``timestamp_ms + tombstone_grace_ms <= now_ms``. It fsyncs the records it goes by
         first, so a copy never drops a record for the sake of a later one a crash can lose."""
+        self.seal()
         segments = self.log.segments
         active = segments[-1]
         if len(segments) < 2 or self.abandoned:
@@ -238,12 +293,15 @@ class LogStream:
 
     @property
     def needs_flush(self) -> bool:
-        return self.log.needs_sync or bool(self._obsolete or self._offsets_dirty or self._retired)
+        return self.log.needs_sync or bool(
+            self._batch or self._obsolete or self._offsets_dirty or self._retired
+        )
 
     def begin_flush(self, *, fsync: bool = True) -> Callable[[], None] | None:
         """Write out buffered records; return the blocking work: fsync (unless ``fsync`` is
         false), record the recovery point, delete segments past retention, close the segments
         compaction replaced and make its renames durable."""
+        self.seal()
         written = self.log.next_offset
         if fsync:
             sync = self.log.sync_work()

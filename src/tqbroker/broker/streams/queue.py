@@ -62,6 +62,9 @@ from .groups import GROUP_ARGUMENT, ConsumerGroups
 log = logging.getLogger(__name__)
 
 RETENTION_CHECK_SECONDS: Final = 60.0
+# Records read from the log per call while delivering (at most the consumer's credit).
+READ_CHUNK: Final = 256
+OFFSET_HEADER: Final = "x-stream-offset"
 
 
 @attrs.define
@@ -137,6 +140,9 @@ class StreamQueue(Queue):
         self.groups = groups if groups is not None else ConsumerGroups()
         self._group_of: dict[Consumer, str] = {}  # consumers that are group members
         self._cursors: dict[str, GroupCursor] = {}  # by group: who reads for it, from where
+        # The flush ticket of the open record batch (see ``publish``).
+        self._batch_generation = -1
+        self._batch_ticket = 0
 
     # -- the actor ---------------------------------------------------------------------------
 
@@ -208,23 +214,32 @@ class StreamQueue(Queue):
         stream = self.stream
         end = stream.durable_end
         position = max(position, stream.first_offset)
+        deliver = consumer.channel.deliver
         while position < end and consumer.has_capacity():
+            credit = consumer.prefetch_count - consumer.unacked
+            wanted = READ_CHUNK if consumer.no_ack or credit <= 0 else min(credit, READ_CHUNK)
             try:
-                # The next record there is: compaction and damage (logged) leave gaps.
-                record = stream.read_from(position)
+                # The next records there are: compaction and damage (logged) leave gaps.
+                records = stream.read_many(position, end, wanted)
             except OSError as exc:  # storage trouble: try again on the next wake-up
                 log.error("stream %r in vhost %r: cannot read: %s", self.name, self.vhost, exc)
                 break
-            if record is None or record.offset >= end:
+            if not records:
                 break
-            position = record.offset + 1
-            consumer.unacked += 1
-            if cursor is not None:
-                cursor.note(record.offset)
-            # Every delivery says where it is, as a long, as RabbitMQ sends it (spliced into the
-            # stored properties: the headers' order and encoding as with_headers gives them).
-            message = record.message.with_long_header("x-stream-offset", record.offset)
-            consumer.channel.deliver(consumer, record.offset, message, False)
+            for record in records:
+                if not consumer.has_capacity():
+                    break
+                offset = record.offset
+                position = offset + 1
+                consumer.unacked += 1
+                if cursor is not None:
+                    cursor.note(offset)
+                # Every delivery says where it is, as a long, as RabbitMQ sends it (spliced
+                # into the stored properties: the headers' order and encoding as with_headers
+                # gives them).
+                deliver(
+                    consumer, offset, record.message.with_long_header(OFFSET_HEADER, offset), False
+                )
         if position >= end and end < stream.next_offset and self.flusher is not None:
             self.flusher.wake_after_flush(self)  # more is written: go on once it is durable
         return position
@@ -242,7 +257,13 @@ class StreamQueue(Queue):
             return None
         if self.consumers:  # readers see the message once the flush has made it durable
             flusher.wake_after_flush(self)
-        return flusher, flusher.request()
+        # One flush ticket per record batch: until the batch is closed (by a flush, which
+        # then covers the ticket, or by a read) the same flush makes all of it durable.
+        generation = self.stream.batch_generation
+        if generation != self._batch_generation or self._batch_ticket <= flusher.completed:
+            self._batch_generation = generation
+            self._batch_ticket = flusher.request()
+        return flusher, self._batch_ticket
 
     def get(self) -> Popped | FlushFirst | None:
         raise AMQPError(

@@ -1,0 +1,217 @@
+"""Stream record batches (storage format 2): the codec, recovery of batches, and the upgrade
+path: a stream written by tqbroker before batches (format 1, single records only; the files in
+``tests/data/stream-log-format1`` were written by the log backend at commit c8119f2) opens,
+reads, takes batches after its records and survives a crash."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tqbroker.backends.log import LogBackend
+from tqbroker.backends.log.format import (
+    FLAG_BATCH,
+    HEAD_SIZE,
+    RECORD_FIXED,
+    Batch,
+    RecordError,
+    decode_frame,
+    encode_batch,
+    parse_frame,
+)
+from tqbroker.backends.log.stream import LogStream
+from tqbroker.model import Message
+from tqbroker.protocol.methods import BasicProperties
+
+FORMAT1 = Path(__file__).resolve().parents[1] / "data" / "stream-log-format1"
+T0 = 1_700_000_000_000
+
+entries = st.lists(
+    st.tuples(
+        st.integers(0, 2**63 - 1),  # timestamp_ms
+        st.sampled_from([0, 1]),  # flags
+        st.text(max_size=20),  # exchange
+        st.text(max_size=20),  # routing key
+        st.binary(max_size=40),  # properties
+        st.binary(max_size=300),  # body
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+def _messages(
+    drawn: list[tuple[int, int, str, str, bytes, bytes]],
+) -> list[tuple[int, int, Message]]:
+    return [
+        (stamp, flags, Message(exchange[:60], key[:60], props, body))
+        for stamp, flags, exchange, key, props, body in drawn
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(entries, st.integers(0, 2**40))
+def test_a_batch_decodes_to_its_records(drawn: list, base: int) -> None:  # type: ignore[type-arg]
+    batch = _messages(drawn)
+    raw = encode_batch(base, batch)
+    frame = decode_frame(raw, 0)
+    assert frame is not None
+    assert frame.size == len(raw)
+    assert [r.offset for r in frame.records] == list(range(base, base + len(batch)))
+    assert frame.last_offset == base + len(batch) - 1
+    assert frame.timestamp_ms == max(stamp for stamp, _, _ in batch)
+    for record, (stamp, flags, message) in zip(frame.records, batch, strict=True):
+        assert record.timestamp_ms == stamp == record.message.timestamp_ms
+        assert record.flags == flags
+        got = record.message
+        assert (got.exchange, got.routing_key) == (message.exchange, message.routing_key)
+        assert (got.properties_raw, got.body) == (message.properties_raw, message.body)
+    again = parse_frame(raw)  # the cache's path: no CRC
+    assert [r.message.body for r in again.records] == [m.body for _, _, m in batch]
+    if len(batch) > 1:
+        assert isinstance(frame, Batch)
+
+
+@settings(max_examples=150, deadline=None)
+@given(entries, st.data())
+def test_a_damaged_or_cut_batch_is_never_read_as_records(drawn: list, data: st.DataObject) -> None:  # type: ignore[type-arg]
+    raw = bytearray(encode_batch(7, _messages(drawn)))
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    assert decode_frame(bytes(raw[:cut]), 0) is None  # a torn write: not there yet
+    at = data.draw(st.integers(HEAD_SIZE - 4, len(raw) - 1))  # past the length field
+    raw[at] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(RecordError):
+        decode_frame(bytes(raw), 0)
+
+
+def _copy_format1(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    shutil.copytree(FORMAT1, root)
+    return root
+
+
+def _open(root: Path) -> tuple[LogBackend, LogStream]:
+    backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=256)
+    backend.open(root)
+    stream = backend.open_stream("/", "orders")
+    assert isinstance(stream, LogStream)
+    return backend, stream
+
+
+def _flush(backend: LogBackend) -> None:
+    work = backend.begin_flush()
+    if work is not None:
+        work()
+
+
+def _check_format1_records(stream: LogStream) -> None:
+    """The 40 records the fixture was written with (see the module doc)."""
+    records = stream.read_many(0, stream.durable_end, 1000)
+    assert [r.offset for r in records[:40]] == list(range(40))
+    for n, record in enumerate(records[:40]):
+        message = record.message
+        assert message.body == b"body-%03d" % n + b"." * (n * 7 % 50)
+        assert (message.exchange, message.routing_key) == ("ex", f"key{n % 4}")
+        assert record.timestamp_ms == T0 + n * 10
+        if n % 3:
+            assert message.properties.headers == {"n": n}
+            assert message.properties.delivery_mode == 2
+
+
+@pytest.mark.parametrize("clean", [True, False], ids=["clean-stop", "after-a-crash"])
+def test_a_format_1_stream_opens_and_reads(tmp_path: Path, clean: bool) -> None:
+    root = _copy_format1(tmp_path)
+    if not clean:  # recovery rescans what the checkpoint does not vouch for
+        for marker in root.glob("log/*/clean-shutdown"):
+            marker.unlink()
+    backend, stream = _open(root)
+    assert (stream.first_offset, stream.next_offset, stream.durable_end) == (0, 40, 40)
+    _check_format1_records(stream)
+    assert stream.offsets == {"tracked": 17}
+    assert stream.group_offsets == {"g1": 23}
+    assert stream.offset_for_timestamp(T0 + 255) == 26
+    record = stream.read(25)
+    assert record is not None
+    assert record.message.routing_key == "key1"
+    backend.close()
+
+
+def _frames(directory: Path) -> list[tuple[int, bool]]:
+    """(first offset, is a batch) of every frame of every segment file, in order."""
+    found = []
+    for path in sorted(directory.glob("*.log")):
+        raw = path.read_bytes()
+        pos = 0
+        while pos < len(raw):
+            offset, _stamp, flags = RECORD_FIXED.unpack_from(raw, pos + HEAD_SIZE)
+            found.append((offset, bool(flags & FLAG_BATCH)))
+            pos += 4 + int.from_bytes(raw[pos : pos + 4], "big")
+    return found
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["clean-stop", "crash"])
+def test_a_format_1_stream_takes_batches_after_its_records(tmp_path: Path, crash: bool) -> None:
+    root = _copy_format1(tmp_path)
+    (directory,) = root.glob("log/*")
+    before = {p.name: p.read_bytes() for p in directory.glob("*.log")}
+    backend, stream = _open(root)
+    properties = BasicProperties(delivery_mode=2).encode()
+    for n in range(40, 140):
+        stream.append(Message("ex", "new", properties, b"new-%03d" % n, timestamp_ms=T0 + 1000 + n))
+        if n % 25 == 24:
+            _flush(backend)  # batches 40-49, 50-74, 75-99, 100-124, then 125-139
+    _flush(backend)
+    if crash:
+        backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=256)  # no close: a kill
+    else:
+        backend.close()
+        backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=256)
+    backend.open(root)
+    stream = backend.open_stream("/", "orders")
+    assert stream.durable_end == 140
+    _check_format1_records(stream)
+    new = stream.read_many(40, 140, 1000)
+    assert [r.message.body for r in new] == [b"new-%03d" % n for n in range(40, 140)]
+    # The old segments' bytes are as they were; the new records went in as batches.
+    for name, raw in before.items():
+        assert (directory / name).read_bytes().startswith(raw)
+    frames = _frames(directory)
+    assert [offset for offset, batch in frames if not batch] == list(range(40))
+    assert [offset for offset, batch in frames if batch] == [40, 50, 75, 100, 125]
+    assert stream.offset_for_timestamp(T0 + 1110) == 110  # inside a batch
+    backend.close()
+
+
+def test_a_torn_batch_is_lost_whole_at_recovery(tmp_path: Path) -> None:
+    """A crash in the middle of writing a batch: recovery cuts the log before it, and the
+    batch's records (never confirmed: no flush covered them) are gone together."""
+    backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=256)
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    assert isinstance(stream, LogStream)
+    for n in range(30):
+        stream.append(Message("", "k", b"\x00\x00", b"first-%d" % n, timestamp_ms=T0))
+    _flush(backend)
+    for n in range(30):
+        stream.append(Message("", "k", b"\x00\x00", b"second-%d" % n, timestamp_ms=T0))
+    stream.seal()
+    stream.log.write_out()
+    (segment,) = tmp_path.glob("log/*/*.log")
+    size = segment.stat().st_size
+    with open(segment, "r+b") as file:
+        file.truncate(size - 100)  # the end of the second batch never reached the disk
+    backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=256)
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    assert stream.next_offset == 30
+    assert [r.message.body for r in stream.read_many(0, 30, 100)] == [
+        b"first-%d" % n for n in range(30)
+    ]
+    stream.append(Message("", "k", b"\x00\x00", b"after", timestamp_ms=T0))
+    _flush(backend)
+    assert stream.read(30).message.body == b"after"  # type: ignore[union-attr]
+    backend.close()
