@@ -9,9 +9,21 @@ from pathlib import Path
 import pika
 import pytest
 
+from rawamqp import RawAMQP, body_frame, content_header
 from tqbroker.backends.log import segment as segment_module
 from tqbroker.backends.log import store as store_module
 from tqbroker.config import BrokerConfig
+from tqbroker.protocol.frames import encode_method
+from tqbroker.protocol.methods import (
+    BasicAck,
+    BasicNack,
+    BasicProperties,
+    BasicPublish,
+    ConfirmSelect,
+    ConfirmSelectOk,
+    QueueDeclare,
+    QueueDeclareOk,
+)
 from tqbroker.testing import running_broker
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -125,3 +137,57 @@ def test_basic_get_on_a_failed_backend_answers_instead_of_hanging(
         assert time.monotonic() - started < 10
         assert bodies == [b"%d" % i for i in range(len(bodies))]  # in order, then get-empty
         assert len(bodies) < 20  # the window ran out: the rest waits for a healthy backend
+
+
+def _stream_burst(host: str, port: int, count: int) -> tuple[list[BasicAck | BasicNack], bool]:
+    """``count`` persistent publishes to the stream "s" in one write on a confirm channel:
+    every ack and nack until all are settled (and whether a socket error ended it)."""
+    with RawAMQP(host, port, timeout=10) as amqp:
+        amqp.handshake()
+        amqp.open_channel(1)
+        amqp.call(1, ConfirmSelect(False), ConfirmSelectOk)
+        amqp.call(1, QueueDeclare(queue="s", durable=True, arguments=STREAM), QueueDeclareOk)
+        publish = BasicPublish(0, "", "s", False, False)
+        props = BasicProperties(delivery_mode=2).encode()
+        amqp.send(
+            b"".join(
+                encode_method(1, publish)
+                + content_header(1, 9, props)
+                + body_frame(1, b"m%08d" % n)
+                for n in range(count)
+            )
+        )
+        settled, replies = 0, []
+        while settled < count:
+            method = amqp.next_frame(timeout=10).method
+            if isinstance(method, BasicAck | BasicNack):
+                replies.append(method)
+                settled = max(settled, method.delivery_tag)
+        return replies, False
+
+
+STREAM = {"x-queue-type": "stream"}
+
+
+def test_a_stream_batch_is_confirmed_and_nacked_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publishes that land in one record batch share one flush ticket: they are acked together
+    (with ``multiple``), and when the flush fails, nacked together; never one acked and the
+    next of its batch nacked."""
+    with running_broker(BrokerConfig(port=0, data_dir=tmp_path)) as b:
+        replies, _ = _stream_burst(b.host, b.port, 200)
+        assert all(isinstance(r, BasicAck) for r in replies)
+        assert replies[-1].delivery_tag == 200
+        assert len(replies) < 20, "a confirm per publish: the batch did not share its ticket"
+
+        def failing_sync(self: segment_module.Segment, *, indexes: bool = True) -> None:
+            raise OSError(errno.EIO, "injected I/O error")
+
+        monkeypatch.setattr(segment_module.Segment, "sync", failing_sync)
+        replies, _ = _stream_burst(b.host, b.port, 200)
+        assert all(isinstance(r, BasicNack) for r in replies), replies
+        assert replies[-1].delivery_tag == 200
+        tags = [r.delivery_tag for r in replies]
+        assert tags == sorted(tags)
+        assert all(r.multiple for r in replies[1:] if r.delivery_tag > 1)

@@ -2,7 +2,8 @@
 
 Responsibilities:
 - number the channel's publishes and remember those that wait for a flush (persistent messages
-  on durable queues) or that a queue refused (its storage cannot write);
+  on durable queues) or that a queue refused (its storage cannot write): consecutive publishes
+  that wait for the same flushes (a stream's record batch has one ticket) as one run;
 - confirm them in order with as few ``basic.ack(multiple=True)`` as possible (the connection
   calls ``flush`` once per read batch), ``basic.nack`` those refused or whose flush failed;
   count the acked ones (the channel's ``confirm`` counter);
@@ -29,8 +30,10 @@ Wait = tuple[GroupCommit, int]
 
 @attrs.define(eq=False)
 class _Pending:
-    """A publish that waits for flushes, or was refused (then nacked)."""
+    """Publishes ``first`` to ``seq`` that wait for the same flushes, or one that was refused
+    (then nacked)."""
 
+    first: int
     seq: int
     waits: list[Wait]
     failed: bool
@@ -53,9 +56,15 @@ class PublisherConfirms:
     def published(self, waits: list[Wait], refused: bool) -> None:
         """One more publish, routed: what its confirm waits for, and whether a queue refused
         it."""
-        self.publish_seq += 1
+        self.publish_seq = seq = self.publish_seq + 1
         if waits or refused:
-            self._pending.append(_Pending(self.publish_seq, waits, refused))
+            pending = self._pending
+            if pending and not refused:
+                last = pending[-1]
+                if last.seq == seq - 1 and not last.failed and last.waits == waits:
+                    last.seq = seq  # the same flushes: one run
+                    return
+            pending.append(_Pending(seq, seq, waits, refused))
             for flusher, _ticket in waits:
                 flusher.listen(self)
 
@@ -67,13 +76,13 @@ class PublisherConfirms:
         while pending:
             head = pending[0]
             if head.failed:
-                self._ack_upto(head.seq - 1)
-                self._send(BasicNack(head.seq, False, False))
+                self._ack_upto(head.first - 1)
+                self._send(BasicNack(head.seq, head.seq > head.first, False))
                 self.confirmed = head.seq
             elif not all(flusher.completed >= ticket for flusher, ticket in head.waits):
                 break
             pending.popleft()
-        self._ack_upto(pending[0].seq - 1 if pending else self.publish_seq)
+        self._ack_upto(pending[0].first - 1 if pending else self.publish_seq)
 
     def _ack_upto(self, seq: int) -> None:
         if seq > self.confirmed:

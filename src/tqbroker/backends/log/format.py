@@ -124,21 +124,25 @@ def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> b
     """A record batch of ``entries`` (``(timestamp_ms, flags, message)``), offsets from
     ``base_offset`` on."""
     parts: list[bytes] = [b""]
-    append = parts.append
+    extend = parts.extend
     pack_entry = ENTRY_HEAD.pack
     pack_u32 = _U32.pack
+    names_of: dict[tuple[str, str], bytes] = {}  # most batches have one exchange and key
+    fixed = ENTRY_HEAD.size - 4 + 4  # an entry's length counts from offset_delta on
     max_timestamp = 0
     for delta, (timestamp_ms, flags, message) in enumerate(entries):
-        exchange = message.exchange.encode()
-        routing_key = message.routing_key.encode()
+        key = (message.exchange, message.routing_key)
+        names = names_of.get(key)
+        if names is None:
+            exchange = message.exchange.encode()
+            routing_key = message.routing_key.encode()
+            names = bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key
+            names_of[key] = names
         props = message.properties_raw
         body = message.body
-        length = 4 + 8 + 1 + 2 + len(exchange) + len(routing_key) + 4 + len(props) + len(body)
-        append(pack_entry(length, delta, timestamp_ms, flags))
-        append(bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key)
-        append(pack_u32(len(props)))
-        append(props)
-        append(body)
+        length = fixed + len(names) + len(props) + len(body)
+        extend((pack_entry(length, delta, timestamp_ms, flags), names, pack_u32(len(props))))
+        extend((props, body))
         if timestamp_ms > max_timestamp:
             max_timestamp = timestamp_ms
     parts[0] = RECORD_FIXED.pack(
