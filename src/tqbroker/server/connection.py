@@ -69,6 +69,7 @@ from .dispatch import dispatch
 from .encoding import write_deliver, write_get_ok, write_return
 from .flow import PublisherFlow
 from .handshake import Handshake, HangUp
+from .latency_trace import TRACE
 from .open_channels import OpenChannels
 from .weakcall import weakly
 from .writer import ConnectionWriter
@@ -167,6 +168,8 @@ class AMQPConnection:
                     log.exception("connection %s: teardown failed", self.peer)
             self.broker.limits.release(self.handshake)
             self.handshake.log_closed()
+            if TRACE is not None:
+                TRACE.dump()
             await trio.aclose_forcefully(self.stream)
             self._nursery = self._receive_scope = None
 
@@ -260,6 +263,8 @@ class AMQPConnection:
         write_deliver(
             out, message, channel, consumer_tag, delivery_tag, redelivered, self.protocol.frame_max
         )
+        if TRACE is not None:
+            writer.traced.append(TRACE.encoded(message.body))
         if idle:
             writer.wake()
 
@@ -332,6 +337,8 @@ class AMQPConnection:
             data = await self._receive()
             if data is None:
                 return
+            if TRACE is not None:
+                TRACE.read()
             stats = self.stats
             stats.recv_oct += len(data)
             stats.recv_cnt += 1
@@ -361,7 +368,16 @@ class AMQPConnection:
                         target = self.channels.get(event.channel)
                         if target is None:
                             target = self.channels.require(event.channel)
-                        pending = target.publish(event.method, event.properties, event.body, now_ms)
+                        if TRACE is None:
+                            pending = target.publish(
+                                event.method, event.properties, event.body, now_ms
+                            )
+                        else:
+                            slot = TRACE.parsed(event.body)
+                            pending = target.publish(
+                                event.method, event.properties, event.body, now_ms
+                            )
+                            TRACE.routed(slot)
                         self.flow.published = True
                         if pending is not None:  # a permission check to ask: the next waits
                             self.channels.flush_confirms()

@@ -15,12 +15,14 @@ Responsibilities:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import trio
 
 from ..broker.stats import ConnectionStats
 from ..protocol.frames import HEARTBEAT_FRAME
+from .latency_trace import TRACE
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class ConnectionWriter:
         self._finishing = False
         self._backed_up = False
         self._sent_at = trio.current_time()
+        self.traced: list[int] = []  # latency_trace slots of the deliveries in ``out``
 
     def write(self, data: bytes) -> None:
         self.out += data
@@ -94,7 +97,13 @@ class ConnectionWriter:
                     data, self.out = self.out, bytearray()
                     stats.send_oct += len(data)
                     stats.send_cnt += 1
-                    await self.stream.send_all(data)
+                    if TRACE is None:
+                        await self.stream.send_all(data)
+                    else:
+                        traced, self.traced = self.traced, []
+                        started = time.perf_counter_ns()
+                        await self.stream.send_all(data)
+                        TRACE.sent(traced, started)
                     self._sent_at = trio.current_time()
                 self._drained.set()
                 if self._backed_up:
