@@ -23,6 +23,7 @@ many overlapped a garbage collector pause. Run::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -109,8 +110,9 @@ def _report(
         at = {name: times[i * width + k] for k, name in enumerate(names)}
         at["send"] = stamps[i]
         at["client"] = stamps[i] + latencies[i]
-        if at["client"] < at["send_start"]:  # the consumer's order is not the publisher's
-            sys.exit("deliveries and publishes do not pair up in order")
+        chain = [at["send"], *(at[end] for _name, end in STAGES)]
+        if any(b < a for a, b in itertools.pairwise(chain)):
+            sys.exit(f"message {i}: its stage times are not in order (a stage not traced?)")
         rows.append(at)
     start_of = ["send"] + [end for _name, end in STAGES[:-1]]
     per_stage = {
