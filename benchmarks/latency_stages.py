@@ -67,9 +67,10 @@ def main() -> int:
         results = []
         try:
             for run in range(args.runs):
-                latencies = _run(target, args, f"stages.{run}")
+                latencies, cpu = _run(target, args, f"stages.{run}")
                 target.close()  # its connections closed: the trace is complete
-                results.append(_report(run, json.loads(trace_path.read_text()), latencies, args))
+                trace = json.loads(trace_path.read_text())
+                results.append(_report(run, trace, latencies, cpu, args))
                 if run + 1 < args.runs:
                     os.environ[ENV] = str(trace_path)
                     target.start()
@@ -81,7 +82,9 @@ def main() -> int:
     return 0
 
 
-def _run(target: TqbrokerTarget, args: argparse.Namespace, queue: str) -> list[int]:
+def _run(
+    target: TqbrokerTarget, args: argparse.Namespace, queue: str
+) -> tuple[list[int], float | None]:
     count = max(int(args.rate * args.seconds), 10)
     client = RawClient.connect(target.endpoint)
     client.declare(queue, durable=False)
@@ -93,11 +96,15 @@ def _run(target: TqbrokerTarget, args: argparse.Namespace, queue: str) -> list[i
     result = run_jobs(target.endpoint, jobs, broker_pid=target.pid)
     latencies = result.outcomes[0].latencies_ns
     assert latencies is not None
-    return list(latencies)
+    return list(latencies), result.broker_cpu
 
 
 def _report(
-    run: int, trace: dict[str, list[int]], latencies: list[int], args: argparse.Namespace
+    run: int,
+    trace: dict[str, list[int]],
+    latencies: list[int],
+    cpu: float | None,
+    args: argparse.Namespace,
 ) -> dict[str, object]:
     names: list[str] = list(trace["stages"])  # type: ignore[arg-type]
     width = len(names)
@@ -119,6 +126,7 @@ def _report(
         name: sorted(row[end] - row[start] for row in rows)
         for (name, end), start in zip(STAGES, start_of, strict=True)
     }
+    in_broker = sorted(row["send_start"] - row["read"] for row in rows)
     send_all = sorted(row["sent"] - row["send_start"] for row in rows)
     total = sorted(row["client"] - row["send"] for row in rows)
     p99 = _percentile(total, 0.99)
@@ -136,10 +144,15 @@ def _report(
         if any(a < row["client"] and b > row["send"] for a, b in gcs):
             in_gc += 1
     load = os.getloadavg()[0]
-    print(f"-- run {run + 1}: {len(rows)} messages at {args.rate:g} msg/s, load average {load:.2f}")
+    cpu_us = "?" if cpu is None else f"{cpu / len(stamps) * 1e6:.0f}"
+    print(
+        f"-- run {run + 1}: {len(rows)} messages at {args.rate:g} msg/s, load average {load:.2f}, "
+        f"broker CPU {cpu_us} us per message"
+    )
     print(f"{'stage':<28}{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>10}{'max ms':>9}")
     figures: dict[str, dict[str, float]] = {}
-    for name, values in [*per_stage.items(), ("end to end", total), ("(send_all)", send_all)]:
+    summaries = [("end to end", total), ("in broker: read -> send", in_broker)]
+    for name, values in [*per_stage.items(), *summaries, ("(send_all)", send_all)]:
         figure = {
             "p50": _percentile(values, 0.5) / 1e6,
             "p99": _percentile(values, 0.99) / 1e6,
@@ -165,6 +178,7 @@ def _report(
     return {
         "run": run + 1,
         "load": load,
+        "broker_cpu_s": cpu,
         "stages": figures,
         "slow_largest": dict(largest),
         "slow_in_gc": in_gc,

@@ -4,6 +4,10 @@ Responsibilities:
 - ``out``: one buffer the connection and its channels append frames to (deliveries are encoded
   straight into it); the writer task sends what it holds in one ``send_all`` until it is empty,
   so a burst of frames costs one system call;
+- ``send_or_wake``: a delivery that finds the writer idle is sent at once by the task that made
+  it (one non-blocking ``send``) rather than by the writer task once the scheduler gets to it,
+  unless another was sent so less than ``DIRECT_SEND_GAP_NS`` before (a burst: the writer task
+  batches the rest); on a TLS stream, or whatever the kernel did not take, the writer task sends;
 - back-pressure both ways: ``can_write`` is False while ``WRITE_HIGH_WATER`` bytes wait for a
   slow client (queue actors stop delivering; ``on_unblocked`` lets them go on once it drained),
   and ``wait_drained`` holds the reader meanwhile, so TCP pushes back on a client that does
@@ -15,6 +19,7 @@ Responsibilities:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -28,6 +33,10 @@ log = logging.getLogger(__name__)
 
 # Deliveries pause while this much is waiting to be written to a slow client.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+# After a delivery was sent directly (``send_or_wake``), deliveries for this long go through the
+# writer task, so that a burst (a queue actor's pass delivering a prefetch window) costs one
+# system call for all but its first delivery, not one each.
+DIRECT_SEND_GAP_NS = 200_000
 
 
 class ConnectionWriter:
@@ -41,6 +50,10 @@ class ConnectionWriter:
         on_unblocked: Callable[[], None],
     ) -> None:
         self.stream = stream
+        # Plain TCP: the socket, which ``send_or_wake`` may write to directly.
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+        self._sending = False  # the writer task is in ``send_all``
+        self._direct_at = 0  # when ``send_or_wake`` last sent directly (perf_counter_ns)
         self.out = bytearray()
         self.done = trio.Event()  # the writer task ended
         self._stats = stats
@@ -59,6 +72,33 @@ class ConnectionWriter:
 
     def wake(self) -> None:
         """Something was appended to ``out`` directly: send it."""
+        self._wakeup.set()
+
+    def send_or_wake(self) -> None:
+        """Something was appended to an empty ``out``: send it now, from this task, if the
+        writer task is not sending and no direct send happened in the last
+        ``DIRECT_SEND_GAP_NS``; else (or for what the socket did not take) wake the writer."""
+        if self._fd >= 0 and not self._sending:
+            now = time.perf_counter_ns()
+            if now - self._direct_at >= DIRECT_SEND_GAP_NS:
+                self._direct_at = now
+                out = self.out
+                try:
+                    sent = os.write(self._fd, out)
+                except OSError:  # full (BlockingIOError) or broken: the writer task finds out
+                    sent = 0
+                if sent:
+                    stats = self._stats
+                    stats.send_oct += sent
+                    stats.send_cnt += 1
+                    self._sent_at = trio.current_time()
+                    if sent == len(out):
+                        out.clear()
+                        if TRACE is not None:
+                            traced, self.traced = self.traced, []
+                            TRACE.sent(traced, now)
+                        return
+                    del out[:sent]
         self._wakeup.set()
 
     def clear(self) -> None:
@@ -97,6 +137,7 @@ class ConnectionWriter:
                     data, self.out = self.out, bytearray()
                     stats.send_oct += len(data)
                     stats.send_cnt += 1
+                    self._sending = True
                     if TRACE is None:
                         await self.stream.send_all(data)
                     else:
@@ -104,6 +145,7 @@ class ConnectionWriter:
                         started = time.perf_counter_ns()
                         await self.stream.send_all(data)
                         TRACE.sent(traced, started)
+                    self._sending = False
                     self._sent_at = trio.current_time()
                 self._drained.set()
                 if self._backed_up:
@@ -115,6 +157,7 @@ class ConnectionWriter:
             log.debug("connection %s: write failed: %r", self._peer, exc)
             self.out.clear()
         finally:
+            self._fd = -1  # the socket closes next: its number may be reused
             self.done.set()
 
     async def heartbeats(self, interval: float) -> None:
