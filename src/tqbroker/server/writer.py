@@ -6,8 +6,9 @@ Responsibilities:
   so a burst of frames costs one system call;
 - ``send_or_wake``: a delivery that finds the writer idle is sent at once by the task that made
   it (one non-blocking ``send``) rather than by the writer task once the scheduler gets to it,
-  unless another was sent so less than ``DIRECT_SEND_GAP_NS`` before (a burst: the writer task
-  batches the rest); on a TLS stream, or whatever the kernel did not take, the writer task sends;
+  unless anything was sent less than ``DIRECT_SEND_GAP_NS`` before (a busy connection: the
+  writer task batches); on a TLS stream, or whatever the kernel did not take, the writer task
+  sends;
 - back-pressure both ways: ``can_write`` is False while ``WRITE_HIGH_WATER`` bytes wait for a
   slow client (queue actors stop delivering; ``on_unblocked`` lets them go on once it drained),
   and ``wait_drained`` holds the reader meanwhile, so TCP pushes back on a client that does
@@ -33,9 +34,10 @@ log = logging.getLogger(__name__)
 
 # Deliveries pause while this much is waiting to be written to a slow client.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
-# After a delivery was sent directly (``send_or_wake``), deliveries for this long go through the
-# writer task, so that a burst (a queue actor's pass delivering a prefetch window) costs one
-# system call for all but its first delivery, not one each.
+# For this long after any send, deliveries go through the writer task (``send_or_wake``), so that
+# a burst (a queue actor's pass delivering a prefetch window) or a steady stream costs one
+# system call per writer round, not one per delivery: only a connection idle for longer sends
+# a delivery directly.
 DIRECT_SEND_GAP_NS = 200_000
 
 
@@ -53,7 +55,7 @@ class ConnectionWriter:
         # Plain TCP: the socket, which ``send_or_wake`` may write to directly.
         self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self._sending = False  # the writer task is in ``send_all``
-        self._direct_at = 0  # when ``send_or_wake`` last sent directly (perf_counter_ns)
+        self._sent_ns = 0  # when something was last sent (perf_counter_ns)
         self.out = bytearray()
         self.done = trio.Event()  # the writer task ended
         self._stats = stats
@@ -76,12 +78,12 @@ class ConnectionWriter:
 
     def send_or_wake(self) -> None:
         """Something was appended to an empty ``out``: send it now, from this task, if the
-        writer task is not sending and no direct send happened in the last
-        ``DIRECT_SEND_GAP_NS``; else (or for what the socket did not take) wake the writer."""
+        writer task is not sending and nothing was sent in the last ``DIRECT_SEND_GAP_NS``;
+        else (or for what the socket did not take) wake the writer."""
         if self._fd >= 0 and not self._sending:
             now = time.perf_counter_ns()
-            if now - self._direct_at >= DIRECT_SEND_GAP_NS:
-                self._direct_at = now
+            if now - self._sent_ns >= DIRECT_SEND_GAP_NS:
+                self._sent_ns = now
                 out = self.out
                 try:
                     sent = os.write(self._fd, out)
@@ -146,6 +148,7 @@ class ConnectionWriter:
                         await self.stream.send_all(data)
                         TRACE.sent(traced, started)
                     self._sending = False
+                    self._sent_ns = time.perf_counter_ns()
                     self._sent_at = trio.current_time()
                 self._drained.set()
                 if self._backed_up:
