@@ -369,15 +369,9 @@ class AMQPConnection:
                         target = self.channels.get(event.channel)
                         if target is None:
                             target = self.channels.require(event.channel)
-                        if TRACE is None:
-                            pending = target.publish(
-                                event.method, event.properties, event.body, now_ms
-                            )
-                        else:
-                            slot = TRACE.parsed(event.body)
-                            pending = target.publish(
-                                event.method, event.properties, event.body, now_ms
-                            )
+                        slot = -1 if TRACE is None else TRACE.parsed(event.body)
+                        pending = target.publish(event.method, event.properties, event.body, now_ms)
+                        if TRACE is not None:
                             TRACE.routed(slot)
                         self.flow.published = True
                         if pending is not None:  # a permission check to ask: the next waits
