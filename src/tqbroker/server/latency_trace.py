@@ -5,7 +5,8 @@ Responsibilities:
 - ``TRACE``: the one ``LatencyTrace`` of the process, or None (then the hooks in
   ``connection.py`` and ``writer.py`` are one ``is not None`` test each);
 - stamps (``time.perf_counter_ns``, the clock a client's ``perf_counter_ns`` reads too, so the
-  broker's times and the client's compare) into preallocated arrays, per message: the read that
+  broker's times and the client's compare) into arrays preallocated for ``CAPACITY`` messages
+  (~57 MB; later messages are not traced), per message: the read that
   brought it returned, its frames parsed, routed and enqueued, its delivery encoded into the
   writer's buffer, that buffer's ``send_all`` begun and returned; a message is known by the
   first 8 bytes of its body (the load generator's send stamp), so a publish and its delivery
@@ -26,7 +27,7 @@ from array import array
 ENV = "TQBROKER_LATENCY_TRACE"
 STAGES = ("read", "parsed", "routed", "encoded", "send_start", "sent")
 READ, PARSED, ROUTED, ENCODED, SEND_START, SENT = range(len(STAGES))
-CAPACITY = 1 << 20  # messages traced; later ones are not
+CAPACITY = 1 << 20  # messages traced
 GC_CAPACITY = 1 << 16
 
 _STAMP = struct.Struct("<q")
