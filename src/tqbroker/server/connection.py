@@ -69,6 +69,7 @@ from .dispatch import dispatch
 from .encoding import write_deliver, write_get_ok, write_return
 from .flow import PublisherFlow
 from .handshake import Handshake, HangUp
+from .latency_trace import TRACE
 from .open_channels import OpenChannels
 from .weakcall import weakly
 from .writer import ConnectionWriter
@@ -167,6 +168,8 @@ class AMQPConnection:
                     log.exception("connection %s: teardown failed", self.peer)
             self.broker.limits.release(self.handshake)
             self.handshake.log_closed()
+            if TRACE is not None:
+                TRACE.dump()
             await trio.aclose_forcefully(self.stream)
             self._nursery = self._receive_scope = None
 
@@ -255,13 +258,16 @@ class AMQPConnection:
         out = writer.out
         # The writer, once woken, sends what ``out`` holds until it is empty (every append to
         # it wakes the writer): only the delivery that finds it empty needs to wake it, once
-        # per send rather than once per delivery.
+        # per send rather than once per delivery; that one may go out at once, from this task
+        # (``send_or_wake``: a scheduling hop less for a lone delivery).
         idle = not out
         write_deliver(
             out, message, channel, consumer_tag, delivery_tag, redelivered, self.protocol.frame_max
         )
+        if TRACE is not None:
+            writer.traced.append(TRACE.encoded(message.body))
         if idle:
-            writer.wake()
+            writer.send_or_wake()
 
     def write_get_ok(
         self, channel: int, delivery_tag: int, redelivered: bool, message: Message, left: int
@@ -332,6 +338,8 @@ class AMQPConnection:
             data = await self._receive()
             if data is None:
                 return
+            if TRACE is not None:
+                TRACE.read()
             stats = self.stats
             stats.recv_oct += len(data)
             stats.recv_cnt += 1
@@ -361,7 +369,10 @@ class AMQPConnection:
                         target = self.channels.get(event.channel)
                         if target is None:
                             target = self.channels.require(event.channel)
+                        slot = -1 if TRACE is None else TRACE.parsed(event.body)
                         pending = target.publish(event.method, event.properties, event.body, now_ms)
+                        if TRACE is not None:
+                            TRACE.routed(slot)
                         self.flow.published = True
                         if pending is not None:  # a permission check to ask: the next waits
                             self.channels.flush_confirms()

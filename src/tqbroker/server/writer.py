@@ -4,6 +4,11 @@ Responsibilities:
 - ``out``: one buffer the connection and its channels append frames to (deliveries are encoded
   straight into it); the writer task sends what it holds in one ``send_all`` until it is empty,
   so a burst of frames costs one system call;
+- ``send_or_wake``: a delivery that finds the writer idle is sent at once by the task that made
+  it (one non-blocking ``send``) rather than by the writer task once the scheduler gets to it,
+  unless anything was sent less than ``DIRECT_SEND_GAP_NS`` before (a busy connection: the
+  writer task batches); on a TLS stream, or whatever the kernel did not take, the writer task
+  sends;
 - back-pressure both ways: ``can_write`` is False while ``WRITE_HIGH_WATER`` bytes wait for a
   slow client (queue actors stop delivering; ``on_unblocked`` lets them go on once it drained),
   and ``wait_drained`` holds the reader meanwhile, so TCP pushes back on a client that does
@@ -15,17 +20,25 @@ Responsibilities:
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable
 
 import trio
 
 from ..broker.stats import ConnectionStats
 from ..protocol.frames import HEARTBEAT_FRAME
+from .latency_trace import TRACE
 
 log = logging.getLogger(__name__)
 
 # Deliveries pause while this much is waiting to be written to a slow client.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+# For this long after any send, deliveries go through the writer task (``send_or_wake``), so that
+# a burst (a queue actor's pass delivering a prefetch window) or a steady stream costs one
+# system call per writer round, not one per delivery: only a connection idle for longer sends
+# a delivery directly.
+DIRECT_SEND_GAP_NS = 200_000
 
 
 class ConnectionWriter:
@@ -39,6 +52,10 @@ class ConnectionWriter:
         on_unblocked: Callable[[], None],
     ) -> None:
         self.stream = stream
+        # Plain TCP: the socket, which ``send_or_wake`` may write to directly.
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+        self._sending = False  # the writer task is in ``send_all``
+        self._sent_ns = 0  # when something was last sent (perf_counter_ns)
         self.out = bytearray()
         self.done = trio.Event()  # the writer task ended
         self._stats = stats
@@ -49,6 +66,7 @@ class ConnectionWriter:
         self._finishing = False
         self._backed_up = False
         self._sent_at = trio.current_time()
+        self.traced: list[int] = []  # latency_trace slots of the deliveries in ``out``
 
     def write(self, data: bytes) -> None:
         self.out += data
@@ -56,6 +74,33 @@ class ConnectionWriter:
 
     def wake(self) -> None:
         """Something was appended to ``out`` directly: send it."""
+        self._wakeup.set()
+
+    def send_or_wake(self) -> None:
+        """Something was appended to an empty ``out``: send it now, from this task, if the
+        writer task is not sending and nothing was sent in the last ``DIRECT_SEND_GAP_NS``;
+        else (or for what the socket did not take) wake the writer."""
+        if self._fd >= 0 and not self._sending:
+            now = time.perf_counter_ns()
+            if now - self._sent_ns >= DIRECT_SEND_GAP_NS:
+                self._sent_ns = now
+                out = self.out
+                try:
+                    sent = os.write(self._fd, out)
+                except OSError:  # full (BlockingIOError) or broken: the writer task finds out
+                    sent = 0
+                if sent:
+                    stats = self._stats
+                    stats.send_oct += sent
+                    stats.send_cnt += 1
+                    self._sent_at = trio.current_time()
+                    if sent == len(out):
+                        out.clear()
+                        if TRACE is not None:
+                            traced, self.traced = self.traced, []
+                            TRACE.sent(traced, now)
+                        return
+                    del out[:sent]
         self._wakeup.set()
 
     def clear(self) -> None:
@@ -94,7 +139,16 @@ class ConnectionWriter:
                     data, self.out = self.out, bytearray()
                     stats.send_oct += len(data)
                     stats.send_cnt += 1
-                    await self.stream.send_all(data)
+                    self._sending = True
+                    if TRACE is None:
+                        await self.stream.send_all(data)
+                    else:
+                        traced, self.traced = self.traced, []
+                        started = time.perf_counter_ns()
+                        await self.stream.send_all(data)
+                        TRACE.sent(traced, started)
+                    self._sending = False
+                    self._sent_ns = time.perf_counter_ns()
                     self._sent_at = trio.current_time()
                 self._drained.set()
                 if self._backed_up:
@@ -106,6 +160,7 @@ class ConnectionWriter:
             log.debug("connection %s: write failed: %r", self._peer, exc)
             self.out.clear()
         finally:
+            self._fd = -1  # the socket closes next: its number may be reused
             self.done.set()
 
     async def heartbeats(self, interval: float) -> None:
