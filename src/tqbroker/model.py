@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import attrs
 
-from .protocol.codec import FieldTable, Long, add_long_header
+from .protocol.codec import FieldTable, Long, LongHeaderSplicer
 from .protocol.methods import BasicProperties
 from .protocol.properties import decode_properties
 
@@ -36,6 +36,9 @@ def shared_raw(raw: bytes) -> bytes:
             _shared_raw.clear()
         found = _shared_raw[raw] = raw
     return found
+
+
+_splicer = LongHeaderSplicer()
 
 
 class Message:
@@ -107,7 +110,7 @@ class Message:
         end of the headers unless it was there. The header is spliced into the encoded properties
         (``codec.add_long_header``), without decoding and re-encoding them; if it cannot be
         (``name`` may already be there), this is ``with_headers``."""
-        raw = add_long_header(self.properties_raw, name, value)
+        raw = _splicer.splice(self.properties_raw, name, value)
         if raw is None:
             headers = self.properties.headers or {}
             return self.with_headers({**headers, name: Long(value)})

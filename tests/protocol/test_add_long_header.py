@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tqbroker.model import Message
-from tqbroker.protocol.codec import Long, add_long_header, encode_table
+from tqbroker.protocol.codec import Long, LongHeaderSplicer, add_long_header, encode_table
 from tqbroker.protocol.methods import BasicProperties
 
 from .strategies import basic_properties, table_keys
@@ -122,3 +122,27 @@ def test_what_cannot_be_spliced_is_left_to_the_decoder() -> None:
     # A bytearray (or any buffer) is read as bytes.
     raw = BasicProperties(delivery_mode=1).encode()
     assert add_long_header(bytearray(raw), name, 5) == add_long_header(raw, name, 5)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.lists(st.sampled_from([0, 1, 2]), min_size=1, max_size=12),
+    st.lists(basic_properties, min_size=3, max_size=3),
+    st.lists(st.binary(max_size=30), min_size=3, max_size=3),
+    names,
+    st.lists(longs, min_size=12, max_size=12),
+)
+def test_the_splicer_gives_what_add_long_header_gives(
+    order: list[int],
+    properties: list[BasicProperties],
+    garbage: list[bytes],
+    name: str,
+    values: list[int],
+) -> None:
+    """The same block object over and over (a stream's deliveries), other blocks between,
+    blocks that cannot be spliced: always add_long_header's bytes."""
+    blocks = [p.encode() for p in properties] + garbage
+    splicer = LongHeaderSplicer()
+    for i, value in zip(order * 2, values, strict=False):
+        block = blocks[i if value % 2 else i + 3]
+        assert splicer.splice(block, name, value) == add_long_header(block, name, value)
