@@ -79,6 +79,14 @@ class Fetched:
         return len(self.offsets)
 
 
+def fetch_head(body: bytes) -> tuple[int, int] | None:
+    """A ``TQR1`` body's record count and next offset; None if it is not one."""
+    if len(body) < _READ_HEAD.size:
+        return None
+    magic, count, next_offset = _READ_HEAD.unpack_from(body)
+    return (count, next_offset) if magic == READ_MAGIC else None
+
+
 def decode_fetch(body: bytes, topic: str, partition: int, *, include_headers: bool) -> Fetched:
     """A ``TQR1`` body (``ValueError`` if it breaks the layout) as an Arrow batch."""
     if len(body) < _READ_HEAD.size:
