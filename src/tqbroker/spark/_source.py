@@ -18,7 +18,7 @@ in the ``TopicRange`` partition, and the HTTP clients are per process (``client_
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -188,7 +188,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         client_for(self.options.connection).close()
 
 
-def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.RecordBatch]:
+def read_range(
+    options: SourceOptions, part: InputPartition
+) -> Generator[pa.RecordBatch, None, None]:
     """Batches of ``part``'s records, fetched in bulk (``fetchMaxBytes`` a request). The next
     request goes out (on the fetch thread) as soon as a response's head says where it ends,
     so the broker prepares it while this one is decoded and Spark takes it."""
