@@ -113,7 +113,6 @@ class _Columns:
         headers = self.headers
         size, room = self.size, MAX_BATCH_RECORDS - len(self.offsets)
         deadline = time.perf_counter() + SLICE_SECONDS
-        position = stop
         for count, record in enumerate(records, 1):
             at = record.offset
             if at >= stop:
@@ -127,15 +126,15 @@ class _Columns:
             if headers is not None:
                 headers.append(encode_headers(stored_headers(message)))
             size += len(key) + len(body)
-            position = at + 1
-            if size >= max_bytes or count >= room:
-                break
-            if not count & 255 and time.perf_counter() >= deadline:
-                break
-        else:
-            position = stop
+            if (
+                size >= max_bytes
+                or count >= room
+                or (not count & 255 and time.perf_counter() >= deadline)
+            ):
+                self.size = size
+                return at + 1
         self.size = size
-        return position
+        return stop  # nothing more below it
 
     def body(self, next_offset: int) -> bytes:
         keys = self.keys
