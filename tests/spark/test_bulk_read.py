@@ -1,23 +1,32 @@
 """The broker's side of the bulk read that Spark fetches (``broker/streams/bulk_read.py``) and
 the executors' read-ahead (``read_range``), without Spark: records walked segment by segment
 still have their damage reported, bodies built from pieces equal ``encode_read``'s, reads cut
-into many slices and many requests return every record once, in order."""
+into many slices and many requests return every record once, in order, and a read that
+retention cuts into stops where the gap begins."""
 
 from __future__ import annotations
 
 import types
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tqbroker.backends.log import LogBackend
 from tqbroker.broker.streams import bulk_read
 from tqbroker.model import Message
-from tqbroker.recordbatch import BinaryColumn, ReadBatch, encode_read, encode_read_parts
+from tqbroker.recordbatch import (
+    BinaryColumn,
+    ReadBatch,
+    decode_read,
+    encode_read,
+    encode_read_parts,
+)
 from tqbroker.spark._options import source_options
 from tqbroker.spark._source import TopicRange, read_range
 
@@ -99,3 +108,59 @@ def test_reads_cut_in_slices_and_requests_return_each_record_once(
     one = {"tqbroker.url": topics.url, "subscribe": "slices", "fetchMaxBytes": "1000000"}
     (whole,) = read_range(source_options(one, streaming=False), part)  # 6 slices, 1 request
     assert whole.column("offset").to_pylist() == list(range(1500))
+
+
+class _Retention:
+    """A log backend's stream whose retention removes offsets below 600 once 256 records have
+    been walked (that is, during the read's first pause)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.inner = stream
+        self.first_offset = 0
+        self.durable_end = stream.durable_end
+        self.log = types.SimpleNamespace(records=self._records)
+
+    def _records(self, start: int) -> Iterator[Any]:
+        for n, record in enumerate(self.inner.log.records(start), 1):
+            if n == 256:
+                self.first_offset = 600
+            yield record
+
+    def read_from(self, offset: int) -> Any:
+        return self.inner.read_from(max(offset, self.first_offset))
+
+
+def test_a_read_stops_where_retention_cut_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gap that retention makes while a read pauses ends the batch: the reader's next fetch
+    starts there, and sees the gap at its start (where ``read_range`` checks for data loss)."""
+    backend = LogBackend()
+    backend.open(tmp_path)
+    inner = backend.open_stream("/", "s")
+    for i in range(1000):
+        inner.append(Message("", "k", b"", b"%04d" % i))
+    work = backend.begin_flush()
+    assert work is not None
+    work()
+    queue = types.SimpleNamespace(stream=_Retention(inner), compaction=None)
+    monkeypatch.setattr(bulk_read, "SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(bulk_read, "partition", lambda *_args: queue)
+
+    async def read(offset: int) -> ReadBatch:
+        body = await bulk_read.read_body(
+            None,  # type: ignore[arg-type]
+            "t",
+            0,
+            offset=offset,
+            end=None,
+            max_bytes=1 << 20,
+            headers=False,
+        )
+        return decode_read(body, headers=False)
+
+    first = trio.run(read, 0)
+    assert list(first.offsets) == list(range(256))
+    assert first.next_offset == 256
+    after = trio.run(read, first.next_offset)
+    assert after.offsets[0] == 600

@@ -46,7 +46,9 @@ async def read_body(
     keys and values add up to ``max_bytes`` (at least one record when there is one) or at
     ``MAX_BATCH_RECORDS`` records.
     Gives way to other clients every ``SLICE_SECONDS`` of work (the pacer's), and then stops
-    early if the partition went away meanwhile (deleted: the next read says so)."""
+    early if the partition went away meanwhile (deleted: the next read says so) or retention
+    removed the records that come next (the reader then sees that gap at the start of its
+    next batch, where it checks for data loss)."""
     if not 1 <= max_bytes <= MAX_READ_BYTES:
         raise InvalidRequest(f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
     queue = partition(vhost, topic, partition_index)
@@ -64,6 +66,8 @@ async def read_body(
                     break
             except NotFound:
                 break
+            if stream.first_offset > position:  # retention came by: the reader's next fetch
+                break  # starts here, and finds (and reports) the gap at its start
     return columns.body(max(position, offset))
 
 
