@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..recordbatch import READ_MAGIC, WRITE_MAGIC
 
@@ -77,6 +76,14 @@ class Fetched:
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+
+def fetch_head(body: bytes) -> tuple[int, int] | None:
+    """A ``TQR1`` body's record count and next offset; None if it is not one."""
+    if len(body) < _READ_HEAD.size:
+        return None
+    magic, count, next_offset = _READ_HEAD.unpack_from(body)
+    return (count, next_offset) if magic == READ_MAGIC else None
 
 
 def decode_fetch(body: bytes, topic: str, partition: int, *, include_headers: bool) -> Fetched:
@@ -195,6 +202,8 @@ def encode_write(
     a null or empty key lets the topic choose by round robin), ``partitions`` integers (null or
     negative: the key decides), ``headers`` Kafka's ``array<struct<key, value>>``. Raises
     ``ValueError`` naming the column for a key that is not a routing key."""
+    import pyarrow.compute as pc  # writing only: spares readers its import (~30 ms)
+
     count = len(values)
     parts = [_WRITE_HEAD.pack(WRITE_MAGIC, count)]
     if partitions is None:
@@ -219,6 +228,8 @@ def encode_write(
 
 def value_sizes(values: pa.Array) -> np.ndarray[Any, np.dtype[np.int64]]:
     """The byte length of each value (0 for null), to cut a batch into request-sized chunks."""
+    import pyarrow.compute as pc
+
     lengths = pc.fill_null(pc.binary_length(values), 0)
     result: np.ndarray[Any, np.dtype[np.int64]] = lengths.to_numpy(zero_copy_only=False).astype(
         np.int64
@@ -227,6 +238,8 @@ def value_sizes(values: pa.Array) -> np.ndarray[Any, np.dtype[np.int64]]:
 
 
 def _checked_keys(keys: pa.Array) -> pa.Array:
+    import pyarrow.compute as pc
+
     if pa.types.is_binary(keys.type) or pa.types.is_large_binary(keys.type):
         try:
             keys.cast(pa.large_string())  # validates UTF-8
@@ -243,6 +256,8 @@ def _checked_keys(keys: pa.Array) -> pa.Array:
 
 def _binary_parts(array: pa.Array) -> tuple[bytes, bytes]:
     """``i32 offsets[count + 1]`` (from 0) and the bytes of a string or binary column."""
+    import pyarrow.compute as pc
+
     if not pa.types.is_binary(array.type):
         array = array.cast(pa.binary())  # string: a view; large types: 32-bit offsets
     if array.null_count:

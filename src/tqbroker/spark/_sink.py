@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -234,7 +233,7 @@ def write_rows(
                 if topic not in result.topics:
                     result.topics.append(topic)
                 pending.setdefault(topic, []).append(rows)
-                size = int(pc.sum(pc.binary_length(rows.column(columns.value))).as_py() or 0)
+                size = int(value_sizes(rows.column(columns.value)).sum())
                 pending_bytes[topic] = pending_bytes.get(topic, 0) + size
                 if pending_bytes[topic] >= options.chunk_bytes:
                     flush(topic)
@@ -261,6 +260,8 @@ def _by_topic(
             "the tqbroker sink's column 'topic' is null in some rows (fill it, or set the "
             "'topic' option)"
         )
+    import pyarrow.compute as pc  # here, not at the top: readers never need it (~30 ms)
+
     distinct = pc.unique(topics).to_pylist()
     if len(distinct) == 1:
         return [(distinct[0], batch)]

@@ -18,7 +18,8 @@ in the ``TopicRange`` partition, and the HTTP clients are per process (``client_
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ._arrow import decode_fetch, read_schema
+from ._arrow import decode_fetch, fetch_head, read_schema
 from ._client import client_for
 from ._offsets import (
     Offsets,
@@ -187,30 +188,71 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         client_for(self.options.connection).close()
 
 
-def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.RecordBatch]:
-    """Batches of ``part``'s records, fetched in bulk (``fetchMaxBytes`` a request)."""
+def read_range(
+    options: SourceOptions, part: InputPartition
+) -> Generator[pa.RecordBatch, None, None]:
+    """Batches of ``part``'s records, fetched in bulk (``fetchMaxBytes`` a request). The next
+    request goes out (on the fetch thread) as soon as a response's head says where it ends,
+    so the broker prepares it while this one is decoded and Spark takes it."""
     if not isinstance(part, TopicRange):  # Spark's stand-in when there is nothing to read
         return
-    client = client_for(options.connection)
     position = part.start
-    while position < part.end:
-        body = client.fetch(
-            part.topic,
-            part.partition,
-            position,
-            part.end,
-            options.fetch_max_bytes,
-            options.include_headers,
-        )
-        fetched = decode_fetch(
-            body, part.topic, part.partition, include_headers=options.include_headers
-        )
-        if not len(fetched) or fetched.offsets[0] > position:
-            _check_gap(options, part, position, found=len(fetched) > 0)
-        if not len(fetched):
-            return
-        yield fetched.batch
-        position = max(fetched.next_offset, int(fetched.offsets[-1]) + 1)
+    pending: Future[bytes] | None = _fetcher().submit(_fetch, options, part, position)
+    try:
+        while pending is not None:
+            body = pending.result()
+            ahead = _next_fetch(body, part.end)
+            pending = None if ahead is None else _fetcher().submit(_fetch, options, part, ahead)
+            fetched = decode_fetch(
+                body, part.topic, part.partition, include_headers=options.include_headers
+            )
+            if not len(fetched) or fetched.offsets[0] > position:
+                _check_gap(options, part, position, found=len(fetched) > 0)
+            if not len(fetched):
+                return
+            yield fetched.batch
+            position = max(fetched.next_offset, int(fetched.offsets[-1]) + 1)
+            if position >= part.end:
+                return
+            if pending is None or ahead != position:  # not with a sound broker
+                if pending is not None:
+                    pending.cancel()
+                pending = _fetcher().submit(_fetch, options, part, position)
+    finally:
+        if pending is not None:  # stopped early (an error, or Spark needs no more)
+            pending.cancel()
+
+
+_fetch_pool: ThreadPoolExecutor | None = None
+
+
+def _fetcher() -> ThreadPoolExecutor:
+    """The process's fetch thread (one task runs in a Python worker at a time; its client,
+    thread-local, keeps its connection between tasks)."""
+    global _fetch_pool
+    if _fetch_pool is None:
+        _fetch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tqbroker-fetch")
+    return _fetch_pool
+
+
+def _fetch(options: SourceOptions, part: TopicRange, position: int) -> bytes:
+    return client_for(options.connection).fetch(
+        part.topic,
+        part.partition,
+        position,
+        part.end,
+        options.fetch_max_bytes,
+        options.include_headers,
+    )
+
+
+def _next_fetch(body: bytes, end: int) -> int | None:
+    """Where the request after ``body`` starts, from its head alone; None if there is none
+    (an empty or malformed body: decoding it tells which)."""
+    head = fetch_head(body)
+    if head is None or head[0] == 0 or head[1] >= end:
+        return None
+    return head[1]
 
 
 def _check_gap(options: SourceOptions, part: TopicRange, position: int, *, found: bool) -> None:

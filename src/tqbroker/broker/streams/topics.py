@@ -15,10 +15,10 @@ Responsibilities:
   write's first one, then one more per record); records whose sequence the producer already
   wrote are skipped, so a retried or replayed write lands once however it is cut into requests
   (the next sequence expected is stored with the topic's first partition);
-- read a partition from an offset as a columnar ``ReadBatch`` (``recordbatch.py``).
 
-Reading records one by one is ``reading.py``'s; offsets, groups and the administration of
-topics (list, describe, delete, grow) are ``admin.py``'s.
+Reading records one by one is ``reading.py``'s, in columns (``ReadBatch``) ``bulk_read.py``'s;
+offsets, groups and the administration of topics (list, describe, delete, grow) are
+``admin.py``'s.
 
 Failures are ``TopicError``s, one subclass per kind: ``NotFound`` (no such topic, partition or
 group), ``InvalidRequest`` (arguments out of range, a record that cannot be written),
@@ -29,7 +29,6 @@ cannot write). What a caller makes of them (an HTTP status, an exit code) is its
 from __future__ import annotations
 
 import logging
-from array import array
 from collections.abc import Sequence
 
 import attrs
@@ -39,7 +38,6 @@ from ...model import Message
 from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, DecodeError, ReplyCode
 from ...protocol.methods import BasicProperties
-from ...recordbatch import BinaryColumn, ReadBatch, encode_headers
 from ..declaring import open_and_declare_queue
 from ..exchange import Exchange
 from ..pacing import Pacer
@@ -53,7 +51,6 @@ log = logging.getLogger(__name__)
 PARTITION_EXCHANGE_TYPE = "x-key-partition"
 MAX_READ = 10_000
 MAX_READ_BYTES = 64 * 1024 * 1024
-MAX_BATCH_RECORDS = 50_000
 _PERSISTENT = BasicProperties(delivery_mode=2)
 _PERSISTENT_RAW = _PERSISTENT.encode()
 
@@ -330,52 +327,3 @@ def stored_headers(message: Message) -> FieldTable:
         return message.properties.headers or {}
     except DecodeError as exc:
         return {"x-undecodable-headers": str(exc)}
-
-
-def read_batch(
-    vhost: VirtualHost,
-    topic: str,
-    partition_index: int,
-    *,
-    offset: int,
-    end: int | None,
-    max_bytes: int,
-    headers: bool,
-) -> ReadBatch:
-    """Records of a partition from ``offset`` (clamped to what is there) up to ``end``
-    (exclusive; None: the log end) as columns, stopping once keys and values add up to
-    ``max_bytes`` (at least one record when there is one) or at ``MAX_BATCH_RECORDS`` records
-    (a bounded pause of the event loop)."""
-    if not 1 <= max_bytes <= MAX_READ_BYTES:
-        raise InvalidRequest(f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
-    stream = partition(vhost, topic, partition_index).stream
-    high_watermark = stream.durable_end  # nothing a crash could take back
-    stop = high_watermark if end is None else min(end, high_watermark)
-    position = max(offset, stream.first_offset)
-    offsets, timestamps = array("q"), array("q")
-    keys: list[bytes] = []
-    values: list[bytes] = []
-    header_json: list[bytes] = []
-    size = 0
-    while position < stop and size < max_bytes and len(offsets) < MAX_BATCH_RECORDS:
-        record = stream.read_from(position)
-        if record is None or record.offset >= stop:
-            break
-        message = record.message
-        offsets.append(record.offset)
-        timestamps.append(message.timestamp_ms)
-        key = message.routing_key.encode("utf-8", "surrogateescape")
-        keys.append(key)
-        values.append(message.body)
-        if headers:
-            header_json.append(encode_headers(stored_headers(message)))
-        size += len(key) + len(message.body)
-        position = record.offset + 1
-    return ReadBatch(
-        max(position, offset),
-        offsets,
-        timestamps,
-        BinaryColumn.of(keys),
-        BinaryColumn.of(values),
-        BinaryColumn.of(header_json) if headers else None,
-    )

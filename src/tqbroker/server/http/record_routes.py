@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...broker.pacing import Pacer, release
-from ...broker.streams import topics
+from ...broker.streams import bulk_read, topics
 from ...broker.streams.topics import ProducerRecord
-from ...recordbatch import WriteBatch, decode_write, encode_read
+from ...recordbatch import WriteBatch, decode_write
 from . import inputs, jsonbody, topic_access
 from .auth import broker_of, vhost_of
 from .errors import RequestError
@@ -40,7 +40,7 @@ async def read_records(request: Request) -> Response:
     query = request.query_params
     vhost = await vhost_of(request)
     await topic_access.check_read(request, vhost, request.path_params["partition"])
-    batch = topics.read_batch(
+    body = await bulk_read.read_body(
         vhost,
         request.path_params["topic"],
         inputs.integer(request.path_params["partition"], "partition"),
@@ -49,7 +49,7 @@ async def read_records(request: Request) -> Response:
         max_bytes=inputs.max_bytes(query),
         headers=query.get("headers", "false") == "true",
     )
-    return Response(encode_read(batch), media_type=RECORDS_MEDIA_TYPE)
+    return Response(body, media_type=RECORDS_MEDIA_TYPE)
 
 
 async def write_records(request: Request) -> Response:
