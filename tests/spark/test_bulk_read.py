@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import types
 from array import array
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
