@@ -33,6 +33,7 @@ from ...fsutil import fsync_dir
 from ...model import Message
 from .cache import RecordCache
 from .format import (
+    Batch,
     Frame,
     Record,
     RecordError,
@@ -52,6 +53,7 @@ OPEN_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE})
 RESOURCE_ERRNOS: Final = OPEN_ERRNOS | {errno.ENOMEM}
 
 CLEAN_MARKER = "clean-shutdown"
+_NO_FRAME: Final[Frame] = Batch(-1, -1, [], 0)
 # Where compacted copies of segments are written before they are moved over the originals.
 COMPACTION_DIR = "compaction.tmp"
 
@@ -80,7 +82,8 @@ class Log:
         self.sync_failed = False  # an fdatasync failed: nothing written since can be trusted
         self._directory_dirty = False  # a segment was created since the last sync
         self._reading: Segment | None = None  # the segment read last (it keeps a frame)
-        self._cache_frame: tuple[bytes, Frame | None] = (b"", None)  # decoded from the cache
+        # The last two frames decoded from the cache, newest first (see ``_from_cache``).
+        self._cache_frames: list[tuple[bytes, Frame]] = [(b"", _NO_FRAME), (b"", _NO_FRAME)]
         # Called whenever the log (or its store) gets something for the next flush to do: the
         # backend flushes only the stores that called it (see ``LogBackend``).
         self.changed: Callable[[], None] = _nothing
@@ -286,12 +289,18 @@ class Log:
         return found
 
     def _from_cache(self, frame_bytes: bytes, offset: int) -> Record | None:
-        """The first record at or after ``offset`` of a cached frame (decoded once: the last
-        frame decoded from the cache is kept)."""
-        kept_bytes, frame = self._cache_frame
-        if kept_bytes is not frame_bytes or frame is None:
+        """The first record at or after ``offset`` of a cached frame, decoded once: the last
+        two frames decoded from the cache are kept (a reader that read ahead into the next
+        batch and goes back to where it stopped finds both)."""
+        kept = self._cache_frames
+        if kept[0][0] is frame_bytes:
+            frame = kept[0][1]
+        elif kept[1][0] is frame_bytes:
+            frame = kept[1][1]
+        else:
             frame = parse_frame(frame_bytes)  # our own bytes: no CRC to check
-            self._cache_frame = (frame_bytes, frame)
+            kept[1] = kept[0]
+            kept[0] = (frame_bytes, frame)
         i = first_at_or_after(frame, offset)
         return frame.records[i] if i is not None else None
 

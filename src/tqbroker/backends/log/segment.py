@@ -89,7 +89,8 @@ class Segment:
         self.index_dirty = False  # index entries written since the last sync of the indexes
         self._read_pos = -1  # read-ahead cache: file position of _read_buf
         self._read_buf = b""
-        self._last_frame: tuple[int, Frame | None] = (-1, None)  # the last decoded, by position
+        # The last two frames decoded, newest first, by position (see ``read_at``).
+        self._kept: list[tuple[int, Frame | None]] = [(-1, None), (-1, None)]
         # Where the last walk stopped: (least offset, file position) of the next record.
         self._hint = (-1, 0)
 
@@ -157,7 +158,7 @@ class Segment:
                 # The read-ahead holds what the file had past the end (bytes a scan stopped
                 # at, never cut): stale now that records are written over them.
                 self._read_buf = b""
-                self._last_frame = (-1, None)
+                self.forget_frame()
             self.written += len(data)
             self._buffer.clear()
             self.dirty = True
@@ -326,18 +327,22 @@ class Segment:
         return offset if offset >= least else None
 
     def read_at(self, pos: int) -> Frame:
-        """The frame at byte ``pos`` (the last one decoded is kept: reading a batch record by
-        record decodes it once). Raises ``RecordError`` if it is damaged or cut short."""
-        last_pos, last = self._last_frame
-        if last_pos == pos and last is not None:
-            return last
+        """The frame at byte ``pos``. The last two decoded are kept: reading a batch record by
+        record decodes it once, even for a reader that read ahead into the next frame and
+        goes back. Raises ``RecordError`` if it is damaged or cut short."""
+        kept = self._kept
+        if kept[0][0] == pos:
+            return kept[0][1]  # type: ignore[return-value]
+        if kept[1][0] == pos:
+            return kept[1][1]  # type: ignore[return-value]
         frame = self._decode_at(pos)
-        self._last_frame = (pos, frame)
+        kept[1] = kept[0]
+        kept[0] = (pos, frame)
         return frame
 
     def forget_frame(self) -> None:
-        """Drop the kept frame (a reader moved on to another segment)."""
-        self._last_frame = (-1, None)
+        """Drop the kept frames (a reader moved on to another segment)."""
+        self._kept = [(-1, None), (-1, None)]
 
     def _decode_at(self, pos: int) -> Frame:
         if pos >= self.written:
@@ -423,7 +428,7 @@ class Segment:
             self.file.ftruncate(end)
         self.size = self.written = end
         self._read_pos, self._read_buf = -1, b""
-        self._last_frame = (-1, None)
+        self.forget_frame()
         self._hint = (-1, 0)
         self.offset_index.rewrite()
         self.time_index.rewrite()
