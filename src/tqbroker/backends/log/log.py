@@ -84,6 +84,8 @@ class Log:
         self._reading: Segment | None = None  # the segment read last (it keeps a frame)
         # The last two frames decoded from the cache, newest first (see ``_from_cache``).
         self._cache_frames: list[tuple[bytes, Frame]] = [(b"", _NO_FRAME), (b"", _NO_FRAME)]
+        self._cache_hit = 0  # which of them the last cached read came from
+        self._source: Segment | None = None  # where the last read_from found its record
         # Called whenever the log (or its store) gets something for the next flush to do: the
         # backend flushes only the stores that called it (see ``LogBackend``).
         self.changed: Callable[[], None] = _nothing
@@ -258,6 +260,7 @@ class Log:
     def read_from(self, offset: int) -> Record | None:
         """The first intact record at or after ``offset`` (None: none yet). Damaged records on
         the way are logged, counted and stepped over, as ``read`` does."""
+        self._source = None
         i = max(bisect_right(self._bases, offset) - 1, 0)
         last = len(self.segments) - 1
         for j in range(i, last + 1):
@@ -271,22 +274,38 @@ class Log:
                 offset, partial(self._damaged, segment)
             )
             if record is not None:
+                self._source = segment
                 return record
         return None
 
     def read_many(self, offset: int, end: int, limit: int) -> list[Record]:
         """Up to ``limit`` intact records from the first at or after ``offset``, all below
-        ``end``. Each batch is decoded once (the cache and the segments keep the last frame
-        they decoded), so this costs a lookup per record."""
+        ``end``: the rest of each batch is taken at once (decoded once: the cache and the
+        segments keep the last frames they decoded)."""
         found: list[Record] = []
-        read_from = self.read_from
         while len(found) < limit and offset < end:
-            record = read_from(offset)
+            record = self.read_from(offset)
             if record is None or record.offset >= end:
                 break
             found.append(record)
-            offset = record.offset + 1
+            room = limit - len(found)
+            if room:
+                source = self._source
+                if source is not None:
+                    found += source.take_after(record, end, room)
+                else:
+                    found += self._cached_after(record, end, room)
+            offset = found[-1].offset + 1
         return found
+
+    def _cached_after(self, record: Record, end: int, limit: int) -> list[Record]:
+        """``Segment.take_after`` for a record the cache gave (its frame the newest kept)."""
+        frame = self._cache_frames[self._cache_hit][1]
+        records = frame.records
+        i = first_at_or_after(frame, record.offset + 1)
+        if i is None or records[i - 1] is not record:
+            return []
+        return [r for r in records[i : i + limit] if r.offset < end]
 
     def _from_cache(self, frame_bytes: bytes, offset: int) -> Record | None:
         """The first record at or after ``offset`` of a cached frame, decoded once: the last
@@ -294,13 +313,14 @@ class Log:
         batch and goes back to where it stopped finds both)."""
         kept = self._cache_frames
         if kept[0][0] is frame_bytes:
-            frame = kept[0][1]
+            frame, self._cache_hit = kept[0][1], 0
         elif kept[1][0] is frame_bytes:
-            frame = kept[1][1]
+            frame, self._cache_hit = kept[1][1], 1
         else:
             frame = parse_frame(frame_bytes)  # our own bytes: no CRC to check
             kept[1] = kept[0]
             kept[0] = (frame_bytes, frame)
+            self._cache_hit = 0
         i = first_at_or_after(frame, offset)
         return frame.records[i] if i is not None else None
 

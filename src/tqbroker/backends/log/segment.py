@@ -93,6 +93,8 @@ class Segment:
         self._kept: list[tuple[int, Frame | None]] = [(-1, None), (-1, None)]
         # Where the last walk stopped: (least offset, file position) of the next record.
         self._hint = (-1, 0)
+        # The frame (and its position) of the record read last: ``take_after`` goes on in it.
+        self.current: tuple[Frame, int] | None = None
 
     @property
     def files(self) -> tuple[CachedFile, CachedFile, CachedFile]:
@@ -216,7 +218,27 @@ class Segment:
             return None
         record = records[i]
         self._hint = (record.offset + 1, pos + frame.size if i == len(records) - 1 else pos)
+        self.current = (frame, pos)
         return record
+
+    def take_after(self, record: Record, end: int, limit: int) -> list[Record]:
+        """The records after ``record`` (the one read last) in its frame, below ``end``, at
+        most ``limit``; a sequential read goes on after the last of them."""
+        if self.current is None:
+            return []
+        frame, pos = self.current
+        records = frame.records
+        i = first_at_or_after(frame, record.offset + 1)
+        if i is None or records[i - 1] is not record:
+            return []
+        taken = list(records[i : i + limit])
+        if taken and taken[-1].offset >= end:
+            taken = [r for r in taken if r.offset < end]
+        if taken:
+            last = taken[-1]
+            whole = last is records[-1]
+            self._hint = (last.offset + 1, pos + frame.size if whole else pos)
+        return taken
 
     def read_from(self, offset: int, on_damage: Callable[[RecordError], None]) -> Record | None:
         """The first intact record at or after ``offset`` (None: none in this segment). A
@@ -280,6 +302,7 @@ class Segment:
                 if record.offset < least:
                     continue
                 self._hint = (record.offset + 1, end if i == last else pos)
+                self.current = (frame, pos)
                 yield record
             pos, least = end, frame.last_offset + 1
 
