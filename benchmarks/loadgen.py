@@ -249,7 +249,9 @@ def _worker(
             outcome = job.run(client)
         conn.send(("done", outcome))
         for each in clients:
-            each.close()
+            # Until the broker has handled all we sent: RabbitMQ, its publisher's reader held
+            # back by flow control, dropped the tail of a run when the socket closed early.
+            each.close(timeout=STALL_SECONDS)
     except TimeoutError:
         silent = f"the broker sent nothing for {STALL_SECONDS:g} s (or took nothing)"
         conn.send(("error", f"{silent}:\n{traceback.format_exc()}"))
