@@ -3,13 +3,15 @@ raw-socket client (``rawclient.py``).
 
 Responsibilities:
 - jobs: picklable descriptions of what one worker process does (``Publish``, ``Consume``,
-  ``PacedPublish``), each with a ``prepare`` step (connect, qos, subscribe where the queue is
-  still empty: before the clock starts) and a ``run`` step (timed);
+  ``ConsumeEach``, ``PacedPublish``), each with a ``prepare`` step (connect, qos, subscribe where
+  the queue is still empty: before the clock starts) and a ``run`` step (timed);
 - ``run_jobs``: one process per job (``multiprocessing``, spawned), all released together once
   every one is prepared, so that several cores generate load and no Python process is the limit;
   the result holds the wall time from the first start to the last finish, the CPU seconds the
   workers spent in their run steps (client CPU) and those the broker spent meanwhile (broker CPU,
-  from ``/proc`` through ``procstats.py``), and what each worker measured (latencies).
+  from ``/proc`` through ``procstats.py``), and what each worker measured (latencies);
+- no hang: a worker whose socket stays silent for ``STALL_SECONDS`` fails with what it was
+  waiting for, a worker that dies fails the run at once, and the whole run has a timeout.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import multiprocessing.connection
 import time
 import traceback
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
 from typing import Protocol
 
+from multiconsume import STALL_SECONDS, receive_each
 from procstats import cpu_seconds, machine_cpu_seconds
 from rawclient import Endpoint, RawClient, publish_frames, stamp, stamp_offset
 
@@ -97,7 +101,7 @@ class Consume:
     starts); otherwise the run step subscribes (a queue filled beforehand). ``latency``: record
     each delivery's end-to-end latency from the stamp a ``PacedPublish`` put in its body.
     ``also``: more queues consumed on the same connection and channel (one consumer each,
-    ``subscribe_early`` only); ``count`` is then the deliveries from all of them."""
+    all subscribed early); ``count`` is then the deliveries from all of them."""
 
     queue: str
     count: int
@@ -106,11 +110,11 @@ class Consume:
     arguments: FieldTable | None = None
     subscribe_early: bool = False
     latency: bool = False
-    also: tuple[str, ...] = ()
+    also: Sequence[str] = ()
 
     def prepare(self, client: RawClient) -> None:
         client.qos(self.prefetch)
-        if self.subscribe_early:
+        if self.subscribe_early or self.also:
             for i, queue in enumerate((self.queue, *self.also)):
                 tag = f"bench.{i}"
                 client.subscribe(queue, prefetch=self.prefetch, arguments=self.arguments, tag=tag)
@@ -118,11 +122,47 @@ class Consume:
     def run(self, client: RawClient) -> Outcome:
         stamps: array[int] | None = array("q") if self.latency else None
         cpu, started = time.process_time(), time.perf_counter()
-        if not self.subscribe_early:
+        if not (self.subscribe_early or self.also):
             client.subscribe(self.queue, prefetch=self.prefetch, arguments=self.arguments)
         client.receive(self.count, ack_every=self.ack_every, stamps=stamps)
         finished = time.perf_counter()
         return Outcome(started, finished, self.count, time.process_time() - cpu, stamps)
+
+
+@dataclass(frozen=True)
+class ConsumeEach:
+    """Consume ``count`` messages from each of ``queues``, each queue on a connection of its
+    own (one consumer each, subscribed in the prepare step, prefetch and ``multiple`` acks as in
+    ``Consume``), all from this one process: the broker sees a connection per consumer while
+    the generator stays a few processes (fanout-16's sixteen consumers in two processes, not
+    sixteen, which on two cores starved the broker)."""
+
+    queues: tuple[str, ...]
+    count: int  # per queue
+    prefetch: int = 1000
+    ack_every: int = 100
+
+    def prepare(self, client: RawClient) -> None:
+        client.subscribe(self.queues[0], prefetch=self.prefetch, tag="bench.0")
+
+    def run(self, client: RawClient) -> Outcome:
+        raise AssertionError("ConsumeEach runs with its own connections (run_each)")
+
+    def prepare_each(self, client: RawClient, endpoint: Endpoint) -> list[RawClient]:
+        """The first queue on ``client``, each other one on a new connection."""
+        self.prepare(client)
+        clients = [client]
+        for i, queue in enumerate(self.queues[1:], 1):
+            extra = RawClient.connect(endpoint, timeout=STALL_SECONDS)
+            extra.subscribe(queue, prefetch=self.prefetch, tag=f"bench.{i}")
+            clients.append(extra)
+        return clients
+
+    def run_each(self, clients: list[RawClient]) -> Outcome:
+        cpu, started = time.process_time(), time.perf_counter()
+        receive_each(clients, self.count, ack_every=self.ack_every)
+        finished = time.perf_counter()
+        return Outcome(started, finished, self.count * len(clients), time.process_time() - cpu)
 
 
 @dataclass(frozen=True)
@@ -194,13 +234,27 @@ def _worker(
     job: Job, endpoint: Endpoint, conn: multiprocessing.connection.Connection, go: Event
 ) -> None:
     try:
-        client = RawClient.connect(endpoint, timeout=None)
-        job.prepare(client)
-        conn.send(("ready", None))
-        go.wait()
-        outcome = job.run(client)
+        # A socket silent for STALL_SECONDS raises (TimeoutError): the worker reports it.
+        client = RawClient.connect(endpoint, timeout=STALL_SECONDS)
+        if isinstance(job, ConsumeEach):
+            clients = job.prepare_each(client, endpoint)
+            conn.send(("ready", None))
+            go.wait()
+            outcome = job.run_each(clients)
+        else:
+            clients = [client]
+            job.prepare(client)
+            conn.send(("ready", None))
+            go.wait()
+            outcome = job.run(client)
         conn.send(("done", outcome))
-        client.close()
+        for each in clients:
+            # Until the broker has handled all we sent: RabbitMQ, its publisher's reader held
+            # back by flow control, dropped the tail of a run when the socket closed early.
+            each.close(timeout=STALL_SECONDS)
+    except TimeoutError:
+        silent = f"the broker sent nothing for {STALL_SECONDS:g} s (or took nothing)"
+        conn.send(("error", f"{silent}:\n{traceback.format_exc()}"))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
 
@@ -208,7 +262,9 @@ def _worker(
 def run_jobs(
     endpoint: Endpoint, jobs: list[Job], *, broker_pid: int | None, timeout: float = 1800.0
 ) -> RunResult:
-    """Run each job in its own process, released together; see ``RunResult``."""
+    """Run each job in its own process, released together; see ``RunResult``. Raises
+    ``WorkerFailed`` when a worker fails or dies (the others are killed) or when the run
+    exceeds ``timeout`` seconds."""
     context = multiprocessing.get_context("spawn")
     go = context.Event()
     workers: list[tuple[BaseProcess, multiprocessing.connection.Connection]]
@@ -226,8 +282,9 @@ def run_jobs(
         outcomes = [_outcome(o) for o in _collect(workers, "done", timeout=timeout)]
         broker_after, machine_after = cpu_seconds(broker_pid), machine_cpu_seconds()
     finally:
+        deadline = time.monotonic() + 10.0  # for all of them: a failed run ends in seconds
         for process, receiver in workers:
-            process.join(timeout=10)
+            process.join(timeout=max(deadline - time.monotonic(), 0.0))
             if process.is_alive():
                 process.kill()  # a worker of ours that did not finish
                 process.join()

@@ -295,10 +295,11 @@ class RawClient:
         self.qos(prefetch)
         self.call(BasicConsume(queue=queue, consumer_tag=tag, arguments=arguments or {}))
 
-    def close(self) -> None:
-        """Close the connection politely (best effort: a dead broker is not an error here)."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the connection politely (best effort: a dead broker is not an error here),
+        waiting up to ``timeout`` seconds for ``close-ok``."""
         try:
-            self.sock.settimeout(5)
+            self.sock.settimeout(timeout)
             self.send(0, ConnectionClose(200, "bye", 0, 0))
             while self.read_frame()[0] != FRAME_METHOD:
                 pass

@@ -18,8 +18,8 @@ Workloads (1 KiB bodies; the load comes from worker processes using the lean raw
   with all N again, per GB of message bodies (unclean recovery);
 - memory-transient: the same RSS growth with transient messages on a non-durable queue.
 
-Generator modes (``Settings.mode``): ``multi``, a worker process per consumer (fanout: one per
-queue); ``single``, one publisher connection and one consumer connection, a process per side.
+Generator modes (``Settings.mode``): ``multi``, a connection per consumer (fanout: per queue, in
+at most ``CONSUMER_PROCESSES`` processes); ``single``, one connection and process per side.
 
 Responsibilities: the sizes (``Settings``, ``SMOKE``), one ``Measure`` per row and run, each
 workload (``WORKLOADS``) and the rows it fills (``ROWS_OF``); with ``--profile``, py-spy
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadgen import BODY_SIZE, Consume, Job, PacedPublish, Publish, RunResult, run_jobs
+from loadgen import BODY_SIZE, Consume, ConsumeEach, Job, PacedPublish, Publish, RunResult, run_jobs
 from procstats import Memory, cpu_seconds, memory, profiling
 from rawclient import BrokerError, RawClient, publish_frames
 from targets import Target
@@ -88,6 +88,8 @@ class Measure:
 
 
 Workload = Callable[[Target, Settings, str], dict[str, Measure]]
+
+CONSUMER_PROCESSES = 2  # not one per consumer: 17 in fanout-16 starved the broker on 2 cores
 
 
 def _throughput(result: RunResult, messages: int) -> Measure:
@@ -235,17 +237,12 @@ def _fanout(target: Target, s: Settings, tag: str, width: int, messages: int) ->
             for queue in queues:
                 client.declare(queue, durable=False)
                 client.bind(queue, exchange)
-        jobs: list[Job] = [
-            Consume(
-                q,
-                messages * width if s.mode == "single" else messages,
-                prefetch=s.prefetch,
-                ack_every=s.ack_every,
-                subscribe_early=True,
-                also=tuple(queues[1:]) if s.mode == "single" else (),
-            )
-            for q in (queues[:1] if s.mode == "single" else queues)
+        jobs: list[Job] = [  # multi: a connection per queue; single: one for all
+            ConsumeEach(tuple(queues[i::CONSUMER_PROCESSES]), messages, s.prefetch, s.ack_every)
+            for i in range(CONSUMER_PROCESSES)
         ]
+        if s.mode == "single":
+            jobs = [Consume(queues[0], messages * width, s.prefetch, s.ack_every, also=queues[1:])]
         jobs.append(Publish("", messages, exchange=exchange, body_size=s.body_size))
         result = _run(target, jobs, s, f"fanout{width}-{s.mode}-{tag}")
     return _throughput(result, messages * width)

@@ -67,7 +67,7 @@ def test_smoke_run_prints_the_table(tmp_path: Path) -> None:
     (fanout_16,) = [row for row in data["rows"] if row["key"] == "fanout_16"]
     (run,) = fanout_16["results"]["tqbroker"]["runs"]
     assert run["detail"]["messages"] == 16 * (2000 // 4)
-    assert run["detail"]["processes"] == 17
+    assert run["detail"]["processes"] == 3  # a publisher, two processes of 8 consumers each
     assert list(data["targets"]) == ["tqbroker"]
     assert data["errors"] == {}
     medians = {row["key"]: row["results"]["tqbroker"]["median"] for row in data["rows"]}
@@ -93,5 +93,6 @@ def test_both_modes_print_a_table_each(tmp_path: Path) -> None:
         (fanout,) = found["rows"]
         (run,) = fanout["results"]["tqbroker"]["runs"]
         assert run["detail"]["messages"] == 4 * 2000
-        # one publisher process, and one consumer process per queue (multi) or in all (single)
-        assert run["detail"]["processes"] == (5 if mode == "multi" else 2)
+        # one publisher process; consumers: two processes of a connection per queue (multi),
+        # or one process and connection for all (single)
+        assert run["detail"]["processes"] == (3 if mode == "multi" else 2)

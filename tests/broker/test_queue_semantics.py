@@ -15,9 +15,10 @@ import trio.lowlevel
 import trio.testing
 
 from tqbroker import clock
+from tqbroker.backends.base import Popped
 from tqbroker.backends.memory import MemoryBackend
 from tqbroker.broker.classic import EXPIRE_BATCH
-from tqbroker.broker.consumer import Consumer
+from tqbroker.broker.consumer import UNLIMITED, Consumer
 from tqbroker.broker.deadletter import parse_expiration
 from tqbroker.broker.queue import Queue, QueueFull
 from tqbroker.broker.vhost import VirtualHost
@@ -39,6 +40,13 @@ class Recorder:
         self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
     ) -> None:
         self.deliveries.append((message_id, message, redelivered))
+
+    def credit(self) -> int:
+        return UNLIMITED
+
+    def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
+        for message_id, message, redelivered in entries:
+            self.deliver(consumer, message_id, message, redelivered)
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         pass

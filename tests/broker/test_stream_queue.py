@@ -13,10 +13,11 @@ import pytest
 import trio
 
 from tqbroker import clock
+from tqbroker.backends.base import Popped
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.stream import LogStream
 from tqbroker.broker.arguments import QueueArguments, parse_interval
-from tqbroker.broker.consumer import Consumer
+from tqbroker.broker.consumer import UNLIMITED, Consumer
 from tqbroker.broker.deadletter import Reason
 from tqbroker.broker.queue import Queue
 from tqbroker.broker.streams.queue import StreamQueue
@@ -223,6 +224,13 @@ class RecordingChannel:
         self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
     ) -> None:
         self.delivered.append((message_id, message))
+
+    def credit(self) -> int:
+        return UNLIMITED
+
+    def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
+        for message_id, message, redelivered in entries:
+            self.deliver(consumer, message_id, message, redelivered)
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         pass

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tqbroker.model import Message
 from tqbroker.protocol import frames
 from tqbroker.protocol.methods import BasicProperties
-from tqbroker.server.encoding import encoded_names, write_deliver
+from tqbroker.server.encoding import encoded_names, write_deliver, write_delivers
 
 from .strategies import basic_properties, shortstrs
 
@@ -75,6 +75,42 @@ def test_reused_content_gives_the_same_bytes(
         deliver(out, message, delivery)
         expected += reference(message, delivery)
     assert out == expected
+
+
+@SETTINGS
+@given(
+    st.lists(st.tuples(shortstrs, shortstrs, bodies, st.booleans()), min_size=1, max_size=5),
+    st.sampled_from([1, 2, 65535]),
+    shortstrs,
+    st.integers(1, 2**63),
+    frame_maxes,
+    st.integers(1, 3),
+)
+def test_a_batch_gives_the_same_bytes(
+    messages: list[tuple[str, str, bytes, bool]],
+    channel: int,
+    tag: str,
+    first_tag: int,
+    frame_max: int,
+    rounds: int,
+) -> None:
+    """``write_delivers`` (a consumer's batch: first deliveries, and from the second round on
+    content reused on this channel number) writes what ``frames.write_deliver`` does for each,
+    and counts the redelivered ones."""
+    raw = BasicProperties(content_type="text/plain").encode()
+    batch = [
+        (i, Message(exchange, key, raw, body), redelivered)
+        for i, (exchange, key, body, redelivered) in enumerate(messages)
+    ]
+    for round_ in range(rounds):
+        out, expected = bytearray(b"before"), bytearray(b"before")
+        start = first_tag + round_ * len(batch)
+        count = write_delivers(out, channel, frames.shortstr(tag), start, batch, frame_max)
+        for offset, (_id, message, redelivered) in enumerate(batch):
+            delivery = (channel, tag, start + offset, redelivered, frame_max)
+            expected += reference(message, delivery)
+        assert out == expected
+        assert count == sum(redelivered for _id, _m, redelivered in batch)
 
 
 def test_content_is_kept_from_the_second_delivery_for_one_channel() -> None:

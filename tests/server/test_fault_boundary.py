@@ -140,17 +140,18 @@ def test_a_bug_in_a_delivery_closes_the_consumers_connection(
 ) -> None:
     """The delivery that failed is requeued (tracked before it was written) and goes to the
     next consumer."""
-    original = AMQPConnection.write_deliver
+    original = AMQPConnection.write_delivers  # a queue with one consumer delivers batches
     failures = []
 
-    def write_deliver(self: AMQPConnection, *args: Any) -> None:
-        message: Message = args[-1]
-        if message.body == b"poison" and not failures:
-            failures.append(message)
-            raise RuntimeError("cannot encode")
-        original(self, *args)
+    def write_delivers(self: AMQPConnection, *args: Any) -> int:
+        entries: list[tuple[int, Message, bool]] = args[-1]
+        for _id, message, _redelivered in entries:
+            if message.body == b"poison" and not failures:
+                failures.append(message)
+                raise RuntimeError("cannot encode")
+        return original(self, *args)
 
-    monkeypatch.setattr(AMQPConnection, "write_deliver", write_deliver)
+    monkeypatch.setattr(AMQPConnection, "write_delivers", write_delivers)
     publisher = connect(broker)
     publishing = publisher.channel()
     publishing.queue_declare("work")

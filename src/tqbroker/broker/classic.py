@@ -3,8 +3,9 @@
 Responsibilities:
 - accept messages (``publish``: a plain call that wakes the actor, no message passing per
   message), enforcing ``x-max-length`` / ``x-max-length-bytes`` with ``x-overflow``;
-- the actor task: deliver ready messages to consumers with prefetch credit (consumer priorities,
-  round-robin among equals, single active consumer); expire messages at the head
+- the actor task: deliver ready messages to consumers with prefetch credit (the delivery pass
+  is ``classic_dispatch.py``: batches to a lone consumer, consumer priorities, round-robin
+  among equals, single active consumer); expire messages at the head
   (``x-message-ttl``, per-message ``expiration``) and the queue itself (``x-expires``);
 - basic.get, ack, reject and requeue through the queue's ``QueueStore``; the returns of each
   message against ``x-delivery-limit`` (``x-delivery-count`` on redeliveries);
@@ -31,6 +32,7 @@ from ..backends.base import FLUSH_FIRST, FlushFirst, Popped, QueueStore
 from ..model import Message
 from ..plugins.spec import Durability
 from .arguments import QueueArguments
+from .classic_dispatch import EXPIRE_BATCH, DeliveryPass
 from .consumer import Consumer
 from .deadletter import Reason, message_ttl
 from .flusher import Flusher
@@ -38,13 +40,11 @@ from .queue import Queue, QueueFull, QueueHost
 
 log = logging.getLogger(__name__)
 
-# Messages a queue expires (or skips as expired) in one go before letting other tasks run.
-EXPIRE_BATCH: Final = 1000
 # A queue that delivered nothing for this long delivers a lone publish at once (``publish``).
 DIRECT_DISPATCH_GAP_NS: Final = 200_000
 
 
-class ClassicQueue(Queue):
+class ClassicQueue(DeliveryPass, Queue):
     """A classic queue (RabbitMQ's): messages in a ``QueueStore``, each delivered to one
     consumer and removed when acked, with the classic queue arguments."""
 
@@ -124,33 +124,9 @@ class ClassicQueue(Queue):
                     self.host.queue_unused(self)
                     return
 
-    def _dispatch(self) -> None:
-        self._dispatched_at = time.perf_counter_ns()
-        store = self.store
-        consumers = self.consumers
-        while consumers and store.ready_count:
-            consumer = self._pick_consumer()
-            if consumer is None:
-                return
-            try:
-                entry = self._take(expire_at_most=EXPIRE_BATCH)
-            except OSError as exc:  # storage trouble: deliver again on the next wake-up
-                log.error(
-                    "queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc
-                )
-                return
-            if entry is None:
-                return
-            if entry is FLUSH_FIRST:
-                if self.flusher is not None and not self._wakeup.is_set():
-                    self.flusher.wake_after_flush(self)
-                return
-            message_id, message, redelivered = entry
-            if consumer.no_ack:
-                self._settle(message_id)
-            else:
-                consumer.unacked += 1
-            consumer.channel.deliver(consumer, message_id, message, redelivered)
+    def _after_flush(self) -> None:
+        if self.flusher is not None and not self._wakeup.is_set():
+            self.flusher.wake_after_flush(self)
 
     def _take(self, expire_at_most: float = math.inf) -> Popped | FlushFirst | None:
         """Pop the next live message for delivery: expired ones met on the way are
@@ -238,33 +214,6 @@ class ClassicQueue(Queue):
         if self._keep_unacked:
             self._unacked_messages.pop(message_id, None)
             self._returns.pop(message_id, None)
-
-    def _pick_consumer(self) -> Consumer | None:
-        """The consumer for the next message. With ``x-single-active-consumer`` only the
-        earliest registered consumer receives. Otherwise consumers are tried by priority
-        (``x-priority``, highest first; the list is kept in that order) and round-robin among
-        equals, skipping those without prefetch credit."""
-        consumers = self.consumers
-        n = len(consumers)
-        if n == 1 or self.single_active_consumer:  # one to ask (the commonest case)
-            active = consumers[0]
-            return active if active.has_capacity() else None
-        group_start = 0
-        while group_start < n:
-            priority = consumers[group_start].priority
-            group_end = group_start
-            while group_end < n and consumers[group_end].priority == priority:
-                group_end += 1
-            size = group_end - group_start
-            start = self._next_consumer.get(priority, 0)
-            for i in range(size):
-                index = group_start + (start + i) % size
-                consumer = consumers[index]
-                if consumer.has_capacity():
-                    self._next_consumer[priority] = (start + i + 1) % size
-                    return consumer
-            group_start = group_end
-        return None
 
     # -- messages ----------------------------------------------------------------------------
 

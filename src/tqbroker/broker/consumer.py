@@ -3,14 +3,16 @@
 Responsibilities:
 - ``Consumer``: tag, queue, ack mode, per-consumer prefetch and its count of unacked deliveries;
 - ``DeliveryChannel``: what a queue needs of the channel behind a consumer (the server's channel
-  implements it; tests can too).
+  implements it; tests can too); ``credit`` and ``deliver_many`` let a queue hand a consumer
+  a batch of messages at once.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
+from ..backends.base import Popped
 from ..model import Message
 from ..protocol.codec import FieldTable
 from .arguments import ConsumerArguments
@@ -19,6 +21,9 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 log = logging.getLogger(__name__)
+
+# What ``credit`` answers when nothing limits the deliveries.
+UNLIMITED: Final = 1 << 30
 
 
 class DeliveryChannel(Protocol):
@@ -30,6 +35,16 @@ class DeliveryChannel(Protocol):
         self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
     ) -> None:
         """Send one message to the consumer (never blocks)."""
+        ...
+
+    def credit(self) -> int:
+        """How many deliveries the channel takes now: 0 while ``can_deliver`` is False, what
+        is left of its shared prefetch, else ``UNLIMITED``."""
+        ...
+
+    def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
+        """``deliver`` each of ``entries`` (``message_id, message, redelivered``), in order,
+        as one batch (never blocks)."""
         ...
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
@@ -82,6 +97,15 @@ class Consumer:
         return (
             not self.prefetch_count or self.unacked < self.prefetch_count
         ) and self.channel.can_deliver()
+
+    def credit(self) -> int:
+        """How many deliveries it takes now: what is left of its prefetch (or ``UNLIMITED``),
+        at most what its channel takes (``DeliveryChannel.credit``)."""
+        channel = self.channel.credit()
+        if self.no_ack or not self.prefetch_count:
+            return channel
+        left = self.prefetch_count - self.unacked
+        return left if left < channel else channel
 
     def __repr__(self) -> str:
         return f"Consumer({self.tag!r} on {self.queue.name!r})"

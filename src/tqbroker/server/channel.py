@@ -22,8 +22,8 @@ from collections.abc import Awaitable
 import trio
 
 from .. import clock
-from ..backends.base import FLUSH_FIRST
-from ..broker.consumer import Consumer
+from ..backends.base import FLUSH_FIRST, Popped
+from ..broker.consumer import UNLIMITED, Consumer
 from ..broker.exchange import Exchange
 from ..broker.queue import Queue
 from ..broker.reply_to import REPLY_TO
@@ -348,6 +348,36 @@ class Channel:
                 queue_stats.redeliver += 1
             encoded_tag = self._tag_cache.get(consumer.tag) or self._encode_tag(consumer.tag)
             self.host.write_deliver(self.number, encoded_tag, tag, redelivered, message)
+        except Exception as exc:  # a bug: this connection closes, not the queue actor
+            self.host.internal_error(exc, "basic.deliver")
+
+    def credit(self) -> int:
+        if not self.host.can_write():
+            return 0
+        if self.global_prefetch:
+            return max(self.global_prefetch - len(self.deliveries.unacked), 0)
+        return UNLIMITED
+
+    def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
+        """``deliver`` for a batch: the counters, the tags and the writer's wake-up once."""
+        try:
+            deliveries = self.deliveries
+            first = deliveries.next_tag
+            count = len(entries)
+            deliveries.next_tag = first + count
+            stats, queue_stats = self.stats, consumer.queue.stats
+            if consumer.no_ack:
+                stats.deliver_no_ack += count
+                queue_stats.deliver_no_ack += count
+            else:  # tracked first: requeued if the rest fails
+                stats.deliver += count
+                queue_stats.deliver += count
+                deliveries.track_many(first, consumer, (e[0] for e in entries), self._now())
+            encoded_tag = self._tag_cache.get(consumer.tag) or self._encode_tag(consumer.tag)
+            redelivered = self.host.write_delivers(self.number, encoded_tag, first, entries)
+            if redelivered:
+                stats.redeliver += redelivered
+                queue_stats.redeliver += redelivered
         except Exception as exc:  # a bug: this connection closes, not the queue actor
             self.host.internal_error(exc, "basic.deliver")
 

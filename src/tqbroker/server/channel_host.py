@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from ..backends.base import Popped
 from ..broker.stats import StatsTotal
 from ..model import Message
 from ..protocol import methods as m
@@ -40,6 +41,13 @@ class ChannelHost(AckDeadlines, Protocol):
         message: Message,
     ) -> None:
         """Send ``basic.deliver`` (``consumer_tag`` as a shortstr) with the message."""
+        ...
+
+    def write_delivers(
+        self, channel: int, consumer_tag: bytes, first_tag: int, entries: list[Popped]
+    ) -> int:
+        """``write_deliver`` each of ``entries`` (``message_id, message, redelivered``), the
+        delivery tags from ``first_tag`` on; the number of them redelivered."""
         ...
 
     def write_get_ok(

@@ -29,6 +29,7 @@ import trio
 import trio.lowlevel
 
 from .. import clock
+from ..backends.base import Popped
 from ..broker.pacing import SLICE_SECONDS
 from ..broker.stats import ConnectionStats
 from ..broker.storage import storage_error
@@ -66,7 +67,7 @@ from .addresses import UNKNOWN, local_address, peer_address, socket_of, text
 from .channel import Channel
 from .deliveries import AckTimeouts
 from .dispatch import dispatch
-from .encoding import write_deliver, write_get_ok, write_return
+from .encoding import write_deliver, write_delivers, write_get_ok, write_return
 from .flow import PublisherFlow
 from .handshake import Handshake, HangUp
 from .latency_trace import TRACE
@@ -268,6 +269,19 @@ class AMQPConnection:
             writer.traced.append(TRACE.encoded(message.body))
         if idle:
             writer.send_or_wake()
+
+    def write_delivers(
+        self, channel: int, consumer_tag: bytes, first_tag: int, entries: list[Popped]
+    ) -> int:
+        writer = self.writer
+        idle = not writer.out  # as in ``write_deliver``: one wake-up per send
+        frame_max = self.protocol.frame_max
+        redelivered = write_delivers(
+            writer.out, channel, consumer_tag, first_tag, entries, frame_max
+        )
+        if idle:
+            writer.wake()
+        return redelivered
 
     def write_get_ok(
         self, channel: int, delivery_tag: int, redelivered: bool, message: Message, left: int

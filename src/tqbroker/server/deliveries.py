@@ -100,6 +100,22 @@ class Deliveries:
                 self._deadlines.watch_ack_deadline(delivery.delivered_at + timeout / 1000)
         self.unacked[tag] = delivery
 
+    def track_many(
+        self, first_tag: int, consumer: Consumer, message_ids: Iterable[int], now: float
+    ) -> None:
+        """``track`` a batch of deliveries to ``consumer`` at ``now``, with the tags from
+        ``first_tag`` on."""
+        unacked = self.unacked
+        queue = consumer.queue
+        tag = first_tag
+        for message_id in message_ids:
+            delivery = Delivery(queue, message_id, consumer, now)
+            if unacked:
+                unacked[tag] = delivery
+            else:
+                self.track(tag, delivery)
+            tag += 1
+
     def take(self, tag: int, multiple: bool) -> Taken:
         """Remove and return the deliveries an ack/nack/reject refers to."""
         unacked = self.unacked

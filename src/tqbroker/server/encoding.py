@@ -6,7 +6,8 @@ Responsibilities:
   however many queues and consumers it reaches;
 - ``write_deliver``: append a ``basic.deliver`` with its content; from a message's second
   delivery on a channel number (fanout, requeue), reuse its content frames' heads encoded there
-  once (``frames.deliver_content``).
+  once (``frames.deliver_content``);
+- ``write_delivers``: a batch of deliveries to one consumer, the reused case inlined.
 
 What is kept lives in ``Message.delivery_cache``, a slot the model leaves to this module: None
 until first delivered, then the names (bytes), then from a second delivery the channel number
@@ -17,12 +18,21 @@ and the content encoded for it (``tuple[int, bytes]``). A message spliced for a 
 from __future__ import annotations
 
 import logging
+import struct
 
+from ..backends.base import Popped
 from ..model import Message
 from ..protocol import frames
 from ..protocol.errors import ReplyCode
-from ..protocol.frames import FRAME_OVERHEAD, deliver_content, write_deliver_content
+from ..protocol.frames import FRAME_METHOD, FRAME_OVERHEAD, deliver_content, write_deliver_content
 from ..protocol.frames import write_deliver as _write_deliver
+from ..protocol.methods import BASIC_CLASS_ID
+
+# ``basic.deliver``'s method frame head (type, channel, size, class, method).
+_METHOD_HEAD = struct.Struct(">BHIHH")
+# What ``frames.deliver_content`` puts around the names: the end of the method frame, the
+# content header frame's head and fixed fields, the body frame's head.
+_CONTENT_OVERHEAD = 1 + 7 + 12 + 1 + 7
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +99,59 @@ def write_deliver(
         len(message.properties_raw),
         body,
     )
+
+
+def write_delivers(
+    out: bytearray,
+    channel: int,
+    consumer_tag: bytes,
+    first_tag: int,
+    entries: list[Popped],
+    frame_max: int,
+) -> int:
+    """``write_deliver`` each of ``entries`` (``message_id, message, redelivered``) with the
+    delivery tags from ``first_tag`` on; the number of them redelivered. A message whose
+    content is already encoded for this channel number (``write_deliver``) is appended here
+    with one pack for its method frame's head (``basic.deliver`` is ``>BHIHH``, the consumer
+    tag, ``>QB``) and its content and body as they are."""
+    tag_size = len(consumer_tag)
+    heads: dict[int, struct.Struct] = {}  # by the size of the names
+    redelivered_count = 0
+    limit = frame_max - FRAME_OVERHEAD if frame_max else 0
+    tag = first_tag
+    for _message_id, message, redelivered in entries:
+        if redelivered:
+            redelivered_count += 1
+        cached = message.delivery_cache
+        body = message.body
+        if (
+            type(cached) is tuple
+            and cached[0] == channel
+            and body
+            and (not limit or len(body) <= limit)
+        ):
+            content: bytes = cached[1]
+            names_size = len(content) - len(message.properties_raw) - _CONTENT_OVERHEAD
+            head = heads.get(names_size)
+            if head is None:
+                head = heads[names_size] = struct.Struct(f">BHIHH{tag_size}sQB")
+            out += head.pack(
+                FRAME_METHOD,
+                channel,
+                13 + tag_size + names_size,
+                BASIC_CLASS_ID,
+                60,
+                consumer_tag,
+                tag,
+                redelivered,
+            )
+            out += content
+            out += body
+            out += b"\xce"
+        else:
+            write_deliver(out, message, channel, consumer_tag, tag, redelivered, frame_max)
+        tag += 1
+    return redelivered_count
 
 
 def write_get_ok(
