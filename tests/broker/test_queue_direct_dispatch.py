@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import trio.testing
 
+from tqbroker.backends.base import Popped
 from tqbroker.backends.memory import MemoryQueueStore
 from tqbroker.broker import classic
 from tqbroker.broker.arguments import QueueArguments
 from tqbroker.broker.classic import ClassicQueue
-from tqbroker.broker.consumer import Consumer
+from tqbroker.broker.consumer import UNLIMITED, Consumer
 from tqbroker.broker.deadletter import Reason
 from tqbroker.broker.queue import Queue
 from tqbroker.model import Message
@@ -38,6 +39,13 @@ class Recorder:
         self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
     ) -> None:
         self.bodies.append(message.body)
+
+    def credit(self) -> int:
+        return UNLIMITED
+
+    def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
+        for message_id, message, redelivered in entries:
+            self.deliver(consumer, message_id, message, redelivered)
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         pass

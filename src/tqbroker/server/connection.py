@@ -279,6 +279,8 @@ class AMQPConnection:
         redelivered = write_delivers(
             writer.out, channel, consumer_tag, first_tag, entries, frame_max
         )
+        if TRACE is not None:
+            writer.traced.extend(TRACE.encoded(message.body) for _, message, _ in entries)
         if idle:
             writer.wake()
         return redelivered
