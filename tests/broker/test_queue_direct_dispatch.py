@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import trio.testing
 
-from tqbroker.backends.base import Popped
+from channel_double import RecordingChannel
 from tqbroker.backends.memory import MemoryQueueStore
 from tqbroker.broker import classic
 from tqbroker.broker.arguments import QueueArguments
 from tqbroker.broker.classic import ClassicQueue
-from tqbroker.broker.consumer import UNLIMITED, Consumer
+from tqbroker.broker.consumer import Consumer
 from tqbroker.broker.deadletter import Reason
 from tqbroker.broker.queue import Queue
 from tqbroker.model import Message
@@ -23,31 +23,6 @@ class Host:
         pass
 
     def queue_unused(self, queue: Queue) -> None:
-        pass
-
-
-class Recorder:
-    """The channel behind the consumer: records what it was handed."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-
-    def can_deliver(self) -> bool:
-        return True
-
-    def deliver(
-        self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
-    ) -> None:
-        self.bodies.append(message.body)
-
-    def credit(self) -> int:
-        return UNLIMITED
-
-    def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
-        for message_id, message, redelivered in entries:
-            self.deliver(consumer, message_id, message, redelivered)
-
-    def consumer_cancelled(self, consumer: Consumer) -> None:
         pass
 
 
@@ -70,7 +45,7 @@ async def test_lone_publish_delivered_at_once_burst_by_the_actor(
         auto_delete=False,
         arguments=QueueArguments.parse({}),
     )
-    channel = Recorder()
+    channel = RecordingChannel()
     consumer = Consumer(
         "c", queue, channel, no_ack=False, exclusive=False, prefetch_count=10, arguments={}
     )

@@ -14,42 +14,17 @@ import trio
 import trio.lowlevel
 import trio.testing
 
+from channel_double import RecordingChannel
 from tqbroker import clock
-from tqbroker.backends.base import Popped
 from tqbroker.backends.memory import MemoryBackend
 from tqbroker.broker.classic import EXPIRE_BATCH
-from tqbroker.broker.consumer import UNLIMITED, Consumer
+from tqbroker.broker.consumer import Consumer
 from tqbroker.broker.deadletter import parse_expiration
 from tqbroker.broker.queue import Queue, QueueFull
 from tqbroker.broker.vhost import VirtualHost
 from tqbroker.model import Message
 from tqbroker.plugins.loader import load_exchange_types
 from tqbroker.protocol.methods import BasicProperties
-
-
-class Recorder:
-    """A DeliveryChannel that records deliveries and never runs out of credit."""
-
-    def __init__(self) -> None:
-        self.deliveries: list[tuple[int, Message, bool]] = []
-
-    def can_deliver(self) -> bool:
-        return True
-
-    def deliver(
-        self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
-    ) -> None:
-        self.deliveries.append((message_id, message, redelivered))
-
-    def credit(self) -> int:
-        return UNLIMITED
-
-    def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
-        for message_id, message, redelivered in entries:
-            self.deliver(consumer, message_id, message, redelivered)
-
-    def consumer_cancelled(self, consumer: Consumer) -> None:
-        pass
 
 
 @pytest.fixture
@@ -102,8 +77,8 @@ def bodies(messages: list[Message]) -> list[bytes]:
     return [m.body for m in messages]
 
 
-def consume(queue: Queue) -> tuple[Consumer, Recorder]:
-    recorder = Recorder()
+def consume(queue: Queue) -> tuple[Consumer, RecordingChannel]:
+    recorder = RecordingChannel()
     consumer = Consumer(
         "c", queue, recorder, no_ack=False, exclusive=False, prefetch_count=0, arguments={}
     )

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from channel_double import RecordingChannel
 from tqbroker import clock
-from tqbroker.backends.base import Popped
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.stream import LogStream
 from tqbroker.broker.arguments import QueueArguments, parse_interval
-from tqbroker.broker.consumer import UNLIMITED, Consumer
+from tqbroker.broker.consumer import Consumer
 from tqbroker.broker.deadletter import Reason
 from tqbroker.broker.queue import Queue
 from tqbroker.broker.streams.queue import StreamQueue
@@ -211,26 +211,3 @@ async def test_a_reader_steps_over_compacted_offsets(
         assert offsets == sorted(offsets)
         assert offsets[-1] == 39  # ...and the reader went on to the end
         nursery.cancel_scope.cancel()
-
-
-class RecordingChannel:
-    def __init__(self) -> None:
-        self.delivered: list[tuple[int, Message]] = []
-
-    def can_deliver(self) -> bool:
-        return True
-
-    def deliver(
-        self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
-    ) -> None:
-        self.delivered.append((message_id, message))
-
-    def credit(self) -> int:
-        return UNLIMITED
-
-    def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
-        for message_id, message, redelivered in entries:
-            self.deliver(consumer, message_id, message, redelivered)
-
-    def consumer_cancelled(self, consumer: Consumer) -> None:
-        pass
