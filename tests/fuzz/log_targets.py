@@ -15,9 +15,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tqbroker.backends.log.compaction import read_file_records
 from tqbroker.backends.log.format import RecordError, decode_frame, encode_record
 from tqbroker.backends.log.recovery import load_segment, scan_segment
-from tqbroker.backends.log.segment import Segment, read_file_records, segment_name
+from tqbroker.backends.log.segment import Segment, segment_name
 from tqbroker.filecache import Directory
 from tqbroker.model import Message
 

@@ -3,15 +3,17 @@
 ``compact`` is a pass's work, run in a worker thread: find the latest record of every key across
 the segments as the pass planned them, then write, in a scratch directory, a copy of each closed
 segment that holds records to remove (offsets unchanged, fsync'd). ``LogStream`` plans the pass
-and installs the copies (``stream.py``).
+and installs the copies (``stream.py``). ``read_file_records`` reads a snapshot of a record file
+(through a descriptor of its own), a batch's records as records of their own.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -21,8 +23,8 @@ from ... import fsio
 from ...filecache import Directory
 from ...fsutil import fsync_dir
 from ..streams import CompactionPolicy
-from .format import RecordError
-from .segment import Segment, read_file_records
+from .format import Batch, Record, RecordError, decode_frame, encode_record
+from .segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -192,3 +194,35 @@ def _rewrite(
         out.delete()
         return SegmentSwap(source.segment, None, removed)
     return SegmentSwap(source.segment, out, removed)
+
+
+def read_file_records(path: Path, size: int) -> Iterator[tuple[Record, bytes]]:
+    """The records in the first ``size`` bytes of the record file at ``path``, each with its
+    bytes as a single record (a batch's records are encoded as records of their own), in
+    order: a snapshot read by a worker thread through a descriptor of its own (the file may be
+    appended to meanwhile, or unlinked). Raises ``RecordError`` at the first damaged frame (or
+    one whose offsets are not above the one before), OSError if the file is gone."""
+    if size == 0:
+        return
+    with (
+        open(path, "rb") as file,
+        mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) as mapped,
+        memoryview(mapped) as view,
+    ):
+        pos, least = 0, 0
+        while pos < size:
+            frame = decode_frame(view, pos)
+            if frame is None:
+                raise RecordError(f"record at {path}:{pos} is cut short")
+            if frame.offset < least:
+                raise RecordError(f"offset {frame.offset} at {path}:{pos}, {least} or more due")
+            if isinstance(frame, Batch):
+                for record in frame.records:
+                    raw = encode_record(
+                        record.offset, record.timestamp_ms, record.flags, record.message
+                    )
+                    yield record, raw
+            else:
+                yield frame, bytes(view[pos : pos + frame.size])
+            pos += frame.size
+            least = frame.last_offset + 1

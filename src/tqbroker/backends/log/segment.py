@@ -14,9 +14,8 @@ Responsibilities:
   decodes it once); a damaged frame (a flipped bit) is stepped over, so only it is lost; and
   every intact record from an offset on, in order;
 - the primitives recovery (``recovery.py``) rebuilds a segment with;
-- compaction's side: ``read_file_records`` reads a snapshot of a record file in a worker thread;
-  ``install`` moves a compacted copy, written as a segment of its own elsewhere, over the files
-  of the segment it replaces.
+- compaction's side: ``install`` moves a compacted copy, written as a segment of its own
+  elsewhere, over the files of the segment it replaces.
 
 The segment never fsyncs by itself; ``sync`` (run by the flusher's worker thread) does, the
 record file alone while the segment is active, the indexes too once it is sealed. Its three
@@ -40,12 +39,10 @@ from .format import (
     INDEX_ENTRY,
     RECORD_HEAD,
     TIME_ENTRY,
-    Batch,
     Frame,
     Record,
     RecordError,
     decode_frame,
-    encode_record,
 )
 from .index import SparseIndex
 
@@ -496,38 +493,6 @@ class Segment:
             fsio.fs.unlink(directory.path / file.name, missing_ok=True)
         for file in self.files:
             filecache.files.move_file(file, directory)
-
-
-def read_file_records(path: Path, size: int) -> Iterator[tuple[Record, bytes]]:
-    """The records in the first ``size`` bytes of the record file at ``path``, each with its
-    bytes as a single record (a batch's records are encoded as records of their own), in
-    order: a snapshot read by a worker thread through a descriptor of its own (the file may be
-    appended to meanwhile, or unlinked). Raises ``RecordError`` at the first damaged frame (or
-    one whose offsets are not above the one before), OSError if the file is gone."""
-    if size == 0:
-        return
-    with (
-        open(path, "rb") as file,
-        mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) as mapped,
-        memoryview(mapped) as view,
-    ):
-        pos, least = 0, 0
-        while pos < size:
-            frame = decode_frame(view, pos)
-            if frame is None:
-                raise RecordError(f"record at {path}:{pos} is cut short")
-            if frame.offset < least:
-                raise RecordError(f"offset {frame.offset} at {path}:{pos}, {least} or more due")
-            if isinstance(frame, Batch):
-                for record in frame.records:
-                    raw = encode_record(
-                        record.offset, record.timestamp_ms, record.flags, record.message
-                    )
-                    yield record, raw
-            else:
-                yield frame, bytes(view[pos : pos + frame.size])
-            pos += frame.size
-            least = frame.last_offset + 1
 
 
 def first_at_or_after(frame: Frame, offset: int) -> int | None:
