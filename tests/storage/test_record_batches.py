@@ -5,6 +5,7 @@ reads, takes batches after its records and survives a crash."""
 
 from __future__ import annotations
 
+import errno
 import shutil
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from tqbroker.backends.log.format import (
     encode_batch,
     parse_frame,
 )
+from tqbroker.backends.log.log import Log
 from tqbroker.backends.log.stream import LogStream
 from tqbroker.model import Message
 from tqbroker.protocol.methods import BasicProperties
@@ -214,4 +216,42 @@ def test_a_torn_batch_is_lost_whole_at_recovery(tmp_path: Path) -> None:
     stream.append(Message("", "k", b"\x00\x00", b"after", timestamp_ms=T0))
     _flush(backend)
     assert stream.read(30).message.body == b"after"  # type: ignore[union-attr]
+    backend.close()
+
+
+def test_a_batch_the_log_cannot_take_stays_open_and_keeps_its_offsets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors when a batch needs a new segment: the publish that would have
+    overflowed is refused, the open batch keeps its records and offsets, and the next flush
+    writes them (nothing lost, no offset given twice)."""
+    backend = LogBackend(segment_bytes=4096, index_interval_bytes=256)
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    assert isinstance(stream, LogStream)
+    for n in range(30):  # the first segment: ~1.6 KiB
+        stream.append(Message("", "k", b"\x00\x00", b"a%02d" % n + b"." * 50, timestamp_ms=T0))
+    _flush(backend)
+    real_roll = Log._roll
+
+    def no_descriptors(self: Log, base_offset: int) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(Log, "_roll", no_descriptors)
+    offsets: list[int] = []
+
+    def fill() -> None:
+        for n in range(200):
+            body = b"b%03d" % n + b"." * 50
+            offsets.append(stream.append(Message("", "k", b"\x00\x00", body, timestamp_ms=T0)))
+
+    with pytest.raises(OSError, match="Too many open files"):
+        fill()
+    assert offsets == list(range(30, 30 + len(offsets)))
+    assert stream.next_offset == 30 + len(offsets)  # the refused publish took no offset
+    monkeypatch.setattr(Log, "_roll", real_roll)
+    _flush(backend)
+    assert stream.durable_end == 30 + len(offsets)
+    bodies = [r.message.body[:4] for r in stream.read_many(30, stream.durable_end, 1000)]
+    assert bodies == [b"b%03d" % n for n in range(len(offsets))]
     backend.close()

@@ -207,8 +207,8 @@ class Log:
     def append_batch(self, entries: list[tuple[int, int, Message]]) -> int:
         """Append ``entries`` (``(timestamp_ms, flags, message)``; a timestamp of 0: now) as
         one record batch (buffered; one entry is written as a record); return the first
-        offset. The batch goes to the record
-        cache too."""
+        offset. The batch goes to the record cache too. All or nothing: OSError (a segment to
+        roll to cannot be created) leaves the log as it was."""
         now = 0
         if any(entry[0] == 0 for entry in entries):
             now = _now_ms()

@@ -125,7 +125,10 @@ class LogStream:
         batch.append((message.timestamp_ms, FLAG_PERSISTENT, message))
         self._batch_bytes += size
         if len(batch) >= MAX_BATCH_RECORDS or self._batch_bytes >= MAX_BATCH_BYTES:
-            self.seal()
+            # The record is in the batch now: a failure to write it out (no descriptor for a
+            # new segment) is the next flush's to retry and report, not this publish's.
+            with contextlib.suppress(OSError):
+                self.seal()
         return offset
 
     def _batch_room(self) -> int:
@@ -136,11 +139,13 @@ class LogStream:
         return left if left >= self._batch_bytes else log.segment_bytes
 
     def seal(self) -> None:
-        """Write the open batch into the log (buffered, as one frame)."""
+        """Write the open batch into the log (buffered, as one frame). Raises OSError when
+        the log cannot take it (a segment to roll to cannot be created): the batch then stays
+        open, its offsets kept, and the next seal tries again."""
         if self._batch:
-            batch, self._batch, self._batch_bytes = self._batch, [], 0
+            self.log.append_batch(self._batch)  # all or nothing
+            self._batch, self._batch_bytes = [], 0
             self.batch_generation += 1
-            self.log.append_batch(batch)
 
     def read(self, offset: int) -> Record | None:
         """The record at ``offset``; None below the first offset, at the end, for an offset
