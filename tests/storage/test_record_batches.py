@@ -25,7 +25,10 @@ from tqbroker.backends.log.format import (
     parse_frame,
 )
 from tqbroker.backends.log.log import Log
-from tqbroker.backends.log.stream import LogStream
+from tqbroker.backends.log.stream import MAX_BATCH_BYTES, MAX_BATCH_RECORDS, LogStream
+from tqbroker.broker.arguments import QueueArguments
+from tqbroker.broker.flusher import Flusher
+from tqbroker.broker.streams.queue import StreamQueue
 from tqbroker.model import Message
 from tqbroker.protocol.methods import BasicProperties
 
@@ -254,4 +257,42 @@ def test_a_batch_the_log_cannot_take_stays_open_and_keeps_its_offsets(
     assert stream.durable_end == 30 + len(offsets)
     bodies = [r.message.body[:4] for r in stream.read_many(30, stream.durable_end, 1000)]
     assert bodies == [b"b%03d" % n for n in range(len(offsets))]
+    backend.close()
+
+
+@pytest.mark.parametrize("first", ["a-full-batch", "one-big-message"])
+async def test_a_publish_after_a_flush_began_never_rides_its_ticket(
+    tmp_path: Path, first: str
+) -> None:
+    """The ticket of a batch that an append sealed (it filled up) is covered by the next
+    flush; a publish made while that flush runs goes into a new batch, which that flush does
+    not write: it must wait for a later ticket (it was acked before the fsync once)."""
+    backend = LogBackend(segment_bytes=8 << 20)
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    flusher = Flusher(backend)
+    queue = StreamQueue(
+        "/",
+        "s",
+        stream,
+        host=None,  # type: ignore[arg-type]
+        backend_name="log",
+        arguments=QueueArguments.parse({"x-queue-type": "stream"}),
+        flusher=flusher,
+    )
+    if first == "a-full-batch":
+        for n in range(MAX_BATCH_RECORDS):  # the last append seals the batch it fills
+            queue.publish(Message("", "k", b"\x00\x00", b"%d" % n, timestamp_ms=T0))
+    else:
+        queue.publish(Message("", "k", b"\x00\x00", b"x" * MAX_BATCH_BYTES, timestamp_ms=T0))
+    covering = flusher.requested  # what Flusher.run does: the flush covers what was asked...
+    work = backend.begin_flush()  # ... and begins
+    late = queue.publish(Message("", "k", b"\x00\x00", b"late", timestamp_ms=T0))
+    assert work is not None
+    work()
+    flusher.completed = covering  # the flush is over
+    assert late is not None
+    _commit, ticket = late
+    assert ticket > flusher.completed, "confirmed before the flush that writes it"
+    assert stream.durable_end == stream.next_offset - 1  # the late record: not durable yet
     backend.close()

@@ -95,11 +95,12 @@ class StreamLog(Protocol):
 
     @property
     def batch_generation(self) -> int:
-        """Changes whenever appends made so far become durable by a later flush than before:
-        a backend that batches appends (one frame per batch) moves it when it closes a batch.
-        While it has not changed, a new append rides the same flush as the appends before
-        it, so one flush ticket serves the whole batch. (A backend that writes each append
-        at once may change it on every append.)"""
+        """While it stays the same, every append is made durable by the same flush as the
+        appends before it, so one flush ticket (taken after the first of them) serves them
+        all. A backend that batches appends moves it when it closes a batch and at every
+        ``begin_flush`` (a ticket taken before a flush began is covered by that flush, which
+        may not cover later appends); one that writes each append at once may move it on
+        every append."""
         ...
 
     @property

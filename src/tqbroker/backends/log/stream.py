@@ -83,7 +83,9 @@ class LogStream:
         # a message never stamped (0) gets the time of the seal.
         self._batch: list[tuple[int, int, Message]] = []
         self._batch_bytes = 0
-        self.batch_generation = 0  # changes each time the open batch is sealed
+        # Changes each time the open batch is sealed and each time a flush begins: appends
+        # under one generation are made durable by the same flush (``StreamLog``).
+        self.batch_generation = 0
 
     def open(self) -> None:
         try:
@@ -307,6 +309,10 @@ class LogStream:
         false), record the recovery point, delete segments past retention, close the segments
         compaction replaced and make its renames durable."""
         self.seal()
+        # A flush begins: a flush ticket taken before now is covered by it, so appends from
+        # now on need a later one (even when no batch was open: the last may have been sealed
+        # by an append that filled it).
+        self.batch_generation += 1
         written = self.log.next_offset
         if fsync:
             sync = self.log.sync_work()
