@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -43,15 +43,14 @@ class DeliveryPass:
     _wakeup: trio.Event
     _dispatched_at: int  # the last pass (perf_counter_ns): ``ClassicQueue.publish`` reads it
 
-    def _take(self, expire_at_most: float = math.inf) -> Popped | FlushFirst | None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by ``ClassicQueue``
 
-    def _settle(self, message_id: int) -> None:
-        raise NotImplementedError
+        def _take(self, expire_at_most: float = math.inf) -> Popped | FlushFirst | None: ...
 
-    def _after_flush(self) -> None:
-        """The store must flush before it hands out more: run the pass again after it."""
-        raise NotImplementedError
+        def _settle(self, message_id: int) -> None: ...
+
+        def _after_flush(self) -> None:
+            """The store must flush before it hands out more: run the pass again after it."""
 
     def _dispatch(self) -> None:
         self._dispatched_at = time.perf_counter_ns()

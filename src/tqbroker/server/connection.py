@@ -67,7 +67,7 @@ from .addresses import UNKNOWN, local_address, peer_address, socket_of, text
 from .channel import Channel
 from .deliveries import AckTimeouts
 from .dispatch import dispatch
-from .encoding import write_deliver, write_delivers, write_get_ok, write_return
+from .encoding import write_get_ok, write_return
 from .flow import PublisherFlow
 from .handshake import Handshake, HangUp
 from .latency_trace import TRACE
@@ -255,47 +255,23 @@ class AMQPConnection:
         redelivered: bool,
         message: Message,
     ) -> None:
-        writer = self.writer
-        out = writer.out
-        # The writer, once woken, sends what ``out`` holds until it is empty (every append to
-        # it wakes the writer): only the delivery that finds it empty needs to wake it, once
-        # per send rather than once per delivery; that one may go out at once, from this task
-        # (``send_or_wake``: a scheduling hop less for a lone delivery).
-        idle = not out
-        write_deliver(
-            out, message, channel, consumer_tag, delivery_tag, redelivered, self.protocol.frame_max
+        self.writer.deliver(
+            channel, consumer_tag, delivery_tag, redelivered, message, self.protocol.frame_max
         )
-        if TRACE is not None:
-            writer.traced.append(TRACE.encoded(message.body))
-        if idle:
-            writer.send_or_wake()
 
     def write_delivers(
         self, channel: int, consumer_tag: bytes, first_tag: int, entries: list[Popped]
     ) -> int:
-        writer = self.writer
-        idle = not writer.out  # as in ``write_deliver``: one wake-up per send
-        frame_max = self.protocol.frame_max
-        redelivered = write_delivers(
-            writer.out, channel, consumer_tag, first_tag, entries, frame_max
+        return self.writer.deliver_many(
+            channel, consumer_tag, first_tag, entries, self.protocol.frame_max
         )
-        if TRACE is not None:
-            writer.traced.extend(TRACE.encoded(message.body) for _, message, _ in entries)
-        if idle:
-            writer.wake()
-        return redelivered
 
     def write_get_ok(
         self, channel: int, delivery_tag: int, redelivered: bool, message: Message, left: int
     ) -> None:
+        out = self.writer.out
         write_get_ok(
-            self.writer.out,
-            channel,
-            delivery_tag,
-            redelivered,
-            message,
-            left,
-            self.protocol.frame_max,
+            out, channel, delivery_tag, redelivered, message, left, self.protocol.frame_max
         )
         self.writer.wake()
 

@@ -26,8 +26,11 @@ from collections.abc import Callable
 
 import trio
 
+from ..backends.base import Popped
 from ..broker.stats import ConnectionStats
+from ..model import Message
 from ..protocol.frames import HEARTBEAT_FRAME
+from .encoding import write_deliver, write_delivers
 from .latency_trace import TRACE
 
 log = logging.getLogger(__name__)
@@ -102,6 +105,46 @@ class ConnectionWriter:
                         return
                     del out[:sent]
         self._wakeup.set()
+
+    def deliver(
+        self,
+        channel: int,
+        consumer_tag: bytes,
+        delivery_tag: int,
+        redelivered: bool,
+        message: Message,
+        frame_max: int,
+    ) -> None:
+        """Append a ``basic.deliver`` with its content. The writer, once woken, sends what
+        ``out`` holds until it is empty (every append to it wakes the writer): only the
+        delivery that finds it empty needs to wake it, once per send rather than once per
+        delivery; that one may go out at once, from this task (``send_or_wake``: a scheduling
+        hop less for a lone delivery)."""
+        idle = not self.out
+        write_deliver(
+            self.out, message, channel, consumer_tag, delivery_tag, redelivered, frame_max
+        )
+        if TRACE is not None:
+            self.traced.append(TRACE.encoded(message.body))
+        if idle:
+            self.send_or_wake()
+
+    def deliver_many(
+        self,
+        channel: int,
+        consumer_tag: bytes,
+        first_tag: int,
+        entries: list[Popped],
+        frame_max: int,
+    ) -> int:
+        """``deliver`` for a batch (tags from ``first_tag``); how many were redelivered."""
+        idle = not self.out
+        redelivered = write_delivers(self.out, channel, consumer_tag, first_tag, entries, frame_max)
+        if TRACE is not None:
+            self.traced.extend(TRACE.encoded(message.body) for _, message, _ in entries)
+        if idle:
+            self.wake()
+        return redelivered
 
     def clear(self) -> None:
         """Drop what was not sent yet (the connection is being dropped)."""

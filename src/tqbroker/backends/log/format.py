@@ -120,6 +120,20 @@ class Batch:
 Frame = Record | Batch
 
 
+def first_at_or_after(frame: Frame, offset: int) -> int | None:
+    """The index in ``frame.records`` of the first record at or after ``offset``."""
+    records = frame.records
+    i = offset - frame.offset
+    if i <= 0:
+        return 0
+    if i < len(records) and records[i].offset == offset:
+        return i  # no gap before it (a batch is never compacted in place)
+    for j, record in enumerate(records):
+        if record.offset >= offset:
+            return j
+    return None
+
+
 def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> bytes:
     """A record batch of ``entries`` (``(timestamp_ms, flags, message)``), offsets from
     ``base_offset`` on."""

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from ... import filecache, fsio
 from ...filecache import Directory
@@ -39,10 +39,12 @@ from .format import (
     RecordError,
     encode_batch,
     encode_record,
+    first_at_or_after,
     parse_frame,
 )
 from .recovery import load_segment, scan_segment
-from .segment import Segment, first_at_or_after
+from .retention import past_retention
+from .segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -455,22 +457,12 @@ class Log:
         max_age_ms: int | None = None,
         now_ms: int | None = None,
     ) -> list[Segment]:
-        """Detach the oldest segments that retention removes, Kafka's way, per whole segment:
-        while dropping the oldest still leaves at least ``max_bytes``, or while the oldest's
-        newest record is older than ``max_age_ms``. The active segment always stays. The
-        caller deletes them (``Segment.delete``)."""
+        """Detach the oldest segments that retention removes (``retention.past_retention``;
+        never the active one). The caller deletes them (``Segment.delete``)."""
         now_ms = _now_ms() if now_ms is None else now_ms
-        total = sum(s.size for s in self.segments)
-        removed: list[Segment] = []
-        while len(self.segments) > 1:
-            oldest = self.segments[0]
-            too_big = max_bytes is not None and total - oldest.size >= max_bytes
-            too_old = max_age_ms is not None and oldest.max_timestamp < now_ms - max_age_ms
-            if not (too_big or too_old):
-                break
-            removed.append(self.segments.pop(0))
-            self._bases.pop(0)
-            total -= oldest.size
+        count = past_retention(self.segments, max_bytes, max_age_ms, now_ms)
+        removed = self.segments[:count]
+        del self.segments[:count], self._bases[:count]
         return removed
 
     def move(self, target: Path) -> None:
@@ -492,22 +484,6 @@ class Log:
         self.segments.clear()
         self._bases.clear()
         self.cache.unregister(self._cache_id)
-
-
-class ChangeFlag:
-    """A store's boolean "the next flush has work" attribute (a descriptor): setting it True
-    also tells the backend, through the store's ``log.changed``."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = "_flag" + name
-
-    def __get__(self, store: object, owner: type | None = None) -> bool:
-        return bool(getattr(store, self._name, False))
-
-    def __set__(self, store: Any, dirty: bool) -> None:
-        setattr(store, self._name, dirty)
-        if dirty:
-            store.log.changed()
 
 
 def _nothing() -> None:

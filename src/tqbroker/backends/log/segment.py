@@ -43,6 +43,7 @@ from .format import (
     Record,
     RecordError,
     decode_frame,
+    first_at_or_after,
 )
 from .index import SparseIndex
 
@@ -493,17 +494,3 @@ class Segment:
             fsio.fs.unlink(directory.path / file.name, missing_ok=True)
         for file in self.files:
             filecache.files.move_file(file, directory)
-
-
-def first_at_or_after(frame: Frame, offset: int) -> int | None:
-    """The index in ``frame.records`` of the first record at or after ``offset``."""
-    records = frame.records
-    i = offset - frame.offset
-    if i <= 0:
-        return 0
-    if i < len(records) and records[i].offset == offset:
-        return i  # no gap before it (a batch is never compacted in place)
-    for j, record in enumerate(records):
-        if record.offset >= offset:
-            return j
-    return None

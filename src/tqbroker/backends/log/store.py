@@ -33,8 +33,9 @@ import cbor2
 from ...fsutil import atomic_write
 from ...model import Message
 from ..base import FLUSH_FIRST, FlushFirst, Popped
+from .changeflag import ChangeFlag
 from .format import FLAG_PERSISTENT, Record
-from .log import RESOURCE_ERRNOS, ChangeFlag, Log
+from .log import RESOURCE_ERRNOS, Log
 from .ranges import RangeSet
 from .segment import Segment
 

@@ -42,9 +42,10 @@ from ... import fsio
 from ...fsutil import atomic_write, fsync_dir
 from ...model import Message
 from ..streams import CompactionPolicy
+from .changeflag import ChangeFlag
 from .compaction import CompactionResult, Source, compact
 from .format import BATCH_OVERHEAD, ENTRY_OVERHEAD, FLAG_PERSISTENT, Record
-from .log import COMPACTION_DIR, RESOURCE_ERRNOS, ChangeFlag, Log
+from .log import COMPACTION_DIR, RESOURCE_ERRNOS, Log
 from .segment import Segment
 
 log = logging.getLogger(__name__)
