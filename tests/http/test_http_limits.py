@@ -120,7 +120,9 @@ def test_credentials_are_checked_before_a_body_is_read(
     broker: BrokerProcess, canary: Canary
 ) -> None:
     """Every route that takes a body answers 401 to a request without (valid) credentials
-    while the body it announced (50 MB) has not been sent at all."""
+    while the body it announced (50 MB) has not been sent at all, and says ``connection:
+    close``: the server closes the connection after it, and a client told nothing would send
+    its next request on that connection (httpx then sees "Server disconnected")."""
     routes = body_routes()
     assert len(routes) >= 15, routes  # the table was found
     wrong = b"authorization: Basic " + base64.b64encode(b"guest:wrong") + b"\r\n"
@@ -139,6 +141,8 @@ def test_credentials_are_checked_before_a_body_is_read(
     for method, path, data in answers:
         # 401; or 429 should a failed-login rate limit answer first: never the body read.
         assert status(data) in (401, 429), (method, path, data[:200])
+        head = data.partition(b"\r\n\r\n")[0].lower()
+        assert b"\r\nconnection: close" in head, (method, path, head)
 
 
 def test_an_unauthenticated_huge_body_costs_no_memory(
@@ -187,6 +191,7 @@ def test_a_body_that_does_not_come_is_answered_408(broker: BrokerProcess, canary
             data = response(sock, BODY_TIMEOUT + 3)
             assert status(data) == 408, data[:200]
             assert b"did not arrive" in data
+            assert b"\r\nconnection: close" in data.partition(b"\r\n\r\n")[0].lower()
     finally:
         stop.set()
         dripping.join()

@@ -67,8 +67,8 @@ def create_app(broker: Broker, connections: Connections) -> Starlette:
         ],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[
-            Middleware(ValidPaths),
             Middleware(BodyDeadline, timeout=broker.config.http_body_timeout),
+            Middleware(ValidPaths),
             Middleware(RawApiPaths),
         ],
     )

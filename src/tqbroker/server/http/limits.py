@@ -14,7 +14,9 @@ Responsibilities:
 - ``BodyDeadline``: an ASGI middleware bounding the wait for a request body: it must arrive
   within ``body_timeout`` seconds, plus one second per ``BODY_RATE`` bytes received (a slow
   but steady upload goes on; a client that sends headers and then nothing, or a trickle, is
-  answered 408 and its connection closed);
+  answered 408 and its connection closed); and a response sent before the request's body is
+  all in says ``connection: close`` (hypercorn closes such a connection after the response, and
+  a client told nothing would send its next request on it and find it gone);
 - ``ValidPaths``: an ASGI middleware refusing (400) a request path whose percent-encoding is
   malformed or does not decode to UTF-8 text (``%FF``, ``%ED%A0%80``): such names would
   otherwise all decode to U+FFFD and name the same topic.
@@ -192,16 +194,17 @@ class BodyDeadline:
         deadline = trio.current_time() + self.timeout
         received = 0
         complete = False
+        body_in = False  # the whole body arrived (not: the wait for it was given up)
 
         async def bounded() -> Message:
-            nonlocal received, complete
+            nonlocal received, complete, body_in
             if complete:  # the body is in: waiting for a disconnect is not bounded
                 return await receive()
             with trio.move_on_at(deadline + received / BODY_RATE):
                 message = await receive()
                 if message["type"] == "http.request":
                     received += len(message.get("body", b""))
-                    complete = not message.get("more_body", False)
+                    complete = body_in = not message.get("more_body", False)
                 else:
                     complete = True
                 return message
@@ -209,7 +212,20 @@ class BodyDeadline:
             complete = True
             return {"type": "http.disconnect"}
 
-        await self.app(scope, bounded, send)
+        has_body = any(
+            (name == b"content-length" and value.strip() != b"0") or name == b"transfer-encoding"
+            for name, value in scope["headers"]
+        )
+
+        async def closing_if_unread(message: Message) -> None:
+            if message["type"] == "http.response.start" and has_body and not body_in:
+                headers = [
+                    (k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"
+                ]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, bounded, closing_if_unread)
 
 
 def body_timed_out(scope: MutableMapping[str, Any]) -> bool:
