@@ -4,7 +4,7 @@ runs out of credit (the ``DeliveryChannel`` a ``Consumer`` is given)."""
 from __future__ import annotations
 
 from tqbroker.backends.base import Popped
-from tqbroker.broker.consumer import UNLIMITED, Consumer
+from tqbroker.broker.consumer import UNLIMITED, Consumer, EncodedDelivery
 from tqbroker.model import Message
 
 
@@ -34,6 +34,13 @@ class RecordingChannel:
     def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
         for message_id, message, redelivered in entries:
             self.deliver(consumer, message_id, message, redelivered)
+
+    def deliver_encoded(self, consumer: Consumer, entries: list[EncodedDelivery]) -> None:
+        for message_id, names, properties, body in entries:
+            exchange = names[1 : 1 + names[0]].decode()
+            routing_key = names[2 + names[0] :].decode()
+            message = Message(exchange, routing_key, properties, bytes(body))
+            self.deliver(consumer, message_id, message, False)
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         pass

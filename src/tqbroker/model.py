@@ -8,7 +8,7 @@ Responsibilities:
   milliseconds); TTLs count from it and durable backends store it with the message;
 - ``delivery_cache``: an opaque slot owned by the server layer (``server/encoding.py`` keeps
   the message's encoded ``basic.deliver`` parts there); the model never reads it;
-- ``with_long_header``: a copy with one more header, spliced into the encoded properties;
+- ``with_long_header``: encoded properties with one more header, spliced in;
 - ``shared_raw``: small property blocks shared between messages (one object per distinct block).
 """
 
@@ -105,21 +105,22 @@ class Message:
             timestamp_ms=self.timestamp_ms,
         )
 
-    def with_long_header(self, name: str, value: int) -> Message:
-        """A copy with header ``name`` set to ``value`` as a signed 64-bit long (``Long``), at the
-        end of the headers unless it was there. The header is spliced into the encoded properties
-        (``codec.add_long_header``), without decoding and re-encoding them; if it cannot be
-        (``name`` may already be there), this is ``with_headers``."""
-        raw = _splicer.splice(self.properties_raw, name, value)
-        if raw is None:
-            headers = self.properties.headers or {}
-            return self.with_headers({**headers, name: Long(value)})
-        return Message(
-            self.exchange, self.routing_key, raw, self.body, timestamp_ms=self.timestamp_ms
-        )
-
     def __repr__(self) -> str:
         return (
             f"Message(exchange={self.exchange!r}, routing_key={self.routing_key!r}, "
             f"body={self.body[:32]!r}{'...' if len(self.body) > 32 else ''})"
         )
+
+
+def with_long_header(properties_raw: bytes, name: str, value: int) -> bytes:
+    """Encoded properties ``properties_raw`` with header ``name`` set to ``value`` as a signed
+    64-bit long (``Long``), at the end of the headers unless it was there. The header is spliced
+    into the encoded properties (``codec.LongHeaderSplicer``: the bytes the publisher sent are
+    kept), without decoding and re-encoding them; if it cannot be (``name`` may already be
+    there), the properties are decoded, the header set, and encoded again."""
+    raw = _splicer.splice(properties_raw, name, value)
+    if raw is None:
+        properties = decode_properties(properties_raw)
+        headers = {**(properties.headers or {}), name: Long(value)}
+        raw = attrs.evolve(properties, headers=headers).encode()
+    return raw

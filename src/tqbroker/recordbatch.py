@@ -126,12 +126,12 @@ def encode_read_parts(
     next_offset: int,
     offsets: array,  # type: ignore[type-arg]
     timestamps_ms: array,  # type: ignore[type-arg]
-    columns: Sequence[tuple[Iterable[int], Sequence[bytes]]],
+    columns: Sequence[tuple[Iterable[int], Sequence[bytes | memoryview]]],
 ) -> bytes:
     """``encode_read`` of columns given as (each item's length, pieces that make up the data):
     the pieces are copied once, straight into the body (a body of several MiB built in steps
     costs a page fault every 4 KiB of each step's copy)."""
-    parts = [
+    parts: list[bytes | memoryview] = [
         _READ_HEAD.pack(READ_MAGIC, len(offsets), next_offset),
         _pack(offsets),
         _pack(timestamps_ms),

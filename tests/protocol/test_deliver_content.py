@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 from tqbroker.model import Message
 from tqbroker.protocol import frames
 from tqbroker.protocol.methods import BasicProperties
-from tqbroker.server.encoding import encoded_names, write_deliver, write_delivers
+from tqbroker.server.encoding import (
+    encoded_names,
+    write_deliver,
+    write_delivers,
+    write_encoded_delivers,
+)
 
 from .strategies import basic_properties, shortstrs
 
@@ -111,6 +116,40 @@ def test_a_batch_gives_the_same_bytes(
             expected += reference(message, delivery)
         assert out == expected
         assert count == sum(redelivered for _id, _m, redelivered in batch)
+
+
+@SETTINGS
+@given(
+    st.lists(st.tuples(shortstrs, shortstrs, basic_properties, bodies), min_size=1, max_size=5),
+    st.sampled_from([1, 2, 65535]),
+    shortstrs,
+    st.integers(1, 2**63),
+    frame_maxes,
+)
+def test_encoded_parts_give_the_same_bytes(
+    messages: list[tuple[str, str, BasicProperties, bytes]],
+    channel: int,
+    tag: str,
+    first_tag: int,
+    frame_max: int,
+) -> None:
+    """``write_encoded_delivers`` (a stream's records as they lie in its log: names, properties
+    and a view of the body) writes what ``frames.write_deliver`` does for each."""
+    batch = [
+        (
+            i,
+            frames.shortstr(exchange) + frames.shortstr(key),
+            properties.encode(),
+            memoryview(b"<" + body + b">")[1:-1],
+        )
+        for i, (exchange, key, properties, body) in enumerate(messages)
+    ]
+    out, expected = bytearray(b"before"), bytearray(b"before")
+    write_encoded_delivers(out, channel, frames.shortstr(tag), first_tag, batch, frame_max)
+    for i, (exchange, key, properties, body) in enumerate(messages):
+        message = Message(exchange, key, properties.encode(), body)
+        expected += reference(message, (channel, tag, first_tag + i, False, frame_max))
+    assert out == expected
 
 
 def test_content_is_kept_from_the_second_delivery_for_one_channel() -> None:

@@ -9,8 +9,9 @@ import errno
 import shutil
 from pathlib import Path
 
+import google_crc32c
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tqbroker.backends.log import LogBackend
@@ -75,6 +76,13 @@ def test_a_batch_decodes_to_its_records(drawn: list, base: int) -> None:  # type
         got = record.message
         assert (got.exchange, got.routing_key) == (message.exchange, message.routing_key)
         assert (got.properties_raw, got.body) == (message.properties_raw, message.body)
+        # What deliveries and the bulk read copy out, without building the message.
+        names, properties, body = record.parts()
+        exchange, key = message.exchange.encode(), message.routing_key.encode()
+        assert names == bytes((len(exchange),)) + exchange + bytes((len(key),)) + key
+        assert (properties, bytes(body)) == (message.properties_raw, message.body)
+        key_bytes, value = record.key_and_value
+        assert (key_bytes, bytes(value)) == (key, message.body)
     again = parse_frame(raw)  # the cache's path: no CRC
     assert [r.message.body for r in again.records] == [m.body for _, _, m in batch]
     if len(batch) > 1:
@@ -91,6 +99,41 @@ def test_a_damaged_or_cut_batch_is_never_read_as_records(drawn: list, data: st.D
     raw[at] ^= data.draw(st.integers(1, 255))
     with pytest.raises(RecordError):
         decode_frame(bytes(raw), 0)
+
+
+# Names of up to 255 bytes: random bytes, UTF-8 text, and text after a lone continuation byte
+# (with a length byte of 0xC2-0xDF before it, the two together read as one valid character).
+names = st.one_of(
+    st.binary(max_size=255),
+    st.text(max_size=60).map(lambda t: t.encode()[:200]),
+    st.builds(lambda c, n: bytes((c,)) + b"a" * n, st.integers(0x80, 0xBF), st.integers(0, 254)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(names, names, st.booleans())
+@example(b"\xa9" + b"a" * 193, b"k", False)  # length 0xC2, then 0xA9: U+00A9 if read as one
+@example(b"e", b"\xa9" + b"a" * 193, True)
+def test_names_that_are_not_utf8_are_refused(exchange: bytes, key: bytes, batch: bool) -> None:
+    """A frame whose CRC is right but whose exchange or routing key is not UTF-8 (its length
+    byte need not be ASCII) is refused whole, as a damaged one."""
+    placeholder = Message("e" * len(exchange), "k" * len(key), b"", b"body")
+    raw = bytearray(encode_batch(3, [(T0, 0, placeholder)] * (2 if batch else 1)))
+    names = bytes((len(exchange),)) + exchange + bytes((len(key),)) + key
+    wanted = bytes((len(exchange),)) + b"e" * len(exchange) + bytes((len(key),)) + b"k" * len(key)
+    at = raw.index(wanted)
+    raw[at : at + len(names)] = names
+    raw[4:8] = google_crc32c.value(bytes(raw[8:])).to_bytes(4, "big")
+    try:
+        exchange.decode(), key.decode()
+    except UnicodeDecodeError:
+        with pytest.raises(RecordError):
+            decode_frame(bytes(raw), 0)
+        return
+    frame = decode_frame(bytes(raw), 0)
+    assert frame is not None
+    got = frame.records[0].message
+    assert (got.exchange, got.routing_key) == (exchange.decode(), key.decode())
 
 
 def _copy_format1(tmp_path: Path) -> Path:

@@ -55,6 +55,17 @@ class StreamRecord(Protocol):
     @property
     def message(self) -> Message: ...
 
+    def parts(self) -> tuple[bytes, bytes, bytes | memoryview]:
+        """The message's exchange and routing key as two shortstrs (as ``basic.deliver``
+        carries them), its properties as published, and its body: what a delivery copies out
+        without building the ``Message``."""
+        ...
+
+    @property
+    def key_and_value(self) -> tuple[bytes, bytes | memoryview]:
+        """The routing key (UTF-8) and the body, without building the ``Message``."""
+        ...
+
 
 class StreamLog(Protocol):
     """The log of one stream (one partition of a partitioned stream)."""

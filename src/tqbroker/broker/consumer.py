@@ -4,7 +4,8 @@ Responsibilities:
 - ``Consumer``: tag, queue, ack mode, per-consumer prefetch and its count of unacked deliveries;
 - ``DeliveryChannel``: what a queue needs of the channel behind a consumer (the server's channel
   implements it; tests can too); ``credit`` and ``deliver_many`` let a queue hand a consumer
-  a batch of messages at once.
+  a batch of messages at once, ``deliver_encoded`` a batch of stored records as their encoded
+  parts lie in storage (a stream's).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ log = logging.getLogger(__name__)
 
 # What ``credit`` answers when nothing limits the deliveries.
 UNLIMITED: Final = 1 << 30
+
+# A delivery from its encoded parts: ``(message_id, names, properties, body)``, the names being
+# the exchange and the routing key as two shortstrs, the properties as the content header
+# carries them.
+EncodedDelivery = tuple[int, bytes, bytes, bytes | memoryview]
 
 
 class DeliveryChannel(Protocol):
@@ -45,6 +51,10 @@ class DeliveryChannel(Protocol):
     def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
         """``deliver`` each of ``entries`` (``message_id, message, redelivered``), in order,
         as one batch (never blocks)."""
+        ...
+
+    def deliver_encoded(self, consumer: Consumer, entries: list[EncodedDelivery]) -> None:
+        """``deliver_many`` of messages given as their encoded parts (never redelivered)."""
         ...
 
     def consumer_cancelled(self, consumer: Consumer) -> None:

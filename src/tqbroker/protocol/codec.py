@@ -287,10 +287,10 @@ _I64 = struct.Struct(">q")
 
 
 class LongHeaderSplicer:
-    """``add_long_header`` for a run of messages that share one properties object (a stream's
-    deliveries: equal small blocks are one object, ``model.shared_raw``): the second time in a
-    row the same block comes, the bytes around the value are kept, and each later splice is
-    one join. Gives what ``add_long_header`` gives."""
+    """``add_long_header`` for a run of messages with equal properties (a stream's deliveries:
+    most publishers send the same few blocks): the second time in a row the same block comes,
+    the bytes around the value are kept, and each later splice is one join. Gives what
+    ``add_long_header`` gives."""
 
     __slots__ = ("_last", "_name", "_template")
 
@@ -300,7 +300,7 @@ class LongHeaderSplicer:
         self._template: tuple[bytes, bytes] | None = None
 
     def splice(self, properties: bytes, name: str, value: int) -> bytes | None:
-        if properties is self._last and name == self._name:
+        if (properties is self._last or properties == self._last) and name == self._name:
             template = self._template
             if template is None:
                 template = self._template = _template(properties, name)

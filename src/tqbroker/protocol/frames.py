@@ -62,7 +62,7 @@ def shortstr(value: str) -> bytes:
 
 
 def write_content(
-    out: bytearray, channel: int, properties: bytes, body: bytes, frame_max: int
+    out: bytearray, channel: int, properties: bytes, body: bytes | memoryview, frame_max: int
 ) -> None:
     """Append a content header frame and the body frames (each at most ``frame_max``; 0 means no
     limit: one body frame)."""
@@ -91,7 +91,7 @@ def write_deliver(
     redelivered: bool,
     names: bytes,
     properties: bytes,
-    body: bytes,
+    body: bytes | memoryview,
     frame_max: int,
 ) -> None:
     """Append a complete ``basic.deliver``. ``consumer_tag`` is a shortstr and ``names`` the

@@ -23,7 +23,7 @@ import trio
 
 from .. import clock
 from ..backends.base import FLUSH_FIRST, Popped
-from ..broker.consumer import UNLIMITED, Consumer
+from ..broker.consumer import UNLIMITED, Consumer, EncodedDelivery
 from ..broker.exchange import Exchange
 from ..broker.queue import Queue
 from ..broker.reply_to import REPLY_TO
@@ -361,25 +361,38 @@ class Channel:
     def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
         """``deliver`` for a batch: the counters, the tags and the writer's wake-up once."""
         try:
-            deliveries = self.deliveries
-            first = deliveries.next_tag
-            count = len(entries)
-            deliveries.next_tag = first + count
-            stats, queue_stats = self.stats, consumer.queue.stats
-            if consumer.no_ack:
-                stats.deliver_no_ack += count
-                queue_stats.deliver_no_ack += count
-            else:  # tracked first: requeued if the rest fails
-                stats.deliver += count
-                queue_stats.deliver += count
-                deliveries.track_many(first, consumer, (e[0] for e in entries), self._now())
-            encoded_tag = self._tag_cache.get(consumer.tag) or self._encode_tag(consumer.tag)
+            first, encoded_tag = self._account(consumer, [e[0] for e in entries])
             redelivered = self.host.write_delivers(self.number, encoded_tag, first, entries)
             if redelivered:
-                stats.redeliver += redelivered
-                queue_stats.redeliver += redelivered
+                self.stats.redeliver += redelivered
+                consumer.queue.stats.redeliver += redelivered
         except Exception as exc:  # a bug: this connection closes, not the queue actor
             self.host.internal_error(exc, "basic.deliver")
+
+    def deliver_encoded(self, consumer: Consumer, entries: list[EncodedDelivery]) -> None:
+        """``deliver_many`` of messages given as their encoded parts."""
+        try:
+            first, encoded_tag = self._account(consumer, [e[0] for e in entries])
+            self.host.write_encoded_delivers(self.number, encoded_tag, first, entries)
+        except Exception as exc:  # a bug: this connection closes, not the queue actor
+            self.host.internal_error(exc, "basic.deliver")
+
+    def _account(self, consumer: Consumer, message_ids: list[int]) -> tuple[int, bytes]:
+        """Take delivery tags for a batch of ``message_ids`` to ``consumer``, count them and
+        track them (unless ``no_ack``); the first tag and the consumer's encoded tag."""
+        deliveries = self.deliveries
+        first = deliveries.next_tag
+        count = len(message_ids)
+        deliveries.next_tag = first + count
+        stats, queue_stats = self.stats, consumer.queue.stats
+        if consumer.no_ack:
+            stats.deliver_no_ack += count
+            queue_stats.deliver_no_ack += count
+        else:  # tracked first: requeued if the rest fails
+            stats.deliver += count
+            queue_stats.deliver += count
+            deliveries.track_many(first, consumer, message_ids, self._now())
+        return first, self._tag_cache.get(consumer.tag) or self._encode_tag(consumer.tag)
 
     def _encode_tag(self, consumer_tag: str) -> bytes:
         encoded = self._tag_cache[consumer_tag] = frames.shortstr(consumer_tag)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from ..backends.base import Popped
+from ..broker.consumer import EncodedDelivery
 from ..broker.stats import StatsTotal
 from ..model import Message
 from ..protocol import methods as m
@@ -48,6 +49,12 @@ class ChannelHost(AckDeadlines, Protocol):
     ) -> int:
         """``write_deliver`` each of ``entries`` (``message_id, message, redelivered``), the
         delivery tags from ``first_tag`` on; the number of them redelivered."""
+        ...
+
+    def write_encoded_delivers(
+        self, channel: int, consumer_tag: bytes, first_tag: int, entries: list[EncodedDelivery]
+    ) -> None:
+        """``write_delivers`` of messages given as their encoded parts (none redelivered)."""
         ...
 
     def write_get_ok(

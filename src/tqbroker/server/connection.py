@@ -30,6 +30,7 @@ import trio.lowlevel
 
 from .. import clock
 from ..backends.base import Popped
+from ..broker.consumer import EncodedDelivery
 from ..broker.pacing import SLICE_SECONDS
 from ..broker.stats import ConnectionStats
 from ..broker.storage import storage_error
@@ -263,6 +264,13 @@ class AMQPConnection:
         self, channel: int, consumer_tag: bytes, first_tag: int, entries: list[Popped]
     ) -> int:
         return self.writer.deliver_many(
+            channel, consumer_tag, first_tag, entries, self.protocol.frame_max
+        )
+
+    def write_encoded_delivers(
+        self, channel: int, consumer_tag: bytes, first_tag: int, entries: list[EncodedDelivery]
+    ) -> None:
+        self.writer.deliver_encoded(
             channel, consumer_tag, first_tag, entries, self.protocol.frame_max
         )
 

@@ -7,12 +7,13 @@ Responsibilities:
 - ``write_deliver``: append a ``basic.deliver`` with its content; from a message's second
   delivery on a channel number (fanout, requeue), reuse its content frames' heads encoded there
   once (``frames.deliver_content``);
-- ``write_delivers``: a batch of deliveries to one consumer, the reused case inlined.
+- ``write_delivers``: a batch of deliveries to one consumer, the reused case inlined;
+- ``write_encoded_delivers``: a batch of deliveries given as their encoded parts (a stream's
+  records as they lie in its log: no ``Message``), each appended with one pack.
 
 What is kept lives in ``Message.delivery_cache``, a slot the model leaves to this module: None
 until first delivered, then the names (bytes), then from a second delivery the channel number
 and the content encoded for it (``tuple[int, bytes]``). A message spliced for a stream delivery
-(``Message.with_long_header``) is a new message with its own cache.
 """
 
 from __future__ import annotations
@@ -21,10 +22,19 @@ import logging
 import struct
 
 from ..backends.base import Popped
+from ..broker.consumer import EncodedDelivery
 from ..model import Message
 from ..protocol import frames
 from ..protocol.errors import ReplyCode
-from ..protocol.frames import FRAME_METHOD, FRAME_OVERHEAD, deliver_content, write_deliver_content
+from ..protocol.frames import (
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    FRAME_OVERHEAD,
+    deliver_content,
+    write_deliver_content,
+)
 from ..protocol.frames import write_deliver as _write_deliver
 from ..protocol.methods import BASIC_CLASS_ID
 
@@ -152,6 +162,64 @@ def write_delivers(
             write_deliver(out, message, channel, consumer_tag, tag, redelivered, frame_max)
         tag += 1
     return redelivered_count
+
+
+def write_encoded_delivers(
+    out: bytearray,
+    channel: int,
+    consumer_tag: bytes,
+    first_tag: int,
+    entries: list[EncodedDelivery],
+    frame_max: int,
+) -> None:
+    """Append a ``basic.deliver`` for each of ``entries`` (``message_id, names, properties,
+    body``), the delivery tags from ``first_tag`` on, none redelivered: the same bytes as
+    ``write_deliver``. A body that fits one frame goes with one pack for everything before it
+    (the method frame, the content header frame, the body frame's head; a ``struct`` per size
+    of the names and the properties)."""
+    heads: dict[tuple[int, int], struct.Struct] = {}
+    limit = frame_max - FRAME_OVERHEAD if frame_max else 0
+    tag_size = len(consumer_tag)
+    tag = first_tag
+    for _message_id, names, properties, body in entries:
+        size = len(body)
+        if size and (not limit or size <= limit):
+            shape = (len(names), len(properties))
+            head = heads.get(shape)
+            if head is None:
+                head = heads[shape] = struct.Struct(
+                    f">BHIHH{tag_size}sQB{shape[0]}sBBHIHHQ{shape[1]}sBBHI"
+                )
+            out += head.pack(
+                FRAME_METHOD,
+                channel,
+                13 + tag_size + shape[0],
+                BASIC_CLASS_ID,
+                60,
+                consumer_tag,
+                tag,
+                False,
+                names,
+                FRAME_END,
+                FRAME_HEADER,
+                channel,
+                12 + shape[1],
+                BASIC_CLASS_ID,
+                0,
+                size,
+                properties,
+                FRAME_END,
+                FRAME_BODY,
+                channel,
+                size,
+            )
+            out += body
+            out += b"\xce"
+        else:
+            _write_deliver(
+                out, channel, consumer_tag, tag, False, names, properties, body, frame_max
+            )
+        tag += 1
 
 
 def write_get_ok(

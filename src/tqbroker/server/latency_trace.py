@@ -75,7 +75,7 @@ class LatencyTrace:
 
     # -- the delivering side ---------------------------------------------------------------
 
-    def encoded(self, body: bytes) -> int:
+    def encoded(self, body: bytes | memoryview) -> int:
         """A delivery of this body went into a writer's buffer: its slot (-1: not traced)."""
         if len(body) < 8:
             return -1

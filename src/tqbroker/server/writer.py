@@ -27,10 +27,11 @@ from collections.abc import Callable
 import trio
 
 from ..backends.base import Popped
+from ..broker.consumer import EncodedDelivery
 from ..broker.stats import ConnectionStats
 from ..model import Message
 from ..protocol.frames import HEARTBEAT_FRAME
-from .encoding import write_deliver, write_delivers
+from .encoding import write_deliver, write_delivers, write_encoded_delivers
 from .latency_trace import TRACE
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,22 @@ class ConnectionWriter:
         if idle:
             self.wake()
         return redelivered
+
+    def deliver_encoded(
+        self,
+        channel: int,
+        consumer_tag: bytes,
+        first_tag: int,
+        entries: list[EncodedDelivery],
+        frame_max: int,
+    ) -> None:
+        """``deliver_many`` of messages given as their encoded parts."""
+        idle = not self.out
+        write_encoded_delivers(self.out, channel, consumer_tag, first_tag, entries, frame_max)
+        if TRACE is not None:
+            self.traced.extend(TRACE.encoded(entry[3]) for entry in entries)
+        if idle:
+            self.wake()
 
     def clear(self) -> None:
         """Drop what was not sent yet (the connection is being dropped)."""

@@ -72,18 +72,83 @@ def encode_record(offset: int, timestamp_ms: int, flags: int, message: Message) 
 
 
 class Record:
-    """A decoded record."""
+    """A decoded record: its fixed fields, and where its message's parts lie in the bytes of
+    its frame. The ``Message`` is built on first use (a reader that only copies the parts out,
+    a stream delivery or the bulk read, never builds one)."""
 
-    __slots__ = ("flags", "message", "offset", "size", "timestamp_ms")
+    __slots__ = (
+        "_body_at",
+        "_end",
+        "_frame",
+        "_message",
+        "_names_at",
+        "_properties_at",
+        "_view",
+        "flags",
+        "offset",
+        "size",
+        "timestamp_ms",
+    )
 
     def __init__(
-        self, offset: int, timestamp_ms: int, flags: int, message: Message, size: int
+        self,
+        offset: int,
+        timestamp_ms: int,
+        flags: int,
+        frame: bytes,
+        view: memoryview,
+        names_at: int,
+        properties_at: int,
+        body_at: int,
+        end: int,
+        size: int,
     ) -> None:
         self.offset = offset
         self.timestamp_ms = timestamp_ms
         self.flags = flags
-        self.message = message
         self.size = size  # bytes on disk, head included
+        self._frame = frame
+        self._view = view  # of ``frame``: one for all the records of a batch
+        self._names_at = names_at  # exchange shortstr, routing key shortstr
+        self._properties_at = properties_at
+        self._body_at = body_at
+        self._end = end
+        self._message: Message | None = None
+
+    @property
+    def message(self) -> Message:
+        message = self._message
+        if message is None:
+            frame, p, body_at = self._frame, self._names_at, self._body_at
+            n = frame[p]
+            exchange = frame[p + 1 : p + 1 + n].decode()
+            p += 1 + n
+            routing_key = frame[p + 1 : p + 1 + frame[p]].decode()
+            message = self._message = Message(
+                exchange,
+                routing_key,
+                frame[self._properties_at : body_at],
+                frame[body_at : self._end],
+                timestamp_ms=self.timestamp_ms,
+            )
+        return message
+
+    def parts(self) -> tuple[bytes, bytes, memoryview]:
+        """The message's exchange and routing key as two shortstrs (as ``basic.deliver``
+        carries them), its properties as published, and its body (a view of the frame)."""
+        frame, properties_at, body_at = self._frame, self._properties_at, self._body_at
+        return (
+            frame[self._names_at : properties_at - 4],
+            frame[properties_at:body_at],
+            self._view[body_at : self._end],
+        )
+
+    @property
+    def key_and_value(self) -> tuple[bytes, memoryview]:
+        """The routing key (UTF-8) and the body (a view of the frame)."""
+        frame, p, body_at = self._frame, self._names_at, self._body_at
+        p += 1 + frame[p]
+        return frame[p + 1 : p + 1 + frame[p]], self._view[body_at : self._end]
 
     @property
     def persistent(self) -> bool:
@@ -214,7 +279,13 @@ def _parse_batch(frame: bytes, start: int, size: int) -> Batch:
         (count,) = BATCH_COUNT.unpack_from(frame, start + FIXED_SIZE)
         p = start + FIXED_SIZE + 4
         records: list[Record] = []
+        append = records.append
         unpack_entry = ENTRY_HEAD.unpack_from
+        unpack_u32 = _U32.unpack_from
+        head_size = ENTRY_HEAD.size
+        frame_size = len(frame)
+        view = memoryview(frame)
+        checked = b""  # the last names found valid (most batches have one exchange and key)
         least = 0  # the first entry is the base offset; each next one is above the last
         for _ in range(count):
             length, delta, timestamp_ms, flags = unpack_entry(frame, p)
@@ -222,10 +293,34 @@ def _parse_batch(frame: bytes, start: int, size: int) -> Batch:
                 raise RecordError("a record batch whose offsets do not increase from its base")
             least = delta + 1
             end = p + 4 + length
-            if end > len(frame):
+            if end > frame_size:
                 raise RecordError("an entry past the end of the batch")
-            message = _message(frame, p + ENTRY_HEAD.size, end, timestamp_ms)
-            records.append(Record(base + delta, timestamp_ms, flags, message, length + 4))
+            names_at = p + head_size
+            q = names_at + 1 + frame[names_at]
+            q += 1 + frame[q]
+            (n,) = unpack_u32(frame, q)
+            properties_at = q + 4
+            body_at = properties_at + n
+            if body_at > end:
+                raise RecordError("properties past the end of the record")
+            names = frame[names_at:q]
+            if names != checked:
+                _check_names(names)
+                checked = names
+            append(
+                Record(
+                    base + delta,
+                    timestamp_ms,
+                    flags,
+                    frame,
+                    view,
+                    names_at,
+                    properties_at,
+                    body_at,
+                    end,
+                    length + 4,
+                )
+            )
             p = end
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise RecordError(f"malformed record batch: {exc}") from None
@@ -238,25 +333,38 @@ def _parse(record: bytes, start: int, size: int) -> Record:
     """The record whose fixed fields start at ``record[start]`` (``size``: its whole length)."""
     try:
         offset, timestamp_ms, flags = RECORD_FIXED.unpack_from(record, start)
-        message = _message(record, start + FIXED_SIZE, len(record), timestamp_ms)
+        names_at = start + FIXED_SIZE
+        q = names_at + 1 + record[names_at]
+        q += 1 + record[q]
+        (n,) = _U32.unpack_from(record, q)
+        properties_at = q + 4
+        end = len(record)
+        if properties_at + n > end:
+            raise RecordError("properties past the end of the record")
+        _check_names(record[names_at:q])
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise RecordError(f"malformed record: {exc}") from None
-    return Record(offset, timestamp_ms, flags, message, size)
-
-
-def _message(buf: bytes, p: int, end: int, timestamp_ms: int) -> Message:
-    """The message whose ``exchange routing_key properties_length properties body`` are
-    ``buf[p:end]``."""
-    n = buf[p]
-    exchange = buf[p + 1 : p + 1 + n].decode()
-    p += 1 + n
-    n = buf[p]
-    routing_key = buf[p + 1 : p + 1 + n].decode()
-    p += 1 + n
-    (n,) = _U32.unpack_from(buf, p)
-    p += 4
-    if p + n > end:
-        raise RecordError("properties past the end of the record")
-    return Message(
-        exchange, routing_key, buf[p : p + n], buf[p + n : end], timestamp_ms=timestamp_ms
+    return Record(
+        offset,
+        timestamp_ms,
+        flags,
+        record,
+        memoryview(record),
+        names_at,
+        properties_at,
+        properties_at + n,
+        end,
+        size,
     )
+
+
+def _check_names(names: bytes) -> None:
+    """The exchange and the routing key, two shortstrs, are UTF-8 (``UnicodeDecodeError``).
+    With both length bytes ASCII (names under 128 bytes) one decode checks both: an ASCII byte
+    is never inside a multi-byte sequence."""
+    n = names[0]
+    if n < 128 and names[1 + n] < 128:
+        names.decode()
+    else:
+        names[1 : 1 + n].decode()
+        names[2 + n :].decode()

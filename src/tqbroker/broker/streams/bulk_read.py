@@ -6,11 +6,8 @@ Responsibilities:
 - walk the partition's log from an offset to an end (at most the durable end: nothing a crash
   could take back), within a byte and a record budget;
 - collect the columns with as little work a record as the storage allows (the keys and
-  values as the messages hold them, copied once, into the body), giving way to other clients
-  every slice.
-
-Most of the cost of a record is the storage's decoding of it (a CRC and a message each, ~2.5 us
-of ~3 us on the test machine, see docs/spark.md).
+  values as they lie in the log's frames, no message built, copied once, into the body),
+  giving way to other clients every slice.
 """
 
 from __future__ import annotations
@@ -87,16 +84,16 @@ def _records(queue: StreamQueue, position: int, end: int) -> Iterator[StreamReco
 
 
 class _Columns:
-    """A ``ReadBatch`` being filled: keys and values kept as the messages hold them, copied
-    once, into the body."""
+    """A ``ReadBatch`` being filled: keys and values as they lie in the log (views of its
+    frames), copied once, into the body."""
 
     def __init__(self, headers: bool) -> None:
         self.offsets: array[int] = array("q")
         self.timestamps: array[int] = array("q")
-        self.keys: list[str] = []
-        self.values: list[bytes] = []
+        self.keys: list[bytes] = []
+        self.values: list[bytes | memoryview] = []
         self.headers: list[bytes] | None = [] if headers else None
-        self.size = 0  # keys (in characters: bytes for ASCII) and values
+        self.size = 0  # keys and values, in bytes
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -113,15 +110,14 @@ class _Columns:
             at = record.offset
             if at >= stop:
                 break
-            message = record.message
             add_offset(at)
-            add_timestamp(message.timestamp_ms)
-            key, body = message.routing_key, message.body
+            add_timestamp(record.timestamp_ms)
+            key, value = record.key_and_value
             add_key(key)
-            add_value(body)
+            add_value(value)
             if headers is not None:
-                headers.append(encode_headers(stored_headers(message)))
-            size += len(key) + len(body)
+                headers.append(encode_headers(stored_headers(record.message)))
+            size += len(key) + len(value)
             if (
                 size >= max_bytes
                 or count >= room
@@ -133,14 +129,11 @@ class _Columns:
         return stop  # nothing more below it
 
     def body(self, next_offset: int) -> bytes:
-        keys = self.keys
-        joined = "".join(keys).encode("utf-8", "surrogateescape")
-        if len(joined) == sum(map(len, keys)):  # each character one byte: one piece
-            key_column: tuple[Iterable[int], Sequence[bytes]] = (map(len, keys), (joined,))
-        else:
-            encoded = [key.encode("utf-8", "surrogateescape") for key in keys]
-            key_column = (map(len, encoded), encoded)
-        columns = [key_column, (map(len, self.values), self.values)]
+        keys, values = self.keys, self.values
+        columns: list[tuple[Iterable[int], Sequence[bytes | memoryview]]] = [
+            (map(len, keys), keys),
+            (map(len, values), values),
+        ]
         if self.headers is not None:
             columns.append((map(len, self.headers), self.headers))
         return encode_read_parts(next_offset, self.offsets, self.timestamps, columns)

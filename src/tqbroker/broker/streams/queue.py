@@ -48,12 +48,12 @@ import trio
 from ... import clock
 from ...backends.base import FlushFirst, Popped
 from ...backends.streams import CompactionPolicy, StreamLog
-from ...model import Message
+from ...model import Message, with_long_header
 from ...plugins.spec import Durability
 from ...protocol.codec import FieldTable, FieldValue
 from ...protocol.errors import AMQPError, ReplyCode
 from ..arguments import QueueArguments, parse_interval
-from ..consumer import Consumer
+from ..consumer import Consumer, EncodedDelivery
 from ..flusher import Flusher
 from ..queue import Queue, QueueHost
 from .compaction import compaction_policy
@@ -210,36 +210,39 @@ class StreamQueue(Queue):
 
     def _deliver(self, consumer: Consumer, position: int, cursor: GroupCursor | None = None) -> int:
         """Deliver from ``position`` while the consumer has credit; return the next position
-        (and note each offset delivered in the group's ``cursor``)."""
+        (and note each offset delivered in the group's ``cursor``). Records go out in batches
+        (``DeliveryChannel.deliver_encoded``) as their parts lie in the log: no message is
+        built for them."""
         stream = self.stream
         end = stream.durable_end
         position = max(position, stream.first_offset)
-        deliver = consumer.channel.deliver
-        while position < end and consumer.has_capacity():
-            credit = consumer.prefetch_count - consumer.unacked
-            wanted = READ_CHUNK if consumer.no_ack or credit <= 0 else min(credit, READ_CHUNK)
+        channel = consumer.channel
+        while position < end:
+            credit = consumer.credit()
+            if credit <= 0:
+                break
             try:
                 # The next records there are: compaction and damage (logged) leave gaps.
-                records = stream.read_many(position, end, wanted)
+                records = stream.read_many(position, end, min(credit, READ_CHUNK))
             except OSError as exc:  # storage trouble: try again on the next wake-up
                 log.error("stream %r in vhost %r: cannot read: %s", self.name, self.vhost, exc)
                 break
             if not records:
                 break
+            batch: list[EncodedDelivery] = []
             for record in records:
-                if not consumer.has_capacity():
-                    break
                 offset = record.offset
-                position = offset + 1
-                consumer.unacked += 1
+                names, properties, body = record.parts()
+                # Every delivery says where it is, as a long, as RabbitMQ sends it (spliced
+                # into the stored properties: the headers' order and encoding as published).
+                properties = with_long_header(properties, OFFSET_HEADER, offset)
+                batch.append((offset, names, properties, body))
                 if cursor is not None:
                     cursor.note(offset)
-                # Every delivery says where it is, as a long, as RabbitMQ sends it (spliced
-                # into the stored properties: the headers' order and encoding as with_headers
-                # gives them).
-                deliver(
-                    consumer, offset, record.message.with_long_header(OFFSET_HEADER, offset), False
-                )
+            position = offset + 1
+            if not consumer.no_ack:
+                consumer.unacked += len(batch)
+            channel.deliver_encoded(consumer, batch)
         if position >= end and end < stream.next_offset and self.flusher is not None:
             self.flusher.wake_after_flush(self)  # more is written: go on once it is durable
         return position
