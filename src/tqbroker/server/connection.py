@@ -277,10 +277,8 @@ class AMQPConnection:
     def write_get_ok(
         self, channel: int, delivery_tag: int, redelivered: bool, message: Message, left: int
     ) -> None:
-        out = self.writer.out
-        write_get_ok(
-            out, channel, delivery_tag, redelivered, message, left, self.protocol.frame_max
-        )
+        frame_max = self.protocol.frame_max
+        write_get_ok(self.writer.out, channel, delivery_tag, redelivered, message, left, frame_max)
         self.writer.wake()
 
     def write_return(self, channel: int, message: Message) -> None:
