@@ -30,10 +30,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pika
+from pika.adapters.blocking_connection import BlockingChannel
 
 from tqbroker.config import BrokerConfig
 from tqbroker.testing import running_broker
@@ -156,8 +157,9 @@ class QueueModel:
 # A fork server: imports the broker once, then forks one ``tqbroker.cli.main`` per start (a
 # start costs ~0.1 s instead of the ~0.6-1 s of a fresh interpreter). Each broker is still a
 # process of its own, killed for real. Commands on stdin, one JSON line each: ["start", argv,
-# log_path] answers "pid N" (then the broker prints its ready line); ["wait"] answers
-# "exit N STATUS" once the running broker has exited.
+# log_path] answers "pid N" (then the broker prints its ready line, and "exited CODE" when its
+# main returns: at once if it could not start); ["wait"] answers "exit N STATUS" once the
+# running broker has exited.
 _FORK_SERVER = """
 import json, os, sys
 import tqbroker.cli, tqbroker_rocksdb
@@ -176,6 +178,7 @@ for line in sys.stdin:
                 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
                 code = tqbroker.cli.main(command[1])
             finally:
+                print("exited", code)
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
@@ -217,24 +220,37 @@ class ForkServer:
             raise RuntimeError(f"fork server: expected {prefix!r}, got {line!r}")
         return line
 
-    def start(self, argv: list[str], log_path: Path) -> int:
-        """Start a broker; its AMQP port."""
+    def start(self, argv: list[str], log_path: Path, timeout: float = 30) -> int:
+        """Start a broker; its AMQP port. A broker that exits (a port in use...) or stays silent
+        for ``timeout`` seconds is killed and reaped, so that the next start begins afresh."""
         self._send("start", argv, str(log_path))
         self.pid = int(self._line("pid ").split()[1])
-        ready = self.lines.get(timeout=30)
+        try:
+            ready = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            ready = f"silent for {timeout} s"
         match = re.search(r"ready: listening on amqp://\S+?:(\d+)", ready)
         if match is None:
+            self.signal(signal.SIGKILL)  # a zombie until wait() if it has exited already
             self.wait()
-            raise RuntimeError(f"the broker did not start ({ready!r}): see {log_path}")
+            log = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+            said = f"{ready!r}, its log ends {log[-1]!r}" if log else repr(ready)
+            raise RuntimeError(f"the broker did not start ({said}): see {log_path}")
         return int(match.group(1))
 
     def signal(self, signum: int) -> None:
         os.kill(self.pid, signum)  # the broker this fork server started
 
     def wait(self, timeout: float = 30) -> int:
-        """Wait for the broker to exit; its exit status."""
+        """Wait for the broker to exit; its exit status (skipping what it printed last: its
+        "exited" line, or the ready line of one killed as it came up)."""
         self._send("wait")
-        return int(self._line("exit ", timeout).split()[2])
+        line = self.lines.get(timeout=timeout)
+        while line and not line.startswith("exit "):
+            line = self.lines.get(timeout=timeout)
+        if not line:
+            raise RuntimeError("fork server: exited")
+        return int(line.split()[2])
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -271,10 +287,14 @@ class ModelBroker:
         else:
             config = BrokerConfig(port=0, data_dir=data_dir)
             self.port = self._stack.enter_context(running_broker(config)).port
+            self.running = True
 
     def start(self) -> None:
         began = time.monotonic()
-        argv = ["--port", "0", "--http-port", "-1", "--data-dir", str(self.data_dir)]
+        # No HTTP API, no metrics port: their defaults (15672, 15692) are fixed ports, which
+        # another broker on the machine (the other xdist worker's) may hold.
+        argv = ["--port", "0", "--http-port", "-1", "--metrics-port", "-1"]
+        argv += ["--data-dir", str(self.data_dir)]
         argv += ["--durable-backend", self.backend, "--log-level", "WARNING"]
         self.port = self._server.start(argv, self.log_path)
         self.running = True
@@ -310,6 +330,24 @@ class ModelBroker:
             self._server.signal(signal.SIGTERM)
             self._server.wait()
         self._stack.close()
+
+
+@dataclass
+class Chan:
+    """One of the machine's channels: its consumer and the deliveries it holds unacked."""
+
+    ch: BlockingChannel
+    confirm: bool
+    consumer: str | None = None
+    prefetch: int = 0  # 0: unlimited
+    unacked: dict[int, tuple[int, str | None]] = field(default_factory=dict)  # tag: id, consumer
+
+    def credit(self) -> float:
+        if self.consumer is None:
+            return 0
+        if self.prefetch == 0:
+            return float("inf")
+        return self.prefetch - sum(1 for _i, c in self.unacked.values() if c == self.consumer)
 
 
 def deliveries_by_consumer(batch: list[tuple[int, str, int]]) -> Iterator[list[int]]:

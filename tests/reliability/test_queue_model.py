@@ -18,24 +18,26 @@ a child process (forked from a server that has imported the broker once: ``ForkS
 
 Run: ``pytest tests/reliability/test_queue_model.py`` (20 examples x 30 steps per backend, at
 most 2 restarts each; ``TQ_MODEL_EXAMPLES=N`` for more) or ``-m slow`` (200 x 50, 4 restarts).
-Known broker bug, modelled leniently until fixed: ``test_log_fresh_message_after_crash``.
+``test_log_fresh_message_after_crash`` pins a log backend bug the model found.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pika
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -48,6 +50,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from queue_model import (
     UNACKED,
+    Chan,
     ForkServer,
     ModelBroker,
     ModelViolation,
@@ -64,29 +67,16 @@ PICK = st.integers(0, 63)  # which channel / which delivery, modulo how many the
 DELIVERY_TIMEOUT = 5.0
 
 
-@dataclass
-class Chan:
-    ch: BlockingChannel
-    confirm: bool
-    consumer: str | None = None
-    prefetch: int = 0  # 0: unlimited
-    unacked: dict[int, tuple[int, str | None]] = field(default_factory=dict)  # tag: id, consumer
-
-    def credit(self) -> float:
-        if self.consumer is None:
-            return 0
-        if self.prefetch == 0:
-            return float("inf")
-        return self.prefetch - sum(1 for _i, c in self.unacked.values() if c == self.consumer)
-
-
 class QueueMachine(RuleBasedStateMachine):
     broker: ModelBroker  # set by machine_for()
     max_restarts = 2
     stats: Counter[str]  # what the runs did, for the summary line
+    failures: list[str]  # the first exception a run raised, for a report of a Flaky error
 
     def __init__(self) -> None:
         super().__init__()
+        if not self.broker.running:  # an earlier run failed in a restart: begin as it did
+            self.broker.start()
         self.model = QueueModel()
         self.queue = f"model-{uuid.uuid4().hex[:12]}"
         self.restarts = 0
@@ -103,6 +93,11 @@ class QueueMachine(RuleBasedStateMachine):
         self.chans = {}
 
     def teardown(self) -> None:
+        # Called in Hypothesis' ``finally``: exc_info is what the run raised, if it failed.
+        error = sys.exc_info()[1]
+        ours = isinstance(error, Exception) and not isinstance(error, HypothesisException)
+        if ours and not self.failures:
+            self.failures.append("".join(traceback.format_exception(error)))
         try:
             if self.conn.is_open:
                 self.conn.channel().queue_delete(self.queue)
@@ -114,6 +109,22 @@ class QueueMachine(RuleBasedStateMachine):
 
     # Preconditions depend only on what the rules drew (channels, consumers, publishes), never
     # on what a crash kept: Hypothesis replays a draw sequence and needs the same rules enabled.
+    # They are named functions, not lambdas: Hypothesis describes a lambda precondition by
+    # parsing its source (ast.parse) the first time it checks it, and on CPython 3.11 that
+    # parse can fail spuriously in a process with threads (gh-106905, "AST constructor
+    # recursion depth mismatch"), a failure a replay does not repeat.
+
+    def _may_open(self) -> bool:
+        return len(self.chans) < MAX_CHANNELS
+
+    def _has_channels(self) -> bool:
+        return bool(self.chans)
+
+    def _has_idle_channel(self) -> bool:
+        return any(c.consumer is None for c in self.chans.values())
+
+    def _has_consumer(self) -> bool:
+        return any(c.consumer is not None for c in self.chans.values())
 
     def _chan(self, pick: int) -> tuple[int, Chan]:
         keys = sorted(self.chans)
@@ -177,7 +188,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- channels ----------------------------------------------------------------------------
 
-    @precondition(lambda self: len(self.chans) < MAX_CHANNELS)
+    @precondition(_may_open)
     @rule(confirm=st.booleans())
     def open_channel(self, confirm: bool) -> None:
         ch = self.conn.channel()
@@ -185,7 +196,7 @@ class QueueMachine(RuleBasedStateMachine):
             ch.confirm_delivery()
         self.chans[ch.channel_number] = Chan(ch, confirm)
 
-    @precondition(lambda self: self.chans)
+    @precondition(_has_channels)
     @rule(pick=PICK)
     def close_channel(self, pick: int) -> None:
         key, chan = self._chan(pick)
@@ -202,7 +213,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.open_channel(confirm)
         self.publish(0, messages)
 
-    @precondition(lambda self: self.chans)
+    @precondition(_has_channels)
     @rule(pick=PICK, messages=MESSAGES)
     def publish(self, pick: int, messages: list[tuple[bool, int]]) -> None:
         _key, chan = self._chan(pick)
@@ -216,7 +227,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.stats["publish"] += 1
         self.settle()
 
-    @precondition(lambda self: self.chans)
+    @precondition(_has_channels)
     @rule(pick=PICK, auto_ack=st.booleans())
     def get(self, pick: int, auto_ack: bool) -> None:
         _key, chan = self._chan(pick)
@@ -238,7 +249,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- consumers ---------------------------------------------------------------------------
 
-    @precondition(lambda self: any(c.consumer is None for c in self.chans.values()))
+    @precondition(_has_idle_channel)
     @rule(pick=PICK, prefetch=st.sampled_from([0, 1, 2, 3]))
     def consume(self, pick: int, prefetch: int) -> None:
         keys = sorted(k for k, c in self.chans.items() if c.consumer is None)
@@ -249,7 +260,7 @@ class QueueMachine(RuleBasedStateMachine):
         chan.consumer = chan.ch.basic_consume(self.queue, on_message)
         self.settle()
 
-    @precondition(lambda self: any(c.consumer is not None for c in self.chans.values()))
+    @precondition(_has_consumer)
     @rule(pick=PICK)
     def cancel(self, pick: int) -> None:
         keys = sorted(k for k, c in self.chans.items() if c.consumer is not None)
@@ -268,7 +279,7 @@ class QueueMachine(RuleBasedStateMachine):
     def _take(self, chan: Chan, tags: list[int]) -> list[int]:
         return [chan.unacked.pop(t)[0] for t in tags]
 
-    @precondition(lambda self: self.chans)
+    @precondition(_has_channels)
     @rule(pick=PICK, which=PICK, multiple=st.booleans())
     def ack(self, pick: int, which: int, multiple: bool) -> None:
         chan = self._unacked_chan(pick)
@@ -280,7 +291,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.model.settle(msg_id)
         self.settle()
 
-    @precondition(lambda self: self.chans)
+    @precondition(_has_channels)
     @rule(pick=PICK, which=PICK, multiple=st.booleans(), requeue=st.booleans())
     def nack(self, pick: int, which: int, multiple: bool, requeue: bool) -> None:
         chan = self._unacked_chan(pick)
@@ -292,7 +303,7 @@ class QueueMachine(RuleBasedStateMachine):
             (self.model.requeue if requeue else self.model.settle)(msg_id)
         self.settle()
 
-    @precondition(lambda self: self.chans)
+    @precondition(_has_channels)
     @rule(pick=PICK, which=PICK, requeue=st.booleans())
     def reject(self, pick: int, which: int, requeue: bool) -> None:
         chan = self._unacked_chan(pick)
@@ -304,7 +315,7 @@ class QueueMachine(RuleBasedStateMachine):
             (self.model.requeue if requeue else self.model.settle)(msg_id)
         self.settle()
 
-    @precondition(lambda self: self.chans)
+    @precondition(_has_channels)
     @rule(pick=PICK)
     def recover(self, pick: int) -> None:
         chan = self._unacked_chan(pick)
@@ -409,7 +420,12 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 def machine_for(broker: ModelBroker, restarts: int) -> type[QueueMachine]:
-    attributes = {"broker": broker, "max_restarts": restarts, "stats": Counter[str]()}
+    attributes = {
+        "broker": broker,
+        "max_restarts": restarts,
+        "stats": Counter[str](),
+        "failures": [],
+    }
     return type("QueueMachineOn" + broker.backend.title(), (QueueMachine,), attributes)
 
 
@@ -431,19 +447,28 @@ def model_broker(
 def run_model(broker: ModelBroker, examples: int, steps: int, restarts: int) -> None:
     began = time.monotonic()
     machine = machine_for(broker, restarts)
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=steps,
-            deadline=None,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-            # TQ_MODEL_NO_SHRINK=1: report the first failure as found (shrinking a run with
-            # restarts can take minutes; useful for mutation checks)
-            phases=[Phase.generate] if os.environ.get("TQ_MODEL_NO_SHRINK") else list(Phase),
-        ),
-    )
+    try:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=examples,
+                stateful_step_count=steps,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+                # TQ_MODEL_NO_SHRINK=1: report the first failure as found (shrinking a run
+                # with restarts can take minutes; useful for mutation checks)
+                phases=[Phase.generate] if os.environ.get("TQ_MODEL_NO_SHRINK") else list(Phase),
+            ),
+        )
+    except Flaky as err:
+        # A failure that a replay of the same steps did not repeat (in a stateful test,
+        # Hypothesis reports it as "Inconsistent data generation"): show the failure itself.
+        if machine.failures:
+            err.add_note(
+                "The first failure, which a replay did not repeat:\n" + machine.failures[0]
+            )
+        raise
     stats = ", ".join(f"{k} {v}" for k, v in sorted(machine.stats.items()))
     print(
         f"\n{broker.backend}: {examples} examples x {steps} steps in "
