@@ -249,6 +249,7 @@ def _start(directory: Path, flood: bool) -> tuple[subprocess.Popen[str], str, st
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "tqbroker", "--port", "0", "--http-port", "0"),
+            *("--metrics-port", "-1"),
             *("--data-dir", str(directory / "data"), "--log-level", "WARNING", *watermark),
         ],
         stdout=subprocess.PIPE,

@@ -98,7 +98,17 @@ def declare_topology(url: str) -> None:
     connection.close()
 
 
-BROKER = (sys.executable, "-m", "tqbroker", "--port", "0", "--http-port", "-1")
+BROKER = (
+    sys.executable,
+    "-m",
+    "tqbroker",
+    "--port",
+    "0",
+    "--http-port",
+    "-1",
+    "--metrics-port",
+    "-1",
+)
 
 
 def start_cli(data_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
