@@ -305,7 +305,8 @@ def _parse_batch(frame: bytes, start: int, size: int) -> Batch:
                 raise RecordError("properties past the end of the record")
             names = frame[names_at:q]
             if names != checked:
-                _check_names(names)
+                if not names.isascii():  # ASCII is UTF-8
+                    _check_names(names)
                 checked = names
             append(
                 Record(
