@@ -211,3 +211,66 @@ async def test_a_reader_steps_over_compacted_offsets(
         assert offsets == sorted(offsets)
         assert offsets[-1] == 39  # ...and the reader went on to the end
         nursery.cancel_scope.cancel()
+
+
+class BackedUpChannel(RecordingChannel):
+    """A consumer's channel whose client reads nothing: it takes deliveries until ``high``
+    body bytes are waiting (the writer's high water), then no more (``credit`` 0)."""
+
+    def __init__(self, high: int) -> None:
+        super().__init__()
+        self.high = high
+
+    def waiting(self) -> int:
+        return sum(len(body) for body in self.bodies)
+
+    def can_deliver(self) -> bool:
+        return self.waiting() < self.high
+
+    def credit(self) -> int:
+        return super().credit() if self.can_deliver() else 0
+
+
+async def test_a_client_that_reads_nothing_stops_the_deliveries(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    """Stream deliveries go out in batches; each batch asks for credit again, so a backed-up
+    socket holds back the rest: about one batch (1 MiB) past the high water, not everything
+    the prefetch allows (before the fix: 60 records of 768 KiB, all into a 4 MiB buffer)."""
+    backend = LogBackend(segment_bytes=64 << 20)
+    backend.open(tmp_path)
+    try:
+        async with trio.open_nursery() as nursery:
+            queue = StreamQueue(
+                "/",
+                "big",
+                backend.open_stream("/", "big"),
+                host=NoHost(),
+                backend_name="log",
+                arguments=QueueArguments(),
+                flusher=None,
+            )
+            nursery.start_soon(queue.run)
+            raw = BasicProperties().encode()
+            for n in range(60):
+                body = b"%06d" % n * (1 << 17)
+                queue.publish(Message("", "big", raw, body, None, clock.now_ms()))
+            flush(backend)
+            channel = BackedUpChannel(high=4 << 20)
+            consumer = Consumer(
+                "c", queue, channel, no_ack=False, exclusive=False, prefetch_count=1000,
+                arguments={"x-stream-offset": "first"},
+            )  # fmt: skip
+            queue.add_consumer(consumer)
+            await trio.sleep(1)
+            assert 4 << 20 <= channel.waiting() <= 5 << 20
+            assert consumer.unacked == len(channel.deliveries) < 60
+            # The client reads, the socket drains, the queue is woken (as the writer does):
+            # the deliveries go on where they stopped.
+            channel.high = 1 << 40
+            queue.wake()
+            await trio.sleep(1)
+            assert [message_id for message_id, _ in channel.delivered] == list(range(60))
+            nursery.cancel_scope.cancel()
+    finally:
+        backend.close()

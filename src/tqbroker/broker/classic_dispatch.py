@@ -20,15 +20,14 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from ..backends.base import FLUSH_FIRST, FlushFirst, Popped, QueueStore
-from .consumer import Consumer
+from .consumer import DELIVER_BATCH_BYTES, Consumer
 
 log = logging.getLogger(__name__)
 
 # Messages a queue expires (or skips as expired) in one go before letting other tasks run.
 EXPIRE_BATCH: Final = 1000
-# At most this many messages, or about this many body bytes, go to a consumer in one batch.
+# At most this many messages go to a consumer in one batch (or about DELIVER_BATCH_BYTES).
 DELIVER_BATCH: Final = 1000
-DELIVER_BATCH_BYTES: Final = 1 << 20
 
 
 class DeliveryPass:

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 # What ``credit`` answers when nothing limits the deliveries.
 UNLIMITED: Final = 1 << 30
+# About this many body bytes at most go to a consumer in one batch (``deliver_many``,
+# ``deliver_encoded``): the next batch asks for credit again, which a backed-up socket refuses.
+DELIVER_BATCH_BYTES: Final = 1 << 20
 
 # A delivery from its encoded parts: ``(message_id, names, properties, body)``, the names being
 # the exchange and the routing key as two shortstrs, the properties as the content header

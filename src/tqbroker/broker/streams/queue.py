@@ -53,7 +53,7 @@ from ...plugins.spec import Durability
 from ...protocol.codec import FieldTable, FieldValue
 from ...protocol.errors import AMQPError, ReplyCode
 from ..arguments import QueueArguments, parse_interval
-from ..consumer import Consumer, EncodedDelivery
+from ..consumer import DELIVER_BATCH_BYTES, Consumer, EncodedDelivery
 from ..flusher import Flusher
 from ..queue import Queue, QueueHost
 from .compaction import compaction_policy
@@ -211,8 +211,8 @@ class StreamQueue(Queue):
     def _deliver(self, consumer: Consumer, position: int, cursor: GroupCursor | None = None) -> int:
         """Deliver from ``position`` while the consumer has credit; return the next position
         (and note each offset delivered in the group's ``cursor``). Records go out in batches
-        (``DeliveryChannel.deliver_encoded``) as their parts lie in the log: no message is
-        built for them."""
+        (``DeliveryChannel.deliver_encoded``, at most the consumer's credit and about
+        ``DELIVER_BATCH_BYTES``) as their parts lie in the log: no message is built for them."""
         stream = self.stream
         end = stream.durable_end
         position = max(position, stream.first_offset)
@@ -230,6 +230,7 @@ class StreamQueue(Queue):
             if not records:
                 break
             batch: list[EncodedDelivery] = []
+            size = 0
             for record in records:
                 offset = record.offset
                 names, properties, body = record.parts()
@@ -239,6 +240,9 @@ class StreamQueue(Queue):
                 batch.append((offset, names, properties, body))
                 if cursor is not None:
                     cursor.note(offset)
+                size += len(body)
+                if size >= DELIVER_BATCH_BYTES:  # credit again: the socket may be backed up
+                    break
             position = offset + 1
             if not consumer.no_ack:
                 consumer.unacked += len(batch)
