@@ -75,10 +75,10 @@ def test_a_damaged_record_is_stepped_over_and_reported(tmp_path: Path) -> None:
     data = bytearray(victim.read_bytes())
     data[data.index(b"body-0150") + 2] ^= 1
     victim.write_bytes(bytes(data))
-    queue = types.SimpleNamespace(stream=stream, compaction=None)
-    found = list(bulk_read._records(queue, 3, 300))  # type: ignore[arg-type]
-    assert [r.offset for r in found] == [o for o in range(3, 300) if o != 150]
-    assert found[-1].message.body.startswith(b"body-0299")
+    columns = bulk_read._Columns(headers=False)
+    assert columns.take(stream, 3, 300, 1 << 20) == 300
+    assert list(columns.offsets) == [o for o in range(3, 300) if o != 150]
+    assert bytes(columns.values[-1]).startswith(b"body-0299")
     assert stream.log.corrupt_records == 1  # as a read record by record reports it
 
 

@@ -14,20 +14,25 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+from itertools import accumulate
+from operator import add, attrgetter
 
 import trio.lowlevel
 
-from ...backends.streams import StreamRecord
+from ...backends.streams import StreamLog
 from ...recordbatch import encode_headers, encode_read_parts
 from ..pacing import SLICE_SECONDS
 from ..vhost import VirtualHost
-from .queue import StreamQueue
 from .topics import MAX_READ_BYTES, InvalidRequest, NotFound, partition, stored_headers
 
 MAX_BATCH_RECORDS = 50_000
-# Records taken from the log per call.
-READ_MANY = 1024
+# Records taken from the log per call (the clock is looked at after each).
+READ_MANY = 256
+_OFFSET = attrgetter("offset")
+_TIMESTAMP = attrgetter("timestamp_ms")
+_KEY_AND_VALUE = attrgetter("key_and_value")
 
 
 async def read_body(
@@ -57,7 +62,7 @@ async def read_body(
     columns = _Columns(headers)
     position = max(offset, stream.first_offset)
     while position < stop and columns.size < max_bytes and len(columns) < MAX_BATCH_RECORDS:
-        position = columns.take(_records(queue, position, stop), stop, max_bytes)
+        position = columns.take(stream, position, stop, max_bytes)
         if position < stop and columns.size < max_bytes and len(columns) < MAX_BATCH_RECORDS:
             await trio.lowlevel.checkpoint()
             try:
@@ -68,19 +73,6 @@ async def read_body(
             if stream.first_offset > position:  # retention came by: the reader's next fetch
                 break  # starts here, and finds (and reports) the gap at its start
     return columns.body(max(position, offset))
-
-
-def _records(queue: StreamQueue, position: int, end: int) -> Iterator[StreamRecord]:
-    """The records from ``position`` on, in order, below ``end``, taken from the log
-    in bulk (``StreamLog.read_many``: a record batch is decoded once; damaged records are
-    reported and stepped over as every other read does)."""
-    stream = queue.stream
-    while position < end:
-        records = stream.read_many(position, end, READ_MANY)
-        if not records:
-            return
-        yield from records
-        position = records[-1].offset + 1
 
 
 class _Columns:
@@ -98,34 +90,39 @@ class _Columns:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def take(self, records: Iterator[StreamRecord], stop: int, max_bytes: int) -> int:
-        """Add records below ``stop`` until ``max_bytes``, ``MAX_BATCH_RECORDS`` or a slice of
-        ``SLICE_SECONDS``; return the offset to go on from."""
-        add_offset, add_timestamp = self.offsets.append, self.timestamps.append
-        add_key, add_value = self.keys.append, self.values.append
-        headers = self.headers
-        size, room = self.size, MAX_BATCH_RECORDS - len(self.offsets)
+    def take(self, stream: StreamLog, position: int, stop: int, max_bytes: int) -> int:
+        """Add the records from ``position`` on, below ``stop``, until ``max_bytes``,
+        ``MAX_BATCH_RECORDS`` or a slice of ``SLICE_SECONDS``; return the offset to go on
+        from. The records come from the log in bulk (``StreamLog.read_many``: a record batch is
+        decoded once; damaged records are reported and stepped over as every other read does)
+        and their columns are collected a chunk at a time."""
         deadline = time.perf_counter() + SLICE_SECONDS
-        for count, record in enumerate(records, 1):
-            at = record.offset
-            if at >= stop:
+        while position < stop:
+            room = MAX_BATCH_RECORDS - len(self.offsets)
+            records = stream.read_many(position, stop, min(READ_MANY, room))
+            if not records:
                 break
-            add_offset(at)
-            add_timestamp(record.timestamp_ms)
-            key, value = record.key_and_value
-            add_key(key)
-            add_value(value)
-            if headers is not None:
-                headers.append(encode_headers(stored_headers(record.message)))
-            size += len(key) + len(value)
+            keys, values = zip(*map(_KEY_AND_VALUE, records), strict=True)
+            # The running size after each record: the chunk ends at the record that reaches
+            # max_bytes (at least one record is taken).
+            sizes = list(accumulate(map(add, map(len, keys), map(len, values)), initial=self.size))
+            taken = min(bisect_left(sizes, max_bytes, 1), len(records))
+            if taken < len(records):
+                records, keys, values = records[:taken], keys[:taken], values[:taken]
+            self.offsets.extend(map(_OFFSET, records))
+            self.timestamps.extend(map(_TIMESTAMP, records))
+            self.keys.extend(keys)
+            self.values.extend(values)
+            if self.headers is not None:
+                self.headers.extend(encode_headers(stored_headers(r.message)) for r in records)
+            self.size = sizes[taken]
+            position = records[-1].offset + 1
             if (
-                size >= max_bytes
-                or count >= room
-                or (not count & 255 and time.perf_counter() >= deadline)
+                self.size >= max_bytes
+                or len(self.offsets) >= MAX_BATCH_RECORDS
+                or time.perf_counter() >= deadline
             ):
-                self.size = size
-                return at + 1
-        self.size = size
+                return position
         return stop  # nothing more below it
 
     def body(self, next_offset: int) -> bytes:
