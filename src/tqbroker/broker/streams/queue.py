@@ -38,11 +38,9 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-from collections import deque
 from collections.abc import Collection
 from typing import Final
 
-import attrs
 import trio
 
 from ... import clock
@@ -57,6 +55,7 @@ from ..consumer import DELIVER_BATCH_BYTES, Consumer, EncodedDelivery
 from ..flusher import Flusher
 from ..queue import Queue, QueueHost
 from .compaction import compaction_policy
+from .cursor import GroupCursor
 from .groups import GROUP_ARGUMENT, ConsumerGroups
 
 log = logging.getLogger(__name__)
@@ -65,42 +64,6 @@ RETENTION_CHECK_SECONDS: Final = 60.0
 # Records read from the log per call while delivering (at most the consumer's credit).
 READ_CHUNK: Final = 256
 OFFSET_HEADER: Final = "x-stream-offset"
-
-
-@attrs.define
-class GroupCursor:
-    """Where a consumer group is on one partition: who reads it, the next offset to deliver,
-    and what was delivered to that reader and is not settled yet."""
-
-    owner: Consumer
-    position: int
-    delivered: deque[int] = attrs.field(factory=deque)  # in offset order, settled ones too
-    unsettled: set[int] = attrs.field(factory=set)
-
-    def note(self, offset: int) -> None:
-        """``offset`` was delivered to the reader."""
-        self.delivered.append(offset)
-        self.unsettled.add(offset)
-
-    def settle(self, offset: int) -> None:
-        """The reader acked (or rejected without requeue) ``offset``."""
-        self.unsettled.discard(offset)
-        delivered = self.delivered
-        while delivered and delivered[0] not in self.unsettled:
-            delivered.popleft()
-
-    def rewind(self, offset: int) -> None:
-        """The reader gave ``offset`` back (requeue): deliver it and what follows again. Acks
-        still to come for those deliveries settle the new ones (they were processed)."""
-        delivered = self.delivered
-        while delivered and delivered[-1] >= offset:
-            self.unsettled.discard(delivered.pop())
-        self.position = min(self.position, offset)
-
-    @property
-    def committed(self) -> int:
-        """The first unsettled delivery, or the next offset to deliver."""
-        return self.delivered[0] if self.delivered else self.position
 
 
 class StreamQueue(Queue):
