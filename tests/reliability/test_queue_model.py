@@ -18,7 +18,7 @@ a child process (forked from a server that has imported the broker once: ``ForkS
 
 Run: ``pytest tests/reliability/test_queue_model.py`` (20 examples x 30 steps per backend, at
 most 2 restarts each; ``TQ_MODEL_EXAMPLES=N`` for more) or ``-m slow`` (200 x 50, 4 restarts).
-``test_log_fresh_message_after_crash`` pins a log backend bug the model found.
+The crash cases the model found are pinned in ``test_crash_cases.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 
 import pika
@@ -429,12 +428,6 @@ def machine_for(broker: ModelBroker, restarts: int) -> type[QueueMachine]:
     return type("QueueMachineOn" + broker.backend.title(), (QueueMachine,), attributes)
 
 
-@pytest.fixture(scope="module")
-def fork_server() -> Iterator[ForkServer]:
-    with closing(ForkServer()) as server:
-        yield server
-
-
 @pytest.fixture(params=BACKENDS)
 def model_broker(
     request: pytest.FixtureRequest, tmp_path: Path, fork_server: ForkServer
@@ -486,57 +479,3 @@ def test_queue_model(model_broker: ModelBroker) -> None:
 @pytest.mark.timeout(3600)
 def test_queue_model_long(model_broker: ModelBroker) -> None:
     run_model(model_broker, examples=200, steps=50, restarts=4)
-
-
-@pytest.mark.parametrize("persistent", [False, True])
-def test_log_fresh_message_after_crash(
-    tmp_path: Path, fork_server: ForkServer, persistent: bool
-) -> None:
-    """The minimal case the model found: declare, kill -9, restart, publish, get."""
-    broker = ModelBroker("log", tmp_path / "data", fork_server)
-    try:
-        conn = broker.connect()
-        conn.channel().queue_declare("q", durable=True, arguments={"x-queue-backend": "log"})
-        broker.kill()
-        broker.start()
-        with closing(broker.connect()) as conn:
-            ch = conn.channel()
-            props = pika.BasicProperties(delivery_mode=2 if persistent else 1)
-            ch.basic_publish("", "q", b"never delivered", props)
-            method, _props, _body = ch.basic_get("q")
-        assert method is not None
-        assert not method.redelivered
-    finally:
-        broker.close()
-
-
-@pytest.mark.parametrize("backend", ["log", "rocksdb"])
-def test_ack_durable_after_later_confirm(
-    tmp_path: Path, fork_server: ForkServer, backend: str
-) -> None:
-    """The model's narrowest crash rule, pinned: an ack is durable once a persistent publish sent
-    after it was confirmed (its flush covers the ack), so a crash must not bring it back. (The
-    random model rarely builds this exact sequence: a mutant that never checkpoints acks on the
-    log backend survived 200 examples.)"""
-    broker = ModelBroker(backend, tmp_path / "data", fork_server)
-    try:
-        conn = broker.connect()
-        ch = conn.channel()
-        ch.queue_declare("q", durable=True, arguments={"x-queue-backend": backend})
-        ch.confirm_delivery()
-        persistent = pika.BasicProperties(delivery_mode=2)
-        ch.basic_publish("", "q", b"acked", persistent)
-        method, _props, _body = ch.basic_get("q")
-        assert method is not None
-        ch.basic_ack(method.delivery_tag)
-        ch.basic_publish("", "q", b"kept", persistent)  # confirmed: covers the ack
-        broker.kill()
-        broker.start()
-        with closing(broker.connect()) as conn:
-            ch = conn.channel()
-            method, _props, body = ch.basic_get("q", auto_ack=True)
-            assert method is not None  # (flagged redelivered or not: the crash window)
-            assert body == b"kept"
-            assert ch.basic_get("q")[0] is None
-    finally:
-        broker.close()
