@@ -155,13 +155,15 @@ class ConnectionWriter:
         entries: list[EncodedDelivery],
         frame_max: int,
     ) -> None:
-        """``deliver_many`` of messages given as their encoded parts."""
+        """``deliver_many`` of messages given as their encoded parts (a stream's); a batch
+        that finds the connection idle may go out at once, as ``deliver``'s lone delivery does
+        (a stream consumer at a low rate gets each record without a hop to the writer)."""
         idle = not self.out
         write_encoded_delivers(self.out, channel, consumer_tag, first_tag, entries, frame_max)
         if TRACE is not None:
             self.traced.extend(TRACE.encoded(entry[3]) for entry in entries)
         if idle:
-            self.wake()
+            self.send_or_wake()
 
     def clear(self) -> None:
         """Drop what was not sent yet (the connection is being dropped)."""
