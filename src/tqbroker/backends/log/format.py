@@ -199,6 +199,19 @@ def first_at_or_after(frame: Frame, offset: int) -> int | None:
     return None
 
 
+def records_after(frame: Frame, record: Record, end: int, limit: int) -> list[Record]:
+    """The records of ``frame`` after ``record`` (one of them: else none), below ``end``, at
+    most ``limit``: the rest of a batch, for a bulk read."""
+    records = frame.records
+    i = first_at_or_after(frame, record.offset + 1)
+    if i is None or records[i - 1] is not record:
+        return []
+    taken = list(records[i : i + limit])
+    if taken and taken[-1].offset >= end:
+        taken = [r for r in taken if r.offset < end]
+    return taken
+
+
 def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> bytes:
     """A record batch of ``entries`` (``(timestamp_ms, flags, message)``), offsets from
     ``base_offset`` on."""
@@ -305,8 +318,7 @@ def _parse_batch(frame: bytes, start: int, size: int) -> Batch:
                 raise RecordError("properties past the end of the record")
             names = frame[names_at:q]
             if names != checked:
-                if not names.isascii():  # ASCII is UTF-8
-                    _check_names(names)
+                _check_names(names)
                 checked = names
             append(
                 Record(
@@ -363,6 +375,8 @@ def _check_names(names: bytes) -> None:
     """The exchange and the routing key, two shortstrs, are UTF-8 (``UnicodeDecodeError``).
     With both length bytes ASCII (names under 128 bytes) one decode checks both: an ASCII byte
     is never inside a multi-byte sequence."""
+    if names.isascii():  # ASCII is UTF-8
+        return
     n = names[0]
     if n < 128 and names[1 + n] < 128:
         names.decode()

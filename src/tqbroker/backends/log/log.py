@@ -41,6 +41,7 @@ from .format import (
     encode_record,
     first_at_or_after,
     parse_frame,
+    records_after,
 )
 from .recovery import load_segment, scan_segment
 from .retention import past_retention
@@ -302,12 +303,7 @@ class Log:
 
     def _cached_after(self, record: Record, end: int, limit: int) -> list[Record]:
         """``Segment.take_after`` for a record the cache gave (its frame the newest kept)."""
-        frame = self._cache_frames[self._cache_hit][1]
-        records = frame.records
-        i = first_at_or_after(frame, record.offset + 1)
-        if i is None or records[i - 1] is not record:
-            return []
-        return [r for r in records[i : i + limit] if r.offset < end]
+        return records_after(self._cache_frames[self._cache_hit][1], record, end, limit)
 
     def _from_cache(self, frame_bytes: bytes, offset: int) -> Record | None:
         """The first record at or after ``offset`` of a cached frame, decoded once: the last

@@ -44,6 +44,7 @@ from .format import (
     RecordError,
     decode_frame,
     first_at_or_after,
+    records_after,
 )
 from .index import SparseIndex
 
@@ -225,16 +226,10 @@ class Segment:
         if self.current is None:
             return []
         frame, pos = self.current
-        records = frame.records
-        i = first_at_or_after(frame, record.offset + 1)
-        if i is None or records[i - 1] is not record:
-            return []
-        taken = list(records[i : i + limit])
-        if taken and taken[-1].offset >= end:
-            taken = [r for r in taken if r.offset < end]
+        taken = records_after(frame, record, end, limit)
         if taken:
             last = taken[-1]
-            whole = last is records[-1]
+            whole = last is frame.records[-1]
             self._hint = (last.offset + 1, pos + frame.size if whole else pos)
         return taken
 
