@@ -113,21 +113,27 @@ def drive(chunks: list[bytes], *, eof: bool = True) -> list[tuple[Any, ...]]:
             if isinstance(event, EndOfStream):
                 seen.append(("eof",))
                 return seen
-            seen.append(_describe(event))
+            seen += _describe(event)
             _answer(conn, event, seen)
             if conn.state is State.CLOSED:
                 return seen
     return seen
 
 
-def _describe(event: object) -> tuple[Any, ...]:
+def _describe(event: object) -> list[tuple[Any, ...]]:
+    """What ``event`` says, one entry per publish (how they group into runs depends on the
+    cuts)."""
     if isinstance(event, ContentReceived):
-        assert len(event.body) <= LIMITS.max_message_size
-        return ("content", event.channel, event.method, event.properties, event.body)
+        assert len(event.properties) == len(event.bodies) > 0
+        assert all(len(body) <= LIMITS.max_message_size for body in event.bodies)
+        return [
+            ("content", event.channel, event.method, properties, body)
+            for properties, body in zip(event.properties, event.bodies, strict=True)
+        ]
     if isinstance(event, MethodReceived):
-        return ("method", event.channel, event.method)
+        return [("method", event.channel, event.method)]
     assert isinstance(event, ProtocolHeaderReceived), event
-    return ("header",)
+    return [("header",)]
 
 
 def _fail(conn: ServerConnection, err: AMQPError) -> None:
@@ -145,10 +151,11 @@ def _answer(conn: ServerConnection, event: object, seen: list[tuple[Any, ...]]) 
         conn.send_method(0, _START)
         return
     if isinstance(event, ContentReceived):
-        try:
-            check_properties(event.properties)  # as publishing.check_publish does
-        except DecodeError as exc:
-            seen.append(("bad properties", str(exc)))
+        for properties in event.properties:
+            try:
+                check_properties(properties)  # as publishing.make_message does
+            except DecodeError as exc:
+                seen.append(("bad properties", str(exc)))
         return
     assert isinstance(event, MethodReceived)
     method, channel = event.method, event.channel

@@ -18,7 +18,7 @@ from rawamqp import RawAMQP, body_frame, content_header
 from tqbroker.config import BrokerConfig
 from tqbroker.protocol import methods as m
 from tqbroker.protocol import properties as protocol
-from tqbroker.protocol._fastpath import PUBLISHES_MAX, FastPath
+from tqbroker.protocol._fastpath import PUBLISHES_MAX, RUN_MAX, FastPath
 from tqbroker.protocol.connection import (
     MAX_BODY_SIZE,
     NEED_DATA,
@@ -36,7 +36,14 @@ from tqbroker.protocol.properties import check_properties, decode_properties
 from tqbroker.testing import RunningBroker, running_broker
 
 from .strategies import basic_properties, field_tables
-from .test_connection import Server, client_handshake, frame, names, random_frames
+from .test_connection import (
+    Server,
+    client_handshake,
+    frame,
+    names,
+    one_per_publish,
+    random_frames,
+)
 
 LIMITS = Limits(channel_max=8, frame_max=4096, heartbeat=30, max_message_size=500)
 
@@ -65,7 +72,7 @@ class CountingFastPath(FastPath):
 
     def publish(self, buf: bytes, pos: int, channel: int, size: int) -> ContentReceived | None:
         event = super().publish(buf, pos, channel, size)
-        Counting.fast += event is not None
+        Counting.fast += 0 if event is None else len(event.bodies)
         return event
 
 
@@ -99,19 +106,19 @@ def run(stream: bytes, cuts: list[int], *, fast: bool) -> tuple[list[Any], bytes
                 )
                 if err.hard or not err.channel:
                     server.sent += conn.close_connection(err)
-                    return events, bytes(server.sent)
+                    return one_per_publish(events), bytes(server.sent)
                 server.sent += conn.close_channel(err)
                 continue
             except BadProtocolHeader:
                 events.append(("bad-header",))
-                return events, bytes(server.sent)
+                return one_per_publish(events), bytes(server.sent)
             if event is NEED_DATA:
                 break
             events.append(event)
             server.react(event)
             if isinstance(event, EndOfStream):
-                return events, bytes(server.sent)
-    return events, bytes(server.sent)
+                return one_per_publish(events), bytes(server.sent)
+    return one_per_publish(events), bytes(server.sent)
 
 
 def split_frames(data: bytes) -> list[bytes]:
@@ -179,6 +186,13 @@ def streams(draw: Any) -> bytes:
     """A client's bytes: the handshake, channels 1 and 2 opened, then a shuffle of a few valid
     publishes and anything else (publishes with a fault, other frames, closes, garbage)."""
     valid = draw(st.lists(publishes(faults=False), min_size=2, max_size=8))
+    # The same publish several times in a row, as publishers send them: one run of the fast
+    # path, ended by whatever differs (the stream's cuts, another frame, or a last copy with a
+    # byte changed: in a frame head, the properties, the body or an end marker).
+    last = bytearray(valid[0])
+    if draw(st.booleans()):
+        last[draw(st.integers(0, len(last) - 1))] = draw(st.integers(0, 255))
+    valid.append(valid[0] * draw(st.integers(1, 5)) + bytes(last))
     others = draw(
         st.lists(
             st.one_of(publishes(faults=False), publishes(faults=True), benign, closing),
@@ -230,14 +244,28 @@ def test_a_stream_of_publishes_takes_the_fast_path() -> None:
     Counting.fast = 0
     events = server.feed(bytes(one) * 3 + bytes(multi) + empty)
     assert Counting.fast == 5
-    assert events == [
-        ContentReceived(1, m.BasicPublish(0, "amq.direct", "rk"), props, b"x" * 100)
-    ] * 3 + [
-        ContentReceived(1, m.BasicPublish(0, "", "q", True), b"\x00\x00", b"y" * 9000),
-        ContentReceived(1, m.BasicPublish(0, "", "q"), b"\x00\x00", b""),
+    assert events == [  # the three repeats of one method frame: one run
+        ContentReceived(1, m.BasicPublish(0, "amq.direct", "rk"), [props] * 3, [b"x" * 100] * 3),
+        ContentReceived(1, m.BasicPublish(0, "", "q", True), [b"\x00\x00"], [b"y" * 9000]),
+        ContentReceived(1, m.BasicPublish(0, "", "q"), [b"\x00\x00"], [b""]),
     ]
     assert server.conn.state is State.OPEN
     assert server.conn.next_event() is NEED_DATA
+
+
+def test_a_run_stops_at_its_limit_and_at_what_differs() -> None:
+    server = Server(LIMITS)
+    server.feed(client_handshake(channel_max=8, frame_max=4096) + encode_method(1, m.ChannelOpen()))
+    out = bytearray()
+    for i in range(RUN_MAX + 10):
+        out += encode_method(1, m.BasicPublish(0, "ex", "same"))
+        write_content(out, 1, b"\x00\x00", b"%d" % i, 4096)
+    out += encode_method(1, m.BasicPublish(0, "ex", "other"))
+    write_content(out, 1, b"\x00\x00", b"last", 4096)
+    full, rest, other = server.feed(bytes(out))
+    assert full.bodies == [b"%d" % i for i in range(RUN_MAX)]
+    assert rest.bodies == [b"%d" % i for i in range(RUN_MAX, RUN_MAX + 10)]
+    assert (other.method.routing_key, other.bodies) == ("other", [b"last"])
 
 
 def test_repeated_publish_arguments_share_one_method() -> None:
@@ -247,7 +275,8 @@ def test_repeated_publish_arguments_share_one_method() -> None:
     for _ in range(2):
         out += encode_method(1, m.BasicPublish(0, "ex", "key.shared"))
         write_content(out, 1, b"\x00\x00", b"body", 4096)
-    first, second = server.feed(bytes(out))
+    half = len(out) // 2  # fed apart: two events, not one run
+    first, second = server.feed(bytes(out[:half])) + server.feed(bytes(out[half:]))
     assert first.method is second.method
     assert len(server.conn._fastpath._publishes) <= PUBLISHES_MAX
 

@@ -17,7 +17,7 @@ function of the message (``CompactionPolicy.key``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -85,8 +85,9 @@ class StreamLog(Protocol):
         """Idempotent producers: the next sequence each expects, by producer id."""
         ...
 
-    def append(self, message: Message) -> int:
-        """Append a record; return its offset. Raises ``OSError`` when storage refuses it."""
+    def append_many(self, messages: Sequence[Message]) -> tuple[int, OSError | None]:
+        """Append records, in order (the first gets ``next_offset``): how many were appended,
+        and, when storage refused the one after them, why (else None)."""
         ...
 
     def read(self, offset: int) -> StreamRecord | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -107,6 +107,22 @@ class Queue(abc.ABC):
     @abc.abstractmethod
     def publish(self, message: Message) -> Durability:
         """Take a routed message; return what its confirm waits for."""
+
+    def publish_run(self, messages: Sequence[Message]) -> tuple[int, Durability, Exception | None]:
+        """``publish`` each of ``messages``, in order, up to the first that raises: how many it
+        took, what their confirms wait for (the last flush any of them needs: a flusher's
+        later ticket covers its earlier ones), and what the one after them raised (None: all
+        were taken). A kind that can take a run at once overrides it."""
+        last: Durability = None
+        publish = self.publish
+        for taken, message in enumerate(messages):
+            try:
+                durability = publish(message)
+            except Exception as exc:  # the caller refuses this one, as for ``publish``
+                return taken, last, exc
+            if durability is not None:
+                last = durability
+        return len(messages), last, None
 
     @abc.abstractmethod
     def get(self) -> Popped | FlushFirst | None:

@@ -9,7 +9,8 @@ Responsibilities:
   whenever routing state changes (``changed``: a binding, an exchange or a queue comes or goes),
   and at most ``ROUTE_MEMO_SIZE`` entries;
 - ``Routing.enqueue``: hand a routed message to each destination, collecting what a publisher
-  confirm waits for and whether a destination refused it.
+  confirm waits for and whether a destination refused it; ``enqueue_run`` for a run of messages
+  routed alike (``memoised`` says when a route holds for all of them).
 
 Both are on the publish path: no allocation or call here that the path does not need.
 """
@@ -117,6 +118,15 @@ class Routing:
             memo[(exchange, routing_key)] = found
         return found
 
+    def memoised(self, exchange: Exchange, routing_key: str) -> tuple[Destination, ...] | None:
+        """Where a message with ``routing_key`` and no headers goes from ``exchange``, when that
+        is known without asking a router: the default exchange's queue, or a memoised route
+        (then it holds for every such message until ``changed``); else None."""
+        if exchange is self._default_exchange:
+            queue = self._queues.get(routing_key)
+            return (queue,) if queue is not None else ()
+        return self.memo.get((exchange, routing_key))
+
     @staticmethod
     def enqueue(
         destinations: Iterable[Destination], message: Message
@@ -132,20 +142,59 @@ class Routing:
                 continue
             try:
                 durability = destination.publish(message)
-            except QueueFull:
+            except Exception as exc:
+                _refused(destination, exc)
                 refused = True
-                continue
-            except OSError as exc:
-                log.error("queue %r refused a message: %s", destination.name, exc)
-                refused = True
-                continue
-            except Exception as exc:  # a bug in the queue's store or an exchange type's
-                refused = True
-                if isinstance(destination, Queue):
-                    destination.fail(exc)
-                else:
-                    log.exception("destination %r failed to take a message", destination.name)
                 continue
             if durability is not None:
                 waits.append(durability)
         return waits, refused
+
+    @staticmethod
+    def enqueue_run(
+        queues: Sequence[Queue], messages: Sequence[Message]
+    ) -> tuple[list[tuple[GroupCommit, int]], list[bool] | None]:
+        """``enqueue`` for messages routed alike, each queue taking them as a run
+        (``Queue.publish_run``): the flusher tickets that every confirm of the run waits for
+        (no flush completes while the run is enqueued, so waiting for the last of a queue's
+        tickets costs the earlier messages nothing), and which messages a queue refused (None:
+        none)."""
+        waits: list[tuple[GroupCommit, int]] = []
+        refused: list[bool] | None = None
+        count = len(messages)
+        for queue in queues:
+            start = 0
+            while start < count:
+                if not queue.accepting:
+                    if refused is None:
+                        refused = [False] * count
+                    refused[start:] = [True] * (count - start)
+                    break
+                taken, durability, error = queue.publish_run(
+                    messages[start:] if start else messages
+                )
+                if durability is not None:
+                    waits.append(durability)
+                start += taken
+                if error is None:
+                    break
+                _refused(queue, error)
+                if refused is None:
+                    refused = [False] * count
+                refused[start] = True
+                start += 1
+        return waits, refused
+
+
+def _refused(destination: Destination, error: Exception) -> None:
+    """What ``destination.publish`` raised: a full queue or its storage refusing are the
+    publisher's answer (a nack); anything else is a bug, and the queue fails (its consumers
+    are cancelled, the rest of the broker goes on)."""
+    if isinstance(error, QueueFull):
+        return
+    if isinstance(error, OSError):
+        log.error("queue %r refused a message: %s", destination.name, error)
+    elif isinstance(destination, Queue):
+        destination.fail(error)
+    else:
+        log.error("destination %r failed to take a message", destination.name, exc_info=error)

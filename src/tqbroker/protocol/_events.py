@@ -2,8 +2,8 @@
 
 Responsibilities:
 - ``NEED_DATA``: nothing complete yet;
-- the events: the protocol header, a method, a complete publish (method, raw properties, body),
-  the end of the stream.
+- the events: the protocol header, a method, complete publishes (one or a run of them with the
+  same method: the method, raw properties and bodies), the end of the stream.
 """
 
 from __future__ import annotations
@@ -41,18 +41,19 @@ class MethodReceived:
     method: Method
 
 
-@attrs.define(unsafe_hash=True)
+@attrs.define
 class ContentReceived:
-    """A complete ``basic.publish``: the method, the raw property bytes (flags word first, as
-    sent, so deliveries can forward them untouched) and the body.
+    """One or more complete ``basic.publish`` in a row on one channel with the same method: the
+    method, then each publish's raw property bytes (flags word first, as sent, so deliveries
+    can forward them untouched) and body, in order (``properties[i]`` goes with ``bodies[i]``).
 
     Read-only by convention, not frozen: a frozen attrs ``__init__`` costs three times as much,
-    and one of these is made per published message."""
+    and the publish path makes one of these per read at least."""
 
     channel: int
     method: BasicPublish
-    properties: bytes
-    body: bytes
+    properties: list[bytes]
+    bodies: list[bytes]
 
 
 @attrs.frozen

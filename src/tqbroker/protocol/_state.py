@@ -291,7 +291,7 @@ class Channel:
     def _content_done(self, channel: int, body: bytes) -> ContentReceived:
         assert self.method is not None
         assert self.properties is not None
-        event = ContentReceived(channel, self.method, self.properties, body)
+        event = ContentReceived(channel, self.method, [self.properties], [body])
         self.method = self.properties = None
         if self.body_size:
             self.budget.release(self.body_size)

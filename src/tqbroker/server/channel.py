@@ -37,7 +37,7 @@ from .access import TOPIC, ChannelAccess
 from .channel_host import ChannelHost
 from .confirms import PublisherConfirms, Wait
 from .deliveries import Deliveries, Delivery, Settlement, Taken, settle
-from .publishing import make_message, publish_exchange, route
+from .publishing import make_message, publish_exchange, route, route_run
 from .reply_to import ReplyTo
 from .topology import Topology
 from .transactions import Transaction, commit_error
@@ -94,31 +94,37 @@ class Channel:
     def publish(
         self,
         method: m.BasicPublish,
-        properties_raw: bytes,
-        body: bytes,
+        properties: list[bytes],
+        bodies: list[bytes],
         timestamp_ms: int | None = None,
     ) -> Awaitable[None] | None:
-        """Route (or hold, in a transaction) a published message. ``timestamp_ms``: when it
-        arrived (``clock.now_ms()`` of the read that brought it; now if None). The user's
-        permissions are checked first (``access.py``); when the channel's cache cannot answer,
-        this returns what to await (the checks, then the publish)."""
+        """Route (or hold, in a transaction) published messages, in order: one per body
+        (``properties[i]`` are the raw properties of ``bodies[i]``), all with ``method``.
+        ``timestamp_ms``: when they arrived (``clock.now_ms()`` of the read that brought them;
+        now if None). The user's permissions are checked first, once (``access.py``); when the
+        channel's cache cannot answer, this returns what to await (the checks, then the
+        publishes)."""
         if timestamp_ms is None:
             timestamp_ms = clock.now_ms()
         if method.immediate:
             raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true")
         if self.access.writes(method.exchange) is not True:
-            return self._publish_after_checks(method, properties_raw, body, timestamp_ms)
+            return self._publish_after_checks(method, properties, bodies, timestamp_ms)
         exchange = publish_exchange(self.vhost, method)
         if (
             exchange.type_name == TOPIC
             and self.access.topic_writes(exchange.name, method.routing_key) is not True
         ):
-            return self._publish_after_checks(method, properties_raw, body, timestamp_ms)
-        self._publish(exchange, method, properties_raw, body, timestamp_ms)
+            return self._publish_after_checks(method, properties, bodies, timestamp_ms)
+        self._publish(exchange, method, properties, bodies, timestamp_ms)
         return None
 
     async def _publish_after_checks(
-        self, method: m.BasicPublish, properties_raw: bytes, body: bytes, timestamp_ms: int
+        self,
+        method: m.BasicPublish,
+        properties: list[bytes],
+        bodies: list[bytes],
+        timestamp_ms: int,
     ) -> None:
         """``publish`` with its permission checks asked of the auth backends (RabbitMQ's
         order: write on the exchange, the exchange found and not internal, topic write)."""
@@ -128,28 +134,44 @@ class Channel:
         if exchange.type_name == TOPIC:
             await access.check_topic_write(exchange.name, method.routing_key)
         if not self.closed:
-            self._publish(exchange, method, properties_raw, body, timestamp_ms)
+            self._publish(exchange, method, properties, bodies, timestamp_ms)
 
     def _publish(
         self,
         exchange: Exchange,
         method: m.BasicPublish,
-        properties_raw: bytes,
-        body: bytes,
+        properties: list[bytes],
+        bodies: list[bytes],
         timestamp_ms: int,
     ) -> None:
-        message = make_message(method, properties_raw, body, timestamp_ms, self.reply_to)
-        stats = self.stats
-        stats.publish += 1
-        if self.tx is not None:
-            self.tx.publishes.append((exchange, message, method.mandatory))
+        stats, reply_to, mandatory = self.stats, self.reply_to, method.mandatory
+        tx = self.tx
+        if tx is not None:
+            for properties_raw, body in zip(properties, bodies, strict=True):
+                message = make_message(method, properties_raw, body, timestamp_ms, reply_to)
+                stats.publish += 1
+                tx.publishes.append((exchange, message, mandatory))
             return
-        waits, refused, returned = route(self.vhost, exchange, message, method.mandatory, stats)
-        if returned is not None:
-            self.host.write_return(self.number, returned)
-        if self.confirms is not None:
-            self.confirms.published(waits, refused)
-            self.host.confirms_pending(self)
+        messages: list[Message] = []
+        refusal: AMQPError | None = None
+        for properties_raw, body in zip(properties, bodies, strict=True):
+            try:
+                messages.append(make_message(method, properties_raw, body, timestamp_ms, reply_to))
+            except AMQPError as exc:  # the channel closes: the publishes before it still go
+                refusal = exc
+                break
+        if messages:
+            stats.publish += len(messages)
+            confirmed, returns = route_run(self.vhost, exchange, messages, mandatory, stats)
+            for message in returns:
+                self.host.write_return(self.number, message)
+            confirms = self.confirms
+            if confirms is not None:
+                for count, waits, refused in confirmed:
+                    confirms.published(waits, refused, count)
+                self.host.confirms_pending(self)
+        if refusal is not None:
+            raise refusal
 
     def _route(
         self, exchange: Exchange, message: Message, mandatory: bool

@@ -53,18 +53,19 @@ class PublisherConfirms:
         self.confirmed = 0  # every publish up to this one has been acked or nacked
         self._pending: deque[_Pending] = deque()
 
-    def published(self, waits: list[Wait], refused: bool) -> None:
-        """One more publish, routed: what its confirm waits for, and whether a queue refused
-        it."""
-        self.publish_seq = seq = self.publish_seq + 1
+    def published(self, waits: list[Wait], refused: bool, count: int = 1) -> None:
+        """``count`` more publishes in a row, routed: what their confirms wait for, and whether
+        a queue refused them."""
+        first = self.publish_seq + 1
+        self.publish_seq = seq = self.publish_seq + count
         if waits or refused:
             pending = self._pending
             if pending and not refused:
                 last = pending[-1]
-                if last.seq == seq - 1 and not last.failed and last.waits == waits:
+                if last.seq == first - 1 and not last.failed and last.waits == waits:
                     last.seq = seq  # the same flushes: one run
                     return
-            pending.append(_Pending(seq, seq, waits, refused))
+            pending.append(_Pending(first, seq, waits, refused))
             for flusher, _ticket in waits:
                 flusher.listen(self)
 

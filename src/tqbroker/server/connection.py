@@ -367,10 +367,11 @@ class AMQPConnection:
                         target = self.channels.get(event.channel)
                         if target is None:
                             target = self.channels.require(event.channel)
-                        slot = -1 if TRACE is None else TRACE.parsed(event.body)
-                        pending = target.publish(event.method, event.properties, event.body, now_ms)
+                        bodies = event.bodies
+                        slots = [] if TRACE is None else [TRACE.parsed(b) for b in bodies]
+                        pending = target.publish(event.method, event.properties, bodies, now_ms)
                         if TRACE is not None:
-                            TRACE.routed(slot)
+                            TRACE.routed(slots)
                         self.flow.published = True
                         if pending is not None:  # a permission check to ask: the next waits
                             self.channels.flush_confirms()

@@ -69,9 +69,13 @@ class LatencyTrace:
         self.times[base + PARSED] = _now()
         return slot
 
-    def routed(self, slot: int) -> None:
-        if slot >= 0:
-            self.times[slot * len(STAGES) + ROUTED] = _now()
+    def routed(self, slots: list[int]) -> None:
+        """The publishes ``parsed`` gave these slots are routed and enqueued."""
+        now = _now()
+        times = self.times
+        for slot in slots:
+            if slot >= 0:
+                times[slot * len(STAGES) + ROUTED] = now
 
     # -- the delivering side ---------------------------------------------------------------
 

@@ -9,6 +9,8 @@ Responsibilities:
   the properties as a full decode would (decoding them only if memoised or needed: reply-to,
   expiration); a ``reply_to`` of the direct reply-to pseudo-queue becomes the channel's reply
   address;
+- ``route_run``: the messages of one run of publishes (one method), routed once and enqueued
+  together where the route holds for all of them, else one by one;
 - ``route``: replies to a direct reply-to address, sender-selected distribution (``CC`` and
   ``BCC`` headers; ``BCC`` removed before delivery), the exchange's routing, enqueueing; what a
   confirm must wait for, whether a queue refused the message, and the message to return when
@@ -19,6 +21,7 @@ Responsibilities:
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import attrs
 
@@ -47,6 +50,8 @@ _NO_PROPERTIES = BasicProperties()
 # refused it (the publish is nacked), and the message to return (``basic.return``) when it was
 # mandatory and reached no queue. A tuple: this is every publish's path.
 Routed = tuple[list[Wait], bool, Message | None]
+# What the confirms of some publishes in a row wait for: how many, the flushes, refused or not.
+Confirms = tuple[int, list[Wait], bool]
 
 
 def check_immediate(method: BasicPublish) -> None:
@@ -156,3 +161,50 @@ def route(
         return waits, refused, message
     stats.drop_unroutable += 1
     return waits, refused, None
+
+
+def route_run(
+    vhost: VirtualHost,
+    exchange: Exchange,
+    messages: list[Message],
+    mandatory: bool,
+    stats: MessageStats,
+) -> tuple[list[Confirms], list[Message]]:
+    """``route`` for the messages of a run of publishes (one method: the same exchange,
+    routing key and mandatory flag), in order: what their confirms wait for, as runs, and the
+    messages to return. The first is routed alone; the others go together to the queues it
+    reached when the route is known to hold for them (``Routing.memoised``: no router is
+    asked) and none has headers (no CC or BCC keys), else one by one."""
+    first = messages[0]
+    waits, refused, returned = route(vhost, exchange, first, mandatory, stats)
+    confirms: list[Confirms] = [(1, waits, refused)]
+    returns = [] if returned is None else [returned]
+    rest = messages[1:]
+    if not rest:
+        return confirms, returns
+    routing_key = first.routing_key
+    queues = (
+        None
+        if exchange is vhost.default_exchange and routing_key.startswith(REPLY_TO_PREFIX)
+        else vhost.routing.memoised(exchange, routing_key)
+    )
+    if (
+        not queues
+        or not all(isinstance(queue, Queue) for queue in queues)
+        or any(message.properties_raw[0] & _HEADERS_FLAG_HIGH for message in rest)
+    ):
+        for message in rest:
+            waits, refused, returned = route(vhost, exchange, message, mandatory, stats)
+            confirms.append((1, waits, refused))
+            if returned is not None:
+                returns.append(returned)
+        return confirms, returns
+    waits, refusals = vhost.routing.enqueue_run(cast(tuple[Queue, ...], queues), rest)
+    exchange_stats = exchange.stats
+    exchange_stats.publish_in += len(rest)
+    exchange_stats.publish_out += len(rest) * len(queues)
+    if refusals is None:
+        confirms.append((len(rest), waits, False))
+    else:
+        confirms += [(1, waits, refused) for refused in refusals]
+    return confirms, returns

@@ -4,6 +4,8 @@ that a consumer keeping up with publishers is not served from disk (``RecordCach
 from __future__ import annotations
 
 from array import array
+from collections import deque
+from itertools import repeat
 
 
 class RecordCache:
@@ -63,8 +65,9 @@ class RecordCache:
             i = self._order_start
             old_entries = self._logs.get(order[i])
             if old_entries is not None:
-                for old in range(order[i + 1], order[i + 2] + 1):
-                    old_entries.pop(old, None)
+                first, last = order[i + 1], order[i + 2]
+                # A C-level loop: a batch has thousands of records.
+                deque(map(old_entries.pop, range(first, last + 1), repeat(None)), maxlen=0)
             self._bytes -= order[i + 3]
             self._order_start = i + 4
         if self._order_start > 4 * 65536 and 2 * self._order_start > len(order):

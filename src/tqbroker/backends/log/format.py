@@ -22,6 +22,7 @@ u32``, time index ``timestamp_ms u64 | relative_offset u32``).
 from __future__ import annotations
 
 import struct
+from operator import itemgetter
 
 import google_crc32c
 
@@ -46,6 +47,7 @@ ENTRY_OVERHEAD = ENTRY_HEAD.size + 1 + 1 + 4  # an entry's bytes besides names, 
 INDEX_ENTRY = struct.Struct(">II")  # relative offset, file position
 TIME_ENTRY = struct.Struct(">QI")  # timestamp ms, relative offset
 _U32 = struct.Struct(">I")
+_first = itemgetter(0)
 
 
 class RecordError(Exception):
@@ -220,9 +222,13 @@ def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> b
     pack_entry = ENTRY_HEAD.pack
     pack_u32 = _U32.pack
     names_of: dict[tuple[str, str], bytes] = {}  # most batches have one exchange and key
-    fixed = ENTRY_HEAD.size - 4 + 4  # an entry's length counts from offset_delta on
-    max_timestamp = 0
+    fixed = ENTRY_HEAD.size - 4  # an entry's length counts from offset_delta on
+    # What comes between an entry's head and its body (names, properties), kept while
+    # entries share their names and properties (a run of publishes does).
+    last_names = last_props = b""
+    middle = b""
     for delta, (timestamp_ms, flags, message) in enumerate(entries):
+        props = message.properties_raw
         key = (message.exchange, message.routing_key)
         names = names_of.get(key)
         if names is None:
@@ -230,13 +236,13 @@ def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> b
             routing_key = message.routing_key.encode()
             names = bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key
             names_of[key] = names
-        props = message.properties_raw
+        if names is not last_names or props is not last_props:
+            last_names, last_props = names, props
+            middle = names + pack_u32(len(props)) + props
         body = message.body
-        length = fixed + len(names) + len(props) + len(body)
-        extend((pack_entry(length, delta, timestamp_ms, flags), names, pack_u32(len(props))))
-        extend((props, body))
-        if timestamp_ms > max_timestamp:
-            max_timestamp = timestamp_ms
+        length = fixed + len(middle) + len(body)
+        extend((pack_entry(length, delta, timestamp_ms, flags), middle, body))
+    max_timestamp = max(map(_first, entries))
     parts[0] = RECORD_FIXED.pack(
         base_offset, max_timestamp, FLAG_BATCH | FLAG_PERSISTENT
     ) + BATCH_COUNT.pack(len(entries))

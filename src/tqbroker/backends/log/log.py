@@ -24,6 +24,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import pairwise
+from operator import itemgetter
 from pathlib import Path
 from typing import Final
 
@@ -59,6 +60,7 @@ CLEAN_MARKER = "clean-shutdown"
 _NO_FRAME: Final[Frame] = Batch(-1, -1, [], 0)
 # Where compacted copies of segments are written before they are moved over the originals.
 COMPACTION_DIR = "compaction.tmp"
+_first = itemgetter(0)
 
 
 class Log:
@@ -212,8 +214,7 @@ class Log:
         one record batch (buffered; one entry is written as a record); return the first
         offset. The batch goes to the record cache too. All or nothing: OSError (a segment to
         roll to cannot be created) leaves the log as it was."""
-        now = 0
-        if any(entry[0] == 0 for entry in entries):
+        if 0 in map(_first, entries):  # C-level loops: a batch has thousands of entries
             now = _now_ms()
             entries = [(stamp or now, flags, message) for stamp, flags, message in entries]
         active = self.segments[-1]
@@ -224,7 +225,7 @@ class Log:
         else:
             frame = encode_batch(offset, entries)
         last = offset + len(entries) - 1
-        max_timestamp = max(entry[0] for entry in entries)
+        max_timestamp = max(map(_first, entries))
         if active.size and (
             active.size + len(frame) > self.segment_bytes
             or max_timestamp - self._segment_created_ms > self.segment_ms

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import cbor2
@@ -110,36 +110,58 @@ class LogStream:
     # -- reading and writing -----------------------------------------------------------------
 
     def append(self, message: Message) -> int:
-        """Add a record to the open batch; return its offset."""
-        size = (
-            ENTRY_OVERHEAD
-            + len(message.exchange)
-            + len(message.routing_key)
-            + len(message.properties_raw)
-            + len(message.body)
-        )
-        if self._batch and self._batch_bytes + size > self._batch_room():
-            self.seal()  # a batch fills a segment at most (unless one record is bigger)
-        batch = self._batch
-        offset = self.log.next_offset + len(batch)
-        if not batch:
-            self._batch_bytes = BATCH_OVERHEAD
-            self.log.changed()  # the next flush seals and writes the batch
-        batch.append((message.timestamp_ms, FLAG_PERSISTENT, message))
-        self._batch_bytes += size
-        if len(batch) >= MAX_BATCH_RECORDS or self._batch_bytes >= MAX_BATCH_BYTES:
-            # The record is in the batch now: a failure to write it out (no descriptor for a
-            # new segment) is the next flush's to retry and report, not this publish's.
-            with contextlib.suppress(OSError):
-                self.seal()
+        """Append one record; return its offset. Raises ``OSError`` when storage refuses it."""
+        offset = self.next_offset
+        _appended, error = self.append_many((message,))
+        if error is not None:
+            raise error
         return offset
 
-    def _batch_room(self) -> int:
-        """How big the open batch may grow: what is left of the active segment, or a whole
-        segment if it would roll anyway."""
+    def append_many(self, messages: Sequence[Message]) -> tuple[int, OSError | None]:
+        """Add records to the open batch, in order: how many were, and the ``OSError`` that
+        refused the next one (the open batch would overflow the active segment and could not
+        be written out to make room), else None."""
         log = self.log
-        left = log.segment_bytes - log.segments[-1].size
-        return left if left >= self._batch_bytes else log.segment_bytes
+        segment_bytes = log.segment_bytes
+        batch, total = self._batch, self._batch_bytes
+        left = segment_bytes - log.segments[-1].size  # in the active segment
+        appended = 0
+        try:
+            for message in messages:
+                size = (
+                    ENTRY_OVERHEAD
+                    + len(message.exchange)
+                    + len(message.routing_key)
+                    + len(message.properties_raw)
+                    + len(message.body)
+                )
+                # A batch fills a segment at most (unless one record is bigger), or a whole
+                # segment if it would roll anyway.
+                if batch and total + size > (left if left >= total else segment_bytes):
+                    self._batch_bytes = total
+                    self.seal()
+                    batch, total = self._batch, 0
+                    left = segment_bytes - log.segments[-1].size
+                if not batch:
+                    total = BATCH_OVERHEAD
+                    log.changed()  # the next flush seals and writes the batch
+                batch.append((message.timestamp_ms, FLAG_PERSISTENT, message))
+                total += size
+                appended += 1
+                if len(batch) >= MAX_BATCH_RECORDS or total >= MAX_BATCH_BYTES:
+                    # The record is in the batch now: a failure to write it out (no descriptor
+                    # for a new segment) is the next flush's to retry and report, not this
+                    # publish's.
+                    self._batch_bytes = total
+                    with contextlib.suppress(OSError):
+                        self.seal()
+                    batch, total = self._batch, self._batch_bytes
+                    left = segment_bytes - log.segments[-1].size
+        except OSError as exc:
+            return appended, exc
+        finally:
+            self._batch_bytes = total
+        return appended, None
 
     def seal(self) -> None:
         """Write the open batch into the log (buffered, as one frame). Raises OSError when

@@ -38,7 +38,7 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Final
 
 import trio
@@ -218,22 +218,33 @@ class StreamQueue(Queue):
 
     def publish(self, message: Message) -> Durability:
         """Append; the confirm waits for the backend's next flush (fsync'd per its policy)."""
-        self.stream.append(message)  # OSError: the caller refuses the publish
-        self.stats.publish += 1
+        _taken, durability, error = self.publish_run((message,))
+        if error is not None:
+            raise error  # OSError: the caller refuses the publish
+        return durability
+
+    def publish_run(self, messages: Sequence[Message]) -> tuple[int, Durability, Exception | None]:
+        """Append a run of messages at once (``Queue.publish_run``); their confirms wait for
+        the backend's next flush."""
+        taken, error = self.stream.append_many(messages)
+        if not taken:
+            return 0, None, error
+        self.stats.publish += taken
         if self.max_bytes is not None:
             self._wakeup.set()
         flusher = self.flusher
         if flusher is None:
-            return None
-        if self.consumers:  # readers see the message once the flush has made it durable
+            return taken, None, error
+        if self.consumers:  # readers see the messages once the flush has made them durable
             flusher.wake_after_flush(self)
         # One flush ticket per record batch: until the batch is closed (by a flush, which
-        # then covers the ticket, or by a read) the same flush makes all of it durable.
+        # then covers the ticket, or by a read) the same flush makes all of it durable. Taken
+        # after the run's appends, it covers a batch the run closed too.
         generation = self.stream.batch_generation
         if generation != self._batch_generation or self._batch_ticket <= flusher.completed:
             self._batch_generation = generation
             self._batch_ticket = flusher.request()
-        return flusher, self._batch_ticket
+        return taken, (flusher, self._batch_ticket), error
 
     def get(self) -> Popped | FlushFirst | None:
         raise AMQPError(
