@@ -48,6 +48,11 @@ INDEX_ENTRY = struct.Struct(">II")  # relative offset, file position
 TIME_ENTRY = struct.Struct(">QI")  # timestamp ms, relative offset
 _U32 = struct.Struct(">I")
 _first = itemgetter(0)
+_crc = google_crc32c.value
+_crc_extend = google_crc32c.extend
+# The most (exchange, routing key) pairs whose stored form is memoised (all forgotten past it).
+NAMES_MEMO_SIZE = 4096
+_NAMES: dict[tuple[str, str], bytes] = {}
 
 
 class RecordError(Exception):
@@ -55,22 +60,36 @@ class RecordError(Exception):
 
 
 def encode_record(offset: int, timestamp_ms: int, flags: int, message: Message) -> bytes:
-    exchange = message.exchange.encode()
-    routing_key = message.routing_key.encode()
     props = message.properties_raw
-    rest = b"".join(
-        (
-            RECORD_FIXED.pack(offset, timestamp_ms, flags),
-            bytes((len(exchange),)),
-            exchange,
-            bytes((len(routing_key),)),
-            routing_key,
-            _U32.pack(len(props)),
-            props,
-            message.body,
-        )
+    head = (
+        RECORD_FIXED.pack(offset, timestamp_ms, flags)
+        + _names(message.exchange, message.routing_key)
+        + _U32.pack(len(props))
+        + props
     )
-    return RECORD_HEAD.pack(len(rest) + 4, google_crc32c.value(rest)) + rest
+    body = message.body
+    crc = _crc_extend(_crc(head), body)  # the body is copied once, by the join
+    return b"".join((RECORD_HEAD.pack(len(head) + len(body) + 4, crc), head, body))
+
+
+def _names(exchange: str, routing_key: str) -> bytes:
+    """The exchange and routing key as a record stores them (two shortstrs), memoised: most
+    records repeat a few."""
+    key = (exchange, routing_key)
+    names = _NAMES.get(key)
+    if names is None:
+        exchange_raw = exchange.encode()
+        routing_key_raw = routing_key.encode()
+        names = (
+            bytes((len(exchange_raw),))
+            + exchange_raw
+            + bytes((len(routing_key_raw),))
+            + routing_key_raw
+        )
+        if len(_NAMES) >= NAMES_MEMO_SIZE:
+            _NAMES.clear()
+        _NAMES[key] = names
+    return names
 
 
 class Record:
@@ -221,7 +240,6 @@ def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> b
     extend = parts.extend
     pack_entry = ENTRY_HEAD.pack
     pack_u32 = _U32.pack
-    names_of: dict[tuple[str, str], bytes] = {}  # most batches have one exchange and key
     fixed = ENTRY_HEAD.size - 4  # an entry's length counts from offset_delta on
     # What comes between an entry's head and its body (names, properties), kept while
     # entries share their names and properties (a run of publishes does).
@@ -229,13 +247,7 @@ def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> b
     middle = b""
     for delta, (timestamp_ms, flags, message) in enumerate(entries):
         props = message.properties_raw
-        key = (message.exchange, message.routing_key)
-        names = names_of.get(key)
-        if names is None:
-            exchange = message.exchange.encode()
-            routing_key = message.routing_key.encode()
-            names = bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key
-            names_of[key] = names
+        names = _names(message.exchange, message.routing_key)
         if names is not last_names or props is not last_props:
             last_names, last_props = names, props
             middle = names + pack_u32(len(props)) + props
