@@ -37,7 +37,7 @@ from .access import TOPIC, ChannelAccess
 from .channel_host import ChannelHost
 from .confirms import PublisherConfirms, Wait
 from .deliveries import Deliveries, Delivery, Settlement, Taken, settle
-from .publishing import make_message, publish_exchange, route, route_run
+from .publishing import make_messages, publish_exchange, route, route_run
 from .reply_to import ReplyTo
 from .topology import Topology
 from .transactions import Transaction, commit_error
@@ -144,24 +144,13 @@ class Channel:
         bodies: list[bytes],
         timestamp_ms: int,
     ) -> None:
-        stats, reply_to, mandatory = self.stats, self.reply_to, method.mandatory
-        tx = self.tx
-        if tx is not None:
-            for properties_raw, body in zip(properties, bodies, strict=True):
-                message = make_message(method, properties_raw, body, timestamp_ms, reply_to)
-                stats.publish += 1
-                tx.publishes.append((exchange, message, mandatory))
-            return
-        messages: list[Message] = []
-        refusal: AMQPError | None = None
-        for properties_raw, body in zip(properties, bodies, strict=True):
-            try:
-                messages.append(make_message(method, properties_raw, body, timestamp_ms, reply_to))
-            except AMQPError as exc:  # the channel closes: the publishes before it still go
-                refusal = exc
-                break
-        if messages:
-            stats.publish += len(messages)
+        # The channel closes on a refusal: the publishes before it still go.
+        messages, refusal = make_messages(method, properties, bodies, timestamp_ms, self.reply_to)
+        stats, mandatory = self.stats, method.mandatory
+        stats.publish += len(messages)
+        if self.tx is not None:
+            self.tx.publishes += [(exchange, message, mandatory) for message in messages]
+        elif messages:
             confirmed, returns = route_run(self.vhost, exchange, messages, mandatory, stats)
             for message in returns:
                 self.host.write_return(self.number, message)

@@ -117,6 +117,36 @@ def make_message(
     )
 
 
+def make_messages(
+    method: BasicPublish,
+    properties: list[bytes],
+    bodies: list[bytes],
+    timestamp_ms: int,
+    reply_to: ReplyTo,
+) -> tuple[list[Message], AMQPError | None]:
+    """``make_message`` for each publish of a run, in order: the messages up to the first
+    refused, and its refusal (None: none). Properties that repeat the ones before (the same
+    bytes object: the fast path shares a run's repeated properties) are checked and decoded
+    once (with headers, each message decodes its own when asked: a table is mutable)."""
+    messages: list[Message] = []
+    checked: bytes | None = None  # the properties last checked, as sent
+    stored = b""  # what they became (a direct reply-to address filled in)
+    decoded: BasicProperties | None = None  # shared when immutable: no headers table
+    exchange, routing_key = method.exchange, method.routing_key
+    for raw, body in zip(properties, bodies, strict=True):
+        if raw is checked:
+            messages.append(Message(exchange, routing_key, stored, body, decoded, timestamp_ms))
+            continue
+        try:
+            message = make_message(method, raw, body, timestamp_ms, reply_to)
+        except AMQPError as exc:
+            return messages, exc
+        messages.append(message)
+        checked, stored = raw, message.properties_raw
+        decoded = None if stored[0] & _HEADERS_FLAG_HIGH else message.properties
+    return messages, None
+
+
 def route(
     vhost: VirtualHost, exchange: Exchange, message: Message, mandatory: bool, stats: MessageStats
 ) -> Routed:

@@ -179,6 +179,10 @@ class LogBackend:
         self._changed(store)
 
     def _changed(self, store: LogQueueStore | LogStream) -> None:
+        # Called on every append: a store already marked needs no lock. Only ``begin_flush``
+        # (on the thread that appends) takes stores out, so one seen marked stays so.
+        if store in self._dirty:
+            return
         with self._lock:
             self._dirty[store] = None
 

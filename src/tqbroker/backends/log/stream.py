@@ -34,6 +34,8 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 
 import cbor2
@@ -51,6 +53,11 @@ from .segment import Segment
 log = logging.getLogger(__name__)
 
 STATE_FILE = "stream.cbor"
+_exchange = attrgetter("exchange")
+_routing_key = attrgetter("routing_key")
+_properties_raw = attrgetter("properties_raw")
+_body = attrgetter("body")
+_timestamp = attrgetter("timestamp_ms")
 MAX_BATCH_RECORDS = 4096
 MAX_BATCH_BYTES = 1024 * 1024
 
@@ -125,6 +132,22 @@ class LogStream:
         segment_bytes = log.segment_bytes
         batch, total = self._batch, self._batch_bytes
         left = segment_bytes - log.segments[-1].size  # in the active segment
+        # Most runs fit in the open batch and the active segment: added at once (C-level
+        # loops), with the outcome of the loop below, which would seal nothing.
+        count = len(messages)
+        if not count:
+            return 0, None
+        grown = (total if batch else BATCH_OVERHEAD) + ENTRY_OVERHEAD * count
+        grown += sum(map(len, map(_exchange, messages)))
+        grown += sum(map(len, map(_routing_key, messages)))
+        grown += sum(map(len, map(_properties_raw, messages)))
+        grown += sum(map(len, map(_body, messages)))
+        if grown <= left and grown < MAX_BATCH_BYTES and len(batch) + count < MAX_BATCH_RECORDS:
+            if not batch:
+                log.changed()  # the next flush seals and writes the batch
+            batch.extend(zip(map(_timestamp, messages), repeat(FLAG_PERSISTENT), messages))
+            self._batch_bytes = grown
+            return count, None
         appended = 0
         try:
             for message in messages:

@@ -1,0 +1,152 @@
+"""Publishes in runs: the publishes of one read that repeat a method frame reach the channel as
+one event (``FastPath``), which checks, routes and appends them together (``route_run``,
+``Queue.publish_run``). A run must answer exactly as the same publishes one by one: confirms in
+order, a refusal in its middle for that publish alone (the ones before it kept), a return for
+each unroutable mandatory one, and a stream appending all of it. Each run here is sent in one
+write, so the broker reads it whole."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from rawamqp import RawAMQP, body_frame, content_header
+from tqbroker.protocol.frames import encode_method
+from tqbroker.protocol.methods import (
+    BasicAck,
+    BasicConsume,
+    BasicConsumeOk,
+    BasicDeliver,
+    BasicGet,
+    BasicGetOk,
+    BasicNack,
+    BasicProperties,
+    BasicPublish,
+    BasicQos,
+    BasicQosOk,
+    BasicReturn,
+    ConfirmSelect,
+    ConfirmSelectOk,
+    QueueDeclare,
+    QueueDeclareOk,
+)
+from tqbroker.testing import RunningBroker
+
+
+def run_of(
+    exchange: str,
+    routing_key: str,
+    bodies: list[bytes],
+    *,
+    properties: list[BasicProperties] | None = None,
+    mandatory: bool = False,
+) -> bytes:
+    """The bytes of one publish per body on channel 1, all with the same method frame."""
+    out = b""
+    for n, body in enumerate(bodies):
+        props = (properties[n] if properties else BasicProperties()).encode()
+        out += encode_method(1, BasicPublish(0, exchange, routing_key, mandatory))
+        out += content_header(1, len(body), props) + body_frame(1, body)
+    return out
+
+
+@pytest.fixture
+def amqp(tqbroker_thread: RunningBroker) -> Iterator[RawAMQP]:
+    with RawAMQP(tqbroker_thread.host, tqbroker_thread.port) as client:
+        client.handshake()
+        client.open_channel(1)
+        yield client
+
+
+def confirm_mode(amqp: RawAMQP) -> None:
+    amqp.call(1, ConfirmSelect(), ConfirmSelectOk)
+
+
+def settlements(amqp: RawAMQP, count: int) -> dict[int, str]:
+    """How each of the first ``count`` publishes was settled: ``ack`` or ``nack``."""
+    settled: dict[int, str] = {}
+    while len(settled) < count:
+        method = amqp.next_frame().method
+        assert isinstance(method, BasicAck | BasicNack), method
+        kind = "ack" if isinstance(method, BasicAck) else "nack"
+        low = 1 if method.multiple else method.delivery_tag
+        for tag in range(low, method.delivery_tag + 1):
+            settled.setdefault(tag, kind)
+    return settled
+
+
+def declare(amqp: RawAMQP, arguments: dict[str, object] | None = None) -> str:
+    name = f"runs-{uuid.uuid4().hex[:8]}"
+    amqp.call(1, QueueDeclare(queue=name, durable=True, arguments=arguments or {}), QueueDeclareOk)
+    return name
+
+
+def queued(amqp: RawAMQP, queue: str) -> list[bytes]:
+    """Every message in ``queue``, in order (``basic.get``, no ack)."""
+    bodies = []
+    while True:
+        amqp.send_method(1, BasicGet(queue=queue, no_ack=True))
+        frame = amqp.next_frame()
+        if not isinstance(frame.method, BasicGetOk):
+            return bodies
+        bodies.append(amqp.expect_content(1)[1])
+
+
+def test_a_run_into_a_queue_that_fills_is_acked_then_nacked(amqp: RawAMQP) -> None:
+    queue = declare(amqp, {"x-max-length": 5, "x-overflow": "reject-publish"})
+    confirm_mode(amqp)
+    amqp.send(run_of("", queue, [b"m%d" % n for n in range(8)]))
+    assert settlements(amqp, 8) == {n: "ack" if n <= 5 else "nack" for n in range(1, 9)}
+    assert queued(amqp, queue) == [b"m%d" % n for n in range(5)]
+
+
+def test_a_refusal_in_a_run_keeps_the_publishes_before_it(
+    amqp: RawAMQP, tqbroker_thread: RunningBroker
+) -> None:
+    queue = declare(amqp)
+    bad = BasicProperties(expiration="soon")  # not a number: 406 on the channel
+    properties = [BasicProperties()] * 3 + [bad] + [BasicProperties()] * 3
+    amqp.send(run_of("", queue, [b"m%d" % n for n in range(7)], properties=properties))
+    close = amqp.expect_channel_close(1, 406, class_id=60, method_id=40)
+    assert "invalid expiration 'soon'" in close.reply_text
+    with RawAMQP(tqbroker_thread.host, tqbroker_thread.port) as other:
+        other.handshake()
+        other.open_channel(1)
+        assert queued(other, queue) == [b"m0", b"m1", b"m2"]
+
+
+def test_every_unroutable_mandatory_publish_of_a_run_is_returned(amqp: RawAMQP) -> None:
+    confirm_mode(amqp)
+    bodies = [b"r%d" % n for n in range(5)]
+    amqp.send(run_of("amq.direct", "nowhere", bodies, mandatory=True))
+    returned = []
+    for _ in bodies:
+        method = amqp.expect_method(BasicReturn, channel=1)
+        assert (method.reply_code, method.reply_text) == (312, "NO_ROUTE")
+        returned.append(amqp.expect_content(1)[1])
+    assert returned == bodies
+    assert settlements(amqp, 5) == dict.fromkeys(range(1, 6), "ack")
+
+
+def test_a_run_longer_than_one_event_into_a_stream_is_appended_in_order(amqp: RawAMQP) -> None:
+    queue = declare(amqp, {"x-queue-type": "stream"})
+    confirm_mode(amqp)
+    count = 700  # runs end at 256 publishes: three events
+    bodies = [b"s%04d" % n for n in range(count)]
+    mixed = [BasicProperties(content_type="a" if n % 300 < 290 else "b") for n in range(count)]
+    amqp.send(run_of("", queue, bodies, properties=mixed))
+    assert settlements(amqp, count) == dict.fromkeys(range(1, count + 1), "ack")
+    amqp.call(1, BasicQos(prefetch_count=count), BasicQosOk)
+    amqp.send_method(1, BasicConsume(queue=queue, arguments={"x-stream-offset": "first"}))
+    amqp.expect_method(BasicConsumeOk, channel=1)
+    got = []
+    for _ in range(count):
+        amqp.expect_method(BasicDeliver, channel=1)
+        properties, body = amqp.expect_content(1)
+        got.append((properties, body))
+    assert [body for _, body in got] == bodies
+    assert [BasicProperties.decode(memoryview(p)).content_type for p, _ in got] == [
+        p.content_type for p in mixed
+    ]
