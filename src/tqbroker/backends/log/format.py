@@ -243,14 +243,18 @@ def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> b
     fixed = ENTRY_HEAD.size - 4  # an entry's length counts from offset_delta on
     # What comes between an entry's head and its body (names, properties), kept while
     # entries share their names and properties (a run of publishes does).
-    last_names = last_props = b""
+    last_exchange = last_routing_key = ""
+    last_props: bytes | None = None  # none yet: the first entry makes its middle
     middle = b""
     for delta, (timestamp_ms, flags, message) in enumerate(entries):
-        props = message.properties_raw
-        names = _names(message.exchange, message.routing_key)
-        if names is not last_names or props is not last_props:
-            last_names, last_props = names, props
-            middle = names + pack_u32(len(props)) + props
+        props, exchange, routing_key = message.properties_raw, message.exchange, message.routing_key
+        if (
+            props is not last_props
+            or exchange is not last_exchange
+            or routing_key is not last_routing_key
+        ):
+            last_props, last_exchange, last_routing_key = props, exchange, routing_key
+            middle = _names(exchange, routing_key) + pack_u32(len(props)) + props
         body = message.body
         length = fixed + len(middle) + len(body)
         extend((pack_entry(length, delta, timestamp_ms, flags), middle, body))

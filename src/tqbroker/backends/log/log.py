@@ -249,7 +249,7 @@ class Log:
             return None
         segment = self.segments[i]
         if i == len(self.segments) - 1:
-            cached = self._cached.get(offset)
+            cached = self._cached.find(offset)
             if cached is not None:
                 record = self._from_cache(cached, offset)
                 return record if record is not None and record.offset == offset else None
@@ -270,7 +270,7 @@ class Log:
         for j in range(i, last + 1):
             segment = self.segments[j]
             if j == last:  # the active segment: no gaps, so the wanted offset may be cached
-                cached = self._cached.get(max(offset, segment.base_offset))
+                cached = self._cached.find(max(offset, segment.base_offset))
                 if cached is not None:
                     return self._from_cache(cached, offset)
             self._reading_in(segment)
