@@ -102,6 +102,24 @@ def test_a_run_into_a_queue_that_fills_is_acked_then_nacked(amqp: RawAMQP) -> No
     assert queued(amqp, queue) == [b"m%d" % n for n in range(5)]
 
 
+def test_a_run_past_a_full_queue_dead_letters_each_refused_publish_once(amqp: RawAMQP) -> None:
+    dead = declare(amqp)
+    queue = declare(
+        amqp,
+        {
+            "x-max-length": 2,
+            "x-overflow": "reject-publish-dlx",
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dead,
+        },
+    )
+    confirm_mode(amqp)
+    amqp.send(run_of("", queue, [b"m%d" % n for n in range(6)]))
+    assert settlements(amqp, 6) == {n: "ack" if n <= 2 else "nack" for n in range(1, 7)}
+    assert queued(amqp, queue) == [b"m0", b"m1"]
+    assert queued(amqp, dead) == [b"m2", b"m3", b"m4", b"m5"]
+
+
 def test_a_refusal_in_a_run_keeps_the_publishes_before_it(
     amqp: RawAMQP, tqbroker_thread: RunningBroker
 ) -> None:

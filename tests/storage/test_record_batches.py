@@ -303,6 +303,42 @@ def test_a_batch_the_log_cannot_take_stays_open_and_keeps_its_offsets(
     backend.close()
 
 
+def test_a_run_the_log_cannot_take_whole_is_taken_up_to_the_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``append_many`` of a run that outgrows the segment when no new one can be made: the
+    records before the refusal are in the open batch with their offsets, the refusal is
+    returned (the publish path nacks that one), and the next flush writes them."""
+    backend = LogBackend(segment_bytes=4096, index_interval_bytes=256)
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    assert isinstance(stream, LogStream)
+    assert stream.append_many([]) == (0, None)
+    small = [Message("", "k", b"\x00\x00", b"a%02d" % n, timestamp_ms=T0) for n in range(3)]
+    assert stream.append_many(small) == (3, None)  # fits: added at once
+    _flush(backend)
+
+    def no_descriptors(self: Log, base_offset: int) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    real_roll = Log._roll
+    monkeypatch.setattr(Log, "_roll", no_descriptors)
+    run = [
+        Message("", "k", b"\x00\x00", b"b%03d" % n + b"." * 50, timestamp_ms=T0) for n in range(200)
+    ]
+    taken, error = stream.append_many(run)
+    assert isinstance(error, OSError)
+    assert error.errno == errno.EMFILE
+    assert 0 < taken < len(run)
+    assert stream.next_offset == 3 + taken  # the refused record took no offset
+    monkeypatch.setattr(Log, "_roll", real_roll)
+    _flush(backend)
+    assert stream.durable_end == 3 + taken
+    bodies = [r.message.body[:4] for r in stream.read_many(0, stream.durable_end, 1000)]
+    assert bodies == [b"a%02d" % n for n in range(3)] + [b"b%03d" % n for n in range(taken)]
+    backend.close()
+
+
 @pytest.mark.parametrize("first", ["a-full-batch", "one-big-message"])
 async def test_a_publish_after_a_flush_began_never_rides_its_ticket(
     tmp_path: Path, first: str
