@@ -13,6 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from rawamqp import RawAMQP, body_frame, content_header
+from tqbroker.backends.log.stream import LogStream
+from tqbroker.model import Message
 from tqbroker.protocol.frames import encode_method
 from tqbroker.protocol.methods import (
     BasicAck,
@@ -29,6 +31,10 @@ from tqbroker.protocol.methods import (
     BasicReturn,
     ConfirmSelect,
     ConfirmSelectOk,
+    ExchangeDeclare,
+    ExchangeDeclareOk,
+    QueueBind,
+    QueueBindOk,
     QueueDeclare,
     QueueDeclareOk,
 )
@@ -64,9 +70,10 @@ def confirm_mode(amqp: RawAMQP) -> None:
     amqp.call(1, ConfirmSelect(), ConfirmSelectOk)
 
 
-def settlements(amqp: RawAMQP, count: int) -> dict[int, str]:
-    """How each of the first ``count`` publishes was settled: ``ack`` or ``nack``."""
-    settled: dict[int, str] = {}
+def settlements(amqp: RawAMQP, count: int, settled: dict[int, str] | None = None) -> dict[int, str]:
+    """How each of the first ``count`` publishes was settled, ``ack`` or ``nack``: read on
+    until each is (``settled``: what earlier calls read)."""
+    settled = {} if settled is None else settled
     while len(settled) < count:
         method = amqp.next_frame().method
         assert isinstance(method, BasicAck | BasicNack), method
@@ -168,3 +175,95 @@ def test_a_run_longer_than_one_event_into_a_stream_is_appended_in_order(amqp: Ra
     assert [BasicProperties.decode(memoryview(p)).content_type for p, _ in got] == [
         p.content_type for p in mixed
     ]
+
+
+def _dead_lettering_fanout(amqp: RawAMQP) -> tuple[str, str, str]:
+    """A fanout exchange to two queues, the first dead-lettering (drop-head past one message)
+    into the second, which refuses past three."""
+    exchange = f"runs-x-{uuid.uuid4().hex[:8]}"
+    amqp.call(1, ExchangeDeclare(exchange=exchange, type="fanout"), ExchangeDeclareOk)
+    second = declare(amqp, {"x-max-length": 3, "x-overflow": "reject-publish"})
+    first = declare(
+        amqp,
+        {
+            "x-max-length": 1,
+            "x-overflow": "drop-head",
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": second,
+        },
+    )
+    for queue in (first, second):
+        amqp.call(1, QueueBind(queue=queue, exchange=exchange), QueueBindOk)
+    return exchange, first, second
+
+
+def test_a_run_to_queues_that_dead_letter_into_each_other_goes_as_one_by_one(
+    tqbroker_thread: RunningBroker,
+) -> None:
+    """Each message reaches every queue of the route before the next (a run is not put into
+    one queue whole, then the next): the second queue sees the first's dead letters in the
+    same order, and the confirms say the same."""
+    outcomes = []
+    for together in (False, True):
+        with RawAMQP(tqbroker_thread.host, tqbroker_thread.port) as amqp:
+            amqp.handshake()
+            amqp.open_channel(1)
+            exchange, first, second = _dead_lettering_fanout(amqp)
+            confirm_mode(amqp)
+            bodies = [b"M%d" % n for n in range(4)]
+            settled: dict[int, str] = {}
+            if together:
+                amqp.send(run_of(exchange, "", bodies))
+                settled = settlements(amqp, len(bodies))
+            else:
+                for n, body in enumerate(bodies, 1):
+                    amqp.send(run_of(exchange, "", [body]))
+                    settlements(amqp, n, settled)
+            second_queue = [body.split(b"\x00")[0] for body in queued(amqp, second)]
+            outcomes.append((settled, queued(amqp, first), second_queue))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_a_return_precedes_what_the_next_publish_of_the_run_delivers(amqp: RawAMQP) -> None:
+    queue = declare(amqp)
+    exchange = f"runs-h-{uuid.uuid4().hex[:8]}"
+    amqp.call(1, ExchangeDeclare(exchange=exchange, type="headers"), ExchangeDeclareOk)
+    amqp.call(
+        1,
+        QueueBind(queue=queue, exchange=exchange, arguments={"k": "yes", "x-match": "all"}),
+        QueueBindOk,
+    )
+    amqp.send_method(1, BasicConsume(queue=queue, no_ack=True))
+    amqp.expect_method(BasicConsumeOk, channel=1)
+    no, yes = BasicProperties(headers={"k": "no"}), BasicProperties(headers={"k": "yes"})
+    amqp.send(run_of(exchange, "", [b"M1", b"M2"], properties=[no, yes], mandatory=True))
+    assert isinstance(amqp.next_frame().method, BasicReturn)
+    assert amqp.expect_content(1)[1] == b"M1"
+    assert isinstance(amqp.next_frame().method, BasicDeliver)
+    assert amqp.expect_content(1)[1] == b"M2"
+
+
+def test_a_bug_in_a_stream_store_during_a_run_fails_the_queue_not_the_connection(
+    amqp: RawAMQP, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store raises (not an ``OSError``) for a run holding a poisoned message: the queue
+    fails and the publishes it could not take are nacked, as ``enqueue`` does for one; the
+    connection goes on."""
+    append_many = LogStream.append_many
+
+    def buggy(self: LogStream, messages: list[Message]) -> tuple[int, OSError | None]:
+        if any(message.body == b"bad" for message in messages):
+            raise RuntimeError("a bug in the store")
+        return append_many(self, messages)
+
+    monkeypatch.setattr(LogStream, "append_many", buggy)
+    stream = declare(amqp, {"x-queue-type": "stream"})
+    other = declare(amqp)
+    confirm_mode(amqp)
+    amqp.send(run_of("", stream, [b"ok0", b"ok1", b"bad", b"ok3"]))
+    settled = settlements(amqp, 4)
+    assert settled[1] == "ack"  # routed alone, before the run's rest
+    assert [settled[n] for n in (2, 3, 4)] == ["nack"] * 3  # the run the store refused
+    amqp.send(run_of("", other, [b"after"]))
+    assert settlements(amqp, 5, settled)[5] == "ack"
+    assert queued(amqp, other) == [b"after"]

@@ -108,21 +108,18 @@ class Queue(abc.ABC):
     def publish(self, message: Message) -> Durability:
         """Take a routed message; return what its confirm waits for."""
 
-    def publish_run(self, messages: Sequence[Message]) -> tuple[int, Durability, Exception | None]:
-        """``publish`` each of ``messages``, in order, up to the first that raises: how many it
-        took, what their confirms wait for (the last flush any of them needs: a flusher's
-        later ticket covers its earlier ones), and what the one after them raised (None: all
+    def publish_run(self, messages: Sequence[Message]) -> tuple[list[Durability], Exception | None]:
+        """``publish`` each of ``messages``, in order, up to the first that raises: what the
+        confirm of each one taken waits for, and what the one after them raised (None: all
         were taken). A kind that can take a run at once overrides it."""
-        last: Durability = None
-        publish = self.publish
-        for taken, message in enumerate(messages):
+        durabilities: list[Durability] = []
+        publish, taken = self.publish, durabilities.append
+        for message in messages:
             try:
-                durability = publish(message)
+                taken(publish(message))
             except Exception as exc:  # the caller refuses this one, as for ``publish``
-                return taken, last, exc
-            if durability is not None:
-                last = durability
-        return len(messages), last, None
+                return durabilities, exc
+        return durabilities, None
 
     @abc.abstractmethod
     def get(self) -> Popped | FlushFirst | None:

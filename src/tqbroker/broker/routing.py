@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from itertools import groupby
 from typing import Final, cast
 
 from ..model import Message
-from ..plugins.spec import Destination, GroupCommit
+from ..plugins.spec import Destination, Durability, GroupCommit
 from ..protocol.methods import BasicProperties
 from .exchange import DefaultExchange, Exchange
 from .queue import Queue, QueueFull
@@ -152,38 +153,57 @@ class Routing:
 
     @staticmethod
     def enqueue_run(
-        queues: Sequence[Queue], messages: Sequence[Message]
-    ) -> tuple[list[tuple[GroupCommit, int]], list[bool] | None]:
-        """``enqueue`` for messages routed alike, each queue taking them as a run
-        (``Queue.publish_run``): the flusher tickets that every confirm of the run waits for
-        (no flush completes while the run is enqueued, so waiting for the last of a queue's
-        tickets costs the earlier messages nothing), and which messages a queue refused (None:
-        none)."""
-        waits: list[tuple[GroupCommit, int]] = []
-        refused: list[bool] | None = None
-        count = len(messages)
-        for queue in queues:
-            start = 0
-            while start < count:
-                if not queue.accepting:
-                    if refused is None:
-                        refused = [False] * count
-                    refused[start:] = [True] * (count - start)
-                    break
-                taken, durability, error = queue.publish_run(
-                    messages[start:] if start else messages
-                )
-                if durability is not None:
-                    waits.append(durability)
-                start += taken
-                if error is None:
-                    break
-                _refused(queue, error)
-                if refused is None:
-                    refused = [False] * count
-                refused[start] = True
-                start += 1
-        return waits, refused
+        queue: Queue, messages: Sequence[Message]
+    ) -> list[tuple[int, list[tuple[GroupCommit, int]], bool]]:
+        """``enqueue`` for messages routed alike to one queue, which takes them as a run
+        (``Queue.publish_run``): what their confirms wait for, as runs of publishes in order
+        (how many, the flusher tickets, refused or not). A run of messages that all wait for
+        a flush waits for the last ticket: no flush completes while the run is enqueued, so the
+        earlier messages lose nothing."""
+        confirms: list[tuple[int, list[tuple[GroupCommit, int]], bool]] = []
+        count, start = len(messages), 0
+        while start < count:
+            if not queue.accepting:
+                confirms.append((count - start, [], True))
+                break
+            try:
+                durabilities, error = queue.publish_run(messages[start:] if start else messages)
+            except Exception as exc:  # a bug in the kind's own run: as ``enqueue`` has it
+                _refused(queue, exc)
+                confirms.append((count - start, [], True))
+                break
+            if durabilities:
+                confirms += _confirm_runs(durabilities)
+                start += len(durabilities)
+            if error is None:
+                break
+            _refused(queue, error)
+            confirms.append((1, [], True))
+            start += 1
+        return confirms
+
+
+def _confirm_runs(
+    durabilities: list[Durability],
+) -> list[tuple[int, list[tuple[GroupCommit, int]], bool]]:
+    """Consecutive publishes alike (waiting for a flush or not) as one confirm run each."""
+    waiting = len(durabilities) - durabilities.count(None)
+    if not waiting:
+        return [(len(durabilities), [], False)]
+    if waiting == len(durabilities):
+        last = durabilities[-1]
+        assert last is not None
+        return [(waiting, [last], False)]
+    runs: list[tuple[int, list[tuple[GroupCommit, int]], bool]] = []
+    for durable, group in groupby(durabilities, key=_is_durable):
+        taken = list(group)
+        last = taken[-1]
+        runs.append((len(taken), [last] if durable and last is not None else [], False))
+    return runs
+
+
+def _is_durable(durability: Durability) -> bool:
+    return durability is not None
 
 
 def _refused(destination: Destination, error: Exception) -> None:

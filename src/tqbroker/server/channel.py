@@ -151,9 +151,9 @@ class Channel:
         if self.tx is not None:
             self.tx.publishes += [(exchange, message, mandatory) for message in messages]
         elif messages:
-            confirmed, returns = route_run(self.vhost, exchange, messages, mandatory, stats)
-            for message in returns:
-                self.host.write_return(self.number, message)
+            confirmed = route_run(
+                self.vhost, exchange, messages, mandatory, stats, self._write_return
+            )
             confirms = self.confirms
             if confirms is not None:
                 for count, waits, refused in confirmed:
@@ -167,8 +167,11 @@ class Channel:
     ) -> tuple[list[Wait], bool]:
         waits, refused, returned = route(self.vhost, exchange, message, mandatory, self.stats)
         if returned is not None:
-            self.host.write_return(self.number, returned)
+            self._write_return(returned)
         return waits, refused
+
+    def _write_return(self, message: Message) -> None:
+        self.host.write_return(self.number, message)
 
     def flush_confirms(self) -> None:
         if self.confirms is not None:

@@ -345,14 +345,18 @@ class AMQPConnection:
             # Messages are stamped with when the read that brought them returned.
             now_ms = clock.now_ms()
             # A read of small frames (4,000 consumes) is work enough to give way in between.
-            handled, give_way_at = 0, time.perf_counter() + SLICE_SECONDS
+            # Counted in frames handled: a run of publishes counts as its publishes.
+            handled, look_at = 0, EVENTS_PER_CLOCK_LOOK
+            give_way_at = time.perf_counter() + SLICE_SECONDS
             while True:
                 handled += 1
-                if handled % EVENTS_PER_CLOCK_LOOK == 0 and time.perf_counter() >= give_way_at:
-                    self.channels.flush_confirms()
-                    await trio.lowlevel.checkpoint()
-                    give_way_at = time.perf_counter() + SLICE_SECONDS
-                    now_ms = clock.now_ms()
+                if handled >= look_at:
+                    look_at = handled + EVENTS_PER_CLOCK_LOOK
+                    if time.perf_counter() >= give_way_at:
+                        self.channels.flush_confirms()
+                        await trio.lowlevel.checkpoint()
+                        give_way_at = time.perf_counter() + SLICE_SECONDS
+                        now_ms = clock.now_ms()
                 try:
                     event = protocol.next_event()
                 except BadProtocolHeader:
@@ -368,6 +372,7 @@ class AMQPConnection:
                         if target is None:
                             target = self.channels.require(event.channel)
                         bodies = event.bodies
+                        handled += len(bodies) - 1
                         slots = [] if TRACE is None else [TRACE.parsed(b) for b in bodies]
                         pending = target.publish(event.method, event.properties, bodies, now_ms)
                         if TRACE is not None:

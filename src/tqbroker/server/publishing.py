@@ -21,6 +21,7 @@ Responsibilities:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import cast
 
 import attrs
@@ -199,19 +200,23 @@ def route_run(
     messages: list[Message],
     mandatory: bool,
     stats: MessageStats,
-) -> tuple[list[Confirms], list[Message]]:
+    write_return: Callable[[Message], None],
+) -> list[Confirms]:
     """``route`` for the messages of a run of publishes (one method: the same exchange,
-    routing key and mandatory flag), in order: what their confirms wait for, as runs, and the
-    messages to return. The first is routed alone; the others go together to the queues it
-    reached when the route is known to hold for them (``Routing.memoised``: no router is
-    asked) and none has headers (no CC or BCC keys), else one by one."""
+    routing key and mandatory flag), in order: what their confirms wait for, as runs; a
+    message to return is handed to ``write_return`` at once (before what routing the next
+    one delivers). The first is routed alone; when its route is known to hold for the
+    others (``Routing.memoised``: no router is asked) and none has headers (no CC or BCC
+    keys), they go there without routing: together to a lone queue, else one by one, each
+    to every queue (a queue may dead-letter into another of the route)."""
     first = messages[0]
     waits, refused, returned = route(vhost, exchange, first, mandatory, stats)
     confirms: list[Confirms] = [(1, waits, refused)]
-    returns = [] if returned is None else [returned]
+    if returned is not None:
+        write_return(returned)
     rest = messages[1:]
     if not rest:
-        return confirms, returns
+        return confirms
     routing_key = first.routing_key
     queues = (
         None
@@ -227,14 +232,15 @@ def route_run(
             waits, refused, returned = route(vhost, exchange, message, mandatory, stats)
             confirms.append((1, waits, refused))
             if returned is not None:
-                returns.append(returned)
-        return confirms, returns
-    waits, refusals = vhost.routing.enqueue_run(cast(tuple[Queue, ...], queues), rest)
+                write_return(returned)
+        return confirms
     exchange_stats = exchange.stats
     exchange_stats.publish_in += len(rest)
     exchange_stats.publish_out += len(rest) * len(queues)
-    if refusals is None:
-        confirms.append((len(rest), waits, False))
-    else:
-        confirms += [(1, waits, refused) for refused in refusals]
-    return confirms, returns
+    if len(queues) == 1:
+        return confirms + vhost.routing.enqueue_run(cast(Queue, queues[0]), rest)
+    enqueue = vhost.enqueue
+    for message in rest:
+        waits, refused = enqueue(queues, message)
+        confirms.append((1, waits, refused))
+    return confirms

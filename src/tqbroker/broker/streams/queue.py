@@ -218,23 +218,23 @@ class StreamQueue(Queue):
 
     def publish(self, message: Message) -> Durability:
         """Append; the confirm waits for the backend's next flush (fsync'd per its policy)."""
-        _taken, durability, error = self.publish_run((message,))
+        durabilities, error = self.publish_run((message,))
         if error is not None:
             raise error  # OSError: the caller refuses the publish
-        return durability
+        return durabilities[0]
 
-    def publish_run(self, messages: Sequence[Message]) -> tuple[int, Durability, Exception | None]:
+    def publish_run(self, messages: Sequence[Message]) -> tuple[list[Durability], Exception | None]:
         """Append a run of messages at once (``Queue.publish_run``); their confirms wait for
         the backend's next flush."""
         taken, error = self.stream.append_many(messages)
         if not taken:
-            return 0, None, error
+            return [], error
         self.stats.publish += taken
         if self.max_bytes is not None:
             self._wakeup.set()
         flusher = self.flusher
         if flusher is None:
-            return taken, None, error
+            return [None] * taken, error
         if self.consumers:  # readers see the messages once the flush has made them durable
             flusher.wake_after_flush(self)
         # One flush ticket per record batch: until the batch is closed (by a flush, which
@@ -244,7 +244,7 @@ class StreamQueue(Queue):
         if generation != self._batch_generation or self._batch_ticket <= flusher.completed:
             self._batch_generation = generation
             self._batch_ticket = flusher.request()
-        return taken, (flusher, self._batch_ticket), error
+        return [(flusher, self._batch_ticket)] * taken, error
 
     def get(self) -> Popped | FlushFirst | None:
         raise AMQPError(
