@@ -8,7 +8,7 @@ write, so the broker reads it whole."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -177,51 +177,82 @@ def test_a_run_longer_than_one_event_into_a_stream_is_appended_in_order(amqp: Ra
     ]
 
 
-def _dead_lettering_fanout(amqp: RawAMQP) -> tuple[str, str, str]:
-    """A fanout exchange to two queues, the first dead-lettering (drop-head past one message)
-    into the second, which refuses past three."""
-    exchange = f"runs-x-{uuid.uuid4().hex[:8]}"
-    amqp.call(1, ExchangeDeclare(exchange=exchange, type="fanout"), ExchangeDeclareOk)
-    second = declare(amqp, {"x-max-length": 3, "x-overflow": "reject-publish"})
-    first = declare(
-        amqp,
-        {
-            "x-max-length": 1,
-            "x-overflow": "drop-head",
-            "x-dead-letter-exchange": "",
-            "x-dead-letter-routing-key": second,
-        },
-    )
-    for queue in (first, second):
-        amqp.call(1, QueueBind(queue=queue, exchange=exchange), QueueBindOk)
-    return exchange, first, second
-
-
-def test_a_run_to_queues_that_dead_letter_into_each_other_goes_as_one_by_one(
-    tqbroker_thread: RunningBroker,
-) -> None:
-    """Each message reaches every queue of the route before the next (a run is not put into
-    one queue whole, then the next): the second queue sees the first's dead letters in the
-    same order, and the confirms say the same."""
+def one_by_one_and_as_a_run(
+    broker: RunningBroker, declare_route: Callable[[RawAMQP], tuple[str, list[str]]]
+) -> list[tuple[dict[int, str], list[list[bytes]]]]:
+    """Publish four messages to the exchange ``declare_route`` makes (on a fresh connection
+    each time), one by one (each confirm awaited) and then as a run in one write: how each
+    was settled and what each of its queues holds, both times."""
     outcomes = []
     for together in (False, True):
-        with RawAMQP(tqbroker_thread.host, tqbroker_thread.port) as amqp:
+        with RawAMQP(broker.host, broker.port) as amqp:
             amqp.handshake()
             amqp.open_channel(1)
-            exchange, first, second = _dead_lettering_fanout(amqp)
+            exchange, queues = declare_route(amqp)
             confirm_mode(amqp)
             bodies = [b"M%d" % n for n in range(4)]
             settled: dict[int, str] = {}
             if together:
                 amqp.send(run_of(exchange, "", bodies))
-                settled = settlements(amqp, len(bodies))
+                settlements(amqp, len(bodies), settled)
             else:
                 for n, body in enumerate(bodies, 1):
                     amqp.send(run_of(exchange, "", [body]))
                     settlements(amqp, n, settled)
-            second_queue = [body.split(b"\x00")[0] for body in queued(amqp, second)]
-            outcomes.append((settled, queued(amqp, first), second_queue))
-    assert outcomes[0] == outcomes[1]
+            outcomes.append((settled, [queued(amqp, queue) for queue in queues]))
+    return outcomes
+
+
+def _fanout(amqp: RawAMQP, *queues: str) -> str:
+    exchange = f"runs-x-{uuid.uuid4().hex[:8]}"
+    amqp.call(1, ExchangeDeclare(exchange=exchange, type="fanout"), ExchangeDeclareOk)
+    for queue in queues:
+        amqp.call(1, QueueBind(queue=queue, exchange=exchange), QueueBindOk)
+    return exchange
+
+
+def test_a_run_to_queues_that_dead_letter_into_each_other_goes_as_one_by_one(
+    tqbroker_thread: RunningBroker,
+) -> None:
+    """Each message reaches every queue of the route before the next when a queue may
+    dead-letter (here into the other, past one message): the second queue sees the first's
+    dead letters in the same order, and the confirms say the same."""
+
+    def route(amqp: RawAMQP) -> tuple[str, list[str]]:
+        second = declare(amqp, {"x-max-length": 3, "x-overflow": "reject-publish"})
+        first = declare(
+            amqp,
+            {
+                "x-max-length": 1,
+                "x-overflow": "drop-head",
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": second,
+            },
+        )
+        return _fanout(amqp, first, second), [first, second]
+
+    one_by_one, as_a_run = one_by_one_and_as_a_run(tqbroker_thread, route)
+    assert one_by_one == as_a_run
+    assert one_by_one[0] == {1: "ack", 2: "ack", 3: "nack", 4: "nack"}
+
+
+def test_a_run_to_queues_that_refuse_apart_is_confirmed_as_one_by_one(
+    tqbroker_thread: RunningBroker,
+) -> None:
+    """Two queues take a run each (neither dead-letters); the one that fills refuses the
+    last two, so those are nacked although the other queue kept them."""
+
+    def route(amqp: RawAMQP) -> tuple[str, list[str]]:
+        roomy = declare(amqp)
+        small = declare(amqp, {"x-max-length": 2, "x-overflow": "reject-publish"})
+        return _fanout(amqp, roomy, small), [roomy, small]
+
+    one_by_one, as_a_run = one_by_one_and_as_a_run(tqbroker_thread, route)
+    assert one_by_one == as_a_run
+    assert one_by_one == (
+        {1: "ack", 2: "ack", 3: "nack", 4: "nack"},
+        [[b"M0", b"M1", b"M2", b"M3"], [b"M0", b"M1"]],
+    )
 
 
 def test_a_return_precedes_what_the_next_publish_of_the_run_delivers(amqp: RawAMQP) -> None:

@@ -271,6 +271,12 @@ class ClassicQueue(DeliveryPass, Queue):
             and store.ready_bytes + extra_bytes > self.max_length_bytes
         )
 
+    @property
+    def dead_letters_on_publish(self) -> bool:
+        # Past a length limit or a TTL of 0, a publish discards a message: dead-lettered if
+        # the queue has a dead-letter exchange.
+        return self.dead_letter_exchange is not None
+
     def _discard_new(self, message: Message, reason: Reason) -> None:
         """Dead-letter a message that never entered the queue."""
         if self.dead_letter_exchange is not None:

@@ -170,6 +170,13 @@ class Queue(abc.ABC):
         self._cancel_scope.cancel()
 
     @property
+    def dead_letters_on_publish(self) -> bool:
+        """Whether taking a message may dead-letter one at once (into any queue): a run routed
+        to it and other queues then goes one message at a time to all of them
+        (``Routing.enqueue_run``). A kind that never does says so."""
+        return True
+
+    @property
     def accepting(self) -> bool:
         """False while the queue's durable backend cannot write, or once the queue failed
         (publishes are refused: nacked)."""

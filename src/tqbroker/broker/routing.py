@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # The most (exchange, routing key) routes a vhost memoises; it forgets them all past that, so that
 # random routing keys cannot grow it without limit.
 ROUTE_MEMO_SIZE: Final = 10_000
+# What the confirms of some publishes in a row wait for: how many, the flusher tickets, refused.
+ConfirmRun = tuple[int, list[tuple[GroupCommit, int]], bool]
 
 
 class Routing:
@@ -152,40 +154,62 @@ class Routing:
         return waits, refused
 
     @staticmethod
-    def enqueue_run(
-        queue: Queue, messages: Sequence[Message]
-    ) -> list[tuple[int, list[tuple[GroupCommit, int]], bool]]:
-        """``enqueue`` for messages routed alike to one queue, which takes them as a run
-        (``Queue.publish_run``): what their confirms wait for, as runs of publishes in order
-        (how many, the flusher tickets, refused or not). A run of messages that all wait for
-        a flush waits for the last ticket: no flush completes while the run is enqueued, so the
-        earlier messages lose nothing."""
-        confirms: list[tuple[int, list[tuple[GroupCommit, int]], bool]] = []
-        count, start = len(messages), 0
-        while start < count:
-            if not queue.accepting:
-                confirms.append((count - start, [], True))
-                break
-            try:
-                durabilities, error = queue.publish_run(messages[start:] if start else messages)
-            except Exception as exc:  # a bug in the kind's own run: as ``enqueue`` has it
-                _refused(queue, exc)
-                confirms.append((count - start, [], True))
-                break
-            if durabilities:
-                confirms += _confirm_runs(durabilities)
-                start += len(durabilities)
-            if error is None:
-                break
-            _refused(queue, error)
-            confirms.append((1, [], True))
-            start += 1
-        return confirms
+    def enqueue_run(queues: Sequence[Queue], messages: Sequence[Message]) -> list[ConfirmRun]:
+        """``enqueue`` for messages routed alike to ``queues``: what their confirms wait for,
+        as runs of publishes in order (how many, the flusher tickets, refused or not). Each
+        queue takes the messages as a run (``Queue.publish_run``), unless one of several may
+        dead-letter as it takes them (into another of the route, maybe): then each message
+        goes to every queue before the next, as one by one."""
+        if len(queues) > 1 and any(queue.dead_letters_on_publish for queue in queues):
+            return [(1, *Routing.enqueue(queues, message)) for message in messages]
+        runs = [_queue_run(queue, messages) for queue in queues]
+        if len(runs) == 1:
+            return runs[0]
+        if all(len(queue_runs) == 1 for queue_runs in runs):  # each queue: all alike
+            waits = [wait for ((_count, queue_waits, _refused),) in runs for wait in queue_waits]
+            refused = any(queue_refused for ((_count, _waits, queue_refused),) in runs)
+            return [(len(messages), waits, refused)]
+        # Each message waits for what every queue's run says of it.
+        each_waits: list[list[tuple[GroupCommit, int]]] = [[] for _ in messages]
+        each_refused = [False] * len(messages)
+        for queue_runs in runs:
+            i = 0
+            for count, queue_waits, queue_refused in queue_runs:
+                for j in range(i, i + count):
+                    each_waits[j] += queue_waits
+                    each_refused[j] = each_refused[j] or queue_refused
+                i += count
+        return [(1, w, r) for w, r in zip(each_waits, each_refused, strict=True)]
 
 
-def _confirm_runs(
-    durabilities: list[Durability],
-) -> list[tuple[int, list[tuple[GroupCommit, int]], bool]]:
+def _queue_run(queue: Queue, messages: Sequence[Message]) -> list[ConfirmRun]:
+    """One queue takes a run of messages (``Queue.publish_run``): what their confirms wait
+    for, as runs. A run of messages that all wait for a flush waits for the last ticket: no
+    flush completes while the run is enqueued, so the earlier messages lose nothing."""
+    confirms: list[ConfirmRun] = []
+    count, start = len(messages), 0
+    while start < count:
+        if not queue.accepting:
+            confirms.append((count - start, [], True))
+            break
+        try:
+            durabilities, error = queue.publish_run(messages[start:] if start else messages)
+        except Exception as exc:  # a bug in the kind's own run: as ``enqueue`` has it
+            _refused(queue, exc)
+            confirms.append((count - start, [], True))
+            break
+        if durabilities:
+            confirms += _confirm_runs(durabilities)
+            start += len(durabilities)
+        if error is None:
+            break
+        _refused(queue, error)
+        confirms.append((1, [], True))
+        start += 1
+    return confirms
+
+
+def _confirm_runs(durabilities: list[Durability]) -> list[ConfirmRun]:
     """Consecutive publishes alike (waiting for a flush or not) as one confirm run each."""
     waiting = len(durabilities) - durabilities.count(None)
     if not waiting:
@@ -194,7 +218,7 @@ def _confirm_runs(
         last = durabilities[-1]
         assert last is not None
         return [(waiting, [last], False)]
-    runs: list[tuple[int, list[tuple[GroupCommit, int]], bool]] = []
+    runs: list[ConfirmRun] = []
     for durable, group in groupby(durabilities, key=_is_durable):
         taken = list(group)
         last = taken[-1]

@@ -30,6 +30,7 @@ from ..broker.deadletter import parse_expiration
 from ..broker.exchange import Exchange
 from ..broker.queue import Queue
 from ..broker.reply_to import REPLY_TO, REPLY_TO_PREFIX
+from ..broker.routing import ConfirmRun
 from ..broker.stats import MessageStats
 from ..broker.vhost import VirtualHost
 from ..model import Message
@@ -51,8 +52,6 @@ _NO_PROPERTIES = BasicProperties()
 # refused it (the publish is nacked), and the message to return (``basic.return``) when it was
 # mandatory and reached no queue. A tuple: this is every publish's path.
 Routed = tuple[list[Wait], bool, Message | None]
-# What the confirms of some publishes in a row wait for: how many, the flushes, refused or not.
-Confirms = tuple[int, list[Wait], bool]
 
 
 def check_immediate(method: BasicPublish) -> None:
@@ -201,17 +200,16 @@ def route_run(
     mandatory: bool,
     stats: MessageStats,
     write_return: Callable[[Message], None],
-) -> list[Confirms]:
+) -> list[ConfirmRun]:
     """``route`` for the messages of a run of publishes (one method: the same exchange,
     routing key and mandatory flag), in order: what their confirms wait for, as runs; a
     message to return is handed to ``write_return`` at once (before what routing the next
     one delivers). The first is routed alone; when its route is known to hold for the
     others (``Routing.memoised``: no router is asked) and none has headers (no CC or BCC
-    keys), they go there without routing: together to a lone queue, else one by one, each
-    to every queue (a queue may dead-letter into another of the route)."""
+    keys), they go there together (``Routing.enqueue_run``), else one by one."""
     first = messages[0]
     waits, refused, returned = route(vhost, exchange, first, mandatory, stats)
-    confirms: list[Confirms] = [(1, waits, refused)]
+    confirms: list[ConfirmRun] = [(1, waits, refused)]
     if returned is not None:
         write_return(returned)
     rest = messages[1:]
@@ -237,10 +235,4 @@ def route_run(
     exchange_stats = exchange.stats
     exchange_stats.publish_in += len(rest)
     exchange_stats.publish_out += len(rest) * len(queues)
-    if len(queues) == 1:
-        return confirms + vhost.routing.enqueue_run(cast(Queue, queues[0]), rest)
-    enqueue = vhost.enqueue
-    for message in rest:
-        waits, refused = enqueue(queues, message)
-        confirms.append((1, waits, refused))
-    return confirms
+    return confirms + vhost.routing.enqueue_run(cast(tuple[Queue, ...], queues), rest)

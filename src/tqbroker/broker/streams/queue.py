@@ -216,6 +216,10 @@ class StreamQueue(Queue):
 
     # -- messages ----------------------------------------------------------------------------
 
+    @property
+    def dead_letters_on_publish(self) -> bool:
+        return False  # a stream keeps everything it takes
+
     def publish(self, message: Message) -> Durability:
         """Append; the confirm waits for the backend's next flush (fsync'd per its policy)."""
         durabilities, error = self.publish_run((message,))
