@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -31,7 +30,7 @@ import trio.lowlevel
 from .. import clock
 from ..backends.base import Popped
 from ..broker.consumer import EncodedDelivery
-from ..broker.pacing import SLICE_SECONDS
+from ..broker.pacing import Slice
 from ..broker.stats import ConnectionStats
 from ..broker.storage import storage_error
 from ..broker.vhost import VirtualHost
@@ -82,7 +81,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
-EVENTS_PER_CLOCK_LOOK = 64  # the read loop looks at the clock this often (SLICE_SECONDS)
 # How long to wait for close-ok after sending connection.close.
 CLOSE_TIMEOUT = 3.0
 
@@ -345,18 +343,14 @@ class AMQPConnection:
             # Messages are stamped with when the read that brought them returned.
             now_ms = clock.now_ms()
             # A read of small frames (4,000 consumes) is work enough to give way in between.
-            # Counted in frames handled: a run of publishes counts as its publishes.
-            handled, look_at = 0, EVENTS_PER_CLOCK_LOOK
-            give_way_at = time.perf_counter() + SLICE_SECONDS
+            # A run of publishes counts as its publishes.
+            pace, taken = Slice(), 1
             while True:
-                handled += 1
-                if handled >= look_at:
-                    look_at = handled + EVENTS_PER_CLOCK_LOOK
-                    if time.perf_counter() >= give_way_at:
-                        self.channels.flush_confirms()
-                        await trio.lowlevel.checkpoint()
-                        give_way_at = time.perf_counter() + SLICE_SECONDS
-                        now_ms = clock.now_ms()
+                if pace.used(taken):
+                    self.channels.flush_confirms()
+                    await trio.lowlevel.checkpoint()
+                    now_ms = clock.now_ms()
+                taken = 1
                 try:
                     event = protocol.next_event()
                 except BadProtocolHeader:
@@ -372,7 +366,7 @@ class AMQPConnection:
                         if target is None:
                             target = self.channels.require(event.channel)
                         bodies = event.bodies
-                        handled += len(bodies) - 1
+                        taken = len(bodies)
                         slots = [] if TRACE is None else [TRACE.parsed(b) for b in bodies]
                         pending = target.publish(event.method, event.properties, bodies, now_ms)
                         if TRACE is not None:

@@ -2,13 +2,11 @@
 routing.
 
 Responsibilities:
-- ``check_publish``: in RabbitMQ's order, refuse ``immediate``, the publish the user may not
-  do (``write`` on the exchange, then after the exchange is found and not internal, on a topic
-  exchange the topic permission ``write`` of the routing key: ``access.py``; the caller runs
-  those checks, ``publish_exchange`` and ``make_message`` are the steps around them); validate
-  the properties as a full decode would (decoding them only if memoised or needed: reply-to,
-  expiration); a ``reply_to`` of the direct reply-to pseudo-queue becomes the channel's reply
-  address;
+- the checks, in RabbitMQ's order (the channel refuses ``immediate`` and runs the user's
+  permission checks, ``access.py``, around these steps): ``publish_exchange`` (found, not
+  internal); ``make_message`` / ``make_messages`` validate the properties as a full decode
+  would (decoding them only if memoised or needed: reply-to, expiration), and a ``reply_to`` of
+  the direct reply-to pseudo-queue becomes the channel's reply address;
 - ``route_run``: the messages of one run of publishes (one method), routed once and enqueued
   together where the route holds for all of them, else one by one;
 - ``route``: replies to a direct reply-to address, sender-selected distribution (``CC`` and
@@ -54,11 +52,6 @@ _NO_PROPERTIES = BasicProperties()
 Routed = tuple[list[Wait], bool, Message | None]
 
 
-def check_immediate(method: BasicPublish) -> None:
-    if method.immediate:
-        raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true")
-
-
 def publish_exchange(vhost: VirtualHost, method: BasicPublish) -> Exchange:
     """The exchange a publish goes to (404 if missing, 403 if internal)."""
     exchange = vhost.get_exchange(method.exchange)
@@ -68,22 +61,6 @@ def publish_exchange(vhost: VirtualHost, method: BasicPublish) -> Exchange:
             f"cannot publish to internal exchange '{exchange.name}' in vhost '{vhost.name}'",
         )
     return exchange
-
-
-def check_publish(
-    vhost: VirtualHost,
-    method: BasicPublish,
-    properties_raw: bytes,
-    body: bytes,
-    timestamp_ms: int,
-    reply_to: ReplyTo,
-) -> tuple[Exchange, Message]:
-    """The exchange a publish goes to and the message it makes, with no permission checks
-    (``access.py``); raises ``AMQPError`` to refuse it. ``reply_to``: the channel's direct
-    reply-to consumer."""
-    check_immediate(method)
-    exchange = publish_exchange(vhost, method)
-    return exchange, make_message(method, properties_raw, body, timestamp_ms, reply_to)
 
 
 def make_message(
