@@ -7,6 +7,11 @@ Responsibilities:
   returns — ``b"TQR1"``, ``u32 count``, ``i64 next_offset``, ``i64 offsets[count]``,
   ``i64 timestamps_ms[count]``, then the keys, the values and (when asked for) the headers as
   binary columns: ``i32 ends_offsets[count + 1]`` followed by the bytes;
+- ``encode_frames``: the same read as the log's frames as they lie on disk (``format=frames``)
+  — ``b"TQF1"``, ``u32 frame_count``, ``i64 next_offset``, then the frames
+  (``docs/storage-format.md``: records and record batches, big-endian, CRC-checked by the
+  broker); the reader walks them (``spark._arrow`` does, into Arrow columns) and skips the
+  records outside the range it asked for;
 - ``WriteBatch`` / ``encode_write`` / ``decode_write``: what ``POST /topics/{t}/records`` takes —
   ``b"TQW1"``, ``u32 count``, ``i32 partitions[count]`` (-1: the key decides), then the keys, the
   values and the headers (a UTF-8 JSON object per record, empty for none) as binary columns;
@@ -14,8 +19,9 @@ Responsibilities:
   ``{"bytes": <base64>}``, non-finite floats and undecodable text as strings), for these
   batches and the JSON endpoints alike.
 
-Integers are little-endian (Arrow's byte order). A binary column's offsets start at 0 and never
-decrease; ``decode_*`` raise ``ValueError`` for bodies that break the layout.
+Integers are little-endian (Arrow's byte order), but inside the frames (big-endian, as on
+disk). A binary column's offsets start at 0 and never decrease; ``decode_*`` raise
+``ValueError`` for bodies that break the layout.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import attrs
 from .protocol.codec import FieldTable, FieldValue
 
 READ_MAGIC = b"TQR1"
+FRAMES_MAGIC = b"TQF1"
 WRITE_MAGIC = b"TQW1"
 _READ_HEAD = struct.Struct("<4sIq")
 _WRITE_HEAD = struct.Struct("<4sI")
@@ -163,6 +170,13 @@ def decode_read(body: bytes, *, headers: bool) -> ReadBatch:
     if headers:
         header_column, at = BinaryColumn.decode(view, at, count)
     return ReadBatch(next_offset, offsets, timestamps, keys, values, header_column)
+
+
+def encode_frames(next_offset: int, frames: Sequence[tuple[bytes, bytes]]) -> bytes:
+    """A ``TQF1`` body: the frames given as (head, rest) pairs, copied once into it."""
+    parts = [_READ_HEAD.pack(FRAMES_MAGIC, len(frames), next_offset)]
+    parts.extend(itertools.chain.from_iterable(frames))
+    return b"".join(parts)
 
 
 @attrs.frozen

@@ -4,6 +4,7 @@ round trip as a property."""
 from __future__ import annotations
 
 import json
+import struct
 from array import array
 
 import httpx
@@ -12,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tqbroker_partitioner import partition_for
 
+from tqbroker.backends.log.format import Batch, decode_frame
 from tqbroker.recordbatch import (
     BinaryColumn,
     ReadBatch,
@@ -112,6 +114,33 @@ def test_ranges_and_byte_budget(http: httpx.Client) -> None:
     past = read(http, "ranged", 0, offset=50)
     assert len(past) == 0
     assert past.next_offset == 50
+
+
+def test_frames_are_served_as_they_lie_in_the_log(http: httpx.Client) -> None:
+    """``format=frames``: the log's frames (a batch per bulk write here), CRCs and all; the
+    first frame holds the records below ``offset`` too, the reader skips them."""
+    http.put("/topics/framed", json={"partitions": 1})
+    for first in (0, 30):
+        values = [b"v%d" % n for n in range(first, first + 30)]
+        body = write_body(values, [b"k"] * 30, [0] * 30, [b""] * 30)
+        assert http.post("/topics/framed/records", content=body).status_code == 201
+    path = "/topics/framed/partitions/0/records"
+    response = http.get(path, params={"format": "frames", "offset": 10, "max_bytes": 1})
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/x-tqbroker-frames"
+    raw = response.content
+    magic, count, next_offset = struct.unpack_from("<4sIq", raw)
+    assert (magic, count, next_offset) == (b"TQF1", 1, 30)  # one frame: the budget is spent
+    frame = decode_frame(raw, 16)  # checks the CRC
+    assert isinstance(frame, Batch)
+    assert [r.offset for r in frame.records] == list(range(30))
+    assert frame.records[10].message.body == b"v10"
+    whole = http.get(path, params={"format": "frames", "offset": 10, "end": 45}).content
+    assert struct.unpack_from("<4sIq", whole) == (b"TQF1", 2, 45)
+    for params in ({"format": "arrow"}, {"format": "frames", "headers": "true"}):
+        refused = http.get(path, params=params)
+        assert refused.status_code == 400
+        assert "format" in refused.json()["message"] or "headers" in refused.json()["message"]
 
 
 def test_idempotent_producer_writes_each_sequence_once_however_it_is_cut(

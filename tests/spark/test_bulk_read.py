@@ -11,6 +11,7 @@ from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pytest
 import trio
 from hypothesis import given, settings
@@ -23,9 +24,11 @@ from tqbroker.recordbatch import (
     BinaryColumn,
     ReadBatch,
     decode_read,
+    encode_frames,
     encode_read,
     encode_read_parts,
 )
+from tqbroker.spark._arrow import decode_fetch, read_schema
 from tqbroker.spark._options import source_options
 from tqbroker.spark._source import TopicRange, read_range
 
@@ -76,7 +79,9 @@ def test_a_damaged_record_is_stepped_over_and_reported(tmp_path: Path) -> None:
     data[data.index(b"body-0150") + 2] ^= 1
     victim.write_bytes(bytes(data))
     columns = bulk_read._Columns(headers=False)
-    assert columns.take(stream, 3, 300, 1 << 20) == 300
+    with pytest.MonkeyPatch.context() as patch:  # one slice, however busy the machine
+        patch.setattr(bulk_read, "SLICE_SECONDS", 60.0)
+        assert columns.take(stream, 3, 300, 1 << 20) == 300
     assert list(columns.offsets) == [o for o in range(3, 300) if o != 150]
     assert bytes(columns.values[-1]).startswith(b"body-0299")
     assert stream.log.corrupt_records == 1  # as a read record by record reports it
@@ -85,12 +90,15 @@ def test_a_damaged_record_is_stepped_over_and_reported(tmp_path: Path) -> None:
 def test_reads_cut_in_slices_and_requests_return_each_record_once(
     topics: Topics, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Slices of 256 records (the broker gives way after each) and requests of ~40 records
-    (the executor asks for the next one before it hands this one to Spark); a reader that
-    stops early leaves the next read unharmed."""
-    monkeypatch.setattr(bulk_read, "SLICE_SECONDS", 0.0)  # the broker runs in this process
+    """Frames taken a chunk at a time (the broker gives way after each) and requests of a
+    frame or two (the executor asks for the next one before it hands this one to Spark); a
+    reader that stops early leaves the next read unharmed."""
+    monkeypatch.setattr(bulk_read, "FRAMES_CHUNK", 1000)  # the broker runs in this process
     topics.create("slices", 1)
-    topics.produce("slices", [{"value": f"{i:05d}" + "v" * 95} for i in range(1500)])
+    for first in range(0, 1500, 25):  # a record batch each (~3 kB)
+        topics.produce(
+            "slices", [{"value": f"{i:05d}" + "v" * 95} for i in range(first, first + 25)]
+        )
     options = source_options(
         {"tqbroker.url": topics.url, "subscribe": "slices", "fetchMaxBytes": "4000"},
         streaming=False,
@@ -100,13 +108,13 @@ def test_reads_cut_in_slices_and_requests_return_each_record_once(
     assert next(early).num_rows > 0
     early.close()  # the request sent ahead is still on its way
     batches = list(read_range(options, TopicRange("slices", 0, 7, 1500)))
-    assert len(batches) > 30
+    assert len(batches) >= 25  # ~2 frames a request
     offsets = [o for b in batches for o in b.column("offset").to_pylist()]
     assert offsets == list(range(7, 1500))
     values = [v[:5] for b in batches for v in b.column("value").to_pylist()]
     assert values == [b"%05d" % o for o in offsets]
     one = {"tqbroker.url": topics.url, "subscribe": "slices", "fetchMaxBytes": "1000000"}
-    (whole,) = read_range(source_options(one, streaming=False), part)  # 6 slices, 1 request
+    (whole,) = read_range(source_options(one, streaming=False), part)  # 1 request
     assert whole.column("offset").to_pylist() == list(range(1500))
 
 
@@ -130,6 +138,11 @@ class _Retention:
 
     def read_from(self, offset: int) -> Any:
         return self.inner.read_from(max(offset, self.first_offset))
+
+    def read_frames(self, offset: int, end: int, max_bytes: int) -> Any:
+        found = self.inner.read_frames(max(offset, self.first_offset), end, max_bytes)
+        self.reads += 1
+        return found
 
 
 def test_a_read_stops_where_retention_cut_in(
@@ -166,3 +179,110 @@ def test_a_read_stops_where_retention_cut_in(
     assert first.next_offset == 256
     after = trio.run(read, first.next_offset)
     assert after.offsets[0] == 600
+
+    # The same with frames: the read gives way after its first chunk (a batch of 1000
+    # records is more than a chunk of 1 byte), and stops there.
+    monkeypatch.setattr(bulk_read, "FRAMES_CHUNK", 1)
+    queue.stream.reads = 0
+
+    async def read_frames(offset: int) -> Any:
+        body = await bulk_read.read_frames_body(
+            None,  # type: ignore[arg-type]
+            "t",
+            0,
+            offset=offset,
+            end=None,
+            max_bytes=1 << 20,
+        )
+        return decode_fetch(body, "t", 0, include_headers=False, start=offset)
+
+    first_frames = trio.run(read_frames, 0)
+    assert first_frames.offsets.tolist() == list(range(1000))  # one frame: the batch
+    assert first_frames.next_offset == 1000
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    runs=st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(["", "k", "clé-ü"]), st.binary(max_size=60)),
+            min_size=1,
+            max_size=30,
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    data=st.data(),
+)
+def test_frames_and_columns_give_the_same_arrow_batches(
+    tmp_path_factory: Any, runs: list[list[tuple[str, bytes]]], data: st.DataObject
+) -> None:
+    """The executors decode a ``TQF1`` body (the log's frames, records outside the range
+    included) into the batch a ``TQR1`` body (columns the broker built) gives."""
+    backend = LogBackend(segment_bytes=2000, index_interval_bytes=128)
+    backend.open(tmp_path_factory.mktemp("frames"))
+    stream = backend.open_stream("/", "s")
+    for run in runs:  # a frame each: a batch, or a record alone
+        stream.append_many([Message("", key, b"", body) for key, body in run])
+        stream.seal()
+    work = backend.begin_flush()
+    assert work is not None
+    work()
+    total = stream.durable_end
+    start = data.draw(st.integers(0, total))
+    end = data.draw(st.integers(start, total + 1))
+    max_bytes = data.draw(st.integers(1, 3000))
+    queue = types.SimpleNamespace(stream=stream, compaction=None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bulk_read, "partition", lambda *_args: queue)
+
+        async def read_all(frames: bool) -> pa.Table:
+            batches, position = [], start
+            while position < end:
+                if frames:
+                    body = await bulk_read.read_frames_body(
+                        None, "t", 0, offset=position, end=end, max_bytes=max_bytes
+                    )
+                else:
+                    body = await bulk_read.read_body(
+                        None, "t", 0, offset=position, end=end, max_bytes=max_bytes, headers=False
+                    )
+                fetched = decode_fetch(body, "t", 0, include_headers=False, start=position, end=end)
+                batches.append(fetched.batch)
+                if fetched.next_offset <= position:
+                    break
+                position = fetched.next_offset
+            return pa.Table.from_batches(batches, schema=read_schema(False))
+
+        from_frames = trio.run(read_all, True)
+        from_columns = trio.run(read_all, False)
+    assert from_frames.equals(from_columns)
+    assert from_frames.column("offset").to_pylist() == list(range(start, min(end, total)))
+    backend.close()
+
+
+def test_malformed_frame_bodies_are_refused(tmp_path: Path) -> None:
+    backend = LogBackend()
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    stream.append_many([Message("", "k", b"", b"v%d" % i) for i in range(5)])
+    stream.seal()
+    stream.append(Message("", "k", b"", b"alone"))
+    work = backend.begin_flush()
+    assert work is not None
+    work()
+    frames, next_offset = stream.read_frames(0, 6, 1 << 20)
+    body = encode_frames(next_offset, frames)
+    whole = decode_fetch(body, "t", 0, include_headers=False)
+    assert whole.offsets.tolist() == list(range(6))
+    assert whole.batch.column("value").to_pylist()[-1] == b"alone"
+    for cut in (20, 40, len(body) - 1):
+        with pytest.raises(ValueError, match="TQF1"):
+            decode_fetch(body[:cut], "t", 0, include_headers=False)
+    with pytest.raises(ValueError, match="TQF1"):
+        decode_fetch(body + b"\0", "t", 0, include_headers=False)
+    bent = bytearray(body)
+    bent[16 + 4 + 4 + 8 + 8 + 1 + 4 + 3] = 0xFF  # the first entry's length: past the batch
+    with pytest.raises(ValueError, match="TQF1"):
+        decode_fetch(bytes(bent), "t", 0, include_headers=False)
+    backend.close()

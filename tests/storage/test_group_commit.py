@@ -166,7 +166,7 @@ def test_a_crash_after_append_only_commits_recovers_every_committed_record(
     assert len(log.segments) > 5
     active = log.segments[-1]
     crash(backend)
-    for path in (active.index_path, active.time_path):
+    for path in (active.offset_index.path, active.time_index.path):
         path.write_bytes(b"\x00" * 24)  # lost pages read back as zeros
     backend = LogBackend(segment_bytes=4 * 1024, index_interval_bytes=512)
     backend.open(tmp_path)
@@ -208,7 +208,7 @@ def test_a_segment_ending_at_the_recovery_point_is_rescanned_not_trusted(tmp_pat
     first = log.segments[0]
     assert first.max_timestamp == t0 + 20_000
     crash(backend)
-    with open(first.time_path, "r+b") as f:
+    with open(first.time_index.path, "r+b") as f:
         f.truncate(12)  # the unsynced time index kept only its first entry
     backend = LogBackend(segment_bytes=16 * 240, index_interval_bytes=400)
     backend.open(tmp_path)

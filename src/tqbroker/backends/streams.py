@@ -105,6 +105,20 @@ class StreamLog(Protocol):
         in order (what ``read_from`` would give one by one): a reader's bulk read."""
         ...
 
+    def read_frames(
+        self, offset: int, end: int, max_bytes: int
+    ) -> tuple[list[tuple[bytes, bytes]], int]:
+        """The records from ``offset`` on, below ``end`` (at most ``durable_end``), as frames
+        in the log's storage format (``docs/storage-format.md``: a record or a record batch,
+        each the concatenation of a pair: its 8 bytes of length and CRC, then the rest),
+        about ``max_bytes`` of them and at least one frame when there is a record; and the
+        offset the next read starts at (``end`` when nothing is left below it). The first
+        frame may hold records below ``offset`` and the last records at or past ``end``:
+        the reader skips them. A backend that stores the log's format serves its frames as
+        they lie (the HTTP topic API's ``TQF1`` body, which the Spark data source reads);
+        another encodes its records so (``backends.log.format.encode_batch``)."""
+        ...
+
     @property
     def batch_generation(self) -> int:
         """While it stays the same, every append is made durable by the same flush as the

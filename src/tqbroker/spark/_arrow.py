@@ -6,8 +6,11 @@ Responsibilities:
 - ``read_schema`` / ``READ_DDL``: the source's schema, equal to what Spark expects for it
   (``to_arrow_schema(schema, timezone="UTC")``): ``partition`` int32, ``timestamp``
   ``timestamp[us, tz=UTC]``, headers as ``list<element: struct<key, value>>``;
-- ``decode_fetch``: a ``TQR1`` body as a ``Fetched`` (the batch, the offsets it holds, where to
-  go on); an empty routing key becomes a null ``key`` (Kafka's keyless record);
+- ``decode_fetch``: a ``TQR1`` body (columns) or a ``TQF1`` body (the log's frames as they lie
+  on disk, ``docs/storage-format.md``) as a ``Fetched`` (the batch, the offsets it holds, where
+  to go on); an empty routing key becomes a null ``key`` (Kafka's keyless record). Frames are
+  walked with one Python step per record (finding where each starts); their fields are then
+  gathered by NumPy and their keys and values cut out by Arrow (``take``), no loop per record;
 - ``encode_write``: value, key, partition and headers columns as a ``TQW1`` body, checked
   (keys are routing keys: UTF-8, at most 255 bytes).
 
@@ -29,14 +32,24 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..recordbatch import READ_MAGIC, WRITE_MAGIC
+from ..recordbatch import FRAMES_MAGIC, READ_MAGIC, WRITE_MAGIC
 
 # Kafka's timestampType: 0 CreateTime, 1 LogAppendTime. The broker stamps a message when it
 # receives it, so every record's timestamp is a log-append time.
 LOG_APPEND_TIME = 1
 MAX_KEY_BYTES = 255
 
-_READ_HEAD = struct.Struct("<4sIq")
+_READ_HEAD = struct.Struct("<4sIq")  # TQR1 and TQF1 alike
+# In a TQF1 body's frames: a frame's start (length, crc, offset, timestamp_ms, flags) and an
+# entry's length. A record is read as if it were a batch entry starting 8 bytes into its frame:
+# its names, timestamp and the low half of its offset then lie where an entry has its names,
+# timestamp and offset delta (the high half goes into the base its delta is added to).
+_FRAME_START = struct.Struct(">IIQQB")
+_U32_BE = struct.Struct(">I")
+_FLAG_BATCH = 0x80
+_ENTRY_DELTA_AT, _ENTRY_TIMESTAMP_AT, _ENTRY_NAMES_AT = 4, 8, 17
+_BYTES_4 = np.arange(4)
+_BYTES_8 = np.arange(8)
 _WRITE_HEAD = struct.Struct("<4sI")
 
 _BASE_DDL = (
@@ -79,18 +92,30 @@ class Fetched:
 
 
 def fetch_head(body: bytes) -> tuple[int, int] | None:
-    """A ``TQR1`` body's record count and next offset; None if it is not one."""
+    """A ``TQR1`` or ``TQF1`` body's record (or frame) count and next offset; None if it is
+    neither."""
     if len(body) < _READ_HEAD.size:
         return None
     magic, count, next_offset = _READ_HEAD.unpack_from(body)
-    return (count, next_offset) if magic == READ_MAGIC else None
+    return (count, next_offset) if magic in (READ_MAGIC, FRAMES_MAGIC) else None
 
 
-def decode_fetch(body: bytes, topic: str, partition: int, *, include_headers: bool) -> Fetched:
-    """A ``TQR1`` body (``ValueError`` if it breaks the layout) as an Arrow batch."""
+def decode_fetch(
+    body: bytes,
+    topic: str,
+    partition: int,
+    *,
+    include_headers: bool,
+    start: int = 0,
+    end: int = 2**63 - 1,
+) -> Fetched:
+    """A ``TQR1`` or ``TQF1`` body (``ValueError`` if it breaks the layout) as an Arrow batch:
+    of a ``TQF1`` body, the records of ``[start, end)`` (a ``TQR1`` body holds only those)."""
     if len(body) < _READ_HEAD.size:
         raise ValueError("not a TQR1 body: too short")
     magic, count, next_offset = _READ_HEAD.unpack_from(body)
+    if magic == FRAMES_MAGIC and not include_headers:
+        return _decode_frames(body, topic, partition, start, end)
     if magic != READ_MAGIC:
         raise ValueError(f"not a TQR1 body (magic {bytes(magic)!r})")
     buffer = pa.py_buffer(body)
@@ -106,20 +131,144 @@ def decode_fetch(body: bytes, topic: str, partition: int, *, include_headers: bo
     timestamp_column = pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), count, [None, micros])
     keys, at = _binary(body, buffer, at, count, empty_is_null=True)
     values, at = _binary(body, buffer, at, count, empty_is_null=False)
-    columns = [
-        keys,
-        values,
-        _constant_string(topic, count),
-        pa.array(np.full(count, partition, dtype=np.int32)),
-        offset_column,
-        timestamp_column,
-        pa.array(np.full(count, LOG_APPEND_TIME, dtype=np.int32)),
-    ]
+    columns = [keys, values, offset_column, timestamp_column]
     if include_headers:
         raw_headers, at = _binary(body, buffer, at, count, empty_is_null=False)
         columns.append(_headers(raw_headers))
-    batch = pa.RecordBatch.from_arrays(columns, schema=read_schema(include_headers))
-    return Fetched(batch, offsets, int(next_offset))
+    return _fetched(columns, topic, partition, offsets, int(next_offset))
+
+
+def _fetched(
+    columns: list[pa.Array],
+    topic: str,
+    partition: int,
+    offsets: np.ndarray[Any, np.dtype[np.int64]],
+    next_offset: int,
+) -> Fetched:
+    """The batch of key, value, offset, timestamp (and headers) columns."""
+    count = len(offsets)
+    key, value, offset, timestamp, *headers = columns
+    batch = pa.RecordBatch.from_arrays(
+        [
+            key,
+            value,
+            _constant_string(topic, count),
+            pa.array(np.full(count, partition, dtype=np.int32)),
+            offset,
+            timestamp,
+            pa.array(np.full(count, LOG_APPEND_TIME, dtype=np.int32)),
+            *headers,
+        ],
+        schema=read_schema(bool(headers)),
+    )
+    return Fetched(batch, offsets, next_offset)
+
+
+def _decode_frames(body: bytes, topic: str, partition: int, start: int, end: int) -> Fetched:
+    """A ``TQF1`` body's records of ``[start, end)`` (no headers)."""
+    _magic, count, next_offset = _READ_HEAD.unpack_from(body)
+    starts: list[int] = []  # where each record starts (a record: 8 bytes into its frame)
+    frame_ends: list[int] = []
+    sizes: list[int] = []  # records a frame
+    bases: list[int] = []  # what a frame's records add their delta to
+    add_start = starts.append
+    u32 = _U32_BE.unpack_from
+    at = _READ_HEAD.size
+    try:
+        for _ in range(count):
+            length, _crc, first, _timestamp, flags = _FRAME_START.unpack_from(body, at)
+            frame_end = at + 4 + length
+            if flags & _FLAG_BATCH:
+                (entries,) = u32(body, at + 25)
+                p = at + 29
+                for _ in range(entries):
+                    add_start(p)
+                    p += 4 + u32(body, p)[0]
+                if p != frame_end:
+                    raise ValueError("a record batch whose entries do not fill it")
+                sizes.append(entries)
+                bases.append(first)
+            else:
+                add_start(at + 8)
+                sizes.append(1)
+                bases.append(first >> 32 << 32)
+            frame_ends.append(frame_end)
+            at = frame_end
+    except struct.error as exc:
+        raise ValueError(f"a TQF1 body whose frames are cut short: {exc}") from None
+    if at != len(body):
+        raise ValueError(f"{len(body) - at} bytes after the last frame of a TQF1 body")
+    data = np.frombuffer(body, dtype=np.uint8)
+    begin = np.array(starts, dtype=np.int64)
+    finish = np.empty_like(begin)  # where each record ends: the next starts, or its frame ends
+    finish[:-1] = begin[1:]
+    finish[np.cumsum(sizes, dtype=np.int64) - 1] = frame_ends
+    try:
+        offsets = np.repeat(np.array(bases, dtype=np.int64), sizes)
+        offsets += _big_endian(data, begin + _ENTRY_DELTA_AT, _BYTES_4, ">u4")
+        timestamps_ms = _big_endian(data, begin + _ENTRY_TIMESTAMP_AT, _BYTES_8, ">u8")
+        names = begin + _ENTRY_NAMES_AT
+        key_length_at = names + 1 + data[names]
+        key_at = key_length_at + 1
+        key_end = key_at + data[key_length_at]
+        value_at = key_end + 4 + _big_endian(data, key_end, _BYTES_4, ">u4")
+    except IndexError:
+        raise ValueError("a TQF1 body whose records point past its end") from None
+    if len(offsets) and (np.any(np.diff(offsets) <= 0) or np.any(value_at > finish)):
+        raise ValueError("a TQF1 body whose records overlap or are out of offset order")
+    lo, hi = np.searchsorted(offsets, [start, end])
+    cut = slice(int(lo), int(hi))
+    offsets = offsets[cut]
+    columns = [
+        _slices(body, key_at[cut], key_end[cut], empty_is_null=True),
+        _slices(body, value_at[cut], finish[cut], empty_is_null=False),
+        pa.array(offsets),
+        pa.array(timestamps_ms[cut] * 1000, pa.timestamp("us", tz="UTC")),
+    ]
+    return _fetched(columns, topic, partition, offsets, int(next_offset))
+
+
+def _big_endian(
+    data: np.ndarray[Any, np.dtype[np.uint8]],
+    at: np.ndarray[Any, np.dtype[np.int64]],
+    width: np.ndarray[Any, np.dtype[np.int64]],
+    dtype: str,
+) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The big-endian unsigned integers at positions ``at`` (``len(width)`` bytes each)."""
+    gathered = data[at[:, None] + width]
+    return gathered.view(dtype).ravel().astype(np.int64)
+
+
+def _slices(
+    body: bytes,
+    begin: np.ndarray[Any, np.dtype[np.int64]],
+    finish: np.ndarray[Any, np.dtype[np.int64]],
+    *,
+    empty_is_null: bool,
+) -> pa.Array:
+    """``body[begin[i]:finish[i]]`` for each i, as a binary array, cut out by Arrow: the
+    array whose items alternate between the slices and what lies between them, every other
+    item taken (one ``take``, no loop per record). ``begin`` and ``finish`` increase."""
+    count = len(begin)
+    if not count:
+        return pa.array([], pa.binary())
+    bounds = np.empty(2 * count, dtype=np.int32)
+    bounds[0::2] = begin
+    bounds[1::2] = finish
+    if np.any(np.diff(bounds) < 0):
+        raise ValueError("a TQF1 body whose records overlap")
+    between = pa.Array.from_buffers(
+        pa.binary(), 2 * count - 1, [None, pa.py_buffer(bounds), pa.py_buffer(body)]
+    )
+    taken = between.take(pa.array(np.arange(0, 2 * count, 2, dtype=np.int32)))
+    present = finish > begin
+    if empty_is_null and not present.all():
+        _validity, offsets, data = taken.buffers()
+        validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+        taken = pa.Array.from_buffers(
+            pa.binary(), count, [validity, offsets, data], offset=taken.offset
+        )
+    return taken
 
 
 def _binary(

@@ -88,14 +88,15 @@ class Client:
     def fetch(
         self, topic: str, partition: int, offset: int, end: int, max_bytes: int, headers: bool
     ) -> bytes:
-        """A ``TQR1`` body: records of ``[offset, end)`` (from the earliest if ``offset`` is
-        gone), about ``max_bytes`` of values, at least one record if there is any."""
-        query = {
-            "offset": offset,
-            "end": end,
-            "max_bytes": max_bytes,
-            "headers": "true" if headers else "false",
-        }
+        """The records of ``[offset, end)`` (from the earliest if ``offset`` is gone), about
+        ``max_bytes`` of them, at least one record if there is any: as the log's frames
+        (``TQF1``, whose first and last frames may hold records outside the range), or with
+        ``headers`` as columns (``TQR1``: the broker decodes the headers)."""
+        query: dict[str, Any] = {"offset": offset, "end": end, "max_bytes": max_bytes}
+        if headers:
+            query["headers"] = "true"
+        else:
+            query["format"] = "frames"
         path = f"/topics/{_quote(topic)}/partitions/{partition}/records"
         status, body = self._request("GET", path, query)
         if status != 200:

@@ -204,16 +204,24 @@ def read_range(
             ahead = _next_fetch(body, part.end)
             pending = None if ahead is None else _fetcher().submit(_fetch, options, part, ahead)
             fetched = decode_fetch(
-                body, part.topic, part.partition, include_headers=options.include_headers
+                body,
+                part.topic,
+                part.partition,
+                include_headers=options.include_headers,
+                start=position,
+                end=part.end,
             )
-            if not len(fetched) or fetched.offsets[0] > position:
-                _check_gap(options, part, position, found=len(fetched) > 0)
-            if not len(fetched):
-                return
-            yield fetched.batch
-            position = max(fetched.next_offset, int(fetched.offsets[-1]) + 1)
-            if position >= part.end:
-                return
+            if not len(fetched) and position < fetched.next_offset < part.end:
+                position = fetched.next_offset  # frames whose records all lie below it
+            else:
+                if not len(fetched) or fetched.offsets[0] > position:
+                    _check_gap(options, part, position, found=len(fetched) > 0)
+                if not len(fetched):
+                    return
+                yield fetched.batch
+                position = max(fetched.next_offset, int(fetched.offsets[-1]) + 1)
+                if position >= part.end:
+                    return
             if pending is None or ahead != position:  # not with a sound broker
                 if pending is not None:
                     pending.cancel()

@@ -44,6 +44,7 @@ from .format import (
     parse_frame,
     records_after,
 )
+from .frames import read_frames
 from .recovery import load_segment, scan_segment
 from .retention import past_retention
 from .segment import Segment
@@ -301,6 +302,13 @@ class Log:
                     found += self._cached_after(record, end, room)
             offset = found[-1].offset + 1
         return found
+
+    def read_frames(
+        self, offset: int, end: int, max_bytes: int
+    ) -> tuple[list[tuple[bytes, bytes]], int]:
+        """``frames.read_frames`` (damaged frames are logged, counted and stepped over)."""
+        i = max(bisect_right(self._bases, offset) - 1, 0)
+        return read_frames(self.segments[i:], offset, end, max_bytes, self._damaged)
 
     def _cached_after(self, record: Record, end: int, limit: int) -> list[Record]:
         """``Segment.take_after`` for a record the cache gave (its frame the newest kept)."""

@@ -11,8 +11,8 @@ Responsibilities:
   entries, so monotonic whatever the record timestamps);
 - reads by offset: index lookup, then a forward scan of the frames (those not yet written out
   are read from the buffer; the last frame decoded is kept, so reading a batch record by record
-  decodes it once); a damaged frame (a flipped bit) is stepped over, so only it is lost; and
-  every intact record from an offset on, in order;
+  decodes it once); a damaged frame (a flipped bit) is stepped over, so only it is lost; every
+  intact record from an offset on, in order; and the bytes of frames (``raw``, for ``frames``);
 - the primitives recovery (``recovery.py``) rebuilds a segment with;
 - compaction's side: ``install`` moves a compacted copy, written as a segment of its own
   elsewhere, over the files of the segment it replaces.
@@ -103,14 +103,6 @@ class Segment:
     def log_path(self) -> Path:
         return self.file.path
 
-    @property
-    def index_path(self) -> Path:
-        return self.offset_index.path
-
-    @property
-    def time_path(self) -> Path:
-        return self.time_index.path
-
     # -- appending ---------------------------------------------------------------------------
 
     def append(
@@ -186,6 +178,18 @@ class Segment:
             return 0, self.base_offset
         index = self.offset_index
         return index.values[i], self.base_offset + index.keys[i]
+
+    def position_at_or_before(self, offset: int) -> tuple[int, int]:
+        """Position and offset of the last index entry at or before ``offset`` (or the start)."""
+        return self._entry(self.offset_index.find(offset - self.base_offset))
+
+    def raw(self, pos: int, size: int) -> bytes:
+        """Up to ``size`` bytes of frames from byte ``pos``: the file's, then the buffer's."""
+        data = self.file.pread(min(size, self.written - pos), pos) if pos < self.written else b""
+        if pos + size <= self.written or not self._buffer:
+            return data
+        start = max(pos - self.written, 0)
+        return data + self._buffer[start : start + size - len(data)]
 
     def read(self, offset: int) -> Record | None:
         """The record with ``offset``, or None if the segment does not hold it. Raises
@@ -264,7 +268,7 @@ class Segment:
     def _walk_from(self, offset: int) -> Iterator[Record | RecordError]:
         """``_walk`` from the last index entry at or before ``offset``, or from where the last
         walk stopped if that is closer (sequential reads then decode each record once)."""
-        pos, least = self._entry(self.offset_index.find(offset - self.base_offset))
+        pos, least = self.position_at_or_before(offset)
         hint_least, hint_pos = self._hint
         if least <= hint_least <= offset:
             pos, least = hint_pos, hint_least
@@ -474,7 +478,7 @@ class Segment:
     def _unlink_files(self) -> None:
         """The record file first: index files without one are orphans, which a start
         removes."""
-        for path in (self.log_path, self.index_path, self.time_path):
+        for path in (file.path for file in self.files):
             fsio.fs.unlink(path, missing_ok=True)
 
     def install(self, directory: Directory) -> None:

@@ -216,6 +216,13 @@ class LogStream:
         self.seal()
         return self.log.read_many(max(offset, self.first_offset), end, limit)
 
+    def read_frames(
+        self, offset: int, end: int, max_bytes: int
+    ) -> tuple[list[tuple[bytes, bytes]], int]:
+        """The log's frames that hold the records from ``offset`` on, below ``end`` (at most
+        the durable end: those are all written out), as they lie on disk."""
+        return self.log.read_frames(max(offset, self.first_offset), end, max_bytes)
+
     @property
     def first_offset(self) -> int:
         """No record is below it (the record there may have been compacted away)."""

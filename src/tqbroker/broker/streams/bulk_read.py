@@ -1,13 +1,15 @@
-"""The columnar bulk read of a topic partition (``GET /topics/{t}/partitions/{p}/records``,
-which the Spark data source fetches): records from an offset as a ``recordbatch.ReadBatch``'s
-body.
+"""The bulk read of a topic partition (``GET /topics/{t}/partitions/{p}/records``): records
+from an offset as a ``recordbatch.ReadBatch``'s columns (``TQR1``), or as the log's frames
+(``TQF1``, which the Spark data source fetches).
 
 Responsibilities:
 - walk the partition's log from an offset to an end (at most the durable end: nothing a crash
   could take back), within a byte and a record budget;
 - collect the columns with as little work a record as the storage allows (the keys and
   values as they lie in the log's frames, no message built, copied once, into the body),
-  giving way to other clients every slice.
+  giving way to other clients every slice;
+- or take the frames as they lie on disk (``StreamLog.read_frames``: nothing decoded or
+  re-encoded, each frame's CRC checked), a chunk at a time between slices.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from operator import add, attrgetter
 import trio.lowlevel
 
 from ...backends.streams import StreamLog
-from ...recordbatch import encode_headers, encode_read_parts
+from ...recordbatch import encode_frames, encode_headers, encode_read_parts
 from ..pacing import SLICE_SECONDS
 from ..vhost import VirtualHost
+from .queue import StreamQueue
 from .topics import MAX_READ_BYTES, InvalidRequest, NotFound, partition, stored_headers
 
 MAX_BATCH_RECORDS = 50_000
@@ -33,6 +36,8 @@ READ_MANY = 256
 _OFFSET = attrgetter("offset")
 _TIMESTAMP = attrgetter("timestamp_ms")
 _KEY_AND_VALUE = attrgetter("key_and_value")
+# The frames taken between two looks at the clock, in bytes.
+FRAMES_CHUNK = 4 * 1024 * 1024
 
 
 async def read_body(
@@ -53,26 +58,68 @@ async def read_body(
     early if the partition went away meanwhile (deleted: the next read says so) or retention
     removed the records that come next (the reader then sees that gap at the start of its
     next batch, where it checks for data loss)."""
-    if not 1 <= max_bytes <= MAX_READ_BYTES:
-        raise InvalidRequest(f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
-    queue = partition(vhost, topic, partition_index)
+    queue, stop = _range(vhost, topic, partition_index, end, max_bytes)
     stream = queue.stream
-    high_watermark = stream.durable_end  # nothing a crash could take back
-    stop = high_watermark if end is None else min(end, high_watermark)
     columns = _Columns(headers)
     position = max(offset, stream.first_offset)
     while position < stop and columns.size < max_bytes and len(columns) < MAX_BATCH_RECORDS:
         position = columns.take(stream, position, stop, max_bytes)
         if position < stop and columns.size < max_bytes and len(columns) < MAX_BATCH_RECORDS:
             await trio.lowlevel.checkpoint()
-            try:
-                if partition(vhost, topic, partition_index) is not queue:
-                    break
-            except NotFound:
+            if not _still_there(vhost, topic, partition_index, queue):
                 break
             if stream.first_offset > position:  # retention came by: the reader's next fetch
                 break  # starts here, and finds (and reports) the gap at its start
     return columns.body(max(position, offset))
+
+
+async def read_frames_body(
+    vhost: VirtualHost,
+    topic: str,
+    partition_index: int,
+    *,
+    offset: int,
+    end: int | None,
+    max_bytes: int,
+) -> bytes:
+    """The ``TQF1`` body of the same read as ``read_body``: the frames that hold the records
+    of ``[offset, end)`` as they lie in the log, about ``max_bytes`` of them (at least one
+    frame when there is a record); the reader skips the records outside its range. Taken
+    ``FRAMES_CHUNK`` bytes at a time, giving way to other clients between chunks (and then
+    stopping early, as ``read_body`` does, if the partition went away or retention came)."""
+    queue, stop = _range(vhost, topic, partition_index, end, max_bytes)
+    stream = queue.stream
+    frames: list[tuple[bytes, bytes]] = []
+    size = 0
+    position = max(offset, stream.first_offset)
+    while position < stop and size < max_bytes:
+        taken, position = stream.read_frames(position, stop, min(max_bytes - size, FRAMES_CHUNK))
+        frames += taken
+        size += sum(len(head) + len(rest) for head, rest in taken)
+        if not taken or position >= stop or size >= max_bytes:
+            break
+        await trio.lowlevel.checkpoint()
+        if not _still_there(vhost, topic, partition_index, queue) or stream.first_offset > position:
+            break
+    return encode_frames(max(position, offset), frames)
+
+
+def _range(
+    vhost: VirtualHost, topic: str, partition_index: int, end: int | None, max_bytes: int
+) -> tuple[StreamQueue, int]:
+    """A bulk read's partition and where it stops: ``end``, at most the durable end."""
+    if not 1 <= max_bytes <= MAX_READ_BYTES:
+        raise InvalidRequest(f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
+    queue = partition(vhost, topic, partition_index)
+    high_watermark = queue.stream.durable_end  # nothing a crash could take back
+    return queue, high_watermark if end is None else min(end, high_watermark)
+
+
+def _still_there(vhost: VirtualHost, topic: str, partition_index: int, queue: StreamQueue) -> bool:
+    try:
+        return partition(vhost, topic, partition_index) is queue
+    except NotFound:
+        return False
 
 
 class _Columns:

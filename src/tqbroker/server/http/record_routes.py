@@ -29,6 +29,7 @@ from .errors import RequestError
 log = logging.getLogger(__name__)
 
 RECORDS_MEDIA_TYPE = "application/x-tqbroker-records"
+FRAMES_MEDIA_TYPE = "application/x-tqbroker-frames"
 # Decoding (and checking) a body takes ~0.2 us a record: bodies over 1 MiB (>= 16 bytes a
 # record) are decoded in a worker
 # thread, so that a 500k-record body does not stop the broker for ~100 ms.
@@ -36,18 +37,34 @@ DECODE_IN_THREAD_BYTES = 1 << 20
 
 
 async def read_records(request: Request) -> Response:
-    """The columnar bulk read (``recordbatch.ReadBatch``)."""
+    """The bulk read: columns (``recordbatch.ReadBatch``, ``TQR1``), or with
+    ``format=frames`` the log's frames as they lie on disk (``TQF1``)."""
     query = request.query_params
     vhost = await vhost_of(request)
     await topic_access.check_read(request, vhost, request.path_params["partition"])
+    topic = request.path_params["topic"]
+    index = inputs.integer(request.path_params["partition"], "partition")
+    offset = inputs.integer(query.get("offset", "0"), "offset")
+    end = inputs.integer(query["end"], "end") if "end" in query else None
+    headers = query.get("headers", "false") == "true"
+    kind = query.get("format", "columns")
+    if kind == "frames":
+        if headers:
+            raise RequestError(400, "frames carry the headers: drop headers=true")
+        body = await bulk_read.read_frames_body(
+            vhost, topic, index, offset=offset, end=end, max_bytes=inputs.max_bytes(query)
+        )
+        return Response(body, media_type=FRAMES_MEDIA_TYPE)
+    if kind != "columns":
+        raise RequestError(400, f"format must be columns or frames (got {kind})")
     body = await bulk_read.read_body(
         vhost,
-        request.path_params["topic"],
-        inputs.integer(request.path_params["partition"], "partition"),
-        offset=inputs.integer(query.get("offset", "0"), "offset"),
-        end=inputs.integer(query["end"], "end") if "end" in query else None,
+        topic,
+        index,
+        offset=offset,
+        end=end,
         max_bytes=inputs.max_bytes(query),
-        headers=query.get("headers", "false") == "true",
+        headers=headers,
     )
     return Response(body, media_type=RECORDS_MEDIA_TYPE)
 
