@@ -8,6 +8,7 @@ import pytest
 import trio.testing
 
 from tqbroker.broker.stats import ConnectionStats
+from tqbroker.model import Message
 from tqbroker.server import writer as writer_module
 from tqbroker.server.writer import ConnectionWriter
 
@@ -69,3 +70,30 @@ async def test_no_direct_send_once_the_writer_ended() -> None:
     with trio.fail_after(5):
         assert await client.receive_some(10) == b""
     await client.aclose()
+
+
+async def test_a_lone_delivery_of_a_queue_pass_goes_out_at_once_a_batch_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A classic queue delivers through ``deliver_many`` (a pass's batch): a batch of one on
+    an idle connection (a queue at a low rate) is sent by the task that made it; a bigger one
+    (a prefetch window) goes through the writer task, which gathers the round's passes."""
+    monkeypatch.setattr(writer_module, "DIRECT_SEND_GAP_NS", 0)
+    client, server = await _pair()
+    stats = ConnectionStats()
+    writer = ConnectionWriter(server, stats, "test", lambda: None)
+    message = Message("", "q", b"\x00\x00", b"body")
+    writer.deliver_many(1, b"ctag", 1, [(1, message, False)], 131072)
+    assert not writer.out  # sent, without the writer task
+    assert stats.send_cnt == 1
+    first = await _receive(client, stats.send_oct)
+    writer.deliver_many(1, b"ctag", 2, [(2, message, False), (3, message, False)], 131072)
+    batch = bytes(writer.out)
+    assert batch  # left to the writer task
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.run)
+        assert await _receive(client, len(batch)) == batch
+        nursery.cancel_scope.cancel()
+    assert first.endswith(b"body\xce")
+    await client.aclose()
+    await server.aclose()

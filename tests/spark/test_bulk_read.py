@@ -18,6 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tqbroker.backends.log import LogBackend
+from tqbroker.backends.log.format import (
+    BATCH_COUNT,
+    FLAG_BATCH,
+    RECORD_FIXED,
+    RECORD_HEAD,
+    encode_record,
+)
 from tqbroker.broker.streams import bulk_read
 from tqbroker.model import Message
 from tqbroker.recordbatch import (
@@ -285,4 +292,18 @@ def test_malformed_frame_bodies_are_refused(tmp_path: Path) -> None:
     bent[16 + 4 + 4 + 8 + 8 + 1 + 4 + 3] = 0xFF  # the first entry's length: past the batch
     with pytest.raises(ValueError, match="TQF1"):
         decode_fetch(bytes(bent), "t", 0, include_headers=False)
+    record = encode_record(7, 1_700_000_000_000, 0, Message("", "k", b"", b"v"))
+    empty_batch = RECORD_FIXED.pack(8, 0, FLAG_BATCH) + BATCH_COUNT.pack(0)
+    for frames_given in (
+        [(record[:8], record[8:]), (RECORD_HEAD.pack(len(empty_batch) + 4, 0), empty_batch)],
+        [_split(encode_record(2**63, 0, 0, Message("", "k", b"", b"v")))],  # past int64
+        [_split(encode_record(2**63 - 1, 0, 0, Message("", "k", b"", b"v"))), _split(record)],
+        [_split(encode_record(7, 2**64 - 1, 0, Message("", "k", b"", b"v")))],  # timestamp
+    ):
+        with pytest.raises(ValueError, match="TQF1"):
+            decode_fetch(encode_frames(9, frames_given), "t", 0, include_headers=False)
     backend.close()
+
+
+def _split(frame: bytes) -> tuple[bytes, bytes]:
+    return frame[:8], frame[8:]

@@ -7,6 +7,7 @@ frame is stepped over and reported as every read reports it."""
 from __future__ import annotations
 
 import shutil
+import struct
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -156,4 +157,73 @@ def test_a_damaged_frame_is_stepped_over_and_reported(tmp_path: Path) -> None:
         o for o in range(3, 300) if not 150 <= o < 160
     ]  # the batch of 150 is lost whole, and only it
     assert stream.log.corrupt_records == 1
+    backend.close()
+
+
+def _damage_frame(root: Path, index: int, *, length_field: bool) -> None:
+    """Damage the ``index``-th frame of the stream's only segment: its length field (the read
+    must find the next frame by searching) or a byte of its body (its CRC fails)."""
+    (path,) = sorted(root.rglob("*.log"))
+    raw = bytearray(path.read_bytes())
+    pos, starts = 0, []
+    while pos < len(raw):
+        starts.append(pos)
+        pos += 4 + struct.unpack_from(">I", raw, pos)[0]
+    victim = starts[index]
+    if length_field:
+        struct.pack_into(">I", raw, victim, struct.unpack_from(">I", raw, victim)[0] + 1)
+    else:
+        raw[victim + 40] ^= 1
+    path.write_bytes(bytes(raw))
+
+
+def _batches_of(root: Path, size: int, count: int) -> None:
+    backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=4096)
+    backend.open(root)
+    stream = backend.open_stream("/", "s")
+    for first in range(0, count, size):
+        stream.append_many(
+            [Message("", "k", b"", b"b%04d" % n) for n in range(first, first + size)]
+        )
+        stream.seal()
+    _flush(backend)
+    backend.close()  # a clean stop: the next open trusts the files
+
+
+def test_a_damaged_length_after_a_small_batch_loses_only_its_frame(tmp_path: Path) -> None:
+    """Batches of 10 small records share an index entry: after a damaged length field the
+    search for the next frame starts past the last batch's last offset, not its first."""
+    _batches_of(tmp_path, 10, 200)
+    _damage_frame(tmp_path, 3, length_field=True)  # the batch of 30..39
+    backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=4096)
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    assert isinstance(stream, LogStream)
+    rows = _read_in_frames(stream, 0, 200, 1 << 20)
+    assert rows == _expected(stream, 0, 200)
+    assert [offset for offset, _key, _body in rows] == [o for o in range(200) if not 30 <= o < 40]
+    backend.close()
+
+
+def test_damage_is_reported_once_and_only_within_the_range(tmp_path: Path) -> None:
+    """A frame that holds the offset asked for but is damaged: the batch before it (taken
+    because it might hold the offset) is not sent; the damage is reported by the read whose
+    range it falls in, once, and not by reads beside it."""
+    _batches_of(tmp_path, 3, 30)
+    _damage_frame(tmp_path, 1, length_field=False)  # the batch of 3..5
+    backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=4096)
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    assert isinstance(stream, LogStream)
+    frames, next_offset = stream.read_frames(4, 6, 1 << 20)
+    assert (frames, next_offset) == ([], 6)
+    assert stream.log.corrupt_records == 1
+    stream.read_frames(6, 30, 1 << 20)  # past it: not reported again
+    stream.read_frames(0, 3, 1 << 20)  # before it: not reported
+    assert stream.log.corrupt_records == 1
+    for start in range(0, 30):  # a reader's loop with a small budget, from anywhere
+        reported = stream.log.corrupt_records
+        assert _read_in_frames(stream, start, 30, 40) == _expected(stream, start, 30)
+        # once by each loop whose range holds the damaged records (and by _expected's reads)
+        assert stream.log.corrupt_records - reported == (2 if start <= 5 else 0), start
     backend.close()

@@ -138,13 +138,19 @@ class ConnectionWriter:
         entries: list[Popped],
         frame_max: int,
     ) -> int:
-        """``deliver`` for a batch (tags from ``first_tag``); how many were redelivered."""
+        """``deliver`` for a batch (tags from ``first_tag``); how many were redelivered. A
+        lone delivery that finds the connection idle may go out at once, as ``deliver``'s does
+        (a classic queue's pass at a low rate delivers one message at a time); a bigger batch
+        goes through the writer task, which gathers the passes of a scheduling round."""
         idle = not self.out
         redelivered = write_delivers(self.out, channel, consumer_tag, first_tag, entries, frame_max)
         if TRACE is not None:
             self.traced.extend(TRACE.encoded(message.body) for _, message, _ in entries)
         if idle:
-            self.wake()
+            if len(entries) == 1:
+                self.send_or_wake()
+            else:
+                self.wake()
         return redelivered
 
     def deliver_encoded(

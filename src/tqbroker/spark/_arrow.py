@@ -48,6 +48,9 @@ _FRAME_START = struct.Struct(">IIQQB")
 _U32_BE = struct.Struct(">I")
 _FLAG_BATCH = 0x80
 _ENTRY_DELTA_AT, _ENTRY_TIMESTAMP_AT, _ENTRY_NAMES_AT = 4, 8, 17
+_MAX_OFFSET = 2**63 - 1
+_MAX_MS = (2**63 - 1) // 1000  # Spark's timestamps are microseconds in an int64
+_MAX_FRAMES_BODY = 2**31 - 1
 _BYTES_4 = np.arange(4)
 _BYTES_8 = np.arange(8)
 _WRITE_HEAD = struct.Struct("<4sI")
@@ -167,6 +170,8 @@ def _fetched(
 def _decode_frames(body: bytes, topic: str, partition: int, start: int, end: int) -> Fetched:
     """A ``TQF1`` body's records of ``[start, end)`` (no headers)."""
     _magic, count, next_offset = _READ_HEAD.unpack_from(body)
+    if len(body) > _MAX_FRAMES_BODY:  # Arrow's 32-bit offsets address it
+        raise ValueError(f"a TQF1 body of {len(body)} bytes: at most {_MAX_FRAMES_BODY}")
     starts: list[int] = []  # where each record starts (a record: 8 bytes into its frame)
     frame_ends: list[int] = []
     sizes: list[int] = []  # records a frame
@@ -178,8 +183,12 @@ def _decode_frames(body: bytes, topic: str, partition: int, start: int, end: int
         for _ in range(count):
             length, _crc, first, _timestamp, flags = _FRAME_START.unpack_from(body, at)
             frame_end = at + 4 + length
+            if first > _MAX_OFFSET:
+                raise ValueError(f"a TQF1 body with offset {first}")
             if flags & _FLAG_BATCH:
                 (entries,) = u32(body, at + 25)
+                if not entries:
+                    raise ValueError("a TQF1 body with an empty record batch")
                 p = at + 29
                 for _ in range(entries):
                     add_start(p)
@@ -204,8 +213,8 @@ def _decode_frames(body: bytes, topic: str, partition: int, start: int, end: int
     finish[:-1] = begin[1:]
     finish[np.cumsum(sizes, dtype=np.int64) - 1] = frame_ends
     try:
-        offsets = np.repeat(np.array(bases, dtype=np.int64), sizes)
-        offsets += _big_endian(data, begin + _ENTRY_DELTA_AT, _BYTES_4, ">u4")
+        based = np.repeat(np.array(bases, dtype=np.int64), sizes)
+        offsets = based + _big_endian(data, begin + _ENTRY_DELTA_AT, _BYTES_4, ">u4")
         timestamps_ms = _big_endian(data, begin + _ENTRY_TIMESTAMP_AT, _BYTES_8, ">u8")
         names = begin + _ENTRY_NAMES_AT
         key_length_at = names + 1 + data[names]
@@ -216,6 +225,8 @@ def _decode_frames(body: bytes, topic: str, partition: int, start: int, end: int
         raise ValueError("a TQF1 body whose records point past its end") from None
     if len(offsets) and (np.any(np.diff(offsets) <= 0) or np.any(value_at > finish)):
         raise ValueError("a TQF1 body whose records overlap or are out of offset order")
+    if np.any(offsets < based) or np.any(timestamps_ms < 0) or np.any(timestamps_ms > _MAX_MS):
+        raise ValueError("a TQF1 body with an offset or a timestamp out of range")
     lo, hi = np.searchsorted(offsets, [start, end])
     cut = slice(int(lo), int(hi))
     offsets = offsets[cut]

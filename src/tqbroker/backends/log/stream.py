@@ -221,6 +221,7 @@ class LogStream:
     ) -> tuple[list[tuple[bytes, bytes]], int]:
         """The log's frames that hold the records from ``offset`` on, below ``end`` (at most
         the durable end: those are all written out), as they lie on disk."""
+        end = min(end, self._durable_end)
         return self.log.read_frames(max(offset, self.first_offset), end, max_bytes)
 
     @property
