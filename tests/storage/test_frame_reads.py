@@ -24,8 +24,10 @@ FORMAT1 = Path(__file__).resolve().parents[1] / "data" / "stream-log-format1"
 Row = tuple[int, str, bytes]  # offset, routing key, body
 
 
-def _open(root: Path, segment_bytes: int = 1 << 20) -> tuple[LogBackend, LogStream]:
-    backend = LogBackend(segment_bytes=segment_bytes, index_interval_bytes=256)
+def _open(
+    root: Path, segment_bytes: int = 1 << 20, index_interval_bytes: int = 256
+) -> tuple[LogBackend, LogStream]:
+    backend = LogBackend(segment_bytes=segment_bytes, index_interval_bytes=index_interval_bytes)
     backend.open(root)
     stream = backend.open_stream("/", "s")
     assert isinstance(stream, LogStream)
@@ -178,9 +180,7 @@ def _damage_frame(root: Path, index: int, *, length_field: bool) -> None:
 
 
 def _batches_of(root: Path, size: int, count: int) -> None:
-    backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=4096)
-    backend.open(root)
-    stream = backend.open_stream("/", "s")
+    backend, stream = _open(root, index_interval_bytes=4096)
     for first in range(0, count, size):
         stream.append_many(
             [Message("", "k", b"", b"b%04d" % n) for n in range(first, first + size)]
@@ -195,10 +195,7 @@ def test_a_damaged_length_after_a_small_batch_loses_only_its_frame(tmp_path: Pat
     search for the next frame starts past the last batch's last offset, not its first."""
     _batches_of(tmp_path, 10, 200)
     _damage_frame(tmp_path, 3, length_field=True)  # the batch of 30..39
-    backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=4096)
-    backend.open(tmp_path)
-    stream = backend.open_stream("/", "s")
-    assert isinstance(stream, LogStream)
+    backend, stream = _open(tmp_path, index_interval_bytes=4096)
     rows = _read_in_frames(stream, 0, 200, 1 << 20)
     assert rows == _expected(stream, 0, 200)
     assert [offset for offset, _key, _body in rows] == [o for o in range(200) if not 30 <= o < 40]
@@ -211,10 +208,7 @@ def test_damage_is_reported_once_and_only_within_the_range(tmp_path: Path) -> No
     range it falls in, once, and not by reads beside it."""
     _batches_of(tmp_path, 3, 30)
     _damage_frame(tmp_path, 1, length_field=False)  # the batch of 3..5
-    backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=4096)
-    backend.open(tmp_path)
-    stream = backend.open_stream("/", "s")
-    assert isinstance(stream, LogStream)
+    backend, stream = _open(tmp_path, index_interval_bytes=4096)
     frames, next_offset = stream.read_frames(4, 6, 1 << 20)
     assert (frames, next_offset) == ([], 6)
     assert stream.log.corrupt_records == 1
