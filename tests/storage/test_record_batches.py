@@ -375,3 +375,24 @@ async def test_a_publish_after_a_flush_began_never_rides_its_ticket(
     assert ticket > flusher.completed, "confirmed before the flush that writes it"
     assert stream.durable_end == stream.next_offset - 1  # the late record: not durable yet
     backend.close()
+
+
+def test_a_record_that_would_take_a_batch_past_its_size_goes_in_a_frame_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """Batches stay within ``MAX_BATCH_BYTES`` unless one record is bigger, which is then a
+    frame alone: a batch is never a near-full batch plus a big message (with the largest
+    messages the broker takes, such a frame would be longer than any a reader accepts)."""
+    backend = LogBackend(segment_bytes=64 << 20, index_interval_bytes=256)
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    small = [Message("", "k", b"", b"s" * 100_000) for _ in range(9)]  # ~900 kB
+    big = Message("", "k", b"", b"B" * 1_200_000)
+    assert stream.append_many([*small, big, *small]) == (19, None)
+    _flush(backend)
+    (directory,) = tmp_path.glob("log/*")
+    assert _frames(directory) == [(0, True), (9, False), (10, True)]  # the big one alone
+    assert [r.message.body[:1] for r in stream.read_many(0, 19, 100)] == [b"s"] * 9 + [b"B"] + [
+        b"s"
+    ] * 9
+    backend.close()

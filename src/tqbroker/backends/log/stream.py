@@ -159,8 +159,13 @@ class LogStream:
                     + len(message.body)
                 )
                 # A batch fills a segment at most (unless one record is bigger), or a whole
-                # segment if it would roll anyway.
-                if batch and total + size > (left if left >= total else segment_bytes):
+                # segment if it would roll anyway; and ``MAX_BATCH_BYTES`` at most, unless one
+                # record is bigger: then it is a frame of its own (a batch of a near-1 MiB and
+                # a 512 MiB message would be longer than any frame a reader accepts).
+                if batch and (
+                    total + size > (left if left >= total else segment_bytes)
+                    or total + size > MAX_BATCH_BYTES
+                ):
                     self._batch_bytes = total
                     self.seal()
                     batch, total = self._batch, 0
