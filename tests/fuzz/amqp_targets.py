@@ -114,22 +114,26 @@ def drive(chunks: list[bytes], *, eof: bool = True) -> list[tuple[Any, ...]]:
                 seen.append(("eof",))
                 return seen
             seen += _describe(event)
-            _answer(conn, event, seen)
+            _answer(conn, event)
             if conn.state is State.CLOSED:
                 return seen
     return seen
 
 
 def _describe(event: object) -> list[tuple[Any, ...]]:
-    """What ``event`` says, one entry per publish (how they group into runs depends on the
-    cuts)."""
+    """What ``event`` says, one entry per publish and its properties' refusal right after it
+    (how publishes group into runs depends on the cuts: nothing here may depend on it)."""
     if isinstance(event, ContentReceived):
         assert len(event.properties) == len(event.bodies) > 0
         assert all(len(body) <= LIMITS.max_message_size for body in event.bodies)
-        return [
-            ("content", event.channel, event.method, properties, body)
-            for properties, body in zip(event.properties, event.bodies, strict=True)
-        ]
+        described: list[tuple[Any, ...]] = []
+        for properties, body in zip(event.properties, event.bodies, strict=True):
+            described.append(("content", event.channel, event.method, properties, body))
+            try:
+                check_properties(properties)  # as publishing.make_messages does, each publish
+            except DecodeError as exc:
+                described.append(("bad properties", str(exc)))
+        return described
     if isinstance(event, MethodReceived):
         return [("method", event.channel, event.method)]
     assert isinstance(event, ProtocolHeaderReceived), event
@@ -145,18 +149,13 @@ def _fail(conn: ServerConnection, err: AMQPError) -> None:
     conn.close_channel(err)
 
 
-def _answer(conn: ServerConnection, event: object, seen: list[tuple[Any, ...]]) -> None:
+def _answer(conn: ServerConnection, event: object) -> None:
     """The server's side of the handshake and of channel opening and closing."""
     if isinstance(event, ProtocolHeaderReceived):
         conn.send_method(0, _START)
         return
     if isinstance(event, ContentReceived):
-        for properties in event.properties:
-            try:
-                check_properties(properties)  # as publishing.make_message does
-            except DecodeError as exc:
-                seen.append(("bad properties", str(exc)))
-        return
+        return  # its properties are checked by ``_describe``, publish by publish
     assert isinstance(event, MethodReceived)
     method, channel = event.method, event.channel
     reply: Any = None
