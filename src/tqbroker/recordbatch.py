@@ -10,7 +10,7 @@ Responsibilities:
 - ``encode_frames``: the same read as the log's frames as they lie on disk (``format=frames``)
   — ``b"TQF1"``, ``u32 frame_count``, ``i64 next_offset``, then the frames
   (``docs/storage-format.md``: records and record batches, big-endian, CRC-checked by the
-  broker); the reader walks them (``spark._arrow`` does, into Arrow columns) and skips the
+  broker); the reader walks them (``spark._arrow_read`` does, into Arrow columns) and skips the
   records outside the range it asked for;
 - ``WriteBatch`` / ``encode_write`` / ``decode_write``: what ``POST /topics/{t}/records`` takes —
   ``b"TQW1"``, ``u32 count``, ``i32 partitions[count]`` (-1: the key decides), then the keys, the

@@ -35,7 +35,7 @@ from tqbroker.recordbatch import (
     encode_read,
     encode_read_parts,
 )
-from tqbroker.spark._arrow import decode_fetch, read_schema
+from tqbroker.spark._arrow_read import decode_fetch, read_schema
 from tqbroker.spark._options import source_options
 from tqbroker.spark._source import TopicRange, read_range
 

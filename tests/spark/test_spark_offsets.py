@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tqbroker.recordbatch import BinaryColumn, ReadBatch, decode_write, encode_read
-from tqbroker.spark._arrow import decode_fetch, encode_write, read_schema
+from tqbroker.spark._arrow_read import decode_fetch, read_schema
+from tqbroker.spark._arrow_write import encode_write
 from tqbroker.spark._client import PartitionInfo, client_for
 from tqbroker.spark._offsets import (
     DataLossError,

@@ -5,7 +5,8 @@ Responsibilities:
 - tickets: ``request()`` returns a number; once ``completed`` reaches it, everything written before
   the request is durable (a flush that began after the request has finished);
 - the loop: wait until asked, take the backend's flush work (``Backend.begin_flush``) and run it
-  in a worker thread, so one fsync covers every message appended meanwhile;
+  in a worker thread, so one fsync covers every message appended meanwhile; the thread starts
+  at once (``run_in_thread``), not after a turn of the scheduler;
 - telling whoever waits: channels confirm (or, on failure, nack) their publishes; queues that
   paused for a flush resume;
 - after a failure, retry once a second while the backend has something to flush;
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+import outcome
 import trio
 
 from ..plugins.spec import FlushListener, GroupCommit
@@ -32,6 +34,26 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
 POLL_SECONDS = 0.2
+
+
+async def run_in_thread(work: Callable[[], None]) -> None:
+    """Run ``work`` in a worker thread and wait for it (raising what it raised), like
+    ``trio.to_thread.run_sync``, but the thread starts now: ``run_sync`` first takes a token of
+    its capacity limiter, which yields to the scheduler, so that on a busy loop the fsync began
+    only after the other tasks had run (~0.2-0.3 ms more per group commit, on the path of
+    every confirm). A cancellation waits for the thread, as ``run_sync`` does by default."""
+    token = trio.lowlevel.current_trio_token()
+    task = trio.lowlevel.current_task()
+
+    def deliver(result: outcome.Outcome[None]) -> None:  # in the worker thread
+        token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+
+    trio.lowlevel.start_thread_soon(work, deliver, name="tqbroker flush")
+    await trio.lowlevel.wait_task_rescheduled(_wait_for_thread)
+
+
+def _wait_for_thread(_raise_cancel: object) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED  # the thread cannot be stopped: its result comes anyway
 
 
 class Flushable(Protocol):
@@ -119,7 +141,7 @@ class Flusher:
                 work = self.backend.begin_flush()
                 if work is not None:
                     started = time.perf_counter()
-                    await trio.to_thread.run_sync(work)
+                    await run_in_thread(work)
                     self.flush_seconds.observe(time.perf_counter() - started)
                     self.batch_sizes.observe(covering - self.completed)
             except Exception as exc:

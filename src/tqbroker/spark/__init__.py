@@ -27,7 +27,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ._arrow import read_ddl
+from ._arrow_read import read_ddl
 from ._client import BrokerError
 from ._offsets import DataLossError
 from ._options import OptionError, lower_keys, sink_options, source_options

@@ -44,7 +44,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from ._arrow import encode_write, value_sizes
+from ._arrow_write import encode_write, value_sizes
 from ._client import client_for
 from ._options import OptionError, SinkOptions
 

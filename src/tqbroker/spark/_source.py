@@ -33,7 +33,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ._arrow import decode_fetch, fetch_head, read_schema
+from ._arrow_read import decode_fetch, fetch_head, read_schema
 from ._client import client_for
 from ._offsets import (
     Offsets,

@@ -1,6 +1,6 @@
-"""Bulk bodies to and from Arrow: a ``TQR1`` fetch becomes a ``pyarrow.RecordBatch`` in Spark's
-Kafka schema without a loop per record (the columns are wrapped with ``Array.from_buffers``),
-and the sink's Arrow batches become ``TQW1`` bodies the same way.
+"""Fetched bulk bodies into Arrow: a ``TQR1`` (columns) or ``TQF1`` (frames) fetch becomes a
+``pyarrow.RecordBatch`` in Spark's Kafka schema without a loop per field (the columns are
+wrapped with ``Array.from_buffers``). The sink's side is ``_arrow_write.py``.
 
 Responsibilities:
 - ``read_schema`` / ``READ_DDL``: the source's schema, equal to what Spark expects for it
@@ -11,14 +11,10 @@ Responsibilities:
   to go on); an empty routing key becomes a null ``key`` (Kafka's keyless record). Frames are
   walked with one Python step per record (finding where each starts); their fields are then
   gathered by NumPy and their keys and values cut out by Arrow (``take``), no loop per record;
-- ``encode_write``: value, key, partition and headers columns as a ``TQW1`` body, checked
-  (keys are routing keys: UTF-8, at most 255 bytes).
 
-Header values: the broker's headers are AMQP field tables, Kafka's are bytes. Reading, a string
-becomes its UTF-8 bytes, a byte array (``{"bytes": <base64>}`` in the broker's JSON) its bytes,
-null stays null and anything else (numbers, booleans, lists, tables) its JSON text. Writing, a
-value that is UTF-8 text is sent as a string, other bytes as ``{"bytes": <base64>}`` (which
-reads back as the same bytes).
+Header values: the broker's headers are AMQP field tables, Kafka's are bytes. A string becomes
+its UTF-8 bytes, a byte array (``{"bytes": <base64>}`` in the broker's JSON) its bytes, null
+stays null and anything else (numbers, booleans, lists, tables) its JSON text.
 """
 
 from __future__ import annotations
@@ -32,12 +28,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..recordbatch import FRAMES_MAGIC, READ_MAGIC, WRITE_MAGIC
+from ..recordbatch import FRAMES_MAGIC, READ_MAGIC
 
 # Kafka's timestampType: 0 CreateTime, 1 LogAppendTime. The broker stamps a message when it
 # receives it, so every record's timestamp is a log-append time.
 LOG_APPEND_TIME = 1
-MAX_KEY_BYTES = 255
 
 _READ_HEAD = struct.Struct("<4sIq")  # TQR1 and TQF1 alike
 # In a TQF1 body's frames: a frame's start (length, crc, offset, timestamp_ms, flags) and an
@@ -53,7 +48,6 @@ _MAX_MS = (2**63 - 1) // 1000  # Spark's timestamps are microseconds in an int64
 _MAX_FRAMES_BODY = 2**31 - 1
 _BYTES_4 = np.arange(4)
 _BYTES_8 = np.arange(8)
-_WRITE_HEAD = struct.Struct("<4sI")
 
 _BASE_DDL = (
     "key binary, value binary, topic string, partition int, offset long, "
@@ -347,108 +341,3 @@ def _header_bytes(value: Any) -> bytes | None:
     if isinstance(value, dict) and list(value) == ["bytes"] and isinstance(value["bytes"], str):
         return base64.b64decode(value["bytes"])
     return json.dumps(value, separators=(",", ":")).encode()
-
-
-# -- writing ----------------------------------------------------------------------------------
-
-
-def encode_write(
-    values: pa.Array,
-    keys: pa.Array | None = None,
-    partitions: pa.Array | None = None,
-    headers: pa.Array | None = None,
-) -> bytes:
-    """The rows as a ``TQW1`` body. ``values`` and ``keys`` are string or binary (null: empty;
-    a null or empty key lets the topic choose by round robin), ``partitions`` integers (null or
-    negative: the key decides), ``headers`` Kafka's ``array<struct<key, value>>``. Raises
-    ``ValueError`` naming the column for a key that is not a routing key."""
-    import pyarrow.compute as pc  # writing only: spares readers its import (~30 ms)
-
-    count = len(values)
-    parts = [_WRITE_HEAD.pack(WRITE_MAGIC, count)]
-    if partitions is None:
-        parts.append(np.full(count, -1, dtype="<i4").tobytes())
-    else:
-        filled = pc.fill_null(partitions.cast(pa.int64()), -1)
-        chosen = filled.to_numpy(zero_copy_only=False)
-        if len(chosen) and chosen.max() > np.iinfo(np.int32).max:
-            raise ValueError(f"a partition number is out of range ({int(chosen.max())})")
-        parts.append(np.where(chosen < 0, -1, chosen).astype("<i4").tobytes())
-    if keys is None:
-        parts.append(np.zeros(count + 1, dtype="<i4").tobytes())
-    else:
-        parts.extend(_binary_parts(_checked_keys(keys)))
-    parts.extend(_binary_parts(values))
-    if headers is None or headers.null_count == count:
-        parts.append(np.zeros(count + 1, dtype="<i4").tobytes())
-    else:
-        parts.extend(_binary_parts(pa.array(_header_json(headers), pa.binary())))
-    return b"".join(parts)
-
-
-def value_sizes(values: pa.Array) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """The byte length of each value (0 for null), to cut a batch into request-sized chunks."""
-    import pyarrow.compute as pc
-
-    lengths = pc.fill_null(pc.binary_length(values), 0)
-    result: np.ndarray[Any, np.dtype[np.int64]] = lengths.to_numpy(zero_copy_only=False).astype(
-        np.int64
-    )
-    return result
-
-
-def _checked_keys(keys: pa.Array) -> pa.Array:
-    import pyarrow.compute as pc
-
-    if pa.types.is_binary(keys.type) or pa.types.is_large_binary(keys.type):
-        try:
-            keys.cast(pa.large_string())  # validates UTF-8
-        except pa.ArrowInvalid:
-            raise ValueError(
-                "column 'key' must hold UTF-8 text (a key is an AMQP routing key)"
-            ) from None
-    if len(keys) and (pc.max(pc.binary_length(keys)).as_py() or 0) > MAX_KEY_BYTES:
-        raise ValueError(
-            f"column 'key': a key is at most {MAX_KEY_BYTES} bytes (an AMQP routing key)"
-        )
-    return keys
-
-
-def _binary_parts(array: pa.Array) -> tuple[bytes, bytes]:
-    """``i32 offsets[count + 1]`` (from 0) and the bytes of a string or binary column."""
-    import pyarrow.compute as pc
-
-    if not pa.types.is_binary(array.type):
-        array = array.cast(pa.binary())  # string: a view; large types: 32-bit offsets
-    if array.null_count:
-        array = pc.fill_null(array, pa.scalar(b"", pa.binary()))
-    count = len(array)
-    _validity, offsets_buffer, data_buffer = array.buffers()
-    if offsets_buffer is None:  # an empty array may have no buffers
-        return np.zeros(count + 1, dtype="<i4").tobytes(), b""
-    ends = np.frombuffer(offsets_buffer, dtype="<i4", count=count + 1, offset=4 * array.offset)
-    start, stop = int(ends[0]), int(ends[-1])
-    data = b"" if data_buffer is None else memoryview(data_buffer)[start:stop].tobytes()
-    return (ends - start).astype("<i4").tobytes(), data
-
-
-def _header_json(headers: pa.Array) -> list[bytes]:
-    encoded = []
-    for row in headers.to_pylist():
-        table: dict[str, Any] = {}
-        for entry in row or ():
-            name, value = entry["key"], entry["value"]
-            if name is None:
-                raise ValueError("column 'headers': a header needs a key")
-            table[name] = _header_json_value(value)
-        encoded.append(json.dumps(table, separators=(",", ":")).encode() if table else b"")
-    return encoded
-
-
-def _header_json_value(value: bytes | str | None) -> Any:
-    if value is None or isinstance(value, str):
-        return value
-    try:
-        return value.decode()
-    except UnicodeDecodeError:
-        return {"bytes": base64.b64encode(value).decode()}
