@@ -303,3 +303,40 @@ def test_a_requeued_message_comes_again_and_stays_uncommitted(
         lag = http.get("/topics/retry/groups/workers").json()["partitions"][0]
     assert lag["committed"] == 5  # ...and acked; the rejected one is settled too
     connection.close()
+
+
+def test_a_multiple_ack_commits_the_group_and_gives_the_credit_back(
+    tqbroker_thread: RunningBroker, channel: BlockingChannel
+) -> None:
+    """A ``multiple`` ack settles its deliveries at once (``Queue.ack_many``): the group's commit
+    moves past the last of them, once the cursor settled every one, and the consumer gets its
+    whole prefetch back (it would stall if the credit were counted short)."""
+    channel.queue_declare("batch-acks", durable=True, arguments=STREAM)
+    channel.confirm_delivery()
+    for n in range(50):
+        channel.basic_publish("", "batch-acks", b"%d" % n)
+    connection = pika.BlockingConnection(pika.URLParameters(tqbroker_thread.url))
+    ch = connection.channel()
+    ch.basic_qos(prefetch_count=10)
+    seen: list[int] = []
+    arguments = {"x-stream-group": "batchers", "x-stream-offset": "first"}
+    for method, properties, _body in ch.consume(
+        "batch-acks", arguments=arguments, inactivity_timeout=2
+    ):
+        if method is None:
+            break
+        seen.append(properties.headers["x-stream-offset"])
+        if len(seen) % 10 == 0:  # the whole prefetch window, acked at once
+            ch.basic_ack(method.delivery_tag, multiple=True)
+    assert seen == list(range(50))
+    with httpx.Client(
+        base_url=tqbroker_thread.http_url, auth=("guest", "guest"), timeout=10
+    ) as http:
+        deadline = time.monotonic() + 5
+        while True:
+            lag = http.get("/topics/batch-acks/groups/batchers").json()["partitions"][0]
+            if lag["committed"] == 50 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert lag["committed"] == 50
+    connection.close()

@@ -269,11 +269,13 @@ def test_aio_pika_reads_a_stream(tqbroker_thread: RunningBroker, offset: Any) ->
     ],
     ids=["automatic-tracking", "null-offset"],
 )
+@pytest.mark.parametrize("multiple", [False, True], ids=["acks", "one-multiple-ack"])
 def test_server_side_offset_tracking_resumes_after_the_last_ack(
-    arguments: dict[str, Any],
+    arguments: dict[str, Any], multiple: bool
 ) -> None:
     """LavinMQ-compatible: a consumer with a tag that asks for tracking resumes, after a
-    reconnect or a broker restart, right after the last message it acked."""
+    reconnect or a broker restart, right after the last message it acked (one ack each, or
+    one ``multiple`` ack for them all)."""
     with tempfile.TemporaryDirectory() as data_dir:
         config = BrokerConfig(port=0, data_dir=Path(data_dir))
         with running_broker(config) as broker:
@@ -288,7 +290,9 @@ def test_server_side_offset_tracking_resumes_after_the_last_ack(
             ):
                 assert method is not None
                 seen.append(properties.headers["x-stream-offset"])
-                if len(seen) <= 4:
+                if len(seen) == 4 and multiple:
+                    ch.basic_ack(method.delivery_tag, multiple=True)  # 0..3 processed
+                elif len(seen) <= 4 and not multiple:
                     ch.basic_ack(method.delivery_tag)  # 0..3 processed; 4 delivered, not acked
                 if len(seen) == 5:
                     break

@@ -315,6 +315,13 @@ class ClassicQueue(DeliveryPass, Queue):
             consumer.unacked -= 1
             self._wakeup.set()
 
+    def ack_many(self, message_ids: list[int], consumer: Consumer | None) -> None:
+        for message_id in message_ids:
+            self._settle(message_id)
+        if consumer is not None:
+            consumer.unacked -= len(message_ids)
+            self._wakeup.set()
+
     def reject(self, message_id: int, consumer: Consumer | None) -> None:
         """basic.reject / basic.nack without requeue: remove and dead-letter (``rejected``)."""
         message = self._unacked_messages.get(message_id)

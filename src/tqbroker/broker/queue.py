@@ -128,6 +128,12 @@ class Queue(abc.ABC):
     @abc.abstractmethod
     def ack(self, message_id: int, consumer: Consumer | None) -> None: ...
 
+    def ack_many(self, message_ids: list[int], consumer: Consumer | None) -> None:
+        """``ack`` of each of ``message_ids``, in order, all delivered to ``consumer`` (a
+        ``multiple`` ack): a queue may settle them at once."""
+        for message_id in message_ids:
+            self.ack(message_id, consumer)
+
     @abc.abstractmethod
     def reject(self, message_id: int, consumer: Consumer | None) -> None: ...
 

@@ -166,15 +166,29 @@ class Deliveries:
 
 
 def settle(taken: Iterable[tuple[int, Delivery]], settlement: Settlement) -> None:
-    """Settle deliveries alike (the common acks without a call per delivery)."""
+    """Settle deliveries alike. Acks go to their queues in runs (``Queue.ack_many``: the
+    deliveries of a ``multiple`` ack are most often one consumer's, of one queue), in tag
+    order."""
     if settlement is _ACK:
+        queue: Queue | None = None
+        consumer: Consumer | None = None
+        run: list[int] = []
         for _tag, delivery in taken:
-            queue = delivery.queue
-            queue.stats.ack += 1
-            queue.ack(delivery.message_id, delivery.consumer)
+            if delivery.queue is not queue or delivery.consumer is not consumer:
+                if queue is not None:
+                    _ack_run(queue, consumer, run)
+                queue, consumer, run = delivery.queue, delivery.consumer, []
+            run.append(delivery.message_id)
+        if queue is not None:
+            _ack_run(queue, consumer, run)
     else:
         for _tag, delivery in taken:
             delivery.settle(settlement)
+
+
+def _ack_run(queue: Queue, consumer: Consumer | None, message_ids: list[int]) -> None:
+    queue.stats.ack += len(message_ids)
+    queue.ack_many(message_ids, consumer)
 
 
 class AckTimeouts:

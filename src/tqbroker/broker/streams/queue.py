@@ -265,6 +265,16 @@ class StreamQueue(Queue):
                 self.stream.store_offset(consumer.tag, max(stored, message_id + 1))
             self._settle(message_id, consumer, requeue=False)
 
+    def ack_many(self, message_ids: list[int], consumer: Consumer | None) -> None:
+        """``ack`` of each, at once: the stored position moves once, past the last; a group's
+        commit moves once, after its cursor settled them all."""
+        if consumer is None:
+            return
+        if consumer in self._tracked:
+            stored = self.stream.offsets.get(consumer.tag, 0)
+            self.stream.store_offset(consumer.tag, max(stored, max(message_ids) + 1))
+        self._settle_many(message_ids, consumer, requeue=False)
+
     def requeue(self, message_id: int, consumer: Consumer | None) -> None:
         """A stream never takes a message back or drops it: nack, reject and requeue only give
         the credit back. A group's reader that requeues gets the message (and those after it)
@@ -275,18 +285,23 @@ class StreamQueue(Queue):
         self._settle(message_id, consumer, requeue=False)
 
     def _settle(self, message_id: int, consumer: Consumer | None, *, requeue: bool) -> None:
-        if consumer is None:
-            return
+        if consumer is not None:
+            self._settle_many((message_id,), consumer, requeue=requeue)
+
+    def _settle_many(
+        self, message_ids: Sequence[int], consumer: Consumer, *, requeue: bool
+    ) -> None:
         group = self._group_of.get(consumer)
         if group is not None:
             cursor = self._cursors.get(group)
             if cursor is not None and cursor.owner is consumer:
-                if requeue:
-                    cursor.rewind(message_id)
-                else:
-                    cursor.settle(message_id)
+                for message_id in message_ids:
+                    if requeue:
+                        cursor.rewind(message_id)
+                    else:
+                        cursor.settle(message_id)
                 self.stream.commit_group_offset(group, cursor.committed)
-        consumer.unacked -= 1
+        consumer.unacked -= len(message_ids)
         self._wakeup.set()
         if not consumer.unacked and consumer not in self._positions:
             self._tracked.discard(consumer)  # cancelled, and its last delivery settled
