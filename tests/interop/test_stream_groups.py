@@ -267,19 +267,28 @@ def test_a_partition_nobody_stands_by_for_waits_at_its_commit(
     third.close()
 
 
+def filled_stream_reader(
+    broker: RunningBroker, channel: BlockingChannel, stream: str, count: int
+) -> tuple[pika.BlockingConnection, BlockingChannel]:
+    """A stream holding ``count`` messages (bodies "0", "1"...), and a reader's connection and
+    channel with a prefetch of 10."""
+    channel.queue_declare(stream, durable=True, arguments=STREAM)
+    channel.confirm_delivery()
+    for n in range(count):
+        channel.basic_publish("", stream, b"%d" % n)
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = connection.channel()
+    ch.basic_qos(prefetch_count=10)
+    return connection, ch
+
+
 def test_a_requeued_message_comes_again_and_stays_uncommitted(
     tqbroker_thread: RunningBroker, channel: BlockingChannel
 ) -> None:
     """Streams never take a message back, but a group reader that requeues (nack with requeue,
     basic.recover) gets it again, and the group's commit does not pass it; a reject without
     requeue settles it."""
-    channel.queue_declare("retry", durable=True, arguments=STREAM)
-    channel.confirm_delivery()
-    for n in range(5):
-        channel.basic_publish("", "retry", b"%d" % n)
-    connection = pika.BlockingConnection(pika.URLParameters(tqbroker_thread.url))
-    ch = connection.channel()
-    ch.basic_qos(prefetch_count=10)
+    connection, ch = filled_stream_reader(tqbroker_thread, channel, "retry", 5)
     seen: list[int] = []
     arguments = {"x-stream-group": "workers", "x-stream-offset": "first"}
     for method, properties, _body in ch.consume("retry", arguments=arguments, inactivity_timeout=1):
@@ -311,13 +320,7 @@ def test_a_multiple_ack_commits_the_group_and_gives_the_credit_back(
     """A ``multiple`` ack settles its deliveries at once (``Queue.ack_many``): the group's commit
     moves past the last of them, once the cursor settled every one, and the consumer gets its
     whole prefetch back (it would stall if the credit were counted short)."""
-    channel.queue_declare("batch-acks", durable=True, arguments=STREAM)
-    channel.confirm_delivery()
-    for n in range(50):
-        channel.basic_publish("", "batch-acks", b"%d" % n)
-    connection = pika.BlockingConnection(pika.URLParameters(tqbroker_thread.url))
-    ch = connection.channel()
-    ch.basic_qos(prefetch_count=10)
+    connection, ch = filled_stream_reader(tqbroker_thread, channel, "batch-acks", 50)
     seen: list[int] = []
     arguments = {"x-stream-group": "batchers", "x-stream-offset": "first"}
     for method, properties, _body in ch.consume(
