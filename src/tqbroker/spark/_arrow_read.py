@@ -10,7 +10,7 @@ Responsibilities:
   on disk, ``docs/storage-format.md``) as a ``Fetched`` (the batch, the offsets it holds, where
   to go on); an empty routing key becomes a null ``key`` (Kafka's keyless record). Frames are
   walked with one Python step per record (finding where each starts); their fields are then
-  gathered by NumPy and their keys and values cut out by Arrow (``take``), no loop per record;
+  gathered by NumPy and their keys and values cut out by Arrow (``take``), no loop per record.
 
 Header values: the broker's headers are AMQP field tables, Kafka's are bytes. A string becomes
 its UTF-8 bytes, a byte array (``{"bytes": <base64>}`` in the broker's JSON) its bytes, null

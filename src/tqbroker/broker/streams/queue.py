@@ -257,17 +257,12 @@ class StreamQueue(Queue):
         )
 
     def ack(self, message_id: int, consumer: Consumer | None) -> None:
-        """An ack is credit: the consumer may receive one more message; a tracked consumer's
-        stored position moves past the message."""
-        if consumer is not None:
-            if consumer in self._tracked:
-                stored = self.stream.offsets.get(consumer.tag, 0)
-                self.stream.store_offset(consumer.tag, max(stored, message_id + 1))
-            self._settle(message_id, consumer, requeue=False)
+        self.ack_many([message_id], consumer)
 
     def ack_many(self, message_ids: list[int], consumer: Consumer | None) -> None:
-        """``ack`` of each, at once: the stored position moves once, past the last; a group's
-        commit moves once, after its cursor settled them all."""
+        """An ack is credit: the consumer may receive one more message each; a tracked
+        consumer's stored position moves (once) past the last; a group's commit moves once,
+        after its cursor settled them all."""
         if consumer is None:
             return
         if consumer in self._tracked:
