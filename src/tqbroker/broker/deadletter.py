@@ -12,10 +12,11 @@ Responsibilities:
   a dead-letter routing key;
 - cycle detection: a message that would come back to a queue it was dead-lettered from is dropped
   there unless a consumer rejected it somewhere along the cycle;
-- ``dead_letter``: routing a queue's expired, rejected, dropped or over-limit message to its
-  dead-letter exchange (the vhost calls it for its queues, through ``QueueHost``).
+- ``dead_letter``: publishing a queue's expired, rejected, dropped or over-limit message to its
+  dead-letter exchange (``Routing.publish``, as the broker republishes: uncounted; the vhost
+  calls it for its queues, through ``QueueHost``).
 
-Pure functions over ``Message``, but for ``dead_letter``, which routes the copy.
+Pure functions over ``Message``, but for ``dead_letter``, which publishes the copy.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..model import Message
 from ..protocol.codec import FieldTable, FieldValue
 
 if TYPE_CHECKING:
+    from ..plugins.spec import Destination
     from .exchange import Exchange
     from .queue import Queue
     from .routing import Routing
@@ -151,13 +153,14 @@ def dead_letter(
         routing_key=arguments.dead_letter_routing_key,
         now_ms=clock.now_ms(),
     )
-    targets = []
-    for target in routing.route_keys(exchange, copy.routing_keys(), copy.properties):
+
+    def takes(target: Destination) -> bool:
         if is_cycle(copy, target.name):
             log.debug("dead-letter cycle through queue %r: message dropped", target.name)
-        else:
-            targets.append(target)
-    routing.enqueue(targets, copy)
+            return False
+        return True
+
+    routing.publish(exchange, copy, to=takes)
 
 
 def is_cycle(message: Message, target_queue: str) -> bool:

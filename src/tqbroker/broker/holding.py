@@ -5,8 +5,9 @@ Responsibilities:
 - ``HoldingExchange``: an ``Exchange`` that keeps its router's context (and so which backend its
   store lives on, for the definitions file);
 - ``BrokerExchangeContext``: the exchange's own ``QueueStore`` under a reserved name (``amq.`` names
-  cannot be declared as queues), its group commit, spawning into the broker's nursery, and routing a
-  held message through the exchange's bindings now;
+  cannot be declared as queues), its group commit, spawning into the broker's nursery, and
+  publishing a held message through the exchange's bindings now (``Routing.publish``, as the
+  broker republishes: uncounted);
 - ``open_holding_store``: a new durable holding exchange's store, emptied and opened in a worker
   thread before the declare creates the exchange (which then finds it open).
 """
@@ -118,8 +119,7 @@ class BrokerExchangeContext:
         vhost, exchange = self._vhost, self._exchange
         if vhost.exchanges.get(exchange.name) is not exchange:
             return []  # deleted meanwhile
-        targets = vhost.route_keys(exchange, message.routing_keys(), message.properties)
-        waits, refused = vhost.enqueue(targets, message)
+        waits, refused, _, _ = vhost.routing.publish(exchange, message)
         if refused:
             log.info("exchange %r: a destination refused a held message", exchange.name)
         return waits

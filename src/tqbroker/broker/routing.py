@@ -1,6 +1,16 @@
-"""Routing a message through a vhost's exchanges, and handing it to where it goes.
+"""Publishing a message to an exchange, as the broker does it for every caller: routing it
+through a vhost's exchanges, and handing it to where it goes.
 
 Responsibilities:
+- ``Routing.publish``: what one publish does, whoever publishes (an AMQP ``basic.publish``, the
+  management API's publish, an HTTP produce, a dead-lettered copy, a held message leaving its
+  exchange): a reply to a direct reply-to address, sender-selected distribution (``CC`` and
+  ``BCC`` headers; ``BCC`` removed before delivery), the exchange's routing, enqueueing, and what
+  came of it (``Routed``: what a confirm waits for, whether a destination refused it, the message
+  to return when it was ``mandatory`` and reached no queue, where it went); the exchange's and
+  the publisher's counters of it (``broker/stats.py``);
+- ``Routing.publish_run``: the messages of one run of publishes (an AMQP method repeated), routed
+  once and enqueued together where the route holds for all of them, else one by one;
 - ``Routing.route``: the destinations of a routing key through exchange-to-exchange bindings
   and alternate exchanges (a plain function call, no task);
 - the route memo: where a routing key goes from an exchange, kept while every exchange on the way
@@ -12,21 +22,23 @@ Responsibilities:
   confirm waits for and whether a destination refused it; ``enqueue_run`` for a run of messages
   routed alike (``memoised`` says when a route holds for all of them).
 
-Both are on the publish path: no allocation or call here that the path does not need.
+All of it is on the publish path: no allocation or call here that the path does not need.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from itertools import groupby
 from typing import Final, cast
 
 from ..model import Message
 from ..plugins.spec import Destination, Durability, GroupCommit
-from ..protocol.methods import BasicProperties
+from ..protocol.methods import HEADERS_FLAG, BasicProperties
 from .exchange import DefaultExchange, Exchange
 from .queue import Queue, QueueFull
+from .reply_to import REPLY_TO_PREFIX
+from .stats import MessageStats
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +47,18 @@ log = logging.getLogger(__name__)
 ROUTE_MEMO_SIZE: Final = 10_000
 # What the confirms of some publishes in a row wait for: how many, the flusher tickets, refused.
 ConfirmRun = tuple[int, list[tuple[GroupCommit, int]], bool]
+# What one publish did (``Routing.publish``): the flusher tickets its confirm waits for; whether a
+# destination refused it (full with reject-publish, or its storage cannot write: a nack); the
+# message to return (``basic.return``) when it was mandatory and reached no queue, else None; the
+# destinations it was handed to. A tuple: this is every publish's path.
+Routed = tuple[list[tuple[GroupCommit, int]], bool, Message | None, Sequence[Destination]]
+# Whether a routed destination takes the message (``Routing.publish``'s ``to``).
+Takes = Callable[[Destination], bool]
+
+# The headers property's bit in the first byte of the property flags.
+_HEADERS_FLAG_HIGH: Final = HEADERS_FLAG >> 8
+# What the default exchange is routed with (it reads only the routing key).
+_NO_PROPERTIES: Final = BasicProperties()
 
 
 class Routing:
@@ -45,10 +69,13 @@ class Routing:
         exchanges: Mapping[str, Exchange],
         queues: Mapping[str, Queue],
         default_exchange: DefaultExchange,
+        deliver_reply: Callable[[str, Message], bool],
     ) -> None:
         self._exchanges = exchanges
         self._queues = queues
         self._default_exchange = default_exchange
+        # Delivers a reply published to a direct reply-to address (``reply_to.ReplyTo.deliver``).
+        self._deliver_reply = deliver_reply
         # (exchange, routing key) -> where ``route`` sends it, for cacheable routes only: tuples,
         # shared by every caller (never mutated). Cleared by ``changed``.
         self.memo: dict[tuple[Exchange, str], tuple[Destination, ...]] = {}
@@ -58,6 +85,113 @@ class Routing:
         by every change of routing state, before anything routes again)."""
         if self.memo:
             self.memo.clear()
+
+    def publish(
+        self,
+        exchange: Exchange,
+        message: Message,
+        mandatory: bool = False,
+        stats: MessageStats | None = None,
+        to: Takes | None = None,
+        sender_selected: bool = True,
+    ) -> Routed:
+        """Publish ``message`` to ``exchange``: route it on its routing key and its ``CC`` and
+        ``BCC`` keys (``BCC`` removed from what is delivered: RabbitMQ's sender-selected
+        distribution; not with ``sender_selected=False``, for a record whose headers are its
+        own), following exchange-to-exchange bindings and alternate exchanges, and hand it to
+        the destinations found (those ``to`` takes, if given: dead-lettering skips cycles, a
+        topic's produce takes its partitions).
+
+        ``stats``: the counters of the client that publishes (its channel's, or the HTTP API's):
+        the message counts in the exchange's ``publish_in`` (and ``publish_out`` once per
+        destination) and, when it reached no queue, in the client's ``return_unroutable``
+        (``mandatory``) or ``drop_unroutable``; a direct reply-to address on the default
+        exchange delivers the reply. None when the broker republishes a message
+        (dead-lettering, a held message leaving): RabbitMQ neither counts those nor routes
+        them to reply addresses. A destination that holds the message to route it later
+        (x-delayed-message) is not a route yet: a mandatory message reaching only such is
+        returned, as in RabbitMQ.
+
+        The hot path calls this positionally."""
+        default, exchange_stats = self._default_exchange, exchange.stats
+        if stats is not None:
+            exchange_stats.publish_in += 1
+            if exchange is default and message.routing_key.startswith(REPLY_TO_PREFIX):
+                if self._deliver_reply(message.routing_key, message):
+                    exchange_stats.publish_out += 1
+                    return [], False, None, ()
+                return _unroutable([], False, message, (), mandatory, stats)
+        destinations: Sequence[Destination]
+        if message.properties_raw[0] & _HEADERS_FLAG_HIGH and sender_selected:
+            headers = message.properties.headers
+            destinations = self.route_keys(
+                exchange, message.routing_keys(bcc=True), message.properties
+            )
+            if headers and "BCC" in headers:
+                message = message.with_headers({k: v for k, v in headers.items() if k != "BCC"})
+        else:
+            # No CC or BCC keys. The default exchange routes by the routing key alone, so
+            # properties a publish left undecoded stay so.
+            destinations = self.route(
+                exchange,
+                message.routing_key,
+                _NO_PROPERTIES if exchange is default else message.properties,
+            )
+        if to is not None:
+            destinations = tuple(filter(to, destinations))
+        waits, refused = self.enqueue(destinations, message)
+        if stats is None:
+            return waits, refused, None, destinations
+        if destinations:
+            exchange_stats.publish_out += len(destinations)
+            if not mandatory or any(isinstance(d, Queue) for d in destinations):
+                return waits, refused, None, destinations
+        return _unroutable(waits, refused, message, destinations, mandatory, stats)
+
+    def publish_run(
+        self,
+        exchange: Exchange,
+        messages: Sequence[Message],
+        mandatory: bool,
+        stats: MessageStats,
+        write_return: Callable[[Message], None],
+    ) -> list[ConfirmRun]:
+        """``publish`` for the messages of a run of publishes by a client (one method: the
+        same exchange, routing key and mandatory flag), in order: what their confirms wait
+        for, as runs; a message to return is handed to ``write_return`` at once (before what
+        routing the next one delivers). The first is published alone; when its route is known
+        to hold for the others (``memoised``: no router is asked) and none has headers (no CC
+        or BCC keys), they go there together (``enqueue_run``), else one by one."""
+        first = messages[0]
+        waits, refused, returned, _ = self.publish(exchange, first, mandatory, stats)
+        confirms: list[ConfirmRun] = [(1, waits, refused)]
+        if returned is not None:
+            write_return(returned)
+        rest = messages[1:]
+        if not rest:
+            return confirms
+        routing_key = first.routing_key
+        queues = (
+            None
+            if exchange is self._default_exchange and routing_key.startswith(REPLY_TO_PREFIX)
+            else self.memoised(exchange, routing_key)
+        )
+        if (
+            not queues
+            or not all(isinstance(queue, Queue) for queue in queues)
+            or any(message.properties_raw[0] & _HEADERS_FLAG_HIGH for message in rest)
+        ):
+            publish = self.publish
+            for message in rest:
+                waits, refused, returned, _ = publish(exchange, message, mandatory, stats)
+                confirms.append((1, waits, refused))
+                if returned is not None:
+                    write_return(returned)
+            return confirms
+        exchange_stats = exchange.stats
+        exchange_stats.publish_in += len(rest)
+        exchange_stats.publish_out += len(rest) * len(queues)
+        return confirms + self.enqueue_run(cast(tuple[Queue, ...], queues), rest)
 
     def route_keys(
         self, exchange: Exchange, keys: Sequence[str], properties: BasicProperties
@@ -242,3 +376,19 @@ def _refused(destination: Destination, error: Exception) -> None:
         destination.fail(error)
     else:
         log.error("destination %r failed to take a message", destination.name, exc_info=error)
+
+
+def _unroutable(
+    waits: list[tuple[GroupCommit, int]],
+    refused: bool,
+    message: Message,
+    destinations: Sequence[Destination],
+    mandatory: bool,
+    stats: MessageStats,
+) -> Routed:
+    """A client's publish that reached no queue: returned if mandatory, else dropped; counted."""
+    if mandatory:
+        stats.return_unroutable += 1
+        return waits, refused, message, destinations
+    stats.drop_unroutable += 1
+    return waits, refused, None, destinations

@@ -9,9 +9,9 @@ Responsibilities:
 - the ``QueueHost`` of its queues: dead-lettering (``deadletter.dead_letter``), deleting a queue
   nobody uses.
 
-Routing is ``broker/routing.py``'s, direct reply-to ``broker/reply_to.py``'s, durable
-definitions ``broker/definitions.py``'s, where messages are stored ``broker/storage.py``'s;
-exchange types make exchanges in ``broker/exchange_types.py``.
+Routing and publishing are ``broker/routing.py``'s, direct reply-to ``broker/reply_to.py``'s,
+durable definitions ``broker/definitions.py``'s, where messages are stored
+``broker/storage.py``'s; exchange types make exchanges in ``broker/exchange_types.py``.
 All on the broker's Trio thread; queue actors start through ``spawn``. A new queue's stores are
 opened (recovered) in a worker thread by ``declaring.open_and_declare_queue``; a change to durable
 topology is told to ``definitions`` (deferred after a backend flush for a store's delete).
@@ -91,16 +91,15 @@ class VirtualHost:
         self.consumer_groups = ConsumerGroups(spawn)  # on streams (x-stream-group)
         self.default_exchange = DefaultExchange(name, self.queues)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
-        self.routing = Routing(self.exchanges, self.queues, self.default_exchange)
-        # The publish path calls these straight (bound once: no delegation per message).
-        self.route = self.routing.route
-        self.route_keys = self.routing.route_keys
-        self.enqueue = self.routing.enqueue
         # Direct reply-to: the channels consuming replies, by address.
         reply_to = ReplyTo()
         self.register_reply_consumer = reply_to.register
         self.unregister_reply_consumer = reply_to.unregister
-        self.deliver_reply = reply_to.deliver
+        # Publishing: every publish, whoever makes it, goes through ``routing.publish``.
+        self.routing = Routing(self.exchanges, self.queues, self.default_exchange, reply_to.deliver)
+        # Where routing keys go, without publishing (for tools and tests).
+        self.route = self.routing.route
+        self.route_keys = self.routing.route_keys
         for name_, type_name in PREDECLARED:
             if type_name in exchange_types:
                 self.exchanges[name_] = new_exchange(

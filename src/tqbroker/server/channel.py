@@ -2,7 +2,8 @@
 which handles what), its consumers, and the parts of its state kept apart.
 
 Responsibilities:
-- publishing (``publishing.py``) into the transaction (``transactions.py``) or the queues, with
+- publishing (checked and made by ``publishing.py``, published by the broker's
+  ``Routing.publish_run``) into the transaction (``transactions.py``) or the queues, with
   publisher confirms (``confirms.py``) and ``mandatory`` returns;
 - consumers and their prefetch, ``basic.get``, ack / nack / reject / recover over the channel's
   deliveries (``deliveries.py``), and requeueing everything unacked when the channel goes away;
@@ -37,7 +38,7 @@ from .access import TOPIC, ChannelAccess
 from .channel_host import ChannelHost
 from .confirms import PublisherConfirms, Wait
 from .deliveries import Deliveries, Delivery, Settlement, Taken, settle
-from .publishing import make_messages, publish_exchange, route, route_run
+from .publishing import make_messages, publish_exchange
 from .reply_to import ReplyTo
 from .topology import Topology
 from .transactions import Transaction, commit_error
@@ -151,8 +152,8 @@ class Channel:
         if self.tx is not None:
             self.tx.publishes += [(exchange, message, mandatory) for message in messages]
         elif messages:
-            confirmed = route_run(
-                self.vhost, exchange, messages, mandatory, stats, self._write_return
+            confirmed = self.vhost.routing.publish_run(
+                exchange, messages, mandatory, stats, self._write_return
             )
             confirms = self.confirms
             if confirms is not None:
@@ -165,7 +166,9 @@ class Channel:
     def _route(
         self, exchange: Exchange, message: Message, mandatory: bool
     ) -> tuple[list[Wait], bool]:
-        waits, refused, returned = route(self.vhost, exchange, message, mandatory, self.stats)
+        waits, refused, returned, _ = self.vhost.routing.publish(
+            exchange, message, mandatory, self.stats
+        )
         if returned is not None:
             self._write_return(returned)
         return waits, refused

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import cast
 
 import attrs
 
@@ -281,24 +282,21 @@ async def _append(
     """Append each record to its partition, saying in ``landed`` where, giving way to other
     clients now and then (a large batch)."""
     source, now_ms = (exchange.name if exchange is not None else ""), clock.now_ms()
-    pacer = Pacer()
+    routing, pacer = vhost.routing, Pacer()
     for record in records:
         message = _message(source, record, now_ms)
-        properties = message.properties
-        if record.partition is not None:
-            destinations = [found[record.partition]]
-        elif exchange is not None:
-            destinations = [
-                d for d in vhost.route_keys(exchange, [record.key], properties) if d in index
-            ]
-        else:
-            destinations = found
-        if not destinations:
-            raise InvalidRequest(f"topic '{topic}' routes key {record.key!r} to no partition")
-        target = destinations[0]
-        assert isinstance(target, StreamQueue)
-        offset = target.stream.next_offset
-        tickets, refused = vhost.enqueue([target], message)
+        if record.partition is not None or exchange is None:
+            target = found[record.partition or 0]
+            offset = target.stream.next_offset
+            tickets, refused = routing.enqueue([target], message)
+        else:  # through the topic's exchange, as an AMQP publish with the key would go
+            tickets, refused, _, taken = routing.publish(
+                exchange, message, to=index.__contains__, sender_selected=False
+            )
+            if not taken:
+                raise InvalidRequest(f"topic '{topic}' routes key {record.key!r} to no partition")
+            target = cast(StreamQueue, taken[0])
+            offset = target.stream.next_offset - 1
         if refused:
             raise Unavailable(f"topic '{topic}': partition storage cannot write")
         durability.add(tickets)

@@ -23,7 +23,6 @@ from ...model import Message
 from ...protocol.errors import AMQPError
 from ...protocol.methods import BasicProperties
 from ...recordbatch import json_value
-from ..publishing import route
 from .auth import broker_of
 from .errors import ApiError
 from .mgmt_access import access_refused, require, require_publish
@@ -159,7 +158,9 @@ async def publish(request: Request) -> Response:
         message = Message(exchange.name, routing_key, raw, payload, properties, clock.now_ms())
         # Mandatory, as RabbitMQ's management plugin publishes: whether it was routed.
         vhost.stats.publish += 1
-        waits, refused, returned = route(vhost, exchange, message, True, vhost.stats)
+        waits, refused, returned, _ = vhost.routing.publish(
+            exchange, message, mandatory=True, stats=vhost.stats
+        )
     except AMQPError as exc:
         raise bad_request(str(exc)) from None
     except (ValueError, OverflowError) as exc:

@@ -234,7 +234,7 @@ async def aliveness_test(request: Request) -> Response:
         )
         properties = BasicProperties()
         message = Message("", ALIVENESS_QUEUE, properties.encode(), b"test_message", properties, 0)
-        vhost.enqueue([queue], message)
+        vhost.routing.enqueue([queue], message)
         entry = queue.get()
     except AMQPError as exc:
         return JSONResponse({"status": "failed", "reason": exc.text}, status_code=503)
