@@ -1,5 +1,5 @@
-"""Stream queues (``x-queue-type=stream``): RabbitMQ's streams over AMQP 0-9-1, on the log
-backend's segmented log (https://www.rabbitmq.com/docs/streams).
+"""Stream queues (``x-queue-type=stream``): RabbitMQ's streams over AMQP 0-9-1, on a stream
+``Partition`` (https://www.rabbitmq.com/docs/streams).
 
 Responsibilities:
 - ``StreamQueue``: append every routed message to the stream's log (confirmed once the backend's
@@ -15,8 +15,8 @@ Responsibilities:
   advances with that member's acks (a settled prefix: never past an unacked delivery) and is
   stored durably with the stream; a new group starts where the consumer's ``x-stream-offset``
   says, and that start is committed at once;
-- only what is durable is read: deliveries (and ``last``/``next`` starts) stop at the log's
-  ``durable_end``, the single-node high watermark, so no consumer ever sees an offset that a
+- only what is durable is read: deliveries (and ``last``/``next`` starts) stop at the
+  partition's high watermark (``partition.py``), so no consumer ever sees an offset that a
   crash could give to another record; a flush wakes the readers;
 - server-side offset tracking, LavinMQ's way: a consumer with a tag and
   ``x-stream-automatic-offset-tracking=true`` (or ``x-stream-offset`` null, which starts from
@@ -57,6 +57,7 @@ from ..queue import Queue, QueueHost
 from .compaction import compaction_policy
 from .cursor import GroupCursor
 from .groups import GROUP_ARGUMENT, ConsumerGroups
+from .partition import Partition
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ OFFSET_HEADER: Final = "x-stream-offset"
 
 
 class StreamQueue(Queue):
-    """A stream queue: an append-only log (``StreamLog``) that consumers read from their
+    """A stream queue: a partition (an append-only log) that consumers read from their
     own positions (or their group's), never removing anything (see the module doc)."""
 
     def __init__(
@@ -93,7 +94,7 @@ class StreamQueue(Queue):
             arguments=arguments,
             flusher=flusher,
         )
-        self.stream = stream
+        self.partition = Partition(stream, flusher)
         self.max_bytes = arguments.max_length_bytes
         self.max_age_ms = arguments.max_age_ms
         self.compaction = _compaction(arguments)
@@ -103,9 +104,6 @@ class StreamQueue(Queue):
         self.groups = groups if groups is not None else ConsumerGroups()
         self._group_of: dict[Consumer, str] = {}  # consumers that are group members
         self._cursors: dict[str, GroupCursor] = {}  # by group: who reads for it, from where
-        # The flush ticket of the open record batch (see ``publish``).
-        self._batch_generation = -1
-        self._batch_ticket = 0
 
     # -- the actor ---------------------------------------------------------------------------
 
@@ -133,7 +131,7 @@ class StreamQueue(Queue):
         """Compact now and then, in a worker thread; deliveries go on meanwhile."""
         while True:
             await trio.sleep(RETENTION_CHECK_SECONDS)
-            work = self.stream.compaction_work(policy, clock.now_ms())
+            work = self.partition.compaction_work(policy, clock.now_ms())
             if work is None:
                 continue
             try:
@@ -141,7 +139,7 @@ class StreamQueue(Queue):
             except OSError as exc:  # e.g. a full disk: the stream stays as it was
                 log.error("stream %r in vhost %r: cannot compact: %s", self.name, self.vhost, exc)
                 continue
-            removed = self.stream.finish_compaction(result)
+            removed = self.partition.finish_compaction(result)
             self.compactions += 1
             if removed:
                 log.info(
@@ -155,7 +153,7 @@ class StreamQueue(Queue):
 
     def _apply_retention(self) -> None:
         if self.max_bytes is not None or self.max_age_ms is not None:
-            removed = self.stream.apply_retention(
+            removed = self.partition.apply_retention(
                 max_bytes=self.max_bytes, max_age_ms=self.max_age_ms, now_ms=clock.now_ms()
             )
             if removed and self.flusher is not None:
@@ -176,9 +174,9 @@ class StreamQueue(Queue):
         (and note each offset delivered in the group's ``cursor``). Records go out in batches
         (``DeliveryChannel.deliver_encoded``, at most the consumer's credit and about
         ``DELIVER_BATCH_BYTES``) as their parts lie in the log: no message is built for them."""
-        stream = self.stream
-        end = stream.durable_end
-        position = max(position, stream.first_offset)
+        partition = self.partition
+        end = partition.high_watermark
+        position = max(position, partition.log_start_offset)
         channel = consumer.channel
         while position < end:
             credit = consumer.credit()
@@ -186,7 +184,7 @@ class StreamQueue(Queue):
                 break
             try:
                 # The next records there are: compaction and damage (logged) leave gaps.
-                records = stream.read_many(position, end, min(credit, READ_CHUNK))
+                records = partition.read_many(position, min(credit, READ_CHUNK), end)
             except OSError as exc:  # storage trouble: try again on the next wake-up
                 log.error("stream %r in vhost %r: cannot read: %s", self.name, self.vhost, exc)
                 break
@@ -210,9 +208,13 @@ class StreamQueue(Queue):
             if not consumer.no_ack:
                 consumer.unacked += len(batch)
             channel.deliver_encoded(consumer, batch)
-        if position >= end and end < stream.next_offset and self.flusher is not None:
+        if position >= end and end < partition.log_end_offset and self.flusher is not None:
             self.flusher.wake_after_flush(self)  # more is written: go on once it is durable
         return position
+
+    def stop(self) -> None:
+        super().stop()
+        self.partition.close()  # fetches waiting for more return
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -230,25 +232,15 @@ class StreamQueue(Queue):
     def publish_run(self, messages: Sequence[Message]) -> tuple[list[Durability], Exception | None]:
         """Append a run of messages at once (``Queue.publish_run``); their confirms wait for
         the backend's next flush."""
-        taken, error = self.stream.append_many(messages)
-        if not taken:
-            return [], error
-        self.stats.publish += taken
+        _first, durabilities, error = self.partition.append(messages)
+        if not durabilities:
+            return durabilities, error
+        self.stats.publish += len(durabilities)
         if self.max_bytes is not None:
             self._wakeup.set()
-        flusher = self.flusher
-        if flusher is None:
-            return [None] * taken, error
-        if self.consumers:  # readers see the messages once the flush has made them durable
-            flusher.wake_after_flush(self)
-        # One flush ticket per record batch: until the batch is closed (by a flush, which
-        # then covers the ticket, or by a read) the same flush makes all of it durable. Taken
-        # after the run's appends, it covers a batch the run closed too.
-        generation = self.stream.batch_generation
-        if generation != self._batch_generation or self._batch_ticket <= flusher.completed:
-            self._batch_generation = generation
-            self._batch_ticket = flusher.request()
-        return [(flusher, self._batch_ticket)] * taken, error
+        if self.consumers and self.flusher is not None:  # readers see them once durable
+            self.flusher.wake_after_flush(self)
+        return durabilities, error
 
     def get(self) -> Popped | FlushFirst | None:
         raise AMQPError(
@@ -266,8 +258,8 @@ class StreamQueue(Queue):
         if consumer is None:
             return
         if consumer in self._tracked:
-            stored = self.stream.offsets.get(consumer.tag, 0)
-            self.stream.store_offset(consumer.tag, max(stored, max(message_ids) + 1))
+            stored = self.partition.tracked_offsets.get(consumer.tag, 0)
+            self.partition.store_offset(consumer.tag, max(stored, max(message_ids) + 1))
         self._settle_many(message_ids, consumer, requeue=False)
 
     def requeue(self, message_id: int, consumer: Consumer | None) -> None:
@@ -295,7 +287,7 @@ class StreamQueue(Queue):
                         cursor.rewind(message_id)
                     else:
                         cursor.settle(message_id)
-                self.stream.commit_group_offset(group, cursor.committed)
+                self.partition.commit_group_offset(group, cursor.committed)
         consumer.unacked -= len(message_ids)
         self._wakeup.set()
         if not consumer.unacked and consumer not in self._positions:
@@ -307,7 +299,7 @@ class StreamQueue(Queue):
 
     @property
     def message_count(self) -> int:
-        return self.stream.durable_end - self.stream.first_offset
+        return self.partition.message_count
 
     # -- consumers ---------------------------------------------------------------------------
 
@@ -361,9 +353,9 @@ class StreamQueue(Queue):
         start = self._start_offset(consumer.arguments.get("x-stream-offset", "next"))
         if _tracks_offset(consumer.arguments):
             self._tracked.add(consumer)
-            stored = self.stream.offsets.get(consumer.tag)
+            stored = self.partition.tracked_offsets.get(consumer.tag)
             if stored is not None:  # it consumed before: go on after its last ack
-                start = min(max(stored, self.stream.first_offset), self.stream.durable_end)
+                start = self.partition.clamp(stored)
         self._positions[consumer] = start
         super().add_consumer(consumer)
 
@@ -394,10 +386,10 @@ class StreamQueue(Queue):
         if consumer is None:
             self._cursors.pop(group, None)
             return
-        committed = self.stream.group_offsets.get(group)
+        committed = self.partition.group_offsets.get(group)
         if committed is None:
             committed = self._start_offset(consumer.arguments.get("x-stream-offset", "next"))
-            self.stream.commit_group_offset(group, committed)
+            self.partition.commit_group_offset(group, committed)
             if self.flusher is not None:
                 self.flusher.poke()
         self._cursors[group] = GroupCursor(consumer, committed)
@@ -411,9 +403,9 @@ class StreamQueue(Queue):
 
     def _start_offset(self, spec: FieldValue) -> int:
         """Where a consumer starts, from its ``x-stream-offset`` argument, clamped to the
-        stream's first offset and its durable end (``last`` is the last durable record)."""
-        stream = self.stream
-        first, end = stream.first_offset, stream.durable_end
+        stream's first offset and its high watermark (``last`` is the last durable record)."""
+        partition = self.partition
+        first, end = partition.log_start_offset, partition.high_watermark
         if spec == "first" or spec is None:  # None: offset tracking, first time from the start
             return first
         if spec == "last":  # the last message written (RabbitMQ: the last chunk)
@@ -423,9 +415,9 @@ class StreamQueue(Queue):
         if isinstance(spec, int) and not isinstance(spec, bool):
             return min(max(spec, first), end)
         if isinstance(spec, datetime.datetime):
-            return min(stream.offset_for_timestamp(int(spec.timestamp() * 1000)), end)
+            return partition.offset_for_timestamp(int(spec.timestamp() * 1000))
         if isinstance(spec, str) and (interval := parse_interval(spec)) is not None:
-            return min(stream.offset_for_timestamp(clock.now_ms() - interval), end)
+            return partition.offset_for_timestamp(clock.now_ms() - interval)
         raise AMQPError(
             ReplyCode.PRECONDITION_FAILED,
             f"invalid arg 'x-stream-offset' for consumer on stream {self._describe()}: first, "

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from ...broker.streams.topics import Conflict, InvalidRequest, NotFound, TopicError, Unavailable
+from ...broker.streams.service import Conflict, InvalidRequest, NotFound, TopicError, Unavailable
 
 log = logging.getLogger(__name__)
 
