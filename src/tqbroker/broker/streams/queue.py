@@ -35,7 +35,6 @@ The stream's arguments are read from its typed ``QueueArguments`` (``broker/argu
 
 from __future__ import annotations
 
-import datetime
 import logging
 import math
 from collections.abc import Collection, Sequence
@@ -48,15 +47,16 @@ from ...backends.base import FlushFirst, Popped
 from ...backends.streams import CompactionPolicy, StreamLog
 from ...model import Message, with_long_header
 from ...plugins.spec import Durability
-from ...protocol.codec import FieldTable, FieldValue
+from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, ReplyCode
-from ..arguments import QueueArguments, parse_interval
+from ..arguments import QueueArguments
 from ..consumer import DELIVER_BATCH_BYTES, Consumer, EncodedDelivery
 from ..flusher import Flusher
 from ..queue import Queue, QueueHost
 from .compaction import compaction_policy
+from .consumer_arguments import Start, StreamConsumerArguments
 from .cursor import GroupCursor
-from .groups import GROUP_ARGUMENT, ConsumerGroups
+from .groups import ConsumerGroups
 from .partition import Partition
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class StreamQueue(Queue):
         self.groups = groups if groups is not None else ConsumerGroups()
         self._group_of: dict[Consumer, str] = {}  # consumers that are group members
         self._cursors: dict[str, GroupCursor] = {}  # by group: who reads for it, from where
+        self._arguments: dict[Consumer, StreamConsumerArguments] = {}  # typed, by consumer
 
     # -- the actor ---------------------------------------------------------------------------
 
@@ -316,42 +317,20 @@ class StreamQueue(Queue):
                 ReplyCode.PRECONDITION_FAILED,
                 f"consumer prefetch count is not set for '{self._describe()}'",  # RabbitMQ's
             )
-        tracking = arguments.get("x-stream-automatic-offset-tracking")
-        if tracking is not None and not isinstance(tracking, bool):
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"invalid arg 'x-stream-automatic-offset-tracking' for consumer on stream "
-                f"{self._describe()}: a boolean is required (got {tracking!r})",
-            )
-        if _tracks_offset(arguments) and not tag:
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"offset tracking on stream {self._describe()} needs a consumer tag",
-            )
-        group = arguments.get(GROUP_ARGUMENT)
-        if group is not None and (not isinstance(group, str) or not group):
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"invalid arg '{GROUP_ARGUMENT}' for consumer on stream {self._describe()}: a "
-                f"group name is required (got {group!r})",
-            )
-        if group is not None and _tracks_offset(arguments):
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"consumer on stream {self._describe()}: '{GROUP_ARGUMENT}' and offset tracking "
-                "cannot be combined (the group's offsets are tracked)",
-            )
-        self._start_offset(arguments.get("x-stream-offset", "next"))
+        StreamConsumerArguments.parse(arguments, tag=tag, where=self._describe())
 
     def add_consumer(self, consumer: Consumer) -> None:
-        group = consumer.arguments.get(GROUP_ARGUMENT)
-        if isinstance(group, str):
-            self._group_of[consumer] = group
+        parsed = StreamConsumerArguments.parse(
+            consumer.arguments, tag=consumer.tag, where=self._describe()
+        )
+        self._arguments[consumer] = parsed
+        if parsed.group is not None:
+            self._group_of[consumer] = parsed.group
             super().add_consumer(consumer)
-            self.groups.join(group, self, consumer)  # may make it the partition's reader
+            self.groups.join(parsed.group, self, consumer)  # may make it the partition's reader
             return
-        start = self._start_offset(consumer.arguments.get("x-stream-offset", "next"))
-        if _tracks_offset(consumer.arguments):
+        start = self._start_offset(parsed.start)
+        if parsed.tracks_offset:
             self._tracked.add(consumer)
             stored = self.partition.tracked_offsets.get(consumer.tag)
             if stored is not None:  # it consumed before: go on after its last ack
@@ -362,6 +341,7 @@ class StreamQueue(Queue):
     def remove_consumers(self, gone: Collection[Consumer]) -> None:
         for consumer in gone:
             self._positions.pop(consumer, None)
+            self._arguments.pop(consumer, None)
             if not consumer.unacked:  # else acks still to come move its stored position
                 self._tracked.discard(consumer)
         super().remove_consumers(gone)
@@ -388,7 +368,7 @@ class StreamQueue(Queue):
             return
         committed = self.partition.group_offsets.get(group)
         if committed is None:
-            committed = self._start_offset(consumer.arguments.get("x-stream-offset", "next"))
+            committed = self._start_offset(self._arguments[consumer].start)
             self.partition.commit_group_offset(group, committed)
             if self.flusher is not None:
                 self.flusher.poke()
@@ -401,28 +381,23 @@ class StreamQueue(Queue):
         consumer.channel.consumer_cancelled(consumer)
         self.remove_consumer(consumer)
 
-    def _start_offset(self, spec: FieldValue) -> int:
-        """Where a consumer starts, from its ``x-stream-offset`` argument, clamped to the
-        stream's first offset and its high watermark (``last`` is the last durable record)."""
+    def _start_offset(self, start: Start) -> int:
+        """Where a consumer starts (its ``x-stream-offset``), clamped to the stream's first
+        offset and its high watermark (``last`` is the last durable record)."""
         partition = self.partition
         first, end = partition.log_start_offset, partition.high_watermark
-        if spec == "first" or spec is None:  # None: offset tracking, first time from the start
+        kind = start.kind
+        if kind == "first":
             return first
-        if spec == "last":  # the last message written (RabbitMQ: the last chunk)
+        if kind == "last":  # the last message written (RabbitMQ: the last chunk)
             return max(first, end - 1)
-        if spec == "next":
+        if kind == "next":
             return end
-        if isinstance(spec, int) and not isinstance(spec, bool):
-            return min(max(spec, first), end)
-        if isinstance(spec, datetime.datetime):
-            return partition.offset_for_timestamp(int(spec.timestamp() * 1000))
-        if isinstance(spec, str) and (interval := parse_interval(spec)) is not None:
-            return partition.offset_for_timestamp(clock.now_ms() - interval)
-        raise AMQPError(
-            ReplyCode.PRECONDITION_FAILED,
-            f"invalid arg 'x-stream-offset' for consumer on stream {self._describe()}: first, "
-            f"last, next, an offset, a timestamp or an interval such as 1h (got {spec!r})",
-        )
+        if kind == "offset":
+            return partition.clamp(start.value)
+        if kind == "timestamp":
+            return partition.offset_for_timestamp(start.value)
+        return partition.offset_for_timestamp(clock.now_ms() - start.value)  # "ago"
 
     def _describe(self) -> str:
         return f"queue '{self.name}' in vhost '{self.vhost}'"
@@ -437,11 +412,3 @@ def _compaction(arguments: QueueArguments) -> CompactionPolicy | None:
     if grace_ms is None:
         return compaction_policy(arguments.compaction_key_header)
     return compaction_policy(arguments.compaction_key_header, grace_ms)
-
-
-def _tracks_offset(arguments: FieldTable) -> bool:
-    """Server-side offset tracking asked for: ``x-stream-automatic-offset-tracking=true`` or an
-    explicit null ``x-stream-offset`` (LavinMQ's two ways)."""
-    return arguments.get("x-stream-automatic-offset-tracking") is True or (
-        "x-stream-offset" in arguments and arguments["x-stream-offset"] is None
-    )
