@@ -26,6 +26,7 @@ from tqbroker.backends.log.format import (
     encode_record,
 )
 from tqbroker.broker.streams import bulk_read
+from tqbroker.broker.streams.partition import Partition
 from tqbroker.model import Message
 from tqbroker.recordbatch import (
     BinaryColumn,
@@ -88,7 +89,7 @@ def test_a_damaged_record_is_stepped_over_and_reported(tmp_path: Path) -> None:
     columns = bulk_read._Columns(headers=False)
     with pytest.MonkeyPatch.context() as patch:  # one slice, however busy the machine
         patch.setattr(bulk_read, "SLICE_SECONDS", 60.0)
-        assert columns.take(stream, 3, 300, 1 << 20) == 300
+        assert columns.take(Partition(stream, None), 3, 300, 1 << 20) == 300
     assert list(columns.offsets) == [o for o in range(3, 300) if o != 150]
     assert bytes(columns.values[-1]).startswith(b"body-0299")
     assert stream.log.corrupt_records == 1  # as a read record by record reports it
@@ -165,7 +166,8 @@ def test_a_read_stops_where_retention_cut_in(
     work = backend.begin_flush()
     assert work is not None
     work()
-    queue = types.SimpleNamespace(stream=_Retention(inner), compaction=None)
+    retention = _Retention(inner)
+    queue = types.SimpleNamespace(partition=Partition(retention, None), compaction=None)
     monkeypatch.setattr(bulk_read, "SLICE_SECONDS", 0.0)
     monkeypatch.setattr(bulk_read, "partition", lambda *_args: queue)
 
@@ -190,7 +192,7 @@ def test_a_read_stops_where_retention_cut_in(
     # The same with frames: the read gives way after its first chunk (a batch of 1000
     # records is more than a chunk of 1 byte), and stops there.
     monkeypatch.setattr(bulk_read, "FRAMES_CHUNK", 1)
-    queue.stream.reads = 0
+    retention.reads = 0
 
     async def read_frames(offset: int) -> Any:
         body = await bulk_read.read_frames_body(
@@ -239,7 +241,7 @@ def test_frames_and_columns_give_the_same_arrow_batches(
     start = data.draw(st.integers(0, total))
     end = data.draw(st.integers(start, total + 1))
     max_bytes = data.draw(st.integers(1, 3000))
-    queue = types.SimpleNamespace(stream=stream, compaction=None)
+    queue = types.SimpleNamespace(partition=Partition(stream, None), compaction=None)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(bulk_read, "partition", lambda *_args: queue)
 

@@ -19,7 +19,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import outcome
 import trio
@@ -27,8 +27,13 @@ import trio
 from ..plugins.spec import FlushListener, GroupCommit
 from .stats import BATCH_BUCKETS, FSYNC_BUCKETS, Histogram
 
-if TYPE_CHECKING:
-    from .queue import Queue
+
+class Wakeable(Protocol):
+    """What waits for a flush to have finished: a queue whose readers stop at the durable
+    end, a stream partition whose fetches wait for its high watermark."""
+
+    def wake(self) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +83,7 @@ class Flusher:
         self.completed = 0
         self._wakeup = trio.Event()
         self._listeners: set[FlushListener] = set()
-        self._waiting_queues: set[Queue] = set()
+        self._waiting: set[Wakeable] = set()
         self._callbacks: list[Callable[[], None]] = []
         # For the metrics: how long each flush's work took (its fsyncs), and how many requests
         # (publishes, deletes...) each flush covered: the group commit's batch size.
@@ -122,9 +127,10 @@ class Flusher:
         self._callbacks.append(callback)
         self._wakeup.set()
 
-    def wake_after_flush(self, queue: Queue) -> None:
-        """A queue cannot deliver before the next flush: run one and wake it afterwards."""
-        self._waiting_queues.add(queue)
+    def wake_after_flush(self, waiter: Wakeable) -> None:
+        """``waiter`` (a queue, a partition) cannot go on before the next flush: run one and
+        wake it afterwards."""
+        self._waiting.add(waiter)
         self._wakeup.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -164,10 +170,10 @@ class Flusher:
                 continue
             self.completed = covering
             self._tell(lambda listener: listener.flushed(self))
-            if self._waiting_queues:
-                queues, self._waiting_queues = self._waiting_queues, set()
-                for queue in queues:
-                    queue.wake()
+            if self._waiting:
+                waiting, self._waiting = self._waiting, set()
+                for waiter in waiting:
+                    waiter.wake()
             self._run_callbacks()
 
     def _tell(self, call: Callable[[FlushListener], None]) -> None:

@@ -24,6 +24,7 @@ import attrs
 from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError
 from ..vhost import VirtualHost
+from .partition import make_durable
 from .queue import StreamQueue
 from .topics import (
     PARTITION_EXCHANGE_TYPE,
@@ -51,7 +52,7 @@ class PartitionInfo:
     partition: int
     queue: str
     log_start: int
-    log_end: int  # the high watermark (durable end)
+    log_end: int  # the high watermark
     messages: int
     segments: int | None  # None: the backend does not say
     bytes: int | None
@@ -95,18 +96,17 @@ def describe(vhost: VirtualHost, topic: str) -> list[PartitionInfo]:
     says (the built-in one does)."""
     result = []
     for n, queue in enumerate(partitions(vhost, topic)):
-        stream = queue.stream
-        segments = getattr(getattr(stream, "log", None), "segments", None)
-        sizes = [getattr(s, "size", None) for s in segments] if segments is not None else None
+        found = queue.partition
+        storage = found.storage_info()
         result.append(
             PartitionInfo(
                 n,
                 queue.name,
-                stream.first_offset,
-                stream.durable_end,
-                queue.message_count,
-                len(segments) if segments is not None else None,
-                sum(sizes) if sizes is not None and None not in sizes else None,  # type: ignore[arg-type]
+                found.log_start_offset,
+                found.high_watermark,
+                found.message_count,
+                storage.segments,
+                storage.bytes,
             )
         )
     return result
@@ -180,7 +180,7 @@ class PartitionOffsets:
     partition: int
     queue: str  # the stream queue holding it (what AMQP consumers consume)
     earliest: int
-    latest: int  # the high watermark: the durable end of the log, where reads stop
+    latest: int  # the high watermark, where reads stop
 
 
 @attrs.frozen
@@ -197,7 +197,9 @@ class GroupPartition:
 
 def offsets(vhost: VirtualHost, topic: str) -> list[PartitionOffsets]:
     return [
-        PartitionOffsets(n, queue.name, queue.stream.first_offset, queue.stream.durable_end)
+        PartitionOffsets(
+            n, queue.name, queue.partition.log_start_offset, queue.partition.high_watermark
+        )
         for n, queue in enumerate(partitions(vhost, topic))
     ]
 
@@ -207,8 +209,8 @@ def offsets_for_timestamp(vhost: VirtualHost, topic: str, timestamp_ms: int) -> 
     where there is none (Kafka's offsetsForTimes)."""
     found = []
     for queue in partitions(vhost, topic):
-        offset = queue.stream.offset_for_timestamp(timestamp_ms)
-        found.append(offset if offset < queue.stream.durable_end else None)
+        offset = queue.partition.offset_for_timestamp(timestamp_ms)
+        found.append(offset if offset < queue.partition.high_watermark else None)
     return found
 
 
@@ -224,8 +226,8 @@ def group(vhost: VirtualHost, topic: str, name: str) -> list[GroupPartition]:
         result.append(
             GroupPartition(
                 n,
-                queue.stream.group_offsets.get(name),
-                queue.stream.durable_end,
+                queue.partition.group_offsets.get(name),
+                queue.partition.high_watermark,
                 owner.tag if owner is not None else None,
             )
         )
@@ -255,7 +257,7 @@ def groups_of(vhost: VirtualHost, topic: str) -> list[GroupSummary]:
     queues = partitions(vhost, topic)
     names: set[str] = set()
     for queue in queues:
-        names.update(queue.stream.group_offsets)
+        names.update(queue.partition.group_offsets)
     for name, live in vhost.consumer_groups.groups.items():
         if any(q in live.subscriptions for q in queues):
             names.add(name)
@@ -312,8 +314,8 @@ def reset_targets(
             raise NotFound(f"topic '{topic}' has partitions 0..{len(queues) - 1}, not {n}")
     result = []
     for n in sorted(set(chosen)):
-        stream = queues[n].stream
-        first, end = stream.first_offset, stream.durable_end
+        found = queues[n].partition
+        first, end = found.log_start_offset, found.high_watermark
         if to == "earliest":
             target = first
         elif to == "latest":
@@ -323,7 +325,7 @@ def reset_targets(
             target = min(max(value, first), end)
         else:
             assert value is not None
-            target = min(stream.offset_for_timestamp(value), end)
+            target = found.offset_for_timestamp(value)
         result.append((n, target))
     return result
 
@@ -334,12 +336,7 @@ async def reset(
     """Commit ``targets`` (from ``reset_targets``, without an await between: no member can
     have joined) as the group's offsets; returns once they are durable."""
     queues = partitions(vhost, topic)
-    flushers = []
     for n, offset in targets:
-        queues[n].stream.commit_group_offset(group, offset)
-        flusher = queues[n].flusher
-        if flusher is not None and flusher not in flushers:
-            flushers.append(flusher)
-    for flusher in flushers:
-        if not await flusher.wait(flusher.request()):
-            raise Unavailable(f"the offsets of group '{group}' could not be made durable")
+        queues[n].partition.commit_group_offset(group, offset)
+    if not await make_durable([queues[n].partition for n, _offset in targets]):
+        raise Unavailable(f"the offsets of group '{group}' could not be made durable")

@@ -23,10 +23,10 @@ from operator import add, attrgetter
 
 import trio.lowlevel
 
-from ...backends.streams import StreamLog
 from ...recordbatch import encode_frames, encode_headers, encode_read_parts
 from ..pacing import SLICE_SECONDS
 from ..vhost import VirtualHost
+from .partition import Partition
 from .queue import StreamQueue
 from .topics import MAX_READ_BYTES, InvalidRequest, NotFound, partition, stored_headers
 
@@ -59,16 +59,16 @@ async def read_body(
     removed the records that come next (the reader then sees that gap at the start of its
     next batch, where it checks for data loss)."""
     queue, stop = _range(vhost, topic, partition_index, end, max_bytes)
-    stream = queue.stream
+    found = queue.partition
     columns = _Columns(headers)
-    position = max(offset, stream.first_offset)
+    position = max(offset, found.log_start_offset)
     while position < stop and columns.size < max_bytes and len(columns) < MAX_BATCH_RECORDS:
-        position = columns.take(stream, position, stop, max_bytes)
+        position = columns.take(found, position, stop, max_bytes)
         if position < stop and columns.size < max_bytes and len(columns) < MAX_BATCH_RECORDS:
             await trio.lowlevel.checkpoint()
             if not _still_there(vhost, topic, partition_index, queue):
                 break
-            if stream.first_offset > position:  # retention came by: the reader's next fetch
+            if found.log_start_offset > position:  # retention came by: the reader's next fetch
                 break  # starts here, and finds (and reports) the gap at its start
     return columns.body(max(position, offset))
 
@@ -88,18 +88,21 @@ async def read_frames_body(
     ``FRAMES_CHUNK`` bytes at a time, giving way to other clients between chunks (and then
     stopping early, as ``read_body`` does, if the partition went away or retention came)."""
     queue, stop = _range(vhost, topic, partition_index, end, max_bytes)
-    stream = queue.stream
+    found = queue.partition
     frames: list[tuple[bytes, bytes]] = []
     size = 0
-    position = max(offset, stream.first_offset)
+    position = max(offset, found.log_start_offset)
     while position < stop and size < max_bytes:
-        taken, position = stream.read_frames(position, stop, min(max_bytes - size, FRAMES_CHUNK))
+        taken, position = found.read_frames(position, stop, min(max_bytes - size, FRAMES_CHUNK))
         frames += taken
         size += sum(len(head) + len(rest) for head, rest in taken)
         if not taken or position >= stop or size >= max_bytes:
             break
         await trio.lowlevel.checkpoint()
-        if not _still_there(vhost, topic, partition_index, queue) or stream.first_offset > position:
+        if (
+            not _still_there(vhost, topic, partition_index, queue)
+            or found.log_start_offset > position
+        ):
             break
     return encode_frames(max(position, offset), frames)
 
@@ -107,11 +110,11 @@ async def read_frames_body(
 def _range(
     vhost: VirtualHost, topic: str, partition_index: int, end: int | None, max_bytes: int
 ) -> tuple[StreamQueue, int]:
-    """A bulk read's partition and where it stops: ``end``, at most the durable end."""
+    """A bulk read's partition and where it stops: ``end``, at most the high watermark."""
     if not 1 <= max_bytes <= MAX_READ_BYTES:
         raise InvalidRequest(f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
     queue = partition(vhost, topic, partition_index)
-    high_watermark = queue.stream.durable_end  # nothing a crash could take back
+    high_watermark = queue.partition.high_watermark  # nothing a crash could take back
     return queue, high_watermark if end is None else min(end, high_watermark)
 
 
@@ -137,7 +140,7 @@ class _Columns:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def take(self, stream: StreamLog, position: int, stop: int, max_bytes: int) -> int:
+    def take(self, partition: Partition, position: int, stop: int, max_bytes: int) -> int:
         """Add the records from ``position`` on, below ``stop``, until ``max_bytes``,
         ``MAX_BATCH_RECORDS`` or a slice of ``SLICE_SECONDS``; return the offset to go on
         from. The records come from the log in bulk (``StreamLog.read_many``: a record batch is
@@ -146,7 +149,7 @@ class _Columns:
         deadline = time.perf_counter() + SLICE_SECONDS
         while position < stop:
             room = MAX_BATCH_RECORDS - len(self.offsets)
-            records = stream.read_many(position, stop, min(READ_MANY, room))
+            records = partition.read_many(position, min(READ_MANY, room), stop)
             if not records:
                 break
             keys, values = zip(*map(_KEY_AND_VALUE, records), strict=True)

@@ -36,7 +36,6 @@ from ..consumer import Consumer, DeliveryChannel
 if TYPE_CHECKING:
     from .queue import StreamQueue
 
-GROUP_ARGUMENT = "x-stream-group"
 REBALANCE_DELAY = 0.2
 MAX_REBALANCE_DELAY = 2.0
 

@@ -1,5 +1,5 @@
-"""Stream queues (``x-queue-type=stream``): RabbitMQ's streams over AMQP 0-9-1, on the log
-backend's segmented log (https://www.rabbitmq.com/docs/streams).
+"""Stream queues (``x-queue-type=stream``): RabbitMQ's streams over AMQP 0-9-1, on a stream
+``Partition`` (https://www.rabbitmq.com/docs/streams).
 
 Responsibilities:
 - ``StreamQueue``: append every routed message to the stream's log (confirmed once the backend's
@@ -15,8 +15,8 @@ Responsibilities:
   advances with that member's acks (a settled prefix: never past an unacked delivery) and is
   stored durably with the stream; a new group starts where the consumer's ``x-stream-offset``
   says, and that start is committed at once;
-- only what is durable is read: deliveries (and ``last``/``next`` starts) stop at the log's
-  ``durable_end``, the single-node high watermark, so no consumer ever sees an offset that a
+- only what is durable is read: deliveries (and ``last``/``next`` starts) stop at the
+  partition's high watermark (``partition.py``), so no consumer ever sees an offset that a
   crash could give to another record; a flush wakes the readers;
 - server-side offset tracking, LavinMQ's way: a consumer with a tag and
   ``x-stream-automatic-offset-tracking=true`` (or ``x-stream-offset`` null, which starts from
@@ -35,7 +35,6 @@ The stream's arguments are read from its typed ``QueueArguments`` (``broker/argu
 
 from __future__ import annotations
 
-import datetime
 import logging
 import math
 from collections.abc import Collection, Sequence
@@ -48,15 +47,17 @@ from ...backends.base import FlushFirst, Popped
 from ...backends.streams import CompactionPolicy, StreamLog
 from ...model import Message, with_long_header
 from ...plugins.spec import Durability
-from ...protocol.codec import FieldTable, FieldValue
+from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, ReplyCode
-from ..arguments import QueueArguments, parse_interval
+from ..arguments import QueueArguments
 from ..consumer import DELIVER_BATCH_BYTES, Consumer, EncodedDelivery
 from ..flusher import Flusher
 from ..queue import Queue, QueueHost
 from .compaction import compaction_policy
+from .consumer_arguments import Start, StreamConsumerArguments
 from .cursor import GroupCursor
-from .groups import GROUP_ARGUMENT, ConsumerGroups
+from .groups import ConsumerGroups
+from .partition import Partition
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ OFFSET_HEADER: Final = "x-stream-offset"
 
 
 class StreamQueue(Queue):
-    """A stream queue: an append-only log (``StreamLog``) that consumers read from their
+    """A stream queue: a partition (an append-only log) that consumers read from their
     own positions (or their group's), never removing anything (see the module doc)."""
 
     def __init__(
@@ -93,7 +94,7 @@ class StreamQueue(Queue):
             arguments=arguments,
             flusher=flusher,
         )
-        self.stream = stream
+        self.partition = Partition(stream, flusher)
         self.max_bytes = arguments.max_length_bytes
         self.max_age_ms = arguments.max_age_ms
         self.compaction = _compaction(arguments)
@@ -103,9 +104,7 @@ class StreamQueue(Queue):
         self.groups = groups if groups is not None else ConsumerGroups()
         self._group_of: dict[Consumer, str] = {}  # consumers that are group members
         self._cursors: dict[str, GroupCursor] = {}  # by group: who reads for it, from where
-        # The flush ticket of the open record batch (see ``publish``).
-        self._batch_generation = -1
-        self._batch_ticket = 0
+        self._arguments: dict[Consumer, StreamConsumerArguments] = {}  # typed, by consumer
 
     # -- the actor ---------------------------------------------------------------------------
 
@@ -133,7 +132,7 @@ class StreamQueue(Queue):
         """Compact now and then, in a worker thread; deliveries go on meanwhile."""
         while True:
             await trio.sleep(RETENTION_CHECK_SECONDS)
-            work = self.stream.compaction_work(policy, clock.now_ms())
+            work = self.partition.compaction_work(policy, clock.now_ms())
             if work is None:
                 continue
             try:
@@ -141,7 +140,7 @@ class StreamQueue(Queue):
             except OSError as exc:  # e.g. a full disk: the stream stays as it was
                 log.error("stream %r in vhost %r: cannot compact: %s", self.name, self.vhost, exc)
                 continue
-            removed = self.stream.finish_compaction(result)
+            removed = self.partition.finish_compaction(result)
             self.compactions += 1
             if removed:
                 log.info(
@@ -155,7 +154,7 @@ class StreamQueue(Queue):
 
     def _apply_retention(self) -> None:
         if self.max_bytes is not None or self.max_age_ms is not None:
-            removed = self.stream.apply_retention(
+            removed = self.partition.apply_retention(
                 max_bytes=self.max_bytes, max_age_ms=self.max_age_ms, now_ms=clock.now_ms()
             )
             if removed and self.flusher is not None:
@@ -176,9 +175,9 @@ class StreamQueue(Queue):
         (and note each offset delivered in the group's ``cursor``). Records go out in batches
         (``DeliveryChannel.deliver_encoded``, at most the consumer's credit and about
         ``DELIVER_BATCH_BYTES``) as their parts lie in the log: no message is built for them."""
-        stream = self.stream
-        end = stream.durable_end
-        position = max(position, stream.first_offset)
+        partition = self.partition
+        end = partition.high_watermark
+        position = max(position, partition.log_start_offset)
         channel = consumer.channel
         while position < end:
             credit = consumer.credit()
@@ -186,7 +185,7 @@ class StreamQueue(Queue):
                 break
             try:
                 # The next records there are: compaction and damage (logged) leave gaps.
-                records = stream.read_many(position, end, min(credit, READ_CHUNK))
+                records = partition.read_many(position, min(credit, READ_CHUNK), end)
             except OSError as exc:  # storage trouble: try again on the next wake-up
                 log.error("stream %r in vhost %r: cannot read: %s", self.name, self.vhost, exc)
                 break
@@ -210,9 +209,13 @@ class StreamQueue(Queue):
             if not consumer.no_ack:
                 consumer.unacked += len(batch)
             channel.deliver_encoded(consumer, batch)
-        if position >= end and end < stream.next_offset and self.flusher is not None:
+        if position >= end and end < partition.log_end_offset and self.flusher is not None:
             self.flusher.wake_after_flush(self)  # more is written: go on once it is durable
         return position
+
+    def stop(self) -> None:
+        super().stop()
+        self.partition.close()  # fetches waiting for more return
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -230,25 +233,15 @@ class StreamQueue(Queue):
     def publish_run(self, messages: Sequence[Message]) -> tuple[list[Durability], Exception | None]:
         """Append a run of messages at once (``Queue.publish_run``); their confirms wait for
         the backend's next flush."""
-        taken, error = self.stream.append_many(messages)
-        if not taken:
-            return [], error
-        self.stats.publish += taken
+        _first, durabilities, error = self.partition.append(messages)
+        if not durabilities:
+            return durabilities, error
+        self.stats.publish += len(durabilities)
         if self.max_bytes is not None:
             self._wakeup.set()
-        flusher = self.flusher
-        if flusher is None:
-            return [None] * taken, error
-        if self.consumers:  # readers see the messages once the flush has made them durable
-            flusher.wake_after_flush(self)
-        # One flush ticket per record batch: until the batch is closed (by a flush, which
-        # then covers the ticket, or by a read) the same flush makes all of it durable. Taken
-        # after the run's appends, it covers a batch the run closed too.
-        generation = self.stream.batch_generation
-        if generation != self._batch_generation or self._batch_ticket <= flusher.completed:
-            self._batch_generation = generation
-            self._batch_ticket = flusher.request()
-        return [(flusher, self._batch_ticket)] * taken, error
+        if self.consumers and self.flusher is not None:  # readers see them once durable
+            self.flusher.wake_after_flush(self)
+        return durabilities, error
 
     def get(self) -> Popped | FlushFirst | None:
         raise AMQPError(
@@ -266,8 +259,8 @@ class StreamQueue(Queue):
         if consumer is None:
             return
         if consumer in self._tracked:
-            stored = self.stream.offsets.get(consumer.tag, 0)
-            self.stream.store_offset(consumer.tag, max(stored, max(message_ids) + 1))
+            stored = self.partition.tracked_offsets.get(consumer.tag, 0)
+            self.partition.store_offset(consumer.tag, max(stored, max(message_ids) + 1))
         self._settle_many(message_ids, consumer, requeue=False)
 
     def requeue(self, message_id: int, consumer: Consumer | None) -> None:
@@ -295,7 +288,7 @@ class StreamQueue(Queue):
                         cursor.rewind(message_id)
                     else:
                         cursor.settle(message_id)
-                self.stream.commit_group_offset(group, cursor.committed)
+                self.partition.commit_group_offset(group, cursor.committed)
         consumer.unacked -= len(message_ids)
         self._wakeup.set()
         if not consumer.unacked and consumer not in self._positions:
@@ -307,7 +300,7 @@ class StreamQueue(Queue):
 
     @property
     def message_count(self) -> int:
-        return self.stream.durable_end - self.stream.first_offset
+        return self.partition.message_count
 
     # -- consumers ---------------------------------------------------------------------------
 
@@ -324,52 +317,31 @@ class StreamQueue(Queue):
                 ReplyCode.PRECONDITION_FAILED,
                 f"consumer prefetch count is not set for '{self._describe()}'",  # RabbitMQ's
             )
-        tracking = arguments.get("x-stream-automatic-offset-tracking")
-        if tracking is not None and not isinstance(tracking, bool):
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"invalid arg 'x-stream-automatic-offset-tracking' for consumer on stream "
-                f"{self._describe()}: a boolean is required (got {tracking!r})",
-            )
-        if _tracks_offset(arguments) and not tag:
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"offset tracking on stream {self._describe()} needs a consumer tag",
-            )
-        group = arguments.get(GROUP_ARGUMENT)
-        if group is not None and (not isinstance(group, str) or not group):
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"invalid arg '{GROUP_ARGUMENT}' for consumer on stream {self._describe()}: a "
-                f"group name is required (got {group!r})",
-            )
-        if group is not None and _tracks_offset(arguments):
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"consumer on stream {self._describe()}: '{GROUP_ARGUMENT}' and offset tracking "
-                "cannot be combined (the group's offsets are tracked)",
-            )
-        self._start_offset(arguments.get("x-stream-offset", "next"))
+        StreamConsumerArguments.parse(arguments, tag=tag, where=self._describe())
 
     def add_consumer(self, consumer: Consumer) -> None:
-        group = consumer.arguments.get(GROUP_ARGUMENT)
-        if isinstance(group, str):
-            self._group_of[consumer] = group
+        parsed = StreamConsumerArguments.parse(
+            consumer.arguments, tag=consumer.tag, where=self._describe()
+        )
+        self._arguments[consumer] = parsed
+        if parsed.group is not None:
+            self._group_of[consumer] = parsed.group
             super().add_consumer(consumer)
-            self.groups.join(group, self, consumer)  # may make it the partition's reader
+            self.groups.join(parsed.group, self, consumer)  # may make it the partition's reader
             return
-        start = self._start_offset(consumer.arguments.get("x-stream-offset", "next"))
-        if _tracks_offset(consumer.arguments):
+        start = self._start_offset(parsed.start)
+        if parsed.tracks_offset:
             self._tracked.add(consumer)
-            stored = self.stream.offsets.get(consumer.tag)
+            stored = self.partition.tracked_offsets.get(consumer.tag)
             if stored is not None:  # it consumed before: go on after its last ack
-                start = min(max(stored, self.stream.first_offset), self.stream.durable_end)
+                start = self.partition.clamp(stored)
         self._positions[consumer] = start
         super().add_consumer(consumer)
 
     def remove_consumers(self, gone: Collection[Consumer]) -> None:
         for consumer in gone:
             self._positions.pop(consumer, None)
+            self._arguments.pop(consumer, None)
             if not consumer.unacked:  # else acks still to come move its stored position
                 self._tracked.discard(consumer)
         super().remove_consumers(gone)
@@ -394,10 +366,10 @@ class StreamQueue(Queue):
         if consumer is None:
             self._cursors.pop(group, None)
             return
-        committed = self.stream.group_offsets.get(group)
+        committed = self.partition.group_offsets.get(group)
         if committed is None:
-            committed = self._start_offset(consumer.arguments.get("x-stream-offset", "next"))
-            self.stream.commit_group_offset(group, committed)
+            committed = self._start_offset(self._arguments[consumer].start)
+            self.partition.commit_group_offset(group, committed)
             if self.flusher is not None:
                 self.flusher.poke()
         self._cursors[group] = GroupCursor(consumer, committed)
@@ -409,28 +381,23 @@ class StreamQueue(Queue):
         consumer.channel.consumer_cancelled(consumer)
         self.remove_consumer(consumer)
 
-    def _start_offset(self, spec: FieldValue) -> int:
-        """Where a consumer starts, from its ``x-stream-offset`` argument, clamped to the
-        stream's first offset and its durable end (``last`` is the last durable record)."""
-        stream = self.stream
-        first, end = stream.first_offset, stream.durable_end
-        if spec == "first" or spec is None:  # None: offset tracking, first time from the start
+    def _start_offset(self, start: Start) -> int:
+        """Where a consumer starts (its ``x-stream-offset``), clamped to the stream's first
+        offset and its high watermark (``last`` is the last durable record)."""
+        partition = self.partition
+        first, end = partition.log_start_offset, partition.high_watermark
+        kind = start.kind
+        if kind == "first":
             return first
-        if spec == "last":  # the last message written (RabbitMQ: the last chunk)
+        if kind == "last":  # the last message written (RabbitMQ: the last chunk)
             return max(first, end - 1)
-        if spec == "next":
+        if kind == "next":
             return end
-        if isinstance(spec, int) and not isinstance(spec, bool):
-            return min(max(spec, first), end)
-        if isinstance(spec, datetime.datetime):
-            return min(stream.offset_for_timestamp(int(spec.timestamp() * 1000)), end)
-        if isinstance(spec, str) and (interval := parse_interval(spec)) is not None:
-            return min(stream.offset_for_timestamp(clock.now_ms() - interval), end)
-        raise AMQPError(
-            ReplyCode.PRECONDITION_FAILED,
-            f"invalid arg 'x-stream-offset' for consumer on stream {self._describe()}: first, "
-            f"last, next, an offset, a timestamp or an interval such as 1h (got {spec!r})",
-        )
+        if kind == "offset":
+            return partition.clamp(start.value)
+        if kind == "timestamp":
+            return partition.offset_for_timestamp(start.value)
+        return partition.offset_for_timestamp(clock.now_ms() - start.value)  # "ago"
 
     def _describe(self) -> str:
         return f"queue '{self.name}' in vhost '{self.vhost}'"
@@ -445,11 +412,3 @@ def _compaction(arguments: QueueArguments) -> CompactionPolicy | None:
     if grace_ms is None:
         return compaction_policy(arguments.compaction_key_header)
     return compaction_policy(arguments.compaction_key_header, grace_ms)
-
-
-def _tracks_offset(arguments: FieldTable) -> bool:
-    """Server-side offset tracking asked for: ``x-stream-automatic-offset-tracking=true`` or an
-    explicit null ``x-stream-offset`` (LavinMQ's two ways)."""
-    return arguments.get("x-stream-automatic-offset-tracking") is True or (
-        "x-stream-offset" in arguments and arguments["x-stream-offset"] is None
-    )

@@ -32,17 +32,16 @@ def read(
         raise InvalidRequest(f"limit must be between 1 and {MAX_READ} (got {limit})")
     if not 1 <= max_bytes <= MAX_READ_BYTES:
         raise InvalidRequest(f"max_bytes must be between 1 and {MAX_READ_BYTES} (got {max_bytes})")
-    stream = partition(vhost, topic, partition_index).stream
+    found = partition(vhost, topic, partition_index).partition
     if timestamp_ms is not None:
-        position = stream.offset_for_timestamp(timestamp_ms)
+        position = found.offset_for_timestamp(timestamp_ms)
     else:
-        position = max(offset if offset is not None else 0, stream.first_offset)
+        position = max(offset if offset is not None else 0, found.log_start_offset)
     records: list[ConsumerRecord] = []
-    end = stream.durable_end  # the high watermark: nothing a crash could take back
     size = 0
-    while position < end and len(records) < limit and size < max_bytes:
-        record = stream.read_from(position)
-        if record is None or record.offset >= end:
+    while len(records) < limit and size < max_bytes:
+        record = found.read_from(position)  # below the high watermark
+        if record is None:
             break
         message = record.message
         records.append(

@@ -250,7 +250,7 @@ async def produce(
     skip = 0
     expected = None
     if producer is not None:
-        expected = found[0].stream.producers.get(producer[0])
+        expected = found[0].partition.producer_sequence(producer[0])
         if expected is not None and producer[1] < expected:
             skip = min(len(records), expected - producer[1])
         if skip == len(records):
@@ -263,7 +263,7 @@ async def produce(
         await _append(vhost, topic, records, found, index, exchange, landed, durability)
         if producer is not None:  # durable with the records: the same flush writes both
             following = producer[1] + skip + len(records)
-            found[0].stream.record_producer(producer[0], max(following, expected or 0))
+            found[0].partition.record_producer(producer[0], max(following, expected or 0))
         if not await durability.wait():
             raise Unavailable(f"topic '{topic}': the write could not be made durable")
     return landed
@@ -287,7 +287,7 @@ async def _append(
         message = _message(source, record, now_ms)
         if record.partition is not None or exchange is None:
             target = found[record.partition or 0]
-            offset = target.stream.next_offset
+            offset = target.partition.log_end_offset
             tickets, refused = routing.enqueue([target], message)
         else:  # through the topic's exchange, as an AMQP publish with the key would go
             tickets, refused, _, taken = routing.publish(
@@ -296,7 +296,7 @@ async def _append(
             if not taken:
                 raise InvalidRequest(f"topic '{topic}' routes key {record.key!r} to no partition")
             target = cast(StreamQueue, taken[0])
-            offset = target.stream.next_offset - 1
+            offset = target.partition.log_end_offset - 1
         if refused:
             raise Unavailable(f"topic '{topic}': partition storage cannot write")
         durability.add(tickets)

@@ -6,8 +6,8 @@ inside the broker's nursery. The management API will extend this same app.
   ``GET /topics/{topic}/groups/{group}`` (``topic_routes.py``); the columnar bulk ``GET
   /topics/{topic}/partitions/{p}/records`` and ``POST /topics/{topic}/records``, in
   ``recordbatch.py``'s formats, for the Spark data source (``record_routes.py``); each a thin
-  translation to ``broker.streams.topics``. Every route takes an optional ``vhost`` query parameter
-  (default ``/``).
+  translation to the vhost's ``broker.streams.service.StreamService``. Every route takes an
+  optional ``vhost`` query parameter (default ``/``).
 - HTTP Basic authentication against the broker's users and their vhost permissions
   (``auth.py``); request bodies, parameters and records read and checked (``inputs.py``);
 - every error is JSON with its status (``errors.py``);

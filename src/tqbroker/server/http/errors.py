@@ -6,8 +6,8 @@ Responsibilities:
   ``{"error": ..., "reason": ...}``;
 - ``RequestError``: a request the HTTP layer itself refuses (credentials, permissions, a body
   too large or malformed), with its status;
-- the status of each ``broker.streams.topics`` failure: ``NotFound`` 404, ``InvalidRequest`` 400,
-  ``Conflict`` 409, ``Unavailable`` 503;
+- the status of each stream service failure (``TopicError``): ``NotFound`` 404,
+  ``InvalidRequest`` 400, ``Conflict`` 409, ``Unavailable`` 503;
 - ``EXCEPTION_HANDLERS``: the app's handlers for those, for Starlette's own ``HTTPException``
   and for anything else (a 500, logged with its traceback).
 """
@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from ...broker.streams.topics import Conflict, InvalidRequest, NotFound, TopicError, Unavailable
+from ...broker.streams.service import Conflict, InvalidRequest, NotFound, TopicError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def error(status: int, message: str) -> JSONResponse:
 
 
 def topic_status(exc: TopicError) -> int:
-    """The HTTP status of a ``broker.streams.topics`` failure."""
+    """The HTTP status of a ``broker.streams.service`` failure (``TopicError``)."""
     for kind, status in _TOPIC_STATUSES.items():
         if isinstance(exc, kind):
             return status

@@ -20,7 +20,7 @@ from starlette.datastructures import QueryParams
 from starlette.requests import ClientDisconnect, Request
 
 from ... import clock
-from ...broker.streams.topics import ProducerRecord
+from ...broker.streams.service import ProducerRecord
 from ...protocol.codec import MAX_TABLE_DEPTH, FieldTable, FieldValue
 from ...protocol.methods import BasicProperties
 from .errors import RequestError

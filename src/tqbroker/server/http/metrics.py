@@ -32,7 +32,7 @@ from ...broker.classic import ClassicQueue
 from ...broker.pacing import Pacer
 from ...broker.queue import Queue
 from ...broker.stats import COUNTERS, IO_COUNTERS, StatsTotal
-from ...broker.streams.queue import StreamQueue
+from ...broker.streams.service import Partition, partition_of
 from .metrics_names import (
     BY_QUEUE_TYPE,
     CHANNEL_COUNTERS,
@@ -77,7 +77,7 @@ class _Seen:
     queues: int = 0
     consumers: int = 0
     counts: dict[str, list[tuple[int, ...]]] = attrs.Factory(dict)  # by RabbitMQ's queue_type
-    streams: list[tuple[str, StreamQueue]] = attrs.Factory(list)
+    streams: list[tuple[str, Queue, Partition]] = attrs.Factory(list)
 
 
 def queue_values(queue: Queue) -> tuple[int, ...]:
@@ -96,9 +96,10 @@ def _queues(broker: Broker, out: list[Metric], seen: _Seen, *, summed: bool) -> 
             seen.queues += 1
             seen.consumers += values[3]
             kind = QUEUE_TYPES["classic"]
-            if isinstance(queue, StreamQueue):
+            partition = partition_of(queue)
+            if partition is not None:
                 kind = QUEUE_TYPES["stream"]
-                seen.streams.append((vhost.name, queue))
+                seen.streams.append((vhost.name, queue, partition))
             seen.counts.setdefault(kind, []).append(queue.stats.counts())
             for index, value in enumerate(values):
                 totals[index] += value
@@ -317,15 +318,14 @@ def _streams(out: list[Metric], seen: _Seen) -> None:
         "Records of a stream a consumer group has not committed yet",
         labels=[*labels, "group"],
     )
-    for vhost, queue in seen.streams:
+    for vhost, queue, partition in seen.streams:
         if queue.deleted:
             continue
-        stream = queue.stream
         key = [vhost, queue.name]
-        log_end = stream.next_offset
-        first.add_metric(key, stream.first_offset)
+        log_end = partition.log_end_offset
+        first.add_metric(key, partition.log_start_offset)
         end.add_metric(key, log_end)
-        for group, offset in sorted(stream.group_offsets.items()):
+        for group, offset in sorted(partition.group_offsets.items()):
             committed.add_metric([*key, group], offset)
             lag.add_metric([*key, group], max(0, log_end - offset))
     out += [first, end, committed, lag]

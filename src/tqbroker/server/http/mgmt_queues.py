@@ -22,7 +22,7 @@ from ...broker.declaring import open_and_declare_queue
 from ...broker.pacing import Pacer
 from ...broker.queue import Queue
 from ...broker.stats import message_stats
-from ...broker.streams.queue import StreamQueue
+from ...broker.streams.service import partition_of
 from ...broker.vhost import VirtualHost
 from ...protocol.errors import AMQPError
 from ...protocol.methods import BasicProperties
@@ -86,14 +86,14 @@ def queue_json(queue: Queue, node: str) -> dict[str, Any]:
     if isinstance(queue, ClassicQueue):
         found["message_bytes_ready"] = queue.store.ready_bytes
         found["message_bytes"] = queue.store.ready_bytes
-    if isinstance(queue, StreamQueue):
-        stream = queue.stream
-        found["first_offset"] = stream.first_offset
-        found["committed_offset"] = stream.durable_end
-        found["next_offset"] = stream.next_offset
-        segments = getattr(getattr(stream, "log", None), "segments", None)
+    partition = partition_of(queue)
+    if partition is not None:
+        found["first_offset"] = partition.log_start_offset
+        found["committed_offset"] = partition.high_watermark
+        found["next_offset"] = partition.log_end_offset
+        segments = partition.storage_info().segments
         if segments is not None:
-            found["segments"] = len(segments)
+            found["segments"] = segments
     if queue.failure is not None:
         found["failure"] = queue.failure
     stats = message_stats(queue.stats, QUEUE_STATS)

@@ -19,8 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...broker.pacing import Pacer, release
-from ...broker.streams import bulk_read, topics
-from ...broker.streams.topics import ProducerRecord
+from ...broker.streams.service import ProducerRecord, StreamService
 from ...recordbatch import WriteBatch, decode_write
 from . import inputs, jsonbody, topic_access
 from .auth import broker_of, vhost_of
@@ -51,14 +50,13 @@ async def read_records(request: Request) -> Response:
     if kind == "frames":
         if headers:
             raise RequestError(400, "frames carry the headers: drop headers=true")
-        body = await bulk_read.read_frames_body(
-            vhost, topic, index, offset=offset, end=end, max_bytes=inputs.max_bytes(query)
+        body = await StreamService(vhost).fetch(
+            topic, index, offset=offset, end=end, max_bytes=inputs.max_bytes(query)
         )
         return Response(body, media_type=FRAMES_MEDIA_TYPE)
     if kind != "columns":
         raise RequestError(400, f"format must be columns or frames (got {kind})")
-    body = await bulk_read.read_body(
-        vhost,
+    body = await StreamService(vhost).read_columns(
         topic,
         index,
         offset=offset,
@@ -88,7 +86,7 @@ async def write_records(request: Request) -> Response:
         config = broker_of(request).config
         await _records(batch, config.max_message_size, config.frame_max, records)
         topic = request.path_params["topic"]
-        landed = await topics.produce(vhost, topic, records, producer=producer)
+        landed = await StreamService(vhost).produce(topic, records, producer=producer)
     finally:
         total = len(records)
         await release(records)

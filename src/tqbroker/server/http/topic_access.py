@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from starlette.requests import Request
 
 from ...auth import PermissionKind, ResourceKind
-from ...broker.streams import topics
+from ...broker.streams.service import StreamService, TopicError
 from ...broker.vhost import VirtualHost
 from ..access import resource_refusal
 from .auth import broker_of, user_of
@@ -85,27 +85,27 @@ def produce(vhost: VirtualHost, topic: str) -> list[Need]:
 def read(vhost: VirtualHost, topic: str, partition: int | None = None) -> list[Need]:
     """``read`` on the stream queue of ``partition`` (of every partition if None)."""
     try:
-        found = topics.partitions(vhost, topic)
-    except topics.TopicError:
+        found = StreamService(vhost).queue_names(topic)
+    except TopicError:
         return []  # the route answers (404)
     if partition is not None:
         found = found[partition : partition + 1] if partition >= 0 else []
-    return [("queue", queue.name, "read") for queue in found]
+    return [("queue", name, "read") for name in found]
 
 
 def delete(vhost: VirtualHost, topic: str) -> list[Need]:
     """``configure`` on the topic's exchange (if it has one) and its partitions' queues."""
     needs: list[Need] = [("exchange", topic, "configure")] if topic in vhost.exchanges else []
     try:
-        found = topics.partitions(vhost, topic)
-    except topics.TopicError:
+        found = StreamService(vhost).queue_names(topic)
+    except TopicError:
         return needs
-    return needs + [("queue", queue.name, "configure") for queue in found]
+    return needs + [("queue", name, "configure") for name in found]
 
 
 def declare(topic: str, count: int) -> list[Need]:
     """What declaring a topic of ``count`` partitions needs, as the AMQP methods would."""
-    if not 1 <= count <= 1000:  # topics.declare's bounds
+    if not 1 <= count <= 1000:  # a declaration's bounds (topics.declare)
         return []  # refused by the declaration itself (400)
     queues = [f"{topic}-{n}" for n in range(count)]
     return [

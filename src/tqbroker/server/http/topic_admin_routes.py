@@ -1,7 +1,7 @@
 """The JSON routes that administer topics and consumer groups (``kafka-topics`` and
 ``kafka-consumer-groups`` over HTTP): list, describe, delete, grow partitions; list and describe
 groups, reset a group's offsets. Same credentials, ``vhost`` parameter and error shape as the
-other topic routes (``topic_routes.py``); the work is ``broker.streams.admin``'s.
+other topic routes (``topic_routes.py``); the work is the vhost's ``StreamService``'s.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ...broker.streams import admin, topics
+from ...broker.streams import service
+from ...broker.streams.service import StreamService
 from ...broker.vhost import VirtualHost
 from ...recordbatch import json_value
 from ..registry import Registered
@@ -33,7 +34,7 @@ async def list_topics(request: Request) -> Response:
                 "partitioned": t.partitioned,
                 "vhost": vhost.name,
             }
-            for t in admin.list_topics(vhost)
+            for t in StreamService(vhost).list_topics()
         ]
     )
 
@@ -42,7 +43,7 @@ async def describe_topic(request: Request) -> Response:
     """``GET /topics/{topic}``: its partitions' logs, its arguments and the groups reading it."""
     vhost = await vhost_of(request)
     topic = request.path_params["topic"]
-    found = admin.describe(vhost, topic)
+    found = StreamService(vhost).describe(topic)
     return JSONResponse(
         {
             "topic": topic,
@@ -59,8 +60,8 @@ async def describe_topic(request: Request) -> Response:
                 }
                 for p in found
             ],
-            "arguments": json_value(admin.arguments(vhost, topic)),
-            "groups": [g.group for g in admin.groups_of(vhost, topic)],
+            "arguments": json_value(StreamService(vhost).arguments(topic)),
+            "groups": [g.group for g in StreamService(vhost).groups_of(topic)],
         }
     )
 
@@ -70,7 +71,7 @@ async def delete_topic(request: Request) -> Response:
     vhost = await vhost_of(request)
     await topic_access.check_delete(request, vhost)
     topic = request.path_params["topic"]
-    count = await admin.delete(vhost, topic)
+    count = await StreamService(vhost).delete(topic)
     return JSONResponse({"topic": topic, "deleted_partitions": count})
 
 
@@ -83,11 +84,11 @@ async def alter_topic(request: Request) -> Response:
     count = inputs.integer(body["partitions"], "partitions")
     await topic_access.check_grow(request, vhost, count)
     topic = request.path_params["topic"]
-    before = await admin.grow(vhost, topic, count)
+    before = await StreamService(vhost).grow(topic, count)
     return JSONResponse({"topic": topic, "partitions": count, "previous_partitions": before})
 
 
-def _group_json(group: admin.GroupSummary) -> dict[str, Any]:
+def _group_json(group: service.GroupSummary) -> dict[str, Any]:
     return {
         "group": group.group,
         "topic": group.topic,
@@ -100,14 +101,14 @@ async def topic_groups(request: Request) -> Response:
     """``GET /topics/{topic}/groups``: the groups with offsets or members on the topic."""
     vhost = await vhost_of(request)
     return JSONResponse(
-        [_group_json(g) for g in admin.groups_of(vhost, request.path_params["topic"])]
+        [_group_json(g) for g in StreamService(vhost).groups_of(request.path_params["topic"])]
     )
 
 
 async def all_groups(request: Request) -> Response:
     """``GET /groups``: every group on every topic of the vhost."""
     vhost = await vhost_of(request)
-    return JSONResponse([_group_json(g) for g in admin.all_groups(vhost)])
+    return JSONResponse([_group_json(g) for g in StreamService(vhost).all_groups()])
 
 
 async def describe_group(request: Request) -> Response:
@@ -116,19 +117,19 @@ async def describe_group(request: Request) -> Response:
     vhost = await vhost_of(request)
     topic = request.path_params["topic"]
     name = request.path_params["group"]
-    found = admin.group(vhost, topic, name)
-    queues = topics.partitions(vhost, topic)
+    streams = StreamService(vhost)
+    found = streams.fetch_offsets(topic, name)
     where = {
         id(channel): entry
         for entry in connections_of(request)
         for channel in list(entry.connection.channels.values())
     }
-    readers = {m.partition: where.get(id(m.channel)) for m in admin.members(vhost, topic, name)}
+    readers = {m.partition: where.get(id(m.channel)) for m in streams.group_members(topic, name)}
     return JSONResponse(
         {
             "topic": topic,
             "group": name,
-            "state": admin.state(vhost, name, queues),
+            "state": streams.group_state(topic, name),
             "partitions": [
                 {
                     "partition": p.partition,
@@ -155,7 +156,7 @@ async def reset_offsets(request: Request) -> Response:
     body = await inputs.json_object(request)
     to = body.get("to")
     if not isinstance(to, str):
-        raise RequestError(400, f"'to' must be one of {', '.join(admin.RESET_TARGETS)}")
+        raise RequestError(400, f"'to' must be one of {', '.join(service.RESET_TARGETS)}")
     value: int | None = None
     if to == "offset" and "value" in body:
         value = inputs.integer(body["value"], "value")
@@ -175,10 +176,10 @@ async def reset_offsets(request: Request) -> Response:
         only = [inputs.integer(n, "partitions") for n in only]
     topic = request.path_params["topic"]
     name = request.path_params["group"]
-    targets = admin.reset_targets(vhost, topic, name, to, value, only=only)
+    targets = StreamService(vhost).reset_targets(topic, name, to, value, only=only)
     before = {p.partition: p.committed for p in _positions(vhost, topic, name)}
     if not dry_run:
-        await admin.reset(vhost, topic, name, targets)
+        await StreamService(vhost).commit_offsets(topic, name, targets)
     return JSONResponse(
         {
             "topic": topic,
@@ -200,10 +201,10 @@ def _host(entry: Registered | None) -> str | None:
     return entry.peer_host if entry is not None else None
 
 
-def _positions(vhost: VirtualHost, topic: str, name: str) -> list[admin.GroupPartition]:
+def _positions(vhost: VirtualHost, topic: str, name: str) -> list[service.GroupPartition]:
     try:
-        return admin.group(vhost, topic, name)
-    except topics.NotFound:  # a group new to the topic: the reset creates its offsets
+        return StreamService(vhost).fetch_offsets(topic, name)
+    except service.NotFound:  # a group new to the topic: the reset creates its offsets
         return []
 
 

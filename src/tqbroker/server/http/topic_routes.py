@@ -3,7 +3,7 @@ describing, deleting, growing and consumer groups, is in ``topic_admin_routes.py
 
 Responsibilities: each route reads its request (``inputs``), finds the vhost (``auth``) in the
 same order as ever (so that the same bad request gets the same error), calls
-``broker.streams.topics`` and answers JSON; a record's value travels as UTF-8 text when it is,
+the vhost's ``StreamService`` and answers JSON; a record's value travels as UTF-8 text when it is,
 else as base64, and its header values as ``recordbatch.json_value`` renders them. A read is at most
 ``max_bytes`` of values (1 MiB by default, as Kafka's ``max.partition.fetch.bytes``).
 """
@@ -18,8 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...broker.pacing import Pacer
-from ...broker.streams import admin, reading, topics
-from ...broker.streams.topics import ConsumerRecord
+from ...broker.streams.service import ConsumerRecord, StreamService
 from ...recordbatch import json_value
 from . import inputs, topic_access
 from .auth import broker_of, vhost_of
@@ -36,7 +35,7 @@ async def declare_topic(request: Request) -> Response:
     arguments = inputs.field_table(body.get("arguments", {}), "arguments")
     topic = request.path_params["topic"]
     await topic_access.check_declare(request, vhost, count)
-    created = await topics.declare(vhost, topic, count, arguments)
+    created = await StreamService(vhost).declare(topic, count, arguments)
     return JSONResponse(
         {"topic": topic, "partitions": count, "created": created},
         status_code=201 if created else 200,
@@ -59,7 +58,7 @@ async def produce(request: Request) -> Response:
     for r in raw:
         records.append(inputs.producer_record(r, config.max_message_size, config.frame_max))
         await pacer.step()
-    landed = await topics.produce(vhost, request.path_params["topic"], records)
+    landed = await StreamService(vhost).produce(request.path_params["topic"], records)
     assert landed is not None  # no producer id: never a duplicate
     results = [{"partition": p, "offset": o} for p, o in landed]
     return JSONResponse(results[0] if single else {"offsets": results}, status_code=201)
@@ -79,10 +78,10 @@ async def consume(request: Request) -> Response:
     vhost = await vhost_of(request)
     await topic_access.check_read(request, vhost, partition)
     topic = request.path_params["topic"]
+    streams = StreamService(vhost)
     if offset == "latest":
-        offset = topics.partition(vhost, topic, partition).stream.durable_end
-    records = reading.read(
-        vhost,
+        offset = streams.high_watermark(topic, partition)
+    records = streams.read(
         topic,
         partition,
         offset=offset if isinstance(offset, int) else None,
@@ -90,11 +89,7 @@ async def consume(request: Request) -> Response:
         limit=limit,
         max_bytes=max_bytes,
     )
-    next_offset = (
-        records[-1].offset + 1
-        if records
-        else topics.partition(vhost, topic, partition).stream.durable_end
-    )
+    next_offset = records[-1].offset + 1 if records else streams.high_watermark(topic, partition)
     return JSONResponse(
         {
             "topic": topic,
@@ -111,6 +106,7 @@ async def offsets(request: Request) -> Response:
     vhost = await vhost_of(request)
     await topic_access.check_read(request, vhost)
     topic = request.path_params["topic"]
+    streams = StreamService(vhost)
     found: list[dict[str, int | str | None]] = [
         {
             "partition": o.partition,
@@ -118,12 +114,12 @@ async def offsets(request: Request) -> Response:
             "earliest": o.earliest,
             "latest": o.latest,
         }
-        for o in admin.offsets(vhost, topic)
+        for o in streams.list_offsets(topic)
     ]
     if "timestamp" in request.query_params:
         timestamp = inputs.timestamp(request.query_params["timestamp"])
         for entry, offset in zip(
-            found, admin.offsets_for_timestamp(vhost, topic, timestamp), strict=True
+            found, streams.offsets_for_timestamp(topic, timestamp), strict=True
         ):
             entry["timestamp"] = offset
     return JSONResponse({"topic": topic, "partitions": found})

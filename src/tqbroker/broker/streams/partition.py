@@ -1,0 +1,238 @@
+"""One partition of a stream, in the shape of Kafka's ``Partition``: its log (a ``StreamLog``),
+its high watermark, its committed offsets and its producers' state.
+
+Everything above storage reads and writes a stream through a ``Partition``: the AMQP stream
+queue (``queue.py``), the topic service (``service.py``: HTTP, the command line, Spark, the
+Kafka listener), the management API and the metrics. None of them reads the log's ends.
+
+Responsibilities:
+- the ends: ``log_start_offset`` (nothing is below it), ``high_watermark`` (readers stop here:
+  on one node it is the log's durable end, so no reader ever sees an offset that a crash could
+  give to another record; in a cluster it will be what the replicas hold), ``log_end_offset``
+  (the next offset an append gets);
+- appends (``append``): a run of messages in order, with what their confirms wait for (one
+  flush ticket per record batch: while the log's ``batch_generation`` stays the same, the same
+  flush makes every append durable);
+- reads below the high watermark: records one by one or in bulk, the log's frames as they lie
+  on disk, the first offset at or after a time;
+- the long poll (``wait_beyond``): wait until the high watermark passes an offset, or a
+  deadline (a fetch that waits for data, a follower's fetch);
+- committed offsets: a consumer group's (Kafka's ``__consumer_offsets``) and a tracked
+  consumer's (server-side offset tracking), durable at the next flush;
+- idempotent producers: the next sequence each producer id expects, kept with the partition
+  whose records it wrote, durable with them;
+- retention and compaction, run by the owner's actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from ...backends.streams import CompactionPolicy, StreamLog, StreamRecord
+from ...model import Message
+from ...plugins.spec import Durability
+from ..flusher import Flusher
+
+
+@attrs.frozen
+class StorageInfo:
+    """What the backend says of the partition's storage (None where it does not say)."""
+
+    segments: int | None
+    bytes: int | None
+
+
+class Partition:
+    """One partition of a stream (see the module doc)."""
+
+    def __init__(self, log: StreamLog, flusher: Flusher | None) -> None:
+        self._log = log
+        self.flusher = flusher
+        # The flush ticket of the open record batch (see ``append``).
+        self._batch_generation = -1
+        self._batch_ticket = 0
+        self._grown: trio.Event | None = None  # set when the high watermark moves (waiters)
+        self.closed = False
+
+    # -- the ends --------------------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        """No record is below it (retention moves it)."""
+        return self._log.first_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """Readers stop here: every record below it is durable (see the module doc)."""
+        return self._log.durable_end
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next append gets."""
+        return self._log.next_offset
+
+    @property
+    def message_count(self) -> int:
+        """The records a reader can reach (retention and compaction gaps counted in)."""
+        return self._log.durable_end - self._log.first_offset
+
+    def storage_info(self) -> StorageInfo:
+        """Segments and bytes, when the backend's log says (the built-in one does)."""
+        segments = getattr(getattr(self._log, "log", None), "segments", None)
+        if segments is None:
+            return StorageInfo(None, None)
+        sizes = [getattr(s, "size", None) for s in segments]
+        total = None if None in sizes else sum(s for s in sizes if s is not None)
+        return StorageInfo(len(segments), total)
+
+    def clamp(self, offset: int) -> int:
+        """``offset`` moved into ``[log_start_offset, high_watermark]``."""
+        return min(max(offset, self._log.first_offset), self._log.durable_end)
+
+    # -- appends ---------------------------------------------------------------------------------
+
+    def append(self, messages: Sequence[Message]) -> tuple[int, list[Durability], OSError | None]:
+        """Append a run of messages in order: the first one's offset, what each appended
+        one's confirm waits for (as many as were appended), and why storage refused the one
+        after them (else None)."""
+        log = self._log
+        first = log.next_offset
+        taken, error = log.append_many(messages)
+        if not taken:
+            return first, [], error
+        flusher = self.flusher
+        if flusher is None:
+            return first, [None] * taken, error
+        if self._grown is not None:  # someone waits for these: make them durable soon
+            flusher.wake_after_flush(self)
+        # One flush ticket per record batch: until the batch is closed (by a flush, which
+        # then covers the ticket, or by a read) the same flush makes all of it durable. Taken
+        # after the run's appends, it covers a batch the run closed too.
+        generation = log.batch_generation
+        if generation != self._batch_generation or self._batch_ticket <= flusher.completed:
+            self._batch_generation = generation
+            self._batch_ticket = flusher.request()
+        return first, [(flusher, self._batch_ticket)] * taken, error
+
+    # -- reads (below the high watermark) --------------------------------------------------------
+
+    def read_many(self, offset: int, limit: int, end: int | None = None) -> list[StreamRecord]:
+        """Up to ``limit`` records from the first at or after ``offset``, below ``end`` (at most
+        the high watermark), in order. Raises ``OSError`` on storage trouble."""
+        high_watermark = self._log.durable_end
+        stop = high_watermark if end is None else min(end, high_watermark)
+        if offset >= stop:
+            return []
+        return self._log.read_many(offset, stop, limit)
+
+    def read_from(self, offset: int) -> StreamRecord | None:
+        """The first record at or after ``offset`` below the high watermark (None: none)."""
+        record = self._log.read_from(offset)
+        if record is None or record.offset >= self._log.durable_end:
+            return None
+        return record
+
+    def read_frames(
+        self, offset: int, end: int | None, max_bytes: int
+    ) -> tuple[list[tuple[bytes, bytes]], int]:
+        """The log's frames holding the records from ``offset`` below ``end`` (at most the
+        high watermark), about ``max_bytes`` of them (``StreamLog.read_frames``), and the
+        offset the next read starts at."""
+        high_watermark = self._log.durable_end
+        stop = high_watermark if end is None else min(end, high_watermark)
+        if offset >= stop:
+            return [], stop
+        return self._log.read_frames(offset, stop, max_bytes)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """The first offset whose record is not older than ``timestamp_ms``, at most the high
+        watermark (the high watermark: there is none yet)."""
+        return min(self._log.offset_for_timestamp(timestamp_ms), self._log.durable_end)
+
+    # -- the long poll ---------------------------------------------------------------------------
+
+    async def wait_beyond(self, offset: int, deadline: float) -> bool:
+        """Wait until the high watermark is past ``offset`` (True) or Trio's clock reaches
+        ``deadline`` or the partition is closed (False)."""
+        while self._log.durable_end <= offset:
+            if self.closed or trio.current_time() >= deadline:
+                return False
+            if self._grown is None:
+                self._grown = trio.Event()
+            grown = self._grown
+            if self._log.next_offset > self._log.durable_end and self.flusher is not None:
+                self.flusher.wake_after_flush(self)  # written, not durable yet: flush soon
+            with trio.move_on_at(deadline):
+                await grown.wait()
+        return True
+
+    def wake(self) -> None:
+        """A flush has finished (``Flusher.wake_after_flush``): the high watermark may have
+        moved; waiters look again."""
+        grown, self._grown = self._grown, None
+        if grown is not None:
+            grown.set()
+
+    def close(self) -> None:
+        """The partition is gone (its stream deleted): waiters return."""
+        self.closed = True
+        self.wake()
+
+    # -- committed offsets -----------------------------------------------------------------------
+
+    @property
+    def group_offsets(self) -> Mapping[str, int]:
+        """Each consumer group's committed offset (the next one it reads), by name."""
+        return self._log.group_offsets
+
+    def commit_group_offset(self, group: str, offset: int) -> None:
+        """Commit a group's offset (durable at the next flush)."""
+        self._log.commit_group_offset(group, offset)
+
+    @property
+    def tracked_offsets(self) -> Mapping[str, int]:
+        """Server-side offset tracking: the next offset each tracked consumer reads, by tag."""
+        return self._log.offsets
+
+    def store_offset(self, consumer_tag: str, offset: int) -> None:
+        """Remember where a tracked consumer goes on (durable at the next flush)."""
+        self._log.store_offset(consumer_tag, offset)
+
+    # -- idempotent producers --------------------------------------------------------------------
+
+    def producer_sequence(self, producer: str) -> int | None:
+        """The next sequence the producer's writes to this partition expect (None: it never
+        wrote here)."""
+        return self._log.producers.get(producer)
+
+    def record_producer(self, producer: str, sequence: int) -> None:
+        """The producer's next write expects ``sequence`` (durable with its records)."""
+        self._log.record_producer(producer, sequence)
+
+    # -- retention and compaction ----------------------------------------------------------------
+
+    def apply_retention(self, *, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:
+        """Drop whole segments past retention; how many went (deleted at the next flush)."""
+        return self._log.apply_retention(max_bytes=max_bytes, max_age_ms=max_age_ms, now_ms=now_ms)
+
+    def compaction_work(self, policy: CompactionPolicy, now_ms: int) -> Callable[[], Any] | None:
+        """A compaction pass's blocking work, or None (``StreamLog.compaction_work``)."""
+        return self._log.compaction_work(policy, now_ms)
+
+    def finish_compaction(self, result: Any) -> int:
+        """Install a pass's result; how many records it removed."""
+        return self._log.finish_compaction(result)
+
+
+async def make_durable(partitions: Iterable[Partition]) -> bool:
+    """Wait until what was committed to (or recorded by) these partitions so far is durable,
+    one flush per backend; False if a flush failed."""
+    flushers = list(dict.fromkeys(p.flusher for p in partitions if p.flusher is not None))
+    for flusher in flushers:
+        if not await flusher.wait(flusher.request()):
+            return False
+    return True

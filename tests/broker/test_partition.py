@@ -1,0 +1,178 @@
+"""A stream ``Partition`` below every protocol, over a real log backend stream and its real
+flusher: appends and their flush tickets, reads that stop at the high watermark, the long
+poll (``wait_beyond``), committed offsets made durable, and the ``StreamService`` fetch that
+waits for records. Wire-level stream behaviour is in tests/interop/test_streams.py."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from tqbroker.backends.log import LogBackend
+from tqbroker.broker.flusher import Flusher
+from tqbroker.broker.streams.partition import Partition, make_durable
+from tqbroker.broker.streams.service import ProducerRecord, StreamService
+from tqbroker.model import Message
+from tqbroker.testing import start_broker
+
+# A TQF1 body's head: magic, frame count, the offset the next read starts at.
+FRAMES_HEAD = struct.Struct("<4sIq")
+
+
+def message(n: int) -> Message:
+    return Message("", "k", b"", b"record-%04d" % n)
+
+
+@pytest.fixture
+async def backend(tmp_path: Path) -> AsyncIterator[LogBackend]:
+    backend = LogBackend()
+    backend.open(tmp_path)
+    yield backend
+    backend.close()
+
+
+def flush(backend: LogBackend) -> None:
+    work = backend.begin_flush()
+    if work is not None:
+        work()
+
+
+async def test_reads_stop_at_the_high_watermark(backend: LogBackend) -> None:
+    partition = Partition(backend.open_stream("/", "s"), None)
+    first, durabilities, error = partition.append([message(n) for n in range(5)])
+    assert (first, len(durabilities), error) == (0, 5, None)
+    assert partition.log_end_offset == 5
+    assert partition.high_watermark == 0  # written, not durable: no reader sees it
+    assert partition.read_many(0, 100) == []
+    assert partition.read_from(0) is None
+    assert partition.read_frames(0, None, 1 << 20) == ([], 0)
+    flush(backend)
+    assert partition.high_watermark == 5
+    assert [r.offset for r in partition.read_many(0, 100)] == [0, 1, 2, 3, 4]
+    partition.append([message(5)])
+    assert [r.offset for r in partition.read_many(3, 100)] == [3, 4]  # 5 is not durable
+    frames, next_offset = partition.read_frames(0, None, 1 << 20)
+    assert frames
+    assert next_offset == 5
+    assert partition.offset_for_timestamp(2**62) == 5  # none that late: the high watermark
+    assert partition.clamp(-3) == 0
+    assert partition.clamp(99) == 5
+    assert partition.message_count == 5
+
+
+async def test_one_flush_ticket_per_record_batch(backend: LogBackend) -> None:
+    flusher = Flusher(backend)
+    partition = Partition(backend.open_stream("/", "s"), flusher)
+    _first, one, _error = partition.append([message(0), message(1)])
+    _first, two, _error = partition.append([message(2)])
+    assert len({*one, *two}) == 1  # the same open batch: one ticket serves all three
+    assert flusher.requested == 1
+
+
+async def test_wait_beyond_returns_once_records_are_durable(backend: LogBackend) -> None:
+    # A real flusher in the nursery (its fsync runs in a thread): Trio's real clock.
+    flusher = Flusher(backend)
+    partition = Partition(backend.open_stream("/", "s"), flusher)
+    woke: list[bool] = []
+    done = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+
+        async def wait() -> None:
+            woke.append(await partition.wait_beyond(0, trio.current_time() + 30))
+            done.set()
+
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        assert woke == []  # nothing yet: it waits
+        partition.append([message(0)])
+        with trio.fail_after(30):
+            await done.wait()
+        assert woke == [True]
+        assert partition.high_watermark == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_wait_beyond_gives_up_at_its_deadline_or_when_closed(
+    autojump_clock: trio.abc.Clock, backend: LogBackend
+) -> None:
+    partition = Partition(backend.open_stream("/", "s"), None)
+    started = trio.current_time()
+    assert not await partition.wait_beyond(0, started + 5)
+    assert trio.current_time() - started == pytest.approx(5)
+    results: list[bool] = []
+    async with trio.open_nursery() as nursery:
+
+        async def wait() -> None:
+            results.append(await partition.wait_beyond(0, trio.current_time() + 3600))
+
+        nursery.start_soon(wait)
+        await trio.sleep(1)
+        partition.close()  # the stream was deleted
+    assert results == [False]
+    assert trio.current_time() - started < 60
+
+
+async def test_committed_offsets_are_made_durable(tmp_path: Path) -> None:
+    backend = LogBackend()
+    backend.open(tmp_path)
+    flusher = Flusher(backend)
+    partition = Partition(backend.open_stream("/", "s"), flusher)
+    partition.append([message(n) for n in range(3)])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        partition.commit_group_offset("g", 2)
+        partition.store_offset("consumer-1", 1)
+        partition.record_producer("p", 7)
+        assert await make_durable([partition, partition])
+        nursery.cancel_scope.cancel()
+    backend.close()
+    reopened = LogBackend()
+    reopened.open(tmp_path)
+    again = Partition(reopened.open_stream("/", "s"), None)
+    assert again.group_offsets == {"g": 2}
+    assert again.tracked_offsets == {"consumer-1": 1}
+    assert again.producer_sequence("p") == 7
+    assert again.high_watermark == 3
+    reopened.close()
+
+
+async def test_a_service_fetch_at_the_end_waits_for_records() -> None:
+    """``StreamService.fetch`` with ``wait_until`` (Kafka's ``fetch.max.wait.ms``): at the high
+    watermark it waits until a produce made records durable, then answers them; with none, it
+    answers empty at its deadline."""
+    async with trio.open_nursery() as nursery:
+        running = await start_broker(nursery)
+        assert running.broker is not None
+        streams = StreamService(running.broker.vhosts["/"])
+        await streams.declare("t", 1, {})
+        start = trio.current_time()
+        empty = await streams.fetch("t", 0, offset=0, max_bytes=1 << 20, wait_until=start + 0.2)
+        assert trio.current_time() - start >= 0.2
+        assert FRAMES_HEAD.unpack_from(empty)[1:] == (0, 0)  # no frame; next offset 0
+        bodies: list[bytes] = []
+        done = trio.Event()
+
+        async def fetch() -> None:
+            deadline = trio.current_time() + 30
+            bodies.append(
+                await streams.fetch("t", 0, offset=0, max_bytes=1 << 20, wait_until=deadline)
+            )
+            done.set()
+
+        nursery.start_soon(fetch)
+        await trio.testing.wait_all_tasks_blocked()
+        assert bodies == []
+        landed = await streams.produce("t", [ProducerRecord(b"hello", key="k")])
+        assert landed == [(0, 0)]
+        with trio.fail_after(30):
+            await done.wait()
+        frames, next_offset = FRAMES_HEAD.unpack_from(bodies[0])[1:]
+        assert (frames, next_offset) == (1, 1)
+        assert b"hello" in bodies[0]
+        nursery.cancel_scope.cancel()
