@@ -120,7 +120,11 @@ class Routing:
                 if self._deliver_reply(message.routing_key, message):
                     exchange_stats.publish_out += 1
                     return [], False, None, ()
-                return _unroutable([], False, message, (), mandatory, stats)
+                if mandatory:  # as below: returned, or dropped
+                    stats.return_unroutable += 1
+                    return [], False, message, ()
+                stats.drop_unroutable += 1
+                return [], False, None, ()
         destinations: Sequence[Destination]
         if message.properties_raw[0] & _HEADERS_FLAG_HIGH and sender_selected:
             headers = message.properties.headers
@@ -146,7 +150,12 @@ class Routing:
             exchange_stats.publish_out += len(destinations)
             if not mandatory or any(isinstance(d, Queue) for d in destinations):
                 return waits, refused, None, destinations
-        return _unroutable(waits, refused, message, destinations, mandatory, stats)
+        # It reached no queue: returned if mandatory, else dropped.
+        if mandatory:
+            stats.return_unroutable += 1
+            return waits, refused, message, destinations
+        stats.drop_unroutable += 1
+        return waits, refused, None, destinations
 
     def publish_run(
         self,
@@ -376,19 +385,3 @@ def _refused(destination: Destination, error: Exception) -> None:
         destination.fail(error)
     else:
         log.error("destination %r failed to take a message", destination.name, exc_info=error)
-
-
-def _unroutable(
-    waits: list[tuple[GroupCommit, int]],
-    refused: bool,
-    message: Message,
-    destinations: Sequence[Destination],
-    mandatory: bool,
-    stats: MessageStats,
-) -> Routed:
-    """A client's publish that reached no queue: returned if mandatory, else dropped; counted."""
-    if mandatory:
-        stats.return_unroutable += 1
-        return waits, refused, message, destinations
-    stats.drop_unroutable += 1
-    return waits, refused, None, destinations
