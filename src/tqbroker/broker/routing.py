@@ -50,7 +50,8 @@ ConfirmRun = tuple[int, list[tuple[GroupCommit, int]], bool]
 # What one publish did (``Routing.publish``): the flusher tickets its confirm waits for; whether a
 # destination refused it (full with reject-publish, or its storage cannot write: a nack); the
 # message to return (``basic.return``) when it was mandatory and reached no queue, else None; the
-# destinations it was handed to. A tuple: this is every publish's path.
+# destinations it was handed to (maybe a memoised tuple: read it, never mutate it). A tuple: this
+# is every publish's path.
 Routed = tuple[list[tuple[GroupCommit, int]], bool, Message | None, Sequence[Destination]]
 # Whether a routed destination takes the message (``Routing.publish``'s ``to``).
 Takes = Callable[[Destination], bool]
