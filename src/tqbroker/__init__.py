@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__ as __version__
 from .config import BrokerConfig as BrokerConfig
 from .config import UserConfig as UserConfig
+from .dirlock import DataDirInUse as DataDirInUse
 from .model import Message as Message
 
 if TYPE_CHECKING:
     from .server.listener import serve as serve
 
-__all__ = ["BrokerConfig", "Message", "UserConfig", "__version__", "serve"]
+__all__ = ["BrokerConfig", "DataDirInUse", "Message", "UserConfig", "__version__", "serve"]
 
 
 def __getattr__(name: str) -> Any:
