@@ -11,6 +11,10 @@ The public API::
             )
             host, port = listening.amqp[0]  # and the HTTP API at listening.http[0]
             ...
+
+``port=0, http_port=0``: every port ephemeral (the metrics port follows ``http_port``). A data
+directory (``data_dir``, ``./tqbroker-data`` by default) serves one broker at a time: on one in
+use ``serve`` raises ``DataDirInUse``.
 """
 
 from __future__ import annotations
