@@ -8,11 +8,14 @@ Install (from the checkout's root; the ``asyncio`` extra brings trio-asyncio and
 
     python3 -m pip install -e ".[asyncio]"
 
-and run it: ``python3 examples/embedded.py`` (AMQP on an ephemeral port of 127.0.0.1, data in
-``./tqbroker-data``).
+and run it: ``python3 examples/embedded.py`` (AMQP on an ephemeral port of 127.0.0.1, no HTTP
+API or metrics port, data in a temporary directory removed at the end: it runs beside a broker
+on the default ports and data directory).
 """
 
 from __future__ import annotations
+
+import tempfile
 
 import aio_pika
 import trio
@@ -42,17 +45,19 @@ async def round_trip(url: str, count: int) -> list[str]:
 
 
 async def main() -> None:
-    config = tqbroker.BrokerConfig(port=0, http_port=None)  # AMQP only, on an ephemeral port
-    async with trio.open_nursery() as nursery:
-        listening = await nursery.start(tqbroker.serve, config)
-        host, port = listening.amqp[0]
-        print(f"embedded broker listening on {host}:{port}")
-        async with trio_asyncio.open_loop():
-            received = await trio_asyncio.aio_as_trio(round_trip)(
-                f"amqp://guest:guest@{host}:{port}/", 3
-            )
-        print("received:", ", ".join(received))
-        nursery.cancel_scope.cancel()
+    with tempfile.TemporaryDirectory(prefix="tqbroker-embedded-") as data_dir:
+        # AMQP only (no HTTP API, so no metrics port either), on an ephemeral port.
+        config = tqbroker.BrokerConfig(port=0, http_port=None, data_dir=data_dir)
+        async with trio.open_nursery() as nursery:
+            listening = await nursery.start(tqbroker.serve, config)
+            host, port = listening.amqp[0]
+            print(f"embedded broker listening on {host}:{port}")
+            async with trio_asyncio.open_loop():
+                received = await trio_asyncio.aio_as_trio(round_trip)(
+                    f"amqp://guest:guest@{host}:{port}/", 3
+                )
+            print("received:", ", ".join(received))
+            nursery.cancel_scope.cancel()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ Responsibilities:
   ``READY=1`` to systemd (``sdnotify.py``);
 - SIGINT / SIGTERM: ``STOPPING=1``, graceful shutdown within the configured deadline, exit 0;
   SIGHUP reopens the log file and reloads the TLS certificate (it does not stop the broker);
-- a TLS certificate or key that cannot be used: one line naming it, exit status 2.
+- a TLS certificate or key that cannot be used: one line naming it, exit status 2;
+- a data directory another broker holds (``dirlock.py``): one line naming it and the holder's
+  PID, exit status 1, the directory unchanged.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ._version import __version__
 from .backends.log import parse_fsync_policy
 from .broker.definitions import StartupError
 from .config import BrokerConfig, ConfigError, SettingError
+from .dirlock import DataDirInUse
 from .fsutil import make_dirs
 from .logsetup import configure_logging, reopen_log_file
 from .sdnotify import notify
@@ -251,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.set_threshold(*GC_THRESHOLDS)
     try:
         trio.run(run, config)
-    except (OSError, StartupError, BaseExceptionGroup) as exc:
+    except (OSError, StartupError, DataDirInUse, BaseExceptionGroup) as exc:
         error = _startup_error(exc)
         if error is None:
             raise
@@ -270,10 +273,10 @@ def _raise_open_file_limit() -> None:
         logging.getLogger("tqbroker").warning("cannot raise the open file limit: %s", exc)
 
 
-def _startup_error(exc: BaseException) -> OSError | StartupError | None:
-    """The OSError (address in use, permission denied...) or configuration problem inside a
-    possibly grouped error."""
-    if isinstance(exc, OSError | StartupError):
+def _startup_error(exc: BaseException) -> OSError | StartupError | DataDirInUse | None:
+    """The OSError (address in use, permission denied...), configuration problem or data
+    directory held by another broker inside a possibly grouped error."""
+    if isinstance(exc, OSError | StartupError | DataDirInUse):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:

@@ -33,6 +33,7 @@ from .auth.sasl import DEFAULT_MECHANISMS, MECHANISMS
 from .resources import parse_limit
 
 MAX_PORT = 65535
+DEFAULT_METRICS_PORT = 15692  # RabbitMQ's (rabbitmq_prometheus)
 # RabbitMQ's limits: the smallest frame_max (FRAME_MIN_SIZE in the spec), the largest message.
 FRAME_MIN_SIZE = 4096
 MAX_FRAME_MAX = 2**32 - 1
@@ -215,8 +216,22 @@ def _disk_limit(_instance: object, _attribute: object, value: float | str) -> No
     parse_limit(value, "disk_free_limit")
 
 
+def _follow_http_port(config: BrokerConfig) -> int | None:
+    """The metrics port when none is given: the HTTP API's "off" or "ephemeral", or 15692."""
+    return config.http_port if config.http_port in (None, 0) else DEFAULT_METRICS_PORT
+
+
 @attrs.frozen
 class BrokerConfig:
+    """The broker's settings, each with its default (``docs/operations.md`` has their ranges).
+
+    Ports: 0 is an ephemeral port, None (``http_port``, ``metrics_port``) none at all. The
+    metrics port, unless given, follows ``http_port``: off when it is off, ephemeral when it is
+    ephemeral, 15692 otherwise; so ``BrokerConfig(port=0, http_port=0)`` (or ``http_port=None``)
+    binds no fixed port, and ``python -m tqbroker`` binds 5672, 15672 and 15692. It is chosen
+    at construction: ``attrs.evolve(config, http_port=0)`` keeps the metrics port ``config``
+    had."""
+
     host: str = attrs.field(default="127.0.0.1", validator=_not_empty)
     port: int = attrs.field(default=5672, validator=_port)  # 0 = an ephemeral port
     # The HTTP API (topics, health): on the same host; 0 = an ephemeral port, None = off.
@@ -282,8 +297,13 @@ class BrokerConfig:
         default=64 * 1024 * 1024, validator=_between(1)
     )
     # Prometheus metrics (/metrics, /metrics/per-object) on a port of their own, on the same
-    # host (RabbitMQ's 15692); 0 = an ephemeral port, None = off. The HTTP API serves them too.
-    metrics_port: int | None = attrs.field(default=15692, validator=_port)
+    # host; 0 = an ephemeral port, None = off. The HTTP API serves them too. Unless given, it
+    # follows ``http_port``: off when the HTTP API is off, ephemeral when it is ephemeral
+    # (``BrokerConfig(port=0, http_port=0)`` binds no fixed port), RabbitMQ's 15692 otherwise.
+    metrics_port: int | None = attrs.field(
+        default=attrs.Factory(_follow_http_port, takes_self=True),
+        validator=_port,
+    )
     # A definitions file (RabbitMQ's JSON schema) imported at boot, as RabbitMQ's
     # load_definitions: what it declares is created if missing.
     load_definitions: Path | None = attrs.field(

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
@@ -570,7 +569,7 @@ stream = LogStream(directory, Log(directory, segment_bytes=1500, index_interval_
 stream.open()
 policy = compaction_policy("key", tombstone_grace_ms=40)
 n = stream.next_offset
-print("ready", flush=True)
+print("ready", n, flush=True)
 while True:
     key, body = generate(n)
     raw = BasicProperties(headers={"key": key} if key is not None else None).encode()
@@ -578,6 +577,8 @@ while True:
     stream.seal()
     stream.log.write_out()  # a kill loses at most the record being appended
     n += 1
+    if n % 50 == 25:  # progress, away from the compactions and flushes
+        print("appended", n, flush=True)
     if n % 150 == 0:
         work = stream.compaction_work(policy, T0 + n)
         if work is not None:
@@ -593,17 +594,26 @@ while True:
 def test_processes_killed_while_they_compact_leave_a_consistent_stream(
     tmp_path: Path, seed: int
 ) -> None:
-    """Processes in turn append to one stream and compact it, each killed with SIGKILL after a
-    while; every restart must find each key's latest record (or none, for a tombstone past its
-    grace), every unkeyed record, and nothing that was not appended."""
+    """Processes in turn append to one stream and compact it, each killed with SIGKILL once it
+    has appended (and compacted) a while; every restart must find each key's latest record (or
+    none, for a tombstone past its grace), every unkeyed record, and nothing that was not
+    appended."""
     source = "\n".join((f"T0 = {T0}", inspect.getsource(generate), CHILD))
     for round_ in range(3):
         child = subprocess.Popen(
             [sys.executable, "-c", source, str(tmp_path)], stdout=subprocess.PIPE
         )
         assert child.stdout is not None
-        assert child.stdout.readline() == b"ready\n"
-        time.sleep(0.2 + 0.15 * ((seed * 3 + round_) % 4))
+        ready, first = child.stdout.readline().split()
+        assert ready == b"ready"
+        # Past a compaction at least, then further by the seed: the kill lands in a different
+        # place each round, however fast the host is.
+        target = int(first) + 160 + 120 * ((seed * 3 + round_) % 4)
+        appended = int(first)
+        while appended < target:  # the test's timeout bounds it: the child reports steadily
+            line = child.stdout.readline()
+            assert line.startswith(b"appended "), f"the child stopped: {line!r}"
+            appended = int(line.split()[1])
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
         child.stdout.close()

@@ -36,7 +36,8 @@ def test_every_example_is_tested() -> None:
 
 def test_embedded(tmp_path: Path) -> None:
     """A Trio app hosts a broker and talks to it with aio-pika through trio-asyncio."""
-    out = run_example("embedded.py", cwd=tmp_path, timeout=60)  # data in ./tqbroker-data
+    out = run_example("embedded.py", cwd=tmp_path, timeout=60)
+    assert list(tmp_path.iterdir()) == []  # its data in a temporary directory, removed
     assert re.search(r"^embedded broker listening on 127\.0\.0\.1:\d+$", out, re.MULTILINE), out
     assert "received: hello 0, hello 1, hello 2" in out
 

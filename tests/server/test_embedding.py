@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pika
+import pytest
 import trio
 
 import tqbroker
@@ -20,6 +23,9 @@ async def test_serve_returns_bound_addresses(tmp_path: Path) -> None:
         assert port > 0
         assert listening.http[0][0] == "127.0.0.1"
         assert listening.http[0][1] > 0
+        # The metrics port follows the HTTP API's: ephemeral too, never RabbitMQ's 15692.
+        assert config.metrics_port == 0
+        assert listening.metrics[0][1] not in (0, 15692, listening.http[0][1])
         stream = await trio.open_tcp_stream(host, port)
         await stream.send_all(b"AMQP\x00\x00\x09\x01")
         start = await stream.receive_some(4096)
@@ -52,6 +58,7 @@ async def test_graceful_shutdown_event(tmp_path: Path) -> None:
             )
         )
         host, port = listening.amqp[0]
+        assert listening.http == listening.metrics == []  # no HTTP API: no metrics port either
         connected = trio.Event()
 
         def connect_and_wait() -> int:
@@ -74,3 +81,28 @@ async def test_graceful_shutdown_event(tmp_path: Path) -> None:
             shutdown.set()
         assert codes == [320]
     # serve returned by itself: the nursery exited without being cancelled
+
+
+@pytest.mark.parametrize(("http_port", "expected"), [(0, 0), (None, None), (8080, 15692)])
+def test_the_metrics_port_follows_the_http_port(
+    http_port: int | None, expected: int | None
+) -> None:
+    assert tqbroker.BrokerConfig(port=0, http_port=http_port).metrics_port == expected
+
+
+def test_a_given_metrics_port_wins() -> None:
+    assert tqbroker.BrokerConfig(http_port=0, metrics_port=15692).metrics_port == 15692
+    assert tqbroker.BrokerConfig(http_port=None, metrics_port=0).metrics_port == 0
+    assert tqbroker.BrokerConfig(http_port=0, metrics_port=None).metrics_port is None
+
+
+def test_the_command_line_defaults_still_bind_rabbitmqs_ports(tmp_path: Path) -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "tqbroker", "--print-config"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert {"port = 5672", "http_port = 15672", "metrics_port = 15692"} <= set(shown)

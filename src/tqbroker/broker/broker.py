@@ -2,8 +2,9 @@
 actors and flushers.
 
 Responsibilities:
-- load exchange types and storage backends through their entry points; open the backends in the
-  data directory and run one flusher (group commit) per durable backend;
+- load exchange types and storage backends through their entry points; take the data
+  directory's lock (``dirlock.py``: one broker per directory), then open the backends in it
+  and run one flusher (group commit) per durable backend;
 - durable definitions: vhosts' durable exchanges, queues and bindings are written by group
   commit (``broker/definitions_file.py``, a flusher of their own) before the declaring client
   gets its ``*-ok``, and restored at startup (``broker/definitions.py``), refusing to start when
@@ -26,6 +27,7 @@ import trio
 
 from ..backends.memory import MemoryBackend
 from ..config import BrokerConfig
+from ..dirlock import DataDirLock
 from ..fsutil import make_dirs
 from ..plugins.loader import load_backends, load_exchange_types
 from ..protocol.connection import BodyBudget
@@ -181,10 +183,20 @@ class Broker:
         self.supervisor.spawn(_task_name(fn), fn, on_failure=on_failure)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Open storage, restore definitions, host the queue actors and flushers until
-        cancelled; then close the backends cleanly."""
+        """Take the data directory's lock (``DataDirInUse``: another broker has it), open
+        storage, restore definitions, host the queue actors and flushers until cancelled; then
+        close the backends cleanly and release the lock."""
+        await trio.to_thread.run_sync(make_dirs, self.config.data_dir)  # fsyncs: not here
+        # Before any store opens or anything is written (the constructor only read the users
+        # file): a refused start changes nothing there.
+        lock = DataDirLock(self.config.data_dir)
+        try:
+            await self._run(task_status)
+        finally:
+            lock.release()
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         data_dir = self.config.data_dir
-        await trio.to_thread.run_sync(make_dirs, data_dir)  # it fsyncs: never on this thread
         # A full disk sets the alarm (publishers blocked) rather than stopping the start.
         await self.disk_monitor.check()
         # Checked before any backend opens: a refused start leaves the data directory as it is.

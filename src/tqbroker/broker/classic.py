@@ -4,8 +4,8 @@ Responsibilities:
 - accept messages (``publish``: a plain call that wakes the actor, no message passing per
   message), enforcing ``x-max-length`` / ``x-max-length-bytes`` with ``x-overflow``;
 - the actor task: deliver ready messages to consumers with prefetch credit (the delivery pass
-  is ``classic_dispatch.py``: batches to a lone consumer, consumer priorities, round-robin
-  among equals, single active consumer); expire messages at the head
+  is the queue's ``Dispatcher``, ``classic_dispatch.py``: batches to a lone consumer, consumer
+  priorities, round-robin among equals, single active consumer); expire messages at the head
   (``x-message-ttl``, per-message ``expiration``) and the queue itself (``x-expires``);
 - basic.get, ack, reject and requeue through the queue's ``QueueStore``; the returns of each
   message against ``x-delivery-limit`` (``x-delivery-count`` on redeliveries);
@@ -32,7 +32,7 @@ from ..backends.base import FLUSH_FIRST, FlushFirst, Popped, QueueStore
 from ..model import Message
 from ..plugins.spec import Durability
 from .arguments import QueueArguments
-from .classic_dispatch import EXPIRE_BATCH, DeliveryPass
+from .classic_dispatch import EXPIRE_BATCH, Dispatcher
 from .consumer import Consumer
 from .deadletter import Reason, message_ttl
 from .flusher import Flusher
@@ -44,9 +44,11 @@ log = logging.getLogger(__name__)
 DIRECT_DISPATCH_GAP_NS: Final = 200_000
 
 
-class ClassicQueue(DeliveryPass, Queue):
+class ClassicQueue(Queue):
     """A classic queue (RabbitMQ's): messages in a ``QueueStore``, each delivered to one
-    consumer and removed when acked, with the classic queue arguments."""
+    consumer and removed when acked, with the classic queue arguments. Its ``Dispatcher``
+    delivers; the queue is what the dispatcher reads and calls (its ``DeliverySource``:
+    ``take``, ``settle``, ``wake_after_flush``)."""
 
     def __init__(
         self,
@@ -74,7 +76,7 @@ class ClassicQueue(DeliveryPass, Queue):
             flusher=flusher,
         )
         self.store = store
-        self._next_consumer: dict[int, int] = {}  # round-robin position per consumer priority
+        self._dispatcher = Dispatcher()
         # The arguments the publish and delivery paths read, as plain attributes.
         self.single_active_consumer = arguments.single_active_consumer
         # x-expires: delete the queue after this many seconds unused (no consumer, no
@@ -101,7 +103,6 @@ class ClassicQueue(DeliveryPass, Queue):
         # Whether a ready message may carry a TTL: then the actor watches the head. Recovered
         # messages may carry per-message TTLs, so a queue that opens non-empty watches too.
         self._may_expire = self.message_ttl is not None or store.ready_count > 0
-        self._dispatched_at = 0  # the last delivery pass (perf_counter_ns)
 
     # -- the actor ---------------------------------------------------------------------------
 
@@ -118,17 +119,18 @@ class ClassicQueue(DeliveryPass, Queue):
                     await self._wakeup.wait()
                 if self._wakeup.is_set():
                     self._wakeup = trio.Event()
-                    self._dispatch()
+                    self._dispatcher.dispatch(self)
                 elif trio.current_time() >= unused_deadline:
                     log.info("queue %r in vhost %r expired", self.name, self.vhost)
                     self.host.queue_unused(self)
                     return
 
-    def _after_flush(self) -> None:
+    def wake_after_flush(self) -> None:
+        """The store must flush before it hands out more: deliver again after the flush."""
         if self.flusher is not None and not self._wakeup.is_set():
             self.flusher.wake_after_flush(self)
 
-    def _take(self, expire_at_most: float = math.inf) -> Popped | FlushFirst | None:
+    def take(self, expire_at_most: float = math.inf) -> Popped | FlushFirst | None:
         """Pop the next live message for delivery: expired ones met on the way are
         dead-lettered (past ``expire_at_most`` of them, give up: None, actor woken to go on);
         a message returned before carries ``x-delivery-count``. ``FLUSH_FIRST`` as the store
@@ -205,11 +207,12 @@ class ClassicQueue(DeliveryPass, Queue):
 
     def _discard(self, message_id: int, message: Message, reason: Reason) -> None:
         """Remove a message from the queue for good and dead-letter it."""
-        self._settle(message_id)
+        self.settle(message_id)
         if self.dead_letter_exchange is not None:
             self.host.dead_letter(self, message, reason)
 
-    def _settle(self, message_id: int) -> None:
+    def settle(self, message_id: int) -> None:
+        """Remove a message for good (acked, delivered to a ``no_ack`` consumer, discarded)."""
         self.store.ack(message_id)
         if self._keep_unacked:
             self._unacked_messages.pop(message_id, None)
@@ -243,18 +246,19 @@ class ClassicQueue(DeliveryPass, Queue):
         if deliver_now or (limited and self.consumers):
             # Deliver before counting against the limit, as RabbitMQ does: a consumer with
             # credit takes the message instead of it piling up (and being dropped or refused).
-            self._dispatch()
+            self._dispatcher.dispatch(self)
         if limited:
             self._drop_head()
         if self.consumers or self._may_expire:
             # An idle queue delivers a lone message now, a hop sooner than its actor would.
-            idle = time.perf_counter_ns() - self._dispatched_at >= DIRECT_DISPATCH_GAP_NS
+            dispatcher = self._dispatcher
+            idle = time.perf_counter_ns() - dispatcher.dispatched_at >= DIRECT_DISPATCH_GAP_NS
             if (
                 idle
                 and self.store.ready_count == 1
                 and not (self._may_expire or self._wakeup.is_set())
             ):
-                self._dispatch()
+                dispatcher.dispatch(self)
             else:
                 self._wakeup.set()
         if persistent:
@@ -297,7 +301,7 @@ class ClassicQueue(DeliveryPass, Queue):
         one out (rare: retry after ``flusher.call_after_flush``)."""
         self.touch()
         try:
-            entry = self._take()
+            entry = self.take()
         except OSError as exc:
             log.error("queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc)
             return None
@@ -310,14 +314,14 @@ class ClassicQueue(DeliveryPass, Queue):
         return entry
 
     def ack(self, message_id: int, consumer: Consumer | None) -> None:
-        self._settle(message_id)
+        self.settle(message_id)
         if consumer is not None:
             consumer.unacked -= 1
             self._wakeup.set()
 
     def ack_many(self, message_ids: list[int], consumer: Consumer | None) -> None:
         for message_id in message_ids:
-            self._settle(message_id)
+            self.settle(message_id)
         if consumer is not None:
             consumer.unacked -= len(message_ids)
             self._wakeup.set()
@@ -340,7 +344,7 @@ class ClassicQueue(DeliveryPass, Queue):
             returns = self._returns.get(message_id, 0) + 1
             message = self._unacked_messages.pop(message_id, None)
             if returns > self.delivery_limit and message is not None and not self.deleted:
-                self._settle(message_id)
+                self.settle(message_id)
                 if self.dead_letter_exchange is None:
                     self.dropped_at_delivery_limit += 1
                     log.warning(

@@ -1,4 +1,4 @@
-"""The delivery pass of a classic queue (``ClassicQueue._dispatch``), run by its actor on every
+"""The delivery pass of a classic queue (``Dispatcher.dispatch``), run by its actor on every
 wake-up: ready messages go to consumers with prefetch credit.
 
 - A queue with one consumer to ask (the commonest case, and every queue of a fanout with a
@@ -8,16 +8,16 @@ wake-up: ready messages go to consumers with prefetch credit.
   capacity, the channel's counters and tags and the writer's wake-up cost once per batch.
 - Otherwise message by message: consumers by priority (``x-priority``, highest first), round-
   robin among equals, skipping those without credit.
+
+The queue owns its ``Dispatcher`` and passes itself to each pass (``DeliverySource``: what a
+pass reads and calls of it), so the dispatcher holds no reference back to its queue.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from typing import TYPE_CHECKING, Final
-
-import trio
+from typing import Final, Protocol
 
 from ..backends.base import FLUSH_FIRST, FlushFirst, Popped, QueueStore
 from .consumer import DELIVER_BATCH_BYTES, Consumer
@@ -30,59 +30,82 @@ EXPIRE_BATCH: Final = 1000
 DELIVER_BATCH: Final = 1000
 
 
-class DeliveryPass:
-    """The delivery pass, mixed into ``ClassicQueue`` (which provides what is declared here)."""
+class DeliverySource(Protocol):
+    """What a delivery pass needs of its queue (``ClassicQueue``)."""
 
-    name: str
-    vhost: str
-    store: QueueStore
-    consumers: list[Consumer]
-    single_active_consumer: bool
-    _next_consumer: dict[int, int]
-    _wakeup: trio.Event
-    _dispatched_at: int  # the last pass (perf_counter_ns): ``ClassicQueue.publish`` reads it
+    @property
+    def name(self) -> str: ...
 
-    if TYPE_CHECKING:  # provided by ``ClassicQueue``
+    @property
+    def vhost(self) -> str: ...
 
-        def _take(self, expire_at_most: float = math.inf) -> Popped | FlushFirst | None: ...
+    @property
+    def store(self) -> QueueStore:
+        """Read for ``ready_count``: messages waiting."""
+        ...
 
-        def _settle(self, message_id: int) -> None: ...
+    @property
+    def consumers(self) -> list[Consumer]:
+        """By priority, highest first."""
+        ...
 
-        def _after_flush(self) -> None:
-            """The store must flush before it hands out more: run the pass again after it."""
+    @property
+    def single_active_consumer(self) -> bool: ...
 
-    def _dispatch(self) -> None:
-        self._dispatched_at = time.perf_counter_ns()
-        store = self.store
-        consumers = self.consumers
+    def take(self, expire_at_most: float) -> Popped | FlushFirst | None:
+        """Pop the next live message for delivery (``ClassicQueue.take``)."""
+        ...
+
+    def settle(self, message_id: int) -> None:
+        """Remove a message for good (delivered to a ``no_ack`` consumer)."""
+        ...
+
+    def wake_after_flush(self) -> None:
+        """The store must flush before it hands out more: run the pass again after it."""
+        ...
+
+
+class Dispatcher:
+    """One classic queue's delivery pass, and what it remembers between passes."""
+
+    __slots__ = ("_next_consumer", "dispatched_at")
+
+    def __init__(self) -> None:
+        self._next_consumer: dict[int, int] = {}  # round-robin position per consumer priority
+        self.dispatched_at = 0  # the last pass (perf_counter_ns): ``ClassicQueue.publish`` reads it
+
+    def dispatch(self, queue: DeliverySource) -> None:
+        self.dispatched_at = time.perf_counter_ns()
+        store = queue.store
+        consumers = queue.consumers
         while consumers and store.ready_count:
-            if len(consumers) == 1 or self.single_active_consumer:  # one consumer to ask
-                if not self._deliver_batch(consumers[0]):
+            if len(consumers) == 1 or queue.single_active_consumer:  # one consumer to ask
+                if not self._deliver_batch(queue, consumers[0]):
                     return
                 continue
-            consumer = self._pick_consumer()
+            consumer = self._pick_consumer(queue)
             if consumer is None:
                 return
             try:
-                entry = self._take(expire_at_most=EXPIRE_BATCH)
+                entry = queue.take(EXPIRE_BATCH)
             except OSError as exc:  # storage trouble: deliver again on the next wake-up
                 log.error(
-                    "queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc
+                    "queue %r in vhost %r: cannot read a message: %s", queue.name, queue.vhost, exc
                 )
                 return
             if entry is None:
                 return
             if entry is FLUSH_FIRST:
-                self._after_flush()
+                queue.wake_after_flush()
                 return
             message_id, message, redelivered = entry
             if consumer.no_ack:
-                self._settle(message_id)
+                queue.settle(message_id)
             else:
                 consumer.unacked += 1
             consumer.channel.deliver(consumer, message_id, message, redelivered)
 
-    def _deliver_batch(self, consumer: Consumer) -> bool:
+    def _deliver_batch(self, queue: DeliverySource, consumer: Consumer) -> bool:
         """Deliver to ``consumer`` as many messages as it takes now (``Consumer.credit``, at
         most ``DELIVER_BATCH`` or about ``DELIVER_BATCH_BYTES``) in one ``deliver_many``: the
         per-message work of the round-robin pass (asking for capacity, the channel's counters
@@ -95,7 +118,7 @@ class DeliveryPass:
         batch: list[Popped] = []
         size = 0
         go_on = True
-        take = self._take
+        take = queue.take
         try:
             while len(batch) < credit and size < DELIVER_BATCH_BYTES:
                 entry = take(EXPIRE_BATCH)
@@ -103,31 +126,34 @@ class DeliveryPass:
                     go_on = False
                     break
                 if entry is FLUSH_FIRST:
-                    self._after_flush()
+                    queue.wake_after_flush()
                     go_on = False
                     break
                 batch.append(entry)
                 size += len(entry[1].body)
         except OSError as exc:  # storage trouble: deliver again on the next wake-up
-            log.error("queue %r in vhost %r: cannot read a message: %s", self.name, self.vhost, exc)
+            log.error(
+                "queue %r in vhost %r: cannot read a message: %s", queue.name, queue.vhost, exc
+            )
             go_on = False
         if batch:
             if consumer.no_ack:
+                settle = queue.settle
                 for entry in batch:
-                    self._settle(entry[0])
+                    settle(entry[0])
             else:
                 consumer.unacked += len(batch)
             consumer.channel.deliver_many(consumer, batch)
         return go_on
 
-    def _pick_consumer(self) -> Consumer | None:
+    def _pick_consumer(self, queue: DeliverySource) -> Consumer | None:
         """The consumer for the next message. With ``x-single-active-consumer`` only the
         earliest registered consumer receives. Otherwise consumers are tried by priority
         (``x-priority``, highest first; the list is kept in that order) and round-robin among
         equals, skipping those without prefetch credit."""
-        consumers = self.consumers
+        consumers = queue.consumers
         n = len(consumers)
-        if n == 1 or self.single_active_consumer:  # one to ask (the commonest case)
+        if n == 1 or queue.single_active_consumer:  # one to ask (the commonest case)
             active = consumers[0]
             return active if active.has_capacity() else None
         group_start = 0

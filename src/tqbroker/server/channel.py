@@ -1,5 +1,6 @@
-"""One open AMQP channel of a connection: the handlers of its methods (``dispatch.py`` says
-which handles what), its consumers, and the parts of its state kept apart.
+"""One open AMQP channel of a connection: the handlers of its methods (named for them:
+``basic_ack`` handles ``basic.ack``; ``dispatch.py`` says which handles what), its consumers,
+and the parts of its state kept apart.
 
 Responsibilities:
 - publishing (checked and made by ``publishing.py``, published by the broker's
@@ -180,14 +181,14 @@ class Channel:
         if self.confirms is not None:
             self.confirms.flush()
 
-    def _confirm_select(self, method: m.ConfirmSelect) -> None:
+    def confirm_select(self, method: m.ConfirmSelect) -> None:
         if self.tx is not None:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         if self.confirms is None:
             self.confirms = PublisherConfirms(self._send, self.host.internal_error, self.stats)
         self._reply(method.nowait, m.ConfirmSelectOk())
 
-    def _tx_select(self, _method: m.TxSelect) -> None:
+    def tx_select(self, _method: m.TxSelect) -> None:
         if self.confirms is not None:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
         if self.tx is None:
@@ -201,7 +202,7 @@ class Channel:
             raise AMQPError(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
         return self.tx
 
-    def _tx_commit(self, _method: m.TxCommit) -> None:
+    def tx_commit(self, _method: m.TxCommit) -> None:
         """Route the transaction's publishes and settle its acks; ``tx.commit-ok`` goes out
         once every persistent message of it is durable."""
         settled, refused = self._transaction().commit(self._route, self.vhost.exchanges)
@@ -210,13 +211,13 @@ class Channel:
         if refused:
             raise commit_error()
 
-    def _tx_rollback(self, _method: m.TxRollback) -> None:
+    def tx_rollback(self, _method: m.TxRollback) -> None:
         self.deliveries.restore(self._transaction().rollback())
         self._send(m.TxRollbackOk())
 
     # -- consuming ---------------------------------------------------------------------------
 
-    def _qos(self, method: m.BasicQos) -> None:
+    def basic_qos(self, method: m.BasicQos) -> None:
         if method.prefetch_size:
             raise AMQPError(ReplyCode.NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})")
         if method.global_:
@@ -228,7 +229,7 @@ class Channel:
         self._send(m.BasicQosOk())
         self.wake_queues()
 
-    def _consume(self, method: m.BasicConsume) -> None:
+    def basic_consume(self, method: m.BasicConsume) -> None:
         tag = method.consumer_tag or _server_name("amq.ctag-")
         if tag in self.consumers or tag == self.reply_to.tag:
             raise AMQPError(
@@ -254,7 +255,7 @@ class Channel:
         self.consumers[tag] = consumer
         queue.add_consumer(consumer)
 
-    def _cancel(self, method: m.BasicCancel) -> None:
+    def basic_cancel(self, method: m.BasicCancel) -> None:
         tag = method.consumer_tag
         self._tag_cache.pop(tag, None)
         if not self.reply_to.cancel(tag):
@@ -263,7 +264,7 @@ class Channel:
                 consumer.queue.remove_consumer(consumer)
         self._reply(method.nowait, m.BasicCancelOk(tag))
 
-    def _get(self, method: m.BasicGet) -> None:
+    def basic_get(self, method: m.BasicGet) -> None:
         queue = self.vhost.get_queue(self.topology.queue_name(method.queue), self.host)
         queue.check_usable()
         self._answer_get(queue, method.no_ack)
@@ -308,16 +309,16 @@ class Channel:
 
     # -- settling ----------------------------------------------------------------------------
 
-    def _ack(self, method: m.BasicAck) -> None:
+    def basic_ack(self, method: m.BasicAck) -> None:
         taken = self.deliveries.take(method.delivery_tag, method.multiple)
         self.stats.ack += len(taken)  # the queues count theirs as they settle (``settle``)
         self._settle(taken, Settlement.ACK)
 
-    def _nack(self, method: m.BasicNack) -> None:
+    def basic_nack(self, method: m.BasicNack) -> None:
         taken = self.deliveries.take(method.delivery_tag, method.multiple)
         self._settle(taken, Settlement.refused(method.requeue))
 
-    def _reject(self, method: m.BasicReject) -> None:
+    def basic_reject(self, method: m.BasicReject) -> None:
         taken = self.deliveries.take(method.delivery_tag, False)
         self._settle(taken, Settlement.refused(method.requeue))
 
@@ -329,7 +330,7 @@ class Channel:
         if self.global_prefetch:
             self.wake_queues()
 
-    def _recover(self, method: m.BasicRecover | m.BasicRecoverAsync) -> None:
+    def basic_recover(self, method: m.BasicRecover | m.BasicRecoverAsync) -> None:
         if not method.requeue:
             raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "requeue=false")
         settle(self.deliveries.take_all(), Settlement.REQUEUE)

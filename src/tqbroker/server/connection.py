@@ -1,19 +1,24 @@
-"""One client connection on a Trio stream: the thin I/O layer around ``protocol.ServerConnection``.
+"""One client connection's AMQP session (``AMQPConnection``): what the client's bytes mean and
+what goes back. Its Trio side (the read loop, the writer task, the nursery, the fault
+boundary) is ``transport.py``, which feeds it.
 
 Responsibilities:
-- the connection's nursery: a reader task (this one), a writer task, an ack-timeout task and a
-  heartbeat task;
-- the handshake (``handshake.py``) within a deadline, then channels opened and closed, their
-  methods handed to them (``Channel``), and what they send written (``ChannelHost``);
-- heartbeats both ways (two missed intervals close the socket; ``writer.py`` sends ours);
+- the protocol state (``protocol.ServerConnection``) and the handshake (``handshake.py``)
+  within a deadline; then channels opened and closed, their methods handed to them
+  (``Channel``, ``dispatch.py``), and what they send written (``ChannelHost``);
+- what each protocol event does, in order (``received``): publishes, the connection's own
+  methods, the channels';
+- the deadlines the transport keeps: the handshake's, two heartbeat intervals (``writer.py``
+  sends ours from tune-ok on), the close-ok's; the ack timeouts (``deliveries.py``);
 - publishers blocked during a resource alarm (``flow.py``);
 - errors: soft ones close the channel, hard ones send ``connection.close`` and wait briefly for
-  ``close-ok``;
-- what goes out through one ``ConnectionWriter`` (``writer.py``): a buffer that coalesces
-  frames into one ``send_all`` and tells queue actors when a slow reader is backed up;
-- teardown: channels closed (unacked messages requeued), exclusive queues deleted;
-- the fault boundary: an unexpected exception in any of this (a bug) is logged and closes this
-  connection alone with 541 INTERNAL_ERROR (``internal_error``).
+  ``close-ok``; a bug (``internal_error``) closes this connection alone with 541
+  INTERNAL_ERROR;
+- teardown: channels closed (unacked messages requeued), exclusive queues deleted.
+
+It is over 400 lines as one job: every event the client sends and every request of its
+channels (``ChannelHost``) meets the connection's state here (protocol, handshake, channels,
+deadline), on the path of every frame.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ from .flow import PublisherFlow
 from .handshake import Handshake, HangUp
 from .latency_trace import TRACE
 from .open_channels import OpenChannels
+from .transport import CLOSE_TIMEOUT, Stream, Transport
 from .weakcall import weakly
 from .writer import ConnectionWriter
 
@@ -80,16 +86,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RECEIVE_SIZE = 256 * 1024
-# How long to wait for close-ok after sending connection.close.
-CLOSE_TIMEOUT = 3.0
-
 
 class AMQPConnection:
+    """One client connection: the ``Session`` its ``Transport`` feeds, and the ``ChannelHost``
+    of its channels."""
+
     def __init__(
         self,
         broker: Broker,
-        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+        stream: Stream,
         on_open: Callable[[], None] | None = None,
         *,
         peer_username: str | None = None,  # from a verified TLS client certificate (EXTERNAL)
@@ -124,54 +129,38 @@ class AMQPConnection:
         self._deadline = (
             deadline if deadline is not None else trio.current_time() + config.handshake_timeout
         )
-        self._nursery: trio.Nursery | None = None
         self._ack_timeouts = AckTimeouts(
             self.peer, weakly(self.channels.unacked, []), weakly(self.fail_channel, None)
         )
-        self._receive_scope: trio.CancelScope | None = None  # the reader's, while it waits
         self.flow = PublisherFlow(broker.alarms, send, self.handshake, self.peer)
         # Its channels' counters and its socket's (``broker/stats.py``); part of its vhost's.
         self.stats = ConnectionStats()
         broker.stats_sampler.register(self.stats)
         self.writer = ConnectionWriter(stream, self.stats, self.peer, self.channels.wake_queues)
+        self._transport = Transport(stream, self.writer, self.peer)
 
-    # -- lifetime ----------------------------------------------------------------------------
+    # -- lifetime (``Session``: what the transport calls) ------------------------------------
 
     async def run(self) -> None:
-        """Serve the connection until it closes. Never raises for the peer's mistakes, nor for
-        an unexpected exception (a bug) in this connection's tasks: that is logged and closes
-        this connection alone (``internal_error``). Cancellation propagates."""
+        """Serve the connection until it closes (``Transport.run``). Never raises for the peer's
+        mistakes, nor for an unexpected exception (a bug) in this connection's tasks: that is
+        logged and closes this connection alone (``internal_error``). Cancellation
+        propagates."""
         self.handshake.log_accepted()
+        await self._transport.run(self)
+
+    def started(self) -> None:
+        """The nursery is open: the ack timeout task starts (heartbeats start at tune-ok)."""
+        self._transport.start_soon(self._ack_timeouts.run, "the ack timeout task")
+
+    async def ended(self) -> None:
+        """The connection is over: teardown, then its place in the connection limits freed."""
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self.writer.run)
-                nursery.start_soon(self._guarded, self._ack_timeouts.run, "the ack timeout task")
-                try:
-                    await self._read_loop()
-                except HangUp:
-                    self.writer.clear()
-                except Exception as exc:
-                    # A bug outside the handling of one event: close without waiting for close-ok.
-                    self.internal_error(exc, "the reader")
-                with trio.move_on_after(CLOSE_TIMEOUT):
-                    await self.writer.finish()
-                nursery.cancel_scope.cancel()
-        except* Exception as group:
-            # The writer failed: it may have sent part of a frame, so the connection is dropped.
-            log.error("connection %s failed, dropping it", self.peer, exc_info=group)
-        finally:
-            with trio.CancelScope(shield=True):  # bounded work, paced: see _teardown
-                try:
-                    await self._teardown()
-                except Exception:
-                    log.exception("connection %s: teardown failed", self.peer)
-            self.broker.limits.release(self.handshake)
-            self.handshake.log_closed()
-            if TRACE is not None:
-                TRACE.dump()
-            await trio.aclose_forcefully(self.stream)
-            self._nursery = self._receive_scope = None
+            await self._teardown()
+        except Exception:
+            log.exception("connection %s: teardown failed", self.peer)
+        self.broker.limits.release(self.handshake)
+        self.handshake.log_closed()
 
     async def _teardown(self) -> None:
         """Close the channels (unacked deliveries requeued) and delete the exclusive queues,
@@ -181,6 +170,25 @@ class AMQPConnection:
         if self.vhost is not None:
             self.vhost.stats.remove(self.stats)  # its counts stay in the vhost's
             await self.vhost.connection_closed(self)
+
+    # -- deadlines ---------------------------------------------------------------------------
+
+    def receive_deadline(self) -> float:
+        """The handshake's deadline, then two heartbeat intervals (none without heartbeats),
+        then the close-ok's (``CLOSE_TIMEOUT`` after ``connection.close``)."""
+        state = self.protocol.state
+        if state is State.OPEN:
+            heartbeat = self.protocol.heartbeat
+            return trio.current_time() + 2 * heartbeat if heartbeat else math.inf
+        return self._deadline
+
+    def timed_out(self) -> None:
+        state, heartbeat = self.protocol.state, self.protocol.heartbeat
+        if state is State.OPEN:
+            why = f"missed heartbeats from client, timeout: {heartbeat}s"
+            log.warning("closing connection %s: %s", self.peer, why)
+        elif state is not State.CLOSING:
+            log.warning("closing connection %s: handshake timeout", self.peer)
 
     # -- unexpected exceptions ---------------------------------------------------------------
 
@@ -196,7 +204,7 @@ class AMQPConnection:
             exc_info=exc,
         )
         if self.protocol.state in (State.CLOSING, State.CLOSED):
-            self._abort()
+            self._transport.abort()
             return
         error = AMQPError(
             ReplyCode.INTERNAL_ERROR, f"unexpected {type(exc).__name__} in {where}", hard=True
@@ -205,25 +213,10 @@ class AMQPConnection:
             self._fail(error)
         except Exception:
             log.exception("connection %s: closing after an internal error failed", self.peer)
-            self._abort()
+            self._transport.abort()
             return
         # The reader may be waiting without a deadline: the client has CLOSE_TIMEOUT to answer.
-        if self._receive_scope is not None:
-            self._receive_scope.deadline = min(self._receive_scope.deadline, self._deadline)
-
-    def _abort(self) -> None:
-        """Drop the connection now (teardown follows in ``run``)."""
-        self.writer.clear()
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
-
-    async def _guarded(self, task: Callable[[], Awaitable[None]], where: str) -> None:
-        """Run one of the connection's background tasks; an unexpected exception in it closes
-        the connection (``internal_error``) rather than ending the nursery."""
-        try:
-            await task()
-        except Exception as exc:
-            self.internal_error(exc, where)
+        self._transport.hurry(self._deadline)
 
     def shutdown(self, text: str = "broker shutdown") -> None:
         """Ask the client to go away (``connection.close`` 320); it has until the deadline."""
@@ -295,112 +288,78 @@ class AMQPConnection:
         """False while the client is slow to read what we already queued for it."""
         return self.writer.can_write()
 
-    # -- delivery acknowledgement timeout ----------------------------------------------------
-
     def watch_ack_deadline(self, deadline: float) -> None:
         self._ack_timeouts.watch(deadline)
 
-    # -- reading -----------------------------------------------------------------------------
+    # -- reading (``Session.received``) ------------------------------------------------------
 
-    def _receive_deadline(self) -> float:
-        state = self.protocol.state
-        if state is State.OPEN:
-            heartbeat = self.protocol.heartbeat
-            return trio.current_time() + 2 * heartbeat if heartbeat else math.inf
-        return self._deadline
-
-    async def _receive(self) -> bytes | None:
-        """The next bytes from the client (``b""`` at its end of stream); None once it is gone
-        or missed its deadline (heartbeats, handshake, close-ok)."""
-        with trio.move_on_at(self._receive_deadline()) as timeout:
-            self._receive_scope = timeout
-            try:
-                # The client does not read what we send (returns, get-oks, acks): stop
-                # reading from it until it does, so TCP pushes back on the publisher.
-                await self.writer.wait_drained()
-                return bytes(await self.stream.receive_some(RECEIVE_SIZE))  # TLS: a bytearray
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                log.debug("connection %s lost: %r", self.peer, exc)
-                return None
-            finally:
-                self._receive_scope = None
-        self._timed_out()
-        return None
-
-    async def _read_loop(self) -> None:
+    async def received(self, data: bytes) -> bool:
+        """Handle ``data``: every event it completes, in order. False: the connection ends
+        (end of stream, ``close-ok``, a bad protocol header)."""
         protocol = self.protocol
+        protocol.receive_data(data)
+        # Messages are stamped with when the read that brought them returned.
+        now_ms = clock.now_ms()
+        # A read of small frames (4,000 consumes) is work enough to give way in between.
+        # A run of publishes counts as its publishes.
+        pace, taken = Slice(), 1
         while True:
-            await self.flow.pause_if_blocked()  # a resource alarm: publishers wait
-            data = await self._receive()
-            if data is None:
-                return
-            if TRACE is not None:
-                TRACE.read()
-            stats = self.stats
-            stats.recv_oct += len(data)
-            stats.recv_cnt += 1
-            protocol.receive_data(data)
-            # Messages are stamped with when the read that brought them returned.
-            now_ms = clock.now_ms()
-            # A read of small frames (4,000 consumes) is work enough to give way in between.
-            # A run of publishes counts as its publishes.
-            pace, taken = Slice(), 1
-            while True:
-                if pace.used(taken):
-                    self.channels.flush_confirms()
-                    await trio.lowlevel.checkpoint()
-                    now_ms = clock.now_ms()
-                taken = 1
+            if pace.used(taken):
+                self.channels.flush_confirms()
+                await trio.lowlevel.checkpoint()
+                now_ms = clock.now_ms()
+            taken = 1
+            try:
+                event = protocol.next_event()
+            except BadProtocolHeader:
+                # Send the header we speak and hang up, as the spec asks.
+                self.write(PROTOCOL_HEADER)
+                return False
+            except AMQPError as err:
+                self._fail(err)
+                continue
+            if isinstance(event, ContentReceived):  # most events: publishes first
                 try:
-                    event = protocol.next_event()
-                except BadProtocolHeader:
-                    # Send the header we speak and hang up, as the spec asks.
-                    self.write(PROTOCOL_HEADER)
-                    return
-                except AMQPError as err:
-                    self._fail(err)
-                    continue
-                if isinstance(event, ContentReceived):  # most events: publishes first
-                    try:
-                        target = self.channels.get(event.channel)
-                        if target is None:
-                            target = self.channels.require(event.channel)
-                        bodies = event.bodies
-                        taken = len(bodies)
-                        slots = [] if TRACE is None else [TRACE.parsed(b) for b in bodies]
-                        pending = target.publish(event.method, event.properties, bodies, now_ms)
-                        if TRACE is not None:
-                            TRACE.routed(slots)
-                        self.flow.published = True
-                        if pending is not None:  # a permission check to ask: the next waits
+                    target = self.channels.get(event.channel)
+                    if target is None:
+                        target = self.channels.require(event.channel)
+                    bodies = event.bodies
+                    taken = len(bodies)
+                    slots = [] if TRACE is None else [TRACE.parsed(b) for b in bodies]
+                    pending = target.publish(event.method, event.properties, bodies, now_ms)
+                    if TRACE is not None:
+                        TRACE.routed(slots)
+                    self.flow.published = True
+                    if pending is not None:  # a permission check to ask: the next waits
+                        self.channels.flush_confirms()
+                        await pending
+                        now_ms = clock.now_ms()
+                except Exception as exc:
+                    self._event_failed(event, exc)
+                continue  # a publish never ends the connection
+            if event is NEED_DATA:
+                break
+            if isinstance(event, EndOfStream):
+                return False
+            try:
+                if isinstance(event, MethodReceived):
+                    if event.channel == 0:
+                        await self._connection_method(event.method)
+                        now_ms = clock.now_ms()  # it may have waited
+                    else:
+                        pending = self._channel_method(event.channel, event.method)
+                        if pending is not None:  # durable topology: the next frame waits
                             self.channels.flush_confirms()
                             await pending
                             now_ms = clock.now_ms()
-                    except Exception as exc:
-                        self._event_failed(event, exc)
-                    continue  # a publish never ends the connection
-                if event is NEED_DATA:
-                    break
-                if isinstance(event, EndOfStream):
-                    return
-                try:
-                    if isinstance(event, MethodReceived):
-                        if event.channel == 0:
-                            await self._connection_method(event.method)
-                            now_ms = clock.now_ms()  # it may have waited
-                        else:
-                            pending = self._channel_method(event.channel, event.method)
-                            if pending is not None:  # durable topology: the next frame waits
-                                self.channels.flush_confirms()
-                                await pending
-                                now_ms = clock.now_ms()
-                    elif isinstance(event, ProtocolHeaderReceived):
-                        self.handshake.start()
-                except Exception as exc:
-                    self._event_failed(event, exc)
-                if protocol.state is State.CLOSED:
-                    return
-            self.channels.flush_confirms()
+                elif isinstance(event, ProtocolHeaderReceived):
+                    self.handshake.start()
+            except Exception as exc:
+                self._event_failed(event, exc)
+            if protocol.state is State.CLOSED:
+                return False
+        self.channels.flush_confirms()
+        return True
 
     def _event_failed(self, event: object, exc: Exception) -> None:
         """Handling an event raised: ``AMQPError`` refuses it (its channel or the connection
@@ -422,14 +381,6 @@ class AMQPConnection:
             self._fail(exc.on_method(event.channel, event.method.CLASS_ID, event.method.METHOD_ID))
         else:
             self.internal_error(exc, event.method.NAME)
-
-    def _timed_out(self) -> None:
-        state, heartbeat = self.protocol.state, self.protocol.heartbeat
-        if state is State.OPEN:
-            why = f"missed heartbeats from client, timeout: {heartbeat}s"
-            log.warning("closing connection %s: %s", self.peer, why)
-        elif state is not State.CLOSING:
-            log.warning("closing connection %s: handshake timeout", self.peer)
 
     def _fail(self, err: AMQPError) -> None:
         """Close the channel (soft error) or the connection (hard error)."""
@@ -478,9 +429,8 @@ class AMQPConnection:
             case ConnectionStartOk():
                 await self.handshake.start_ok(method)
             case ConnectionTuneOk():
-                if self.protocol.heartbeat and self._nursery is not None:
-                    self._nursery.start_soon(
-                        self._guarded,
+                if self.protocol.heartbeat:
+                    self._transport.start_soon(
                         functools.partial(self.writer.heartbeats, self.protocol.heartbeat / 2),
                         "the heartbeat task",
                     )

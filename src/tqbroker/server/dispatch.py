@@ -143,27 +143,27 @@ def _ignore(_channel: Channel, _method: m.Method) -> None:
 
 
 HANDLERS: dict[type[m.Method], Handler] = {
-    m.BasicAck: Channel._ack,
-    m.BasicNack: Channel._nack,
-    m.BasicReject: Channel._reject,
-    m.BasicQos: Channel._qos,
-    m.BasicConsume: _checked(_consume_needs, Channel._consume),
-    m.BasicCancel: Channel._cancel,
-    m.BasicGet: _checked(_on_topology(access.queue_read), Channel._get),
-    m.BasicRecover: Channel._recover,
-    m.BasicRecoverAsync: Channel._recover,
+    m.BasicAck: Channel.basic_ack,
+    m.BasicNack: Channel.basic_nack,
+    m.BasicReject: Channel.basic_reject,
+    m.BasicQos: Channel.basic_qos,
+    m.BasicConsume: _checked(_consume_needs, Channel.basic_consume),
+    m.BasicCancel: Channel.basic_cancel,
+    m.BasicGet: _checked(_on_topology(access.queue_read), Channel.basic_get),
+    m.BasicRecover: Channel.basic_recover,
+    m.BasicRecoverAsync: Channel.basic_recover,
     m.QueuePurge: _checked(_on_topology(access.queue_read), _topology(Topology.queue_purge)),
-    m.ConfirmSelect: Channel._confirm_select,
-    m.TxSelect: Channel._tx_select,
-    m.TxCommit: Channel._tx_commit,
-    m.TxRollback: Channel._tx_rollback,
+    m.ConfirmSelect: Channel.confirm_select,
+    m.TxSelect: Channel.tx_select,
+    m.TxCommit: Channel.tx_commit,
+    m.TxRollback: Channel.tx_rollback,
     m.ChannelFlow: _flow,
     m.AccessRequest: _access_request,
     m.BasicCancelOk: _ignore,
     m.ChannelFlowOk: _ignore,
 }
 
-# Methods that change durable topology: the reader awaits them (``Channel.handle``).
+# Methods that change durable topology: the connection's reader awaits them.
 DURABLE_HANDLERS: dict[type[m.Method], Handler] = {
     m.QueueDeclare: _checked(_on_topology(access.queue_declare), _opening(Topology.queue_declare)),
     m.QueueBind: _checked(_on_topology(access.queue_bind), _durable(Topology.queue_bind)),

@@ -43,6 +43,8 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 # system call per writer round, not one per delivery: only a connection idle for longer sends
 # a delivery directly.
 DIRECT_SEND_GAP_NS = 200_000
+# Before the first send: earlier than any clock reading minus any gap.
+NEVER_SENT_NS = -(2**63)
 
 
 class ConnectionWriter:
@@ -59,7 +61,9 @@ class ConnectionWriter:
         # Plain TCP: the socket, which ``send_or_wake`` may write to directly.
         self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self._sending = False  # the writer task is in ``send_all``
-        self._sent_ns = 0  # when something was last sent (perf_counter_ns)
+        # When something was last sent (perf_counter_ns); at first long ago, whatever the
+        # clock reads (perf_counter starts near 0 on a host up for less than the gap).
+        self._sent_ns = NEVER_SENT_NS
         self.out = bytearray()
         self.done = trio.Event()  # the writer task ended
         self._stats = stats
