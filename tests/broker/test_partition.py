@@ -176,3 +176,23 @@ async def test_a_service_fetch_at_the_end_waits_for_records() -> None:
         assert (frames, next_offset) == (1, 1)
         assert b"hello" in bodies[0]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_produced_record_lands_in_one_partition_however_the_topic_is_bound() -> None:
+    """A key that the topic's exchange routes to two partitions (an extra binding) still puts
+    each record in one of them, as Kafka's produce does."""
+    async with trio.open_nursery() as nursery:
+        running = await start_broker(nursery)
+        assert running.broker is not None
+        vhost = running.broker.vhosts["/"]
+        streams = StreamService(vhost)
+        await streams.declare("d", 2, {})
+        for n in range(2):  # each partition's key now leads to both
+            vhost.bind_queue(f"d-{1 - n}", "d", str(n), {}, None)
+        records = [ProducerRecord(b"v%d" % n, key=f"key-{n}") for n in range(20)]
+        landed = await streams.produce("d", records)
+        assert landed is not None
+        assert len(landed) == 20
+        held = {id(p): p.high_watermark for p in streams.partitions("d")}  # each once
+        assert sum(held.values()) == 20
+        nursery.cancel_scope.cancel()

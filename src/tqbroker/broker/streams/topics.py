@@ -291,7 +291,7 @@ async def _append(
             tickets, refused = routing.enqueue([target], message)
         else:  # through the topic's exchange, as an AMQP publish with the key would go
             tickets, refused, _, taken = routing.publish(
-                exchange, message, to=index.__contains__, sender_selected=False
+                exchange, message, to=_FirstPartition(index), sender_selected=False
             )
             if not taken:
                 raise InvalidRequest(f"topic '{topic}' routes key {record.key!r} to no partition")
@@ -302,6 +302,23 @@ async def _append(
         durability.add(tickets)
         landed.append((index[target], offset))
         await pacer.step()
+
+
+class _FirstPartition:
+    """A ``Routing.publish`` filter that takes the first of the topic's partitions the key
+    routes to: a record lands in one partition, as in Kafka, however the exchange is bound."""
+
+    __slots__ = ("partitions", "taken")
+
+    def __init__(self, partitions: dict[StreamQueue, int]) -> None:
+        self.partitions = partitions
+        self.taken = False
+
+    def __call__(self, destination: object) -> bool:
+        if self.taken or destination not in self.partitions:
+            return False
+        self.taken = True
+        return True
 
 
 def _message(exchange: str, record: ProducerRecord, now_ms: int) -> Message:
