@@ -52,7 +52,8 @@ def test_shutdown_closes_clients_with_320(tmp_path: Path) -> None:
 def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     with start(tmp_path) as broker:
         second = subprocess.run(
-            [sys.executable, "-m", "tqbroker", "--port", str(broker.port)],
+            # A data directory of its own: the port, not the data directory's lock, refuses it.
+            [sys.executable, "-m", "tqbroker", "--port", str(broker.port), "--data-dir", "other"],
             cwd=tmp_path,
             capture_output=True,
             text=True,
@@ -60,6 +61,7 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         )
         assert second.returncode == 1
         assert "cannot start" in second.stderr
+        assert "in use by another broker" not in second.stderr
 
 
 def test_config_file_sets_users_vhosts_and_storage(tmp_path: Path) -> None:

@@ -72,7 +72,8 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self._next_consumer: dict[int, int] = {}  # round-robin position per consumer priority
-        self.dispatched_at = 0  # the last pass (perf_counter_ns): ``ClassicQueue.publish`` reads it
+        # The last pass (perf_counter_ns; never, at first): ``ClassicQueue.publish`` reads it.
+        self.dispatched_at = -(2**63)
 
     def dispatch(self, queue: DeliverySource) -> None:
         self.dispatched_at = time.perf_counter_ns()
