@@ -1,6 +1,8 @@
 """Shared test fixtures. The broker fixtures come from tqbroker's pytest plugin
-(``tqbroker_broker`` for Trio tests, ``tqbroker_thread`` for synchronous clients); ``channel``
-is a pika channel on it, ``http`` an httpx client of its HTTP API logged in as guest."""
+(``tqbroker_broker`` for Trio tests, ``tqbroker_thread`` for synchronous clients) and from
+``tests.support.brokers`` (``make_broker(**settings)``, a broker with its own configuration);
+``channel`` is a pika channel on ``tqbroker_thread``, ``http`` an httpx client of its HTTP API
+logged in as guest."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from pika.adapters.blocking_connection import BlockingChannel
 from tqbroker.backends.log import LogBackend
 from tqbroker.testing import RunningBroker
 
-# ``rabbitmq_oracle``: a real RabbitMQ to compare with (tests/rabbitmq_oracle.py).
-pytest_plugins = ["rabbitmq_oracle"]
+# ``rabbitmq_oracle``: a real RabbitMQ to compare with; ``make_broker``.
+pytest_plugins = ["tests.support.rabbitmq_oracle", "tests.support.brokers"]
 
 
 @pytest.fixture

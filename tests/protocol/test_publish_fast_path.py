@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from rawamqp import RawAMQP, body_frame, content_header
+from tests.support.rawamqp import RawAMQP, body_frame, content_header
 from tqbroker.config import BrokerConfig
 from tqbroker.protocol import methods as m
 from tqbroker.protocol import properties as protocol
@@ -330,7 +330,7 @@ def test_check_properties_agrees_with_the_decoder(raw: bytes) -> None:
         try:
             expected = BasicProperties.decode(memoryview(raw))
         except DecodeError as exc:
-            refusal = str(exc)
+            refusal: str | None = str(exc)
         else:
             refusal = None
         if refusal is not None:
