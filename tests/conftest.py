@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pika
 import pytest
+from hypothesis import settings
 from pika.adapters.blocking_connection import BlockingChannel
 
 from tqbroker.backends.log import LogBackend
@@ -18,6 +19,12 @@ from tqbroker.testing import RunningBroker
 
 # ``rabbitmq_oracle``: a real RabbitMQ to compare with; ``make_broker``.
 pytest_plugins = ["tests.support.rabbitmq_oracle", "tests.support.brokers"]
+
+# No per-example deadline (Hypothesis' default is 200 ms): on a loaded 2-core machine an
+# example is sometimes that slow once, which is no bug. Time budgets that matter (the fuzz
+# targets') are checked by the tests themselves.
+settings.register_profile("tqbroker", deadline=None)
+settings.load_profile("tqbroker")
 
 
 @pytest.fixture
