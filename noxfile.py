@@ -75,7 +75,8 @@ def mutants(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over the package, the sibling distributions, tools, examples and
-    benchmarks; then the layer contracts of ``.importlinter`` (import-linter)."""
+    benchmarks, and over the tests (every body checked, annotations optional: pyproject's
+    ``tests.*`` override); then the layer contracts of ``.importlinter`` (import-linter)."""
     python, env = dev_env(session)
     session.run(python, "-m", "mypy", env=env, external=True)
     session.run(str(DEV_ENV / "bin" / "lint-imports"), env=env, external=True)

@@ -1,6 +1,8 @@
 """Shared test fixtures. The broker fixtures come from tqbroker's pytest plugin
-(``tqbroker_broker`` for Trio tests, ``tqbroker_thread`` for synchronous clients); ``channel``
-is a pika channel on it, ``http`` an httpx client of its HTTP API logged in as guest."""
+(``tqbroker_broker`` for Trio tests, ``tqbroker_thread`` for synchronous clients) and from
+``tests.support.brokers`` (``make_broker(**settings)``, a broker with its own configuration);
+``channel`` is a pika channel on ``tqbroker_thread``, ``http`` an httpx client of its HTTP API
+logged in as guest."""
 
 from __future__ import annotations
 
@@ -9,13 +11,20 @@ from collections.abc import Iterator
 import httpx
 import pika
 import pytest
+from hypothesis import settings
 from pika.adapters.blocking_connection import BlockingChannel
 
 from tqbroker.backends.log import LogBackend
 from tqbroker.testing import RunningBroker
 
-# ``rabbitmq_oracle``: a real RabbitMQ to compare with (tests/rabbitmq_oracle.py).
-pytest_plugins = ["rabbitmq_oracle"]
+# ``rabbitmq_oracle``: a real RabbitMQ to compare with; ``make_broker``.
+pytest_plugins = ["tests.support.rabbitmq_oracle", "tests.support.brokers"]
+
+# No per-example deadline (Hypothesis' default is 200 ms): on a loaded 2-core machine an
+# example is sometimes that slow once, which is no bug. Time budgets that matter (the fuzz
+# targets') are checked by the tests themselves.
+settings.register_profile("tqbroker", deadline=None)
+settings.load_profile("tqbroker")
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,7 +53,7 @@ def test_a_users_table_with_a_hash_tags_and_permissions(tmp_path: Path) -> None:
         ({"password": "x", "hashing_algorithm": "sha1"}, "unknown hashing_algorithm 'sha1'"),
     ],
 )
-def test_bad_users_are_one_line_naming_the_user(kwargs: dict[str, str], message: str) -> None:
+def test_bad_users_are_one_line_naming_the_user(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(SettingError, match=f"^users: user 'app': .*{message}"):
         UserConfig("app", **kwargs)
 

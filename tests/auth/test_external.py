@@ -12,6 +12,7 @@ import pytest
 from tqbroker.auth import User
 from tqbroker.broker.broker import Broker
 from tqbroker.config import BrokerConfig
+from tqbroker.protocol.codec import FieldTable
 from tqbroker.protocol.errors import AMQPError
 from tqbroker.protocol.methods import ConnectionStart, ConnectionStartOk, ConnectionTune, Method
 from tqbroker.server.handshake import Handshake, HangUp
@@ -49,7 +50,7 @@ async def test_external_logs_in_the_certificates_user(tmp_path: Path) -> None:
 
 async def test_external_needs_the_user_to_exist(tmp_path: Path) -> None:
     handshake, _ = _handshake(tmp_path, "stranger")
-    capable = {"capabilities": {"authentication_failure_close": True}}
+    capable: FieldTable = {"capabilities": {"authentication_failure_close": True}}
     with pytest.raises(AMQPError, match="authentication mechanism EXTERNAL"):
         await handshake.start_ok(ConnectionStartOk(capable, "EXTERNAL", "", "en_US"))
 

@@ -72,16 +72,17 @@ def http_status(broker: RunningBroker, user: str, password: str) -> httpx.Respon
 
 
 def test_failed_http_and_amqp_logins_are_delayed() -> None:
-    for broker in broker_with(auth_failure_delay=0.3):
+    for broker in broker_with(auth_failure_delay=1.0):
         started = time.monotonic()
         assert http_status(broker, "bob", "wrong").status_code == 401
-        assert time.monotonic() - started >= 0.3
+        assert time.monotonic() - started >= 1.0
         started = time.monotonic()
         assert not amqp_login(broker, "bob", "wrong")
-        assert time.monotonic() - started >= 0.3
+        assert time.monotonic() - started >= 1.0
         started = time.monotonic()
         assert http_status(broker, "bob", "bob-pw").status_code == 200
-        assert time.monotonic() - started < 0.25
+        # Not delayed: a check takes milliseconds; the margin is for a loaded 2-core CI machine.
+        assert time.monotonic() - started < 0.8
 
 
 def test_over_the_rate_limit_a_login_is_refused_before_any_password_check(

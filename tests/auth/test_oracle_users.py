@@ -11,7 +11,7 @@ import httpx
 import pika
 import pytest
 
-from rabbitmq_oracle import RabbitMQ
+from tests.support.rabbitmq_oracle import RabbitMQ
 from tqbroker.auth import Permission, hash_password, refusal_text
 from tqbroker.config import BrokerConfig
 from tqbroker.testing import running_broker

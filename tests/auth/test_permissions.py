@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import permission_rows as rows
 import pika
 import pika.exceptions
 import pytest
 
-from rabbitmq_oracle import RabbitMQ
+from tests.support.rabbitmq_oracle import RabbitMQ
 from tqbroker.auth import Permission, TopicPermission
 from tqbroker.config import BrokerConfig, PermissionConfig, UserConfig
 from tqbroker.testing import RunningBroker, running_broker
+
+from . import permission_rows as rows
 
 EVERYTHING = PermissionConfig()
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rabbitmq_oracle import RabbitMQ
+from tests.support.rabbitmq_oracle import RabbitMQ
 from tqbroker.config import BrokerConfig, PermissionConfig, UserConfig
 from tqbroker.testing import running_broker
 

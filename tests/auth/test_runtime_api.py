@@ -5,7 +5,6 @@ with pika against each of them."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -15,7 +14,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from rabbitmq_oracle import RabbitMQ
+from tests.support.polling import eventually
+from tests.support.rabbitmq_oracle import RabbitMQ
 from tqbroker.testing import RunningBroker, running_broker
 
 pytestmark = pytest.mark.timeout(120)
@@ -303,13 +303,11 @@ def test_limits_refuse_as_rabbitmq(target: Target) -> None:
         )
         # Its connection closed, the user may connect again (the count is released as the
         # connection ends: a moment after the client heard the close).
-        for attempt in range(20):
-            try:
-                _amqp(target, lim, "p", lim).close()
-                break
-            except pika.exceptions.ProbableAccessDeniedError:
-                assert attempt < 19, "the closed connection still counts"
-                time.sleep(0.1)
+        eventually(
+            lambda: _amqp(target, lim, "p", lim).close() is None,
+            what="the closed connection no longer counts",
+            ignoring=(pika.exceptions.ProbableAccessDeniedError,),
+        )
         assert client.delete(f"/api/vhosts/{lim}").status_code == 204
         assert client.delete(f"/api/users/{lim}").status_code == 204
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from rabbitmq_oracle import RabbitMQ
+from tests.support.rabbitmq_oracle import RabbitMQ
 from tqbroker.testing import RunningBroker, running_broker
 
 RABBITMQADMIN = "/usr/bin/rabbitmqadmin"

@@ -11,6 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# A minute or more on 2 cores, and what it guards (the benchmark scripts still run) matters only
+# to whoever runs ``nox -s bench``: with the slow tests.
+pytestmark = pytest.mark.slow
+
 SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "suite.py"
 
 ROWS = [

@@ -16,7 +16,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from plugin_dist import PluginDistribution
+from tests.support.plugin_dist import PluginDistribution
 from tqbroker import BrokerConfig
 from tqbroker.broker.definitions_file import DefinitionsFile
 from tqbroker.testing import running_broker

@@ -17,8 +17,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from canary import Canary
-from plugin_dist import PluginDistribution
+from tests.support.canary import Canary
+from tests.support.plugin_dist import PluginDistribution
 from tqbroker.backends.memory import MemoryBackend, MemoryQueueStore
 from tqbroker.plugins.loader import distributions
 from tqbroker.testing import RunningBroker, running_broker

@@ -12,7 +12,6 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from tqbroker.broker import flusher
 from tqbroker.broker.flusher import run_in_thread
 
 
@@ -24,7 +23,7 @@ async def test_the_thread_starts_before_other_tasks_run(monkeypatch: pytest.Monk
         order.append("thread started")
         start_thread_soon(fn, deliver, **kwargs)
 
-    monkeypatch.setattr(flusher.trio.lowlevel, "start_thread_soon", recording)
+    monkeypatch.setattr(trio.lowlevel, "start_thread_soon", recording)  # the flusher's
 
     async def other() -> None:
         order.append("another task ran")

@@ -22,6 +22,7 @@ import pytest
 import trio
 from pika.adapters.blocking_connection import BlockingConnection
 
+from tqbroker import fsutil
 from tqbroker.broker import definitions_file
 from tqbroker.config import BrokerConfig
 from tqbroker.testing import RunningBroker, start_broker
@@ -128,7 +129,7 @@ async def test_a_failed_definitions_write_answers_541(
 ) -> None:
     """The declare-ok waits for the definitions write; when it fails the channel closes with
     541, and the connection (and the broker) go on."""
-    real = definitions_file.atomic_write
+    real = fsutil.atomic_write
     failing = threading.Event()
 
     def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
@@ -160,12 +161,15 @@ async def test_other_connections_go_on_during_a_slow_definitions_write(
 ) -> None:
     """A declare waits for its definitions write (here a slow disk: 1 s); meanwhile another
     connection declares, publishes and gets at once."""
-    real = definitions_file.atomic_write
+    real = fsutil.atomic_write
     slow = threading.Event()
+    writing, written = threading.Event(), threading.Event()
 
     def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
         if slow.is_set():
+            writing.set()
             time.sleep(1.0)
+            written.set()
         real(path, data, fsync=fsync)
 
     monkeypatch.setattr(definitions_file, "atomic_write", atomic_write)
@@ -185,12 +189,11 @@ async def test_other_connections_go_on_during_a_slow_definitions_write(
             # pika's BlockingConnection is not thread-safe: each connection stays in one thread.
             thread = threading.Thread(target=declare)
             thread.start()
-            time.sleep(0.2)  # the declare is waiting for its write now
-            start = time.monotonic()
+            assert writing.wait(10)  # the declare is waiting for its write now
             other_ch.basic_publish("", "nb.other", b"meanwhile")
             _method, _props, body = other_ch.basic_get("nb.other", auto_ack=True)
             assert body == b"meanwhile"
-            assert time.monotonic() - start < 0.5
+            assert not written.is_set()  # it did not wait for the write
             thread.join(10)
             assert len(declared) == 1
             assert declared[0] >= 0.9  # its declare-ok waited for the write

@@ -9,7 +9,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from plugin_dist import PluginDistribution
+from tests.support.plugin_dist import PluginDistribution
 from tqbroker.plugins.loader import load_backends, load_exchange_types
 from tqbroker.testing import running_broker
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import trio.testing
 
-from channel_double import RecordingChannel
+from tests.support.channel_double import RecordingChannel
 from tqbroker.backends.memory import MemoryQueueStore
 from tqbroker.broker import classic
 from tqbroker.broker.arguments import QueueArguments

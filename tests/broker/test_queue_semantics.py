@@ -14,10 +14,11 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from channel_double import RecordingChannel
+from tests.support.channel_double import RecordingChannel
 from tqbroker import clock
 from tqbroker.backends.memory import MemoryBackend
-from tqbroker.broker.classic import EXPIRE_BATCH
+from tqbroker.broker.classic import ClassicQueue
+from tqbroker.broker.classic_dispatch import EXPIRE_BATCH
 from tqbroker.broker.consumer import Consumer
 from tqbroker.broker.deadletter import parse_expiration
 from tqbroker.broker.queue import Queue, QueueFull
@@ -62,6 +63,14 @@ def publish(vhost: VirtualHost, queue: Queue | str, body: bytes, **properties: A
     message = Message("", name, props.encode(), body, props, timestamp_ms=clock.now_ms())
     for target in vhost.route(vhost.default_exchange, name, props):
         target.publish(message)
+
+
+def x_death(message: Message) -> list[dict[str, Any]]:
+    """A dead-lettered message's ``x-death`` header: a list of tables, most recent first."""
+    assert message.properties.headers is not None
+    deaths = message.properties.headers["x-death"]
+    assert isinstance(deaths, list)
+    return deaths  # type: ignore[return-value]
 
 
 def get_all(queue: Queue) -> list[Message]:
@@ -127,13 +136,13 @@ async def test_queue_ttl_expires_messages_at_the_head_into_the_dead_letter_queue
     [dead] = get_all(dlq)
     headers = dead.properties.headers
     assert headers is not None
-    [death] = headers["x-death"]  # type: ignore[misc]
-    assert death["reason"] == "expired"  # type: ignore[index]
-    assert death["queue"] == "work"  # type: ignore[index]
-    assert death["count"] == 1  # type: ignore[index]
-    assert death["exchange"] == ""  # type: ignore[index]
-    assert death["routing-keys"] == ["work", "dlq"]  # type: ignore[index]
-    assert isinstance(death["time"], datetime.datetime)  # type: ignore[index]
+    [death] = x_death(dead)
+    assert death["reason"] == "expired"
+    assert death["queue"] == "work"
+    assert death["count"] == 1
+    assert death["exchange"] == ""
+    assert death["routing-keys"] == ["work", "dlq"]
+    assert isinstance(death["time"], datetime.datetime)
     assert headers["x-first-death-reason"] == "expired"
     assert headers["x-first-death-queue"] == "work"
 
@@ -168,8 +177,8 @@ async def test_per_message_ttl_expires_at_the_head_and_when_reached(
     assert bodies(dead) == [b"hasty"]
     assert dead[0].properties.expiration is None  # removed so it cannot expire again
     assert dead[0].routing_key == "dlq"
-    deaths = dead[0].properties.headers["x-death"]  # type: ignore[index]
-    assert deaths[0]["original-expiration"] == "1000"  # type: ignore[index]
+    deaths = x_death(dead[0])
+    assert deaths[0]["original-expiration"] == "1000"
 
 
 async def test_expired_messages_are_never_delivered_to_consumers(
@@ -235,10 +244,10 @@ async def test_retry_cycle_with_a_rejection_keeps_going(
         await trio.sleep(1.5)
     entry = work.get()
     assert isinstance(entry, tuple)
-    deaths = entry[1].properties.headers["x-death"]  # type: ignore[index]
-    counts = {(d["queue"], d["reason"]): d["count"] for d in deaths}  # type: ignore[index]
+    deaths = x_death(entry[1])
+    counts = {(d["queue"], d["reason"]): d["count"] for d in deaths}
     assert counts == {("work", "rejected"): 3, ("retry", "expired"): 3}
-    assert deaths[0]["queue"] == "retry"  # type: ignore[index]  # most recent first
+    assert deaths[0]["queue"] == "retry"  # most recent first
 
 
 # -- length limits -----------------------------------------------------------------------------
@@ -253,7 +262,7 @@ async def test_drop_head_dead_letters_with_reason_maxlen(
     assert bodies(get_all(queue)) == [b"3", b"4"]
     dead = get_all(dlq)
     assert bodies(dead) == [b"1", b"2"]
-    assert dead[0].properties.headers["x-death"][0]["reason"] == "maxlen"  # type: ignore[index]
+    assert x_death(dead[0])[0]["reason"] == "maxlen"
 
 
 async def test_max_length_bytes_counts_ready_body_bytes(
@@ -279,7 +288,7 @@ async def test_reject_publish_dlx_refuses_and_dead_letters(
     assert bodies(get_all(queue)) == [b"fits"]
     dead = get_all(dlq)
     assert bodies(dead) == [b"x"]
-    assert dead[0].properties.headers["x-death"][0]["reason"] == "maxlen"  # type: ignore[index]
+    assert x_death(dead[0])[0]["reason"] == "maxlen"
 
 
 async def test_reject_publish_does_not_dead_letter(
@@ -340,7 +349,7 @@ async def test_delivery_limit_counts_returns_and_dead_letters(
     assert queue.message_count == 0
     dead = get_all(dlq)
     assert bodies(dead) == [b"poison"]
-    assert dead[0].properties.headers["x-death"][0]["reason"] == "delivery_limit"  # type: ignore[index]
+    assert x_death(dead[0])[0]["reason"] == "delivery_limit"
 
 
 async def test_delivery_limit_without_dlx_drops_and_counts(
@@ -352,6 +361,7 @@ async def test_delivery_limit_without_dlx_drops_and_counts(
     assert isinstance(entry, tuple)
     queue.requeue(entry[0], None)
     assert queue.message_count == 0
+    assert isinstance(queue, ClassicQueue)
     assert queue.dropped_at_delivery_limit == 1
     assert "x-delivery-limit" in caplog.text
 
@@ -371,7 +381,7 @@ async def test_rejected_without_requeue_is_dead_lettered_once(
     queue.reject(message_id, consumer)
     dead = get_all(dlq)
     assert bodies(dead) == [b"bad"]
-    assert dead[0].properties.headers["x-death"][0]["reason"] == "rejected"  # type: ignore[index]
+    assert x_death(dead[0])[0]["reason"] == "rejected"
 
 
 # -- review regressions ------------------------------------------------------------------------
@@ -467,12 +477,12 @@ async def test_repeated_death_counts_in_the_first_entry(
         await trio.sleep(60)
         entry_now = work.get()
         assert isinstance(entry_now, tuple)
-        deaths = entry_now[1].properties.headers["x-death"]  # type: ignore[index]
-        rejected = next(d for d in deaths if d["reason"] == "rejected")  # type: ignore[index]
-        first_death_time = first_death_time or rejected["time"]  # type: ignore[index]
-        assert rejected["time"] == first_death_time  # type: ignore[index]
-        assert rejected["exchange"] == ""  # type: ignore[index]  # where it was first published
-        assert rejected["routing-keys"] == ["work"]  # type: ignore[index]
+        deaths = x_death(entry_now[1])
+        rejected = next(d for d in deaths if d["reason"] == "rejected")
+        first_death_time = first_death_time or rejected["time"]
+        assert rejected["time"] == first_death_time
+        assert rejected["exchange"] == ""  # where it was first published
+        assert rejected["routing-keys"] == ["work"]
         headers = entry_now[1].properties.headers
         assert headers["x-last-death-reason"] == "expired"  # type: ignore[index]
         assert headers["x-first-death-reason"] == "rejected"  # type: ignore[index]

@@ -8,7 +8,6 @@ headers); vhost-level ones check what is and is not memoised, and that the memo 
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import AsyncIterator, Hashable, Iterable
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 import trio
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.polling import eventually
 from tqbroker.backends.memory import MemoryBackend
 from tqbroker.broker.definitions import restore
 from tqbroker.broker.exchange import Exchange
@@ -183,20 +183,16 @@ def test_exclusive_queue_gone_with_its_connection(
         ch.basic_publish("amq.fanout", "k", b"x", mandatory=True)  # memoised: mine
     finally:
         other.close()
-    deadline = time.monotonic() + 5
-    while not unroutable(ch, "amq.fanout", "k"):
-        assert time.monotonic() < deadline, "the exclusive queue's route outlived it"
-        time.sleep(0.02)
+    eventually(
+        lambda: unroutable(ch, "amq.fanout", "k"), 5, what="the exclusive queue's route gone"
+    )
 
 
 def test_expired_queue_is_not_routed_to(ch: BlockingChannel) -> None:
     q = queue(ch, "brief", **{"x-expires": 200})
     ch.queue_bind(q, "amq.direct", "k")
     ch.basic_publish("amq.direct", "k", b"x", mandatory=True)  # memoised: brief
-    deadline = time.monotonic() + 5
-    while not unroutable(ch, "amq.direct", "k"):
-        assert time.monotonic() < deadline, "the expired queue's route outlived it"
-        time.sleep(0.05)
+    eventually(lambda: unroutable(ch, "amq.direct", "k"), 5, what="the expired queue's route gone")
     queue(ch, "brief")
     ch.queue_bind(q, "amq.direct", "k")
     ch.basic_publish("amq.direct", "k", b"y", mandatory=True)

@@ -5,12 +5,13 @@ streams."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
+
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -19,13 +20,12 @@ PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 def get_one(ch: BlockingChannel, queue: str) -> tuple[int, pika.BasicProperties, bytes]:
     """The next message of ``queue`` by basic.get (waiting a little for it to arrive)."""
-    deadline = time.monotonic() + 5
-    while True:
+
+    def next_message() -> tuple[int, pika.BasicProperties, bytes] | None:
         method, properties, body = ch.basic_get(queue)
-        if method is not None:
-            return method.delivery_tag, properties, body
-        assert time.monotonic() < deadline, f"nothing arrived in {queue!r}"
-        time.sleep(0.02)
+        return None if method is None else (method.delivery_tag, properties, body)
+
+    return eventually(next_message, 5, what=f"a message in {queue!r}")
 
 
 def deaths(properties: pika.BasicProperties) -> list[tuple[str, str, int]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from channel_double import RecordingChannel
+from tests.support.channel_double import RecordingChannel
 from tqbroker import clock
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.stream import LogStream
@@ -22,6 +22,7 @@ from tqbroker.broker.deadletter import Reason
 from tqbroker.broker.queue import Queue
 from tqbroker.broker.streams.queue import StreamQueue
 from tqbroker.model import Message
+from tqbroker.protocol.codec import FieldTable
 from tqbroker.protocol.errors import AMQPError, ReplyCode
 from tqbroker.protocol.methods import BasicProperties
 
@@ -58,7 +59,7 @@ async def test_max_age_drops_old_segments_on_the_clock(
         queue = StreamQueue(
             "/",
             "s",
-            stream,
+            stream,  # type: ignore[arg-type]  # LogStream is not a StreamLog to mypy (read_many)
             host=NoHost(),
             backend_name="log",
             arguments=QueueArguments.parse({"x-max-age": "1D"}),
@@ -96,13 +97,13 @@ async def test_offset_tracking_needs_a_consumer_tag(backend: LogBackend) -> None
     queue = StreamQueue(
         "/",
         "s",
-        backend.open_stream("/", "s"),
+        backend.open_stream("/", "s"),  # type: ignore[arg-type]  # LogStream is not a StreamLog to mypy (read_many)
         host=NoHost(),
         backend_name="log",
         arguments=QueueArguments(),
         flusher=None,
     )
-    tracking = {"x-stream-automatic-offset-tracking": True}
+    tracking: FieldTable = {"x-stream-automatic-offset-tracking": True}
     with pytest.raises(AMQPError) as refused:
         queue.check_consumer("", no_ack=False, prefetch_count=10, arguments=tracking)
     assert refused.value.code == ReplyCode.PRECONDITION_FAILED
@@ -145,11 +146,14 @@ async def test_compaction_keeps_the_latest_per_key_and_drops_tombstones_after_gr
 ) -> None:
     async with trio.open_nursery() as nursery:
         stream = backend.open_stream("/", "c")
-        arguments = {"x-stream-cleanup-policy": "compact", "x-stream-delete-retention": "1h"}
+        arguments: FieldTable = {
+            "x-stream-cleanup-policy": "compact",
+            "x-stream-delete-retention": "1h",
+        }
         queue = StreamQueue(
             "/",
             "c",
-            stream,
+            stream,  # type: ignore[arg-type]  # LogStream is not a StreamLog to mypy (read_many)
             host=NoHost(),
             backend_name="log",
             arguments=QueueArguments.parse(arguments),
@@ -189,7 +193,7 @@ async def test_a_reader_steps_over_compacted_offsets(
         queue = StreamQueue(
             "/",
             "r",
-            stream,
+            stream,  # type: ignore[arg-type]  # LogStream is not a StreamLog to mypy (read_many)
             host=NoHost(),
             backend_name="log",
             arguments=QueueArguments.parse({"x-stream-cleanup-policy": "compact"}),
@@ -244,7 +248,7 @@ async def test_a_client_that_reads_nothing_stops_the_deliveries(
             queue = StreamQueue(
                 "/",
                 "big",
-                backend.open_stream("/", "big"),
+                backend.open_stream("/", "big"),  # type: ignore[arg-type]  # LogStream is not a StreamLog to mypy (read_many)
                 host=NoHost(),
                 backend_name="log",
                 arguments=QueueArguments(),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import attrs
 import httpx
@@ -32,12 +31,3 @@ class Broker:
     def api(self) -> httpx.Client:
         base = self.api_url.replace("guest:guest@", "")
         return httpx.Client(base_url=base, auth=("guest", "guest"), timeout=30)
-
-
-def eventually(check: object, timeout: float = 15) -> None:
-    """Until ``check()`` is true: RabbitMQ's management API shows changes after its next
-    statistics round."""
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "not within the time"
-        time.sleep(0.1)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rabbitmq_oracle import RabbitMQ
+from tests.support.rabbitmq_oracle import RabbitMQ
 from tqbroker.testing import running_broker
 
 from .brokers import Broker

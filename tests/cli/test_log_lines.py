@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import httpx
 import pika
 import pytest
 
+from tests.support.polling import file_containing
 from tqbroker.testing import BrokerProcess, start_broker_process
 
 PASSWORD = "hunter2-not-logged"
@@ -24,18 +24,6 @@ PASSWORD = "hunter2-not-logged"
 
 def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def wait_for(path: Path, text: str, timeout: float = 10) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            content = path.read_text()
-        except FileNotFoundError:  # not there yet, or being rotated this instant
-            content = ""
-        if text in content or time.monotonic() > deadline:
-            return content
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -67,7 +55,7 @@ def test_json_lines_of_a_connection_a_refused_login_and_http_requests(
         with pytest.raises(pika.exceptions.ProbableAuthenticationError):
             pika.BlockingConnection(refused)
         assert httpx.get(f"{running.http_url}/health", timeout=10).status_code == 200
-        wait_for(log, '"GET /health')
+        file_containing(log, '"GET /health')
         assert running.stop() == 0
     lines = records(log)
     assert PASSWORD not in log.read_text()
@@ -116,7 +104,7 @@ def test_text_lines_on_stderr_by_default_and_no_access_log(
     with start_broker_process(tmp_path / "data", stderr=stderr, log_level="info") as running:
         pika.BlockingConnection(pika.URLParameters(running.url)).close()
         assert httpx.get(f"{running.http_url}/health", timeout=10).status_code == 200
-        content = wait_for(stderr, "closing AMQP connection")
+        content = file_containing(stderr, "closing AMQP connection")
         assert running.stop() == 0
     assert " INFO tqbroker.server.handshake: accepting AMQP connection " in content
     assert "user 'guest' authenticated and granted access to vhost '/'" in content
@@ -129,12 +117,12 @@ def test_logrotate_renames_the_file_and_the_broker_follows(
     log = tmp_path / "broker.log"
     with broker(tmp_path, "--log-file", str(log)) as running:
         pika.BlockingConnection(pika.URLParameters(running.url)).close()
-        wait_for(log, "closing AMQP connection")
+        file_containing(log, "closing AMQP connection")
         log.rename(tmp_path / "broker.log.1")  # what logrotate does (no copytruncate)
         running.proc.send_signal(signal.SIGHUP)  # a postrotate habit: it must not stop it
-        assert "received SIGHUP: log file reopened" in wait_for(log, "SIGHUP")
+        assert "received SIGHUP: log file reopened" in file_containing(log, "SIGHUP")
         pika.BlockingConnection(pika.URLParameters(running.url)).close()
-        content = wait_for(log, "closing AMQP connection")
+        content = file_containing(log, "closing AMQP connection")
         assert running.stop() == 0
     assert "authenticated and granted access to vhost '/'" in content
     assert " INFO tqbroker.server.handshake: accepting AMQP connection " in content
@@ -150,7 +138,7 @@ def test_the_broker_rotates_the_file_itself_with_log_max_bytes(
     with broker(tmp_path, "--log-file", str(log)) as running:
         for _ in range(8):
             pika.BlockingConnection(pika.URLParameters(running.url)).close()
-        wait_for(tmp_path / "broker.log.2", "AMQP connection")
+        file_containing(tmp_path / "broker.log.2", "AMQP connection")
         assert running.stop() == 0
     assert sorted(path.name for path in tmp_path.glob("broker.log*")) == [
         "broker.log",

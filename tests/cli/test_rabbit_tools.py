@@ -12,14 +12,16 @@ from typing import Any
 import pika
 import pytest
 
-from .brokers import Broker, eventually
+from tests.support.polling import eventually
+
+from .brokers import Broker
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def rows(broker: Broker, kind: str, columns: str) -> list[dict[str, Any]]:
     listed = broker.ctl("list", kind, "--columns", columns, "--format", "json").stdout
-    return json.loads(listed)  # type: ignore[no-any-return]
+    return json.loads(listed)
 
 
 def test_lists_have_rabbitmqctl_columns(broker: Broker) -> None:
@@ -33,8 +35,10 @@ def test_lists_have_rabbitmqctl_columns(broker: Broker) -> None:
         channel.basic_publish("ctl-x", "a.c", b"two")
         channel.queue_declare("ctl-c", exclusive=True)
         channel.basic_consume("ctl-c", lambda *_: None, consumer_tag="ctl-tag")
+        # RabbitMQ's management API shows changes after its next statistics round.
         eventually(
-            lambda: {"name": "ctl-q", "messages": 2} in rows(broker, "queues", "name,messages")
+            lambda: {"name": "ctl-q", "messages": 2} in rows(broker, "queues", "name,messages"),
+            timeout=15,
         )
         queues = broker.ctl("list", "queues").stdout.splitlines()
         assert queues[0].split() == ["name", "messages"]
@@ -56,7 +60,7 @@ def test_lists_have_rabbitmqctl_columns(broker: Broker) -> None:
         assert ["ctl-x", "exchange", "ctl-q", "queue", "a.#", "{}"] in [
             line.split() for line in bindings
         ]
-        eventually(lambda: rows(broker, "connections", "user,state"))
+        eventually(lambda: rows(broker, "connections", "user,state"), timeout=15)
         connections = broker.ctl("list", "connections").stdout.splitlines()
         assert connections[0].split() == ["user", "peer_host", "peer_port", "state"]
         assert connections[1].split()[:2] == ["guest", "127.0.0.1"]
@@ -98,7 +102,7 @@ def test_purge_delete_and_close_connection(broker: Broker) -> None:
     assert missing.stderr.count("\n") == 1
     with broker.api() as api:
         assert api.get("/api/exchanges/%2F/ctl-gone").status_code == 404
-    eventually(lambda: rows(broker, "connections", "name"))
+    eventually(lambda: rows(broker, "connections", "name"), timeout=15)
     name = rows(broker, "connections", "name")[0]["name"]
     broker.ctl("close-connection", name, "--reason", "maintenance now")
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:

@@ -16,11 +16,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import reply_cases_channel  # noqa: F401  (registers its cases)
-import reply_cases_declare  # noqa: F401
-import reply_cases_frames  # noqa: F401
-import reply_cases_streams  # noqa: F401
-from reply_harness import CASES, Answer, connection
+from . import (
+    reply_cases_channel,  # noqa: F401  (registers its cases)
+    reply_cases_declare,  # noqa: F401
+    reply_cases_frames,  # noqa: F401
+    reply_cases_streams,  # noqa: F401
+)
+from .reply_harness import CASES, Answer, connection
 
 TABLE = Path(__file__).with_name("rabbitmq_replies.json")
 __all__ = ["CASES", "Answer", "capabilities", "capture", "capture_table", "load_table"]

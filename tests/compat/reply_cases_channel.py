@@ -8,7 +8,11 @@ from typing import Any
 import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
-from reply_harness import (
+
+from tests.support.rawamqp import RawAMQP
+from tqbroker.protocol.methods import BasicConsume, QueueDeclare
+
+from .reply_harness import (
     CASES,
     Answer,
     Case,
@@ -21,9 +25,6 @@ from reply_harness import (
     raw_case,
     refused,
 )
-
-from rawamqp import RawAMQP
-from tqbroker.protocol.methods import BasicConsume, QueueDeclare
 
 # -- 404 ------------------------------------------------------------------------------------------
 

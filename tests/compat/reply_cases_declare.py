@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
-from reply_harness import (
+
+from .reply_harness import (
     CASES,
     Case,
     args_case,

@@ -5,16 +5,8 @@ from __future__ import annotations
 
 import pika
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
-from reply_harness import (
-    CASES,
-    Answer,
-    case,
-    channel_case,
-    raw_case,
-    read_close,
-)
 
-from rawamqp import RawAMQP, body_frame, frame, method_arguments, method_frame
+from tests.support.rawamqp import RawAMQP, body_frame, frame, method_arguments, method_frame
 from tqbroker.protocol.frames import FRAME_METHOD
 from tqbroker.protocol.methods import (
     BasicPublish,
@@ -22,6 +14,15 @@ from tqbroker.protocol.methods import (
     ChannelOpenOk,
     ConnectionClose,
     QueueDeclare,
+)
+
+from .reply_harness import (
+    CASES,
+    Answer,
+    case,
+    channel_case,
+    raw_case,
+    read_close,
 )
 
 # -- 406 precondition ----------------------------------------------------------------------------
@@ -205,43 +206,37 @@ def case_recover_requeue_false(host: str, port: int) -> Answer:
 
 
 CASES["channel_flow_inactive"] = raw_case(
-    lambda raw: (raw.open_channel(1), raw.send(method_frame(1, 20, 20, b"\x00")))
+    lambda raw: raw.open_channel(1), lambda raw: raw.send(method_frame(1, 20, 20, b"\x00"))
 )
 CASES["method_on_unopened_channel"] = raw_case(
     lambda raw: raw.send_method(3, QueueDeclare(queue="c.raw", exclusive=True))
 )
 CASES["channel_reopened"] = raw_case(
-    lambda raw: (raw.open_channel(1), raw.send_method(1, ChannelOpen()))
+    lambda raw: raw.open_channel(1), lambda raw: raw.send_method(1, ChannelOpen())
 )
 CASES["body_without_header"] = raw_case(
-    lambda raw: (raw.open_channel(1), raw.send(body_frame(1, b"x")))
+    lambda raw: raw.open_channel(1), lambda raw: raw.send(body_frame(1, b"x"))
 )
 CASES["method_during_content"] = raw_case(
-    lambda raw: (
-        raw.open_channel(1),
-        raw.send_method(1, BasicPublish(exchange="", routing_key="c.x")),
-        raw.send_method(1, QueueDeclare(queue="c.raw", exclusive=True)),
-    )
+    lambda raw: raw.open_channel(1),
+    lambda raw: raw.send_method(1, BasicPublish(exchange="", routing_key="c.x")),
+    lambda raw: raw.send_method(1, QueueDeclare(queue="c.raw", exclusive=True)),
 )
 CASES["bad_frame_end"] = raw_case(
     lambda raw: raw.send(frame(FRAME_METHOD, 0, b"\x00\x0a\x00\x32", end=0))
 )
 CASES["unknown_frame_type"] = raw_case(lambda raw: raw.send(frame(9, 0, b"")))
 CASES["unknown_method"] = raw_case(
-    lambda raw: (raw.open_channel(1), raw.send(method_frame(1, 50, 99)))
+    lambda raw: raw.open_channel(1), lambda raw: raw.send(method_frame(1, 50, 99))
 )
 CASES["channel_method_on_channel_zero"] = raw_case(
     lambda raw: raw.send_method(0, QueueDeclare(queue="c.raw", exclusive=True))
 )
 CASES["frame_too_large"] = raw_case(
-    lambda raw: (
-        raw.open_channel(1),
-        raw.send(
-            method_frame(
-                1, 50, 10, method_arguments(QueueDeclare(queue="c.raw")) + b"\x00" * 200_000
-            )
-        ),
-    )
+    lambda raw: raw.open_channel(1),
+    lambda raw: raw.send(
+        method_frame(1, 50, 10, method_arguments(QueueDeclare(queue="c.raw")) + b"\x00" * 200_000)
+    ),
 )
 
 

@@ -12,7 +12,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
-from rawamqp import RawAMQP, SocketClosed
+from tests.support.rawamqp import RawAMQP, SocketClosed
 from tqbroker.protocol.frames import FRAME_METHOD
 from tqbroker.protocol.methods import (
     ChannelClose,
@@ -134,11 +134,14 @@ def read_close(raw: RawAMQP) -> Answer:
             return [method.reply_code, method.reply_text]
 
 
-def raw_case(provoke: Callable[[RawAMQP], object]) -> Case:
+def raw_case(*provoke: Callable[[RawAMQP], object]) -> Case:
+    """A case that sends, after the handshake, what each of ``provoke`` sends, in order."""
+
     def run(host: str, port: int) -> Answer:
         with RawAMQP(host, port) as raw:
             raw.handshake()
-            provoke(raw)
+            for step in provoke:
+                step(raw)
             try:
                 return read_close(raw)
             except SocketClosed:

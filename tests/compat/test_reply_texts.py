@@ -14,9 +14,10 @@ from typing import Any
 
 import pika
 import pytest
-from reply_cases import CASES, capabilities, load_table
 
 from tqbroker.testing import RunningBroker, running_broker
+
+from .reply_cases import CASES, capabilities, load_table
 
 TABLE = load_table()
 

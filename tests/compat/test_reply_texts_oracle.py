@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pika
 import pytest
-from reply_cases import capture_table, load_table
-from test_quorum_queues import QUORUM, returns_until_gone
 
 from tqbroker.testing import running_broker
+
+from .reply_cases import capture_table, load_table
+from .test_quorum_queues import QUORUM, returns_until_gone
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SERVER = "/usr/sbin/rabbitmq-server"

@@ -45,7 +45,8 @@ def directory() -> Path:
 def intact_prefix(raw: bytes, base: int) -> list[tuple[int, int, bytes]]:
     """The records a scan must keep: ``(position, offset, body)`` of each valid record from the
     start, offsets increasing from ``base``, up to the first that is not."""
-    found, pos, least = [], 0, base
+    found: list[tuple[int, int, bytes]] = []
+    pos, least = 0, base
     while pos < len(raw):
         try:
             frame = decode_frame(raw, pos)

@@ -29,8 +29,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus"
-# Import the targets as the test suite does (``tests/`` on the path, package ``fuzz``).
-sys.path.insert(0, str(HERE.parent))
+# Import the targets as the test suite does (the repository root on the path, package
+# ``tests.fuzz``).
+sys.path.insert(0, str(HERE.parents[1]))
 # How much slower the instrumented targets run (measured: 10-20 times).
 INSTRUMENTED_SLOWDOWN = 5
 
@@ -57,7 +58,7 @@ def main(argv: list[str]) -> int:
         return _confirm_slow(args.confirm_slow)
     if args.child:
         return _fuzz(args.child, args, extra)
-    from fuzz.targets import ORDER, TARGETS  # not in the child: it instruments them first
+    from tests.fuzz.targets import ORDER, TARGETS  # not in the child: it instruments them first
 
     if args.list or not args.targets:
         for name in ORDER:
@@ -116,8 +117,8 @@ def main(argv: list[str]) -> int:
 
 def _confirm_slow(name: str) -> int:
     """Whether the input on stdin is over the budget without instrumentation (exit status 1)."""
-    from fuzz.common import SlowInput, check
-    from fuzz.targets import TARGETS, run_any
+    from tests.fuzz.common import SlowInput, check
+    from tests.fuzz.targets import TARGETS, run_any
 
     function = run_any if name == "all" else TARGETS[name].run
     try:
@@ -133,8 +134,8 @@ def _fuzz(name: str, args: argparse.Namespace, extra: list[str]) -> int:
     import atheris
 
     with atheris.instrument_imports(include=["tqbroker", "fuzz"]):
-        from fuzz.common import BUDGET_S, SlowInput
-        from fuzz.targets import TARGETS, check, run_any
+        from tests.fuzz.common import BUDGET_S, SlowInput
+        from tests.fuzz.targets import TARGETS, check, run_any
 
     function: Callable[[bytes], None]
     if name == "all":

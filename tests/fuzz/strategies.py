@@ -16,7 +16,6 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
-from protocol.strategies import any_method, basic_properties, field_tables, method_instances
 from tqbroker.backends.log.format import encode_batch, encode_record
 from tqbroker.backends.log.segment import Segment, segment_name
 from tqbroker.filecache import Directory
@@ -27,6 +26,7 @@ from tqbroker.protocol.frames import FRAME_BODY, FRAME_HEAD, FRAME_HEADER, HEART
 from tqbroker.protocol.frames import encode_method as encode_frame
 from tqbroker.recordbatch import BinaryColumn, ReadBatch, WriteBatch, encode_read, encode_write
 
+from ..protocol.strategies import any_method, basic_properties, field_tables, method_instances
 from .amqp_targets import LIMITS
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rawamqp import RawAMQP
+from tests.support.rawamqp import RawAMQP
 from tqbroker.auth.sasl import parse_response
 from tqbroker.backends.log.format import encode_record
 from tqbroker.backends.log.recovery import scan_segment

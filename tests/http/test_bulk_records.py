@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import struct
 from array import array
+from typing import Any
 
 import httpx
 import pytest
@@ -72,7 +73,7 @@ def write_body(
     )
 
 
-def read(http: httpx.Client, topic: str, partition: int, **params: object) -> ReadBatch:
+def read(http: httpx.Client, topic: str, partition: int, **params: Any) -> ReadBatch:
     response = http.get(f"/topics/{topic}/partitions/{partition}/records", params=params)
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "application/x-tqbroker-records"

@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,11 @@ import httpx
 import pika
 import pytest
 
-from tqbroker import BrokerConfig
+from tests.support.brokers import MakeBroker
+from tqbroker import fsutil
 from tqbroker.broker import definitions_file
 from tqbroker.config import PermissionConfig, UserConfig
-from tqbroker.testing import RunningBroker, running_broker, start_broker_process
+from tqbroker.testing import RunningBroker, start_broker_process
 
 DATA = Path(__file__).parent.parent / "data"
 EXPORT = DATA / "rabbitmq-3.10-definitions.json"
@@ -42,16 +42,14 @@ def topology(document: dict[str, Any], vhost: str = "/") -> dict[str, list[str]]
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[RunningBroker]:
+def broker(make_broker: MakeBroker, tmp_path: Path) -> RunningBroker:
     users = (
         UserConfig(
             "guest", "guest", tags=("administrator",), permissions={"/": PermissionConfig()}
         ),
         UserConfig("shopper", "pw", tags=("management",), permissions={"/": PermissionConfig()}),
     )
-    config = BrokerConfig(port=0, http_port=0, data_dir=tmp_path / "data", users=users)
-    with running_broker(config) as running:
-        yield running
+    return make_broker(data_dir=tmp_path / "data", users=users)
 
 
 def client(broker: RunningBroker, user: str = "guest", password: str = "guest") -> httpx.Client:
@@ -97,7 +95,7 @@ def test_an_import_is_answered_once_durable(
 ) -> None:
     """204 after the definitions file holds the import (a slow disk: the answer waits); 500
     when it cannot be written."""
-    real = definitions_file.atomic_write
+    real = fsutil.atomic_write
 
     def slow_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
         time.sleep(0.5)

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pika
 
-from rabbitmq_oracle import RabbitMQ
+from tests.support.rabbitmq_oracle import RabbitMQ
 from tqbroker import BrokerConfig
 from tqbroker.testing import running_broker
 

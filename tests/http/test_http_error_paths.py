@@ -20,7 +20,7 @@ import trio
 from starlette.requests import Request
 from starlette.routing import Route
 
-from canary import Canary
+from tests.support.canary import Canary
 from tqbroker.broker.broker import Broker
 from tqbroker.broker.streams import topics
 from tqbroker.broker.streams.topics import ProducerRecord

@@ -7,19 +7,18 @@ from __future__ import annotations
 import errno
 import threading
 from array import array
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pika
 import pytest
 
+from tests.support.brokers import MakeBroker
 from tqbroker.auth import authenticator as auth_authenticator
 from tqbroker.auth import is_loopback
 from tqbroker.backends.log import segment as segment_module
-from tqbroker.config import BrokerConfig, PermissionConfig, UserConfig
+from tqbroker.config import PermissionConfig, UserConfig
 from tqbroker.recordbatch import BinaryColumn, WriteBatch, encode_write
-from tqbroker.testing import RunningBroker, running_broker
+from tqbroker.testing import RunningBroker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,10 +41,8 @@ STREAM = {"x-queue-type": "stream"}
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[RunningBroker]:
-    config = BrokerConfig(port=0, data_dir=tmp_path, vhosts=("/", "other"), users=USERS)
-    with running_broker(config) as b:
-        yield b
+def broker(make_broker: MakeBroker) -> RunningBroker:
+    return make_broker(vhosts=("/", "other"), users=USERS)
 
 
 def client(broker: RunningBroker, user: str, password: str, **kwargs: object) -> httpx.Client:

@@ -20,7 +20,8 @@ import httpx
 import pytest
 from starlette.routing import Route
 
-from canary import Canary
+from tests.support.canary import Canary
+from tests.support.polling import eventually
 from tqbroker.broker.broker import Broker
 from tqbroker.config import BrokerConfig
 from tqbroker.server.http import create_app
@@ -197,10 +198,7 @@ def test_a_body_that_does_not_come_is_answered_408(broker: BrokerProcess, canary
         dripping.join()
         for sock in [*socks, trickle]:
             sock.close()
-    deadline = time.monotonic() + 5
-    while open_descriptors(broker.proc.pid) > baseline + 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert open_descriptors(broker.proc.pid) <= baseline + 2
+    eventually(lambda: open_descriptors(broker.proc.pid) <= baseline + 2, 5)
 
 
 def test_a_slow_but_steady_body_is_read(broker: BrokerProcess, canary: Canary) -> None:
@@ -250,7 +248,7 @@ def test_connections_over_the_cap_are_refused(broker: BrokerProcess, canary: Can
     again."""
     baseline = open_descriptors(broker.proc.pid)
     held = [connect(broker, b"GET /health HTTP/1.1\r\n") for _ in range(MAX_CONNECTIONS)]
-    time.sleep(0.2)
+    eventually(lambda: open_descriptors(broker.proc.pid) >= baseline + MAX_CONNECTIONS)
     start = time.monotonic()
     refused = [connect(broker, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n") for _ in range(100)]
     for sock in refused:
@@ -260,16 +258,15 @@ def test_connections_over_the_cap_are_refused(broker: BrokerProcess, canary: Can
     assert time.monotonic() - start < 2
     # A refused connection is drained for at most REFUSAL_SECONDS (then closed, though this
     # client keeps its end open): the broker holds the cap's descriptors, no more.
-    time.sleep(REFUSAL_SECONDS + 0.3)
-    assert open_descriptors(broker.proc.pid) <= baseline + MAX_CONNECTIONS + 2
+    eventually(
+        lambda: open_descriptors(broker.proc.pid) <= baseline + MAX_CONNECTIONS + 2,
+        REFUSAL_SECONDS + 5,
+    )
     for sock in [*held, *refused]:
         sock.close()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{broker.http_url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    else:
-        raise AssertionError("/health not served again after the connections closed")
+    eventually(
+        lambda: httpx.get(f"{broker.http_url}/health", timeout=1).status_code == 200,
+        5,
+        what="/health served again after the connections closed",
+        ignoring=(httpx.HTTPError,),
+    )

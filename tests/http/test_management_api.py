@@ -4,7 +4,6 @@ loopback RabbitMQ with the management plugin)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 from urllib.parse import quote
 
@@ -14,6 +13,7 @@ import pika.exceptions
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.polling import eventually
 from tqbroker.auth import check_password
 from tqbroker.testing import RunningBroker
 
@@ -324,10 +324,7 @@ def test_connections_channels_consumers_and_close(
             320,
             "CONNECTION_FORCED - bye now",
         )
-        deadline = time.monotonic() + 5
-        while http.get("/api/connections").json() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert http.get("/api/connections").json() == []
+        eventually(lambda: http.get("/api/connections").json() == [], 5)
         assert_api_error(
             http.delete(f"/api/connections/{name}"), 404, "Object Not Found", "Not Found"
         )

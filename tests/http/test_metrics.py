@@ -5,14 +5,14 @@ rates of ``broker/stats.py``."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.polling import eventually
 from tqbroker.broker import stats
 from tqbroker.broker.stats import message_stats
 from tqbroker.server.http import metrics
@@ -41,13 +41,6 @@ def scrape(base_url: str, path: str = "/metrics") -> Samples:
 
 AMQP = (("protocol", "amqp091"),)
 CLASSIC = (("protocol", "amqp091"), ("queue_type", "rabbit_classic_queue"))
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -90,7 +83,7 @@ def test_counters_move_under_load(
         after = scrape(url)
         return moved("rabbitmq_global_messages_acknowledged_total", CLASSIC) == n
 
-    wait_for(settled)
+    eventually(settled)
     assert moved("rabbitmq_global_messages_received_total") == n + 1
     assert moved("rabbitmq_global_messages_routed_total") == n
     assert moved("rabbitmq_global_messages_unroutable_dropped_total") == 1
@@ -110,7 +103,7 @@ def test_counters_move_under_load(
 
     # Totals never go back when the connection closes; the open-channel sums do (as RabbitMQ's).
     connection.close()
-    wait_for(lambda: scrape(url)[("rabbitmq_connections", ())] == 0)
+    eventually(lambda: scrape(url)[("rabbitmq_connections", ())] == 0)
     closed = scrape(url)
     for name in (
         "rabbitmq_global_messages_received_total",
@@ -130,7 +123,7 @@ def test_per_object_split_and_http_route(
             channel.basic_publish("", name, b"x")
     connection.process_data_events(0.2)
     for base in (tqbroker_thread.metrics_url, tqbroker_thread.http_url):
-        wait_for(lambda: scrape(base)[("rabbitmq_queue_messages_ready", ())] == 5)  # noqa: B023
+        eventually(lambda: scrape(base)[("rabbitmq_queue_messages_ready", ())] == 5)  # noqa: B023
         aggregated = scrape(base)
         assert not any(dict(labels).get("queue") for _name, labels in aggregated)
         assert aggregated[("rabbitmq_queues", ())] == 2
@@ -202,7 +195,7 @@ def test_stream_offsets_and_group_lag(
         found = scrape(tqbroker_thread.metrics_url)
         return found.get(("tqbroker_stream_group_committed_offset", group)) == 2
 
-    wait_for(committed)
+    eventually(committed)
     found = scrape(tqbroker_thread.metrics_url)
     assert found[("tqbroker_stream_log_end_offset", key)] == 5
     assert found[("tqbroker_stream_first_offset", key)] == 0
@@ -217,14 +210,16 @@ def test_rates_are_sampled(monkeypatch: pytest.MonkeyPatch) -> None:
         channel = connection.channel()
         channel.queue_declare("m.rate")
         queue = broker.broker.vhosts["/"].queues["m.rate"]
-        deadline = time.monotonic() + 10
-        rate = 0.0
-        while rate <= 0:
-            assert time.monotonic() < deadline, "no publish rate after 10 s"
+
+        def publish_rate() -> float:
+            """a publish rate above 0"""
             for _ in range(20):
                 channel.basic_publish("", "m.rate", b"x")
             connection.process_data_events(0.05)
-            rate = message_stats(queue.stats).get("publish_details", {}).get("rate", 0.0)
+            rate: float = message_stats(queue.stats).get("publish_details", {}).get("rate", 0.0)
+            return rate
+
+        eventually(publish_rate)
         channel.queue_declare("m.rate", passive=True)  # every publish before it is handled
         found = message_stats(broker.broker.stats)
         assert found["publish"] >= 20

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pika
 import pytest
 
-from rabbitmq_oracle import RabbitMQ
+from tests.support.polling import eventually
+from tests.support.rabbitmq_oracle import RabbitMQ
 from tqbroker.config import BrokerConfig
 from tqbroker.testing import RunningBroker, running_broker
 
@@ -138,10 +138,7 @@ def test_list_queues_prints_what_rabbitmq_prints(rabbitmq_oracle: RabbitMQ) -> N
         declare_topology(port, "-V", VHOST)
         declare_topology(rabbit, "-V", VHOST)
         # RabbitMQ's management agent reports queue lengths every 5 seconds: wait for them.
-        deadline = time.monotonic() + 15
-        while "| 3 " not in admin(rabbit, "-V", VHOST, "list", "queues"):
-            assert time.monotonic() < deadline, "RabbitMQ never reported the queues' lengths"
-            time.sleep(0.5)
+        eventually(lambda: "| 3 " in admin(rabbit, "-V", VHOST, "list", "queues"), 15, 0.5)
         try:
             for args in (
                 ("list", "queues"),

@@ -28,7 +28,7 @@ def declare(http: httpx.Client, topic: str = "orders", partitions: int = 3) -> N
 def produce(http: httpx.Client, topic: str, **record: Any) -> dict[str, Any]:
     response = http.post(f"/topics/{topic}/messages", json=record)
     assert response.status_code == 201, response.text
-    return response.json()  # type: ignore[no-any-return]
+    return response.json()
 
 
 def assert_error(response: httpx.Response, status: int, *words: str) -> None:

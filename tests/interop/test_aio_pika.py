@@ -15,7 +15,9 @@ import pamqp.commands
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.patterns import RPC
+from aiormq.abc import DeliveredMessage
 
+from tests.support.polling import eventually_async
 from tqbroker.config import BrokerConfig
 from tqbroker.testing import RunningBroker, running_broker
 
@@ -27,15 +29,6 @@ def run(main: Callable[[], Awaitable[None]], timeout: float = 20.0) -> None:
         await asyncio.wait_for(main(), timeout)
 
     asyncio.run(bounded())
-
-
-async def wait_until(predicate: Callable[[], bool], within: float = 5.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + within
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 def test_publisher_confirms_and_returns(tqbroker_thread: RunningBroker) -> None:
@@ -59,7 +52,7 @@ def test_publisher_confirms_and_returns(tqbroker_thread: RunningBroker) -> None:
                 routing_key="no-such-queue",
                 mandatory=True,
             )
-            assert not isinstance(returned, pamqp.commands.Basic.Ack)
+            assert isinstance(returned, DeliveredMessage)
             assert returned.body == b"nobody home"
 
             strict = await conn.channel(on_return_raises=True)
@@ -69,6 +62,7 @@ def test_publisher_confirms_and_returns(tqbroker_thread: RunningBroker) -> None:
                     routing_key="no-such-queue",
                     mandatory=True,
                 )
+            assert isinstance(excinfo.value.frame, pamqp.commands.Basic.Return)
             assert excinfo.value.frame.reply_code == 312
 
             bodies = []
@@ -100,17 +94,17 @@ def test_qos_limits_in_flight_messages(tqbroker_thread: RunningBroker) -> None:
                 pending.append(message)
 
             await queue.consume(on_message)
-            assert await wait_until(lambda: len(pending) >= 2)
-            await asyncio.sleep(0.3)
+            await eventually_async(lambda: len(pending) >= 2)
+            await asyncio.sleep(0.3)  # and no more: the prefetch window is full
             assert [m.body for m in pending] == [b"q0", b"q1"]
 
             await pending[0].ack()
-            assert await wait_until(lambda: len(pending) >= 3)
+            await eventually_async(lambda: len(pending) >= 3)
             await asyncio.sleep(0.3)
             assert [m.body for m in pending] == [b"q0", b"q1", b"q2"]
 
             await pending[2].ack(multiple=True)  # acks q1 and q2
-            assert await wait_until(lambda: len(pending) >= 5)
+            await eventually_async(lambda: len(pending) >= 5)
             await asyncio.sleep(0.3)
             assert [m.body for m in pending] == [b"q0", b"q1", b"q2", b"q3", b"q4"]
 
@@ -131,7 +125,7 @@ def test_queue_iterator_with_reject_and_requeue(tqbroker_thread: RunningBroker) 
                     aio_pika.Message(key.encode(), headers={"key": key}), routing_key=key
                 )
 
-            seen: list[tuple[bytes, bool]] = []
+            seen: list[tuple[bytes, bool | None]] = []
             async with queue.iterator() as it:
                 async for message in it:
                     seen.append((message.body, message.redelivered))
@@ -280,7 +274,7 @@ def test_robust_connection_consume_publish(tqbroker_thread: RunningBroker) -> No
                 await channel.default_exchange.publish(
                     aio_pika.Message(f"r{i}".encode()), routing_key="robust.basic"
                 )
-            assert await wait_until(lambda: len(got) == 5)
+            await eventually_async(lambda: len(got) == 5)
             assert got == [f"r{i}".encode() for i in range(5)]
         assert conn.is_closed
 
@@ -316,7 +310,7 @@ def test_robust_connection_recovers_after_broker_restart() -> None:
             await queue.bind(exchange, "k")
             await queue.consume(functools.partial(_ack_into, into=got))
             await exchange.publish(aio_pika.Message(b"before"), routing_key="k")
-            assert await wait_until(lambda: got == [b"before"])
+            await eventually_async(lambda: got == [b"before"])
         finally:
             # Clients get connection.close (320 CONNECTION_FORCED).
             await asyncio.to_thread(first_cm.__exit__, None, None, None)
@@ -332,7 +326,7 @@ def test_robust_connection_recovers_after_broker_restart() -> None:
                 assert declared.declaration_result.consumer_count == 1
                 other_exchange = await ch.get_exchange("robust.x")
                 await other_exchange.publish(aio_pika.Message(b"after"), routing_key="k")
-            assert await wait_until(lambda: got == [b"before", b"after"])
+            await eventually_async(lambda: got == [b"before", b"after"])
             await conn.close()
         finally:
             await asyncio.to_thread(second_cm.__exit__, None, None, None)

@@ -25,13 +25,13 @@ import ssl
 import struct
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import pytest
 
-from canary import Canary
-from rawamqp import (
+from tests.support.canary import Canary
+from tests.support.rawamqp import (
     CLIENT_CAPABILITIES,
     CLOSE_GRACE,
     RawAMQP,
@@ -204,12 +204,12 @@ def name() -> Callable[[str], str]:
 
 def scoped(method: M, name: Callable[[str], str]) -> M:
     """``method`` with its queue/exchange names made per-test (``amq.*`` and "" untouched)."""
-    changes = {}
+    changes: dict[str, str] = {}
     for field in ("queue", "exchange", "destination", "source"):
         value = getattr(method, field, None)
         if value and not value.startswith("amq."):
             changes[field] = name(value)
-    return attrs.evolve(method, **changes)
+    return attrs.evolve(method, **changes)  # type: ignore[misc]  # M: a method class (attrs)
 
 
 Connect = Callable[..., RawAMQP]
@@ -289,7 +289,7 @@ def ping(conn: RawAMQP, channel: int) -> None:
     conn.call(channel, ExchangeDeclare(exchange="amq.direct", passive=True), ExchangeDeclareOk)
 
 
-def declare_queue(conn: RawAMQP, channel: int, name: str, **flags: bool) -> str:
+def declare_queue(conn: RawAMQP, channel: int, name: str, **flags: Any) -> str:
     ok = conn.call(channel, QueueDeclare(queue=name, **flags), QueueDeclareOk)
     return ok.queue
 
@@ -425,9 +425,11 @@ def test_r02_stalled_handshake_times_out(connect: Connect, stall: str) -> None:
             except SocketClosed:
                 break
             raise AssertionError("the broker answered an incomplete frame")
-    conn.expect_silent_close(timeout=3.0 - (time.monotonic() - began))
+    conn.expect_silent_close(timeout=6.0 - (time.monotonic() - began))
     elapsed = time.monotonic() - began
-    assert 0.8 <= elapsed <= 2.5, f"closed after {elapsed:.2f}s, handshake_timeout is 1s"
+    # Not before the timeout; the upper bound only says "it does close", generous enough for a
+    # loaded 2-core CI machine.
+    assert 0.8 <= elapsed <= 5.0, f"closed after {elapsed:.2f}s, handshake_timeout is 1s"
 
 
 @pytest.mark.parametrize("mechanism", ["NOPE", "plain", "ANONYMOUS", "EXTERNAL", ""])
@@ -735,10 +737,12 @@ def test_r17_missed_heartbeats_close_tcp(connect: Connect) -> None:
     assert conn.tune is not None
     assert conn.tune.heartbeat == 1
     began = time.monotonic()
-    seen = conn.expect_socket_closed(timeout=4.0)
+    seen = conn.expect_socket_closed(timeout=7.0)
     elapsed = time.monotonic() - began
     assert not seen, f"expected a plain TCP close, got {[f.describe() for f in seen]}"
-    assert 0.9 <= elapsed <= 3.0, f"closed after {elapsed:.2f}s with a 1s heartbeat"
+    # Not before a timeout; the upper bound (RabbitMQ: 2 timeouts) is made generous enough for
+    # a loaded 2-core CI machine.
+    assert 0.9 <= elapsed <= 6.0, f"closed after {elapsed:.2f}s with a 1s heartbeat"
     assert conn.heartbeats_received >= 2, "the broker did not send heartbeats every timeout/2"
 
 

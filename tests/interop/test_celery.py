@@ -16,6 +16,7 @@ from types import ModuleType
 import pytest
 from celery import group
 
+from tests.support.polling import eventually
 from tqbroker.testing import running_broker
 
 pytestmark = pytest.mark.timeout(60)
@@ -188,14 +189,15 @@ def test_group_of_tasks(worker: Worker) -> None:
 def test_worker_runs_task_without_result_backend(worker: Worker, tmp_path: Path) -> None:
     target = tmp_path / "done.txt"
     worker.module.touch.delay(str(target), "written by the worker")
-    deadline = time.monotonic() + 30
     # The file may exist a moment before the worker has written it: wait for the content.
-    while time.monotonic() < deadline:
-        if target.exists() and target.read_text() == "written by the worker":
-            break
-        time.sleep(0.05)
-    assert target.exists(), worker.output()
-    assert target.read_text() == "written by the worker"
+    try:
+        eventually(
+            lambda: target.read_text() == "written by the worker",
+            30,
+            ignoring=(FileNotFoundError,),
+        )
+    except AssertionError as error:
+        raise AssertionError(worker.output()) from error
 
 
 def test_control_ping_reaches_worker(worker: Worker) -> None:

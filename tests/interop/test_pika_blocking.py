@@ -22,6 +22,7 @@ import pytest
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 from pika.spec import Basic, BasicProperties
 
+from tests.support.polling import eventually
 from tqbroker.testing import RunningBroker
 
 pytestmark = pytest.mark.timeout(30)
@@ -484,9 +485,7 @@ def test_redelivery_after_consumer_process_is_killed(
             worker.kill()
             worker.wait(timeout=10)
 
-    deadline = time.monotonic() + 5
-    while message_count(ch, "crashy") < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    eventually(lambda: message_count(ch, "crashy") >= 2, 5)
     results = []
     for _ in range(2):
         method, _props, body = ch.basic_get("crashy")
@@ -742,12 +741,14 @@ def test_exclusive_queue_from_another_connection_is_405(connect: Connect) -> Non
     # As in RabbitMQ, the queue goes once the broker has finished with the closed connection,
     # which may be just after close-ok: until then it is still locked (405), then gone (404).
     codes = []
-    deadline = time.monotonic() + 5
-    while not codes or (codes[-1] == 405 and time.monotonic() < deadline):
+
+    def unlocked() -> bool:
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
             other.channel().queue_declare("mine", passive=True)
         codes.append(excinfo.value.reply_code)
-        time.sleep(0.01)
+        return codes[-1] != 405
+
+    eventually(unlocked, 5, 0.01)
     assert codes[-1] == 404, codes
     assert set(codes) <= {404, 405}
 

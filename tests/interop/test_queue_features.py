@@ -14,6 +14,7 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.polling import eventually
 from tqbroker import BrokerConfig
 from tqbroker.testing import running_broker
 
@@ -23,11 +24,11 @@ DURABILITY = pytest.mark.parametrize("durable", [False, True], ids=["transient",
 
 
 def props(durable: bool, **kwargs: object) -> pika.BasicProperties:
-    return pika.BasicProperties(delivery_mode=2 if durable else 1, **kwargs)  # type: ignore[arg-type]
+    return pika.BasicProperties(delivery_mode=2 if durable else 1, **kwargs)
 
 
 def drain(ch: BlockingChannel, queue: str) -> list[tuple[bytes, pika.BasicProperties]]:
-    got = []
+    got: list[tuple[bytes, pika.BasicProperties]] = []
     while True:
         method, properties, body = ch.basic_get(queue, auto_ack=True)
         if method is None:
@@ -88,7 +89,7 @@ def test_expired_message_is_never_delivered(channel: BlockingChannel, durable: b
     channel.queue_bind("expired", "dlx")
     channel.basic_publish("", "ttl", b"short-lived", props(durable, expiration="100"))
     channel.basic_publish("", "ttl", b"long-lived", props(durable, expiration="60000"))
-    time.sleep(0.3)
+    eventually(lambda: channel.queue_declare("ttl", passive=True).method.message_count == 1)
     assert [body for body, _ in drain(channel, "ttl")] == [b"long-lived"]
     [(body, properties)] = drain(channel, "expired")
     assert body == b"short-lived"
@@ -281,7 +282,7 @@ def test_nack_multiple_and_transactions_dead_letter_on_commit(channel: BlockingC
     )
     for n in range(4):
         channel.basic_publish("", "tasks", b"%d" % n)
-    tags = [channel.basic_get("tasks")[0].delivery_tag for _ in range(4)]  # type: ignore[union-attr]
+    tags = [channel.basic_get("tasks")[0].delivery_tag for _ in range(4)]
     channel.basic_nack(tags[1], multiple=True, requeue=False)  # "0" and "1"
     assert [body for body, _ in drain(channel, "rejects")] == [b"0", b"1"]
     channel.tx_select()

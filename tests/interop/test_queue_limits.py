@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def drain(ch: BlockingChannel, queue: str) -> list[bytes]:
-    bodies = []
+    bodies: list[bytes] = []
     while True:
         method, _props, body = ch.basic_get(queue, auto_ack=True)
         if method is None:

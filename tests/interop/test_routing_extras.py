@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pika
 import pytest
@@ -91,11 +92,12 @@ def test_single_active_consumer_fails_over_in_registration_order(
     for name in ("first", "second"):
         consumer_ch = conn.channel()
         consumer_ch.basic_qos(prefetch_count=10)
-        consumer_ch.basic_consume(
-            queue,
-            lambda c, m, _p, body, name=name: (got[name].append(body), c.basic_ack(m.delivery_tag)),
-            consumer_tag=name,
-        )
+
+        def on_message(c: BlockingChannel, m: Any, _p: Any, body: bytes, name: str = name) -> None:
+            got[name].append(body)
+            c.basic_ack(m.delivery_tag)
+
+        consumer_ch.basic_consume(queue, on_message, consumer_tag=name)
         channels[name] = consumer_ch
     for i in range(4):
         ch.basic_publish("", queue, b"a%d" % i)

@@ -65,7 +65,7 @@ def test_a_requeue_by_the_groups_reader_delivers_it_again(tqbroker_thread: Runni
     for n in range(4):
         ch.basic_publish("", "gs", b"%d" % n, pika.BasicProperties(delivery_mode=2))
     ch.basic_qos(prefetch_count=1)
-    seen = []
+    seen: list[int] = []
     for method, properties, _body in ch.consume("gs", arguments=GROUP, inactivity_timeout=3):
         assert method is not None, f"only {seen} came"
         offset = properties.headers["x-stream-offset"]

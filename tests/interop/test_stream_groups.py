@@ -14,6 +14,7 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.polling import eventually
 from tqbroker.testing import RunningBroker, start_broker_process
 
 pytestmark = pytest.mark.timeout(90)
@@ -67,7 +68,7 @@ class Member:
         )
         self.tags[tag] = partition
 
-    def _on_message(self, ch: BlockingChannel, method, properties, body) -> None:  # type: ignore[no-untyped-def]
+    def _on_message(self, ch: BlockingChannel, method, properties, body) -> None:
         partition = self.tags[method.consumer_tag]
         delivery = (partition, properties.headers["x-stream-offset"])
         self.received.append(delivery)
@@ -80,7 +81,7 @@ class Member:
             ch.basic_ack(method.delivery_tag)
             self.acked.append(delivery)
 
-    def _on_cancel(self, frame) -> None:  # type: ignore[no-untyped-def]
+    def _on_cancel(self, frame) -> None:
         partition = self.tags[frame.method.consumer_tag]
         self.cancelled.append(partition)
         if self.rejoin:
@@ -202,19 +203,18 @@ def test_committed_offsets_survive_a_broker_kill(tmp_path: Path) -> None:
                 acked[p] = max(acked[p], offset)
             for p, offset in member.held:
                 held[p].add(offset)
+
         # Deterministic: every partition not read to its end has unacked deliveries at the
         # kill (the members' credit, 20 each), right after its last ack.
         # (A stream counts what is durable: wait for the last flush to take in all 900.)
-        deadline = time.monotonic() + 10
-        while True:
+        def all_900() -> list[int]:
             sizes = [
                 ch.queue_declare(f"orders-{p}", passive=True).method.message_count
                 for p in range(PARTITIONS)
             ]
-            if sum(sizes) == 900 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert sum(sizes) == 900
+            return sizes if sum(sizes) == 900 else []
+
+        sizes = eventually(all_900)
         unfinished = [p for p in range(PARTITIONS) if acked[p] + 1 < sizes[p]]
         assert unfinished
         for p in unfinished:
@@ -305,12 +305,15 @@ def test_a_requeued_message_comes_again_and_stays_uncommitted(
     assert seen[:2] == [0, 1]
     assert seen.count(2) == 2  # delivered again after the requeue...
     assert sorted(set(seen)) == [0, 1, 2, 3, 4]
-    time.sleep(0.3)
     with httpx.Client(
         base_url=tqbroker_thread.http_url, auth=("guest", "guest"), timeout=10
     ) as http:
-        lag = http.get("/topics/retry/groups/workers").json()["partitions"][0]
-    assert lag["committed"] == 5  # ...and acked; the rejected one is settled too
+        # ...and acked; the rejected one is settled too
+        eventually(
+            lambda: (
+                http.get("/topics/retry/groups/workers").json()["partitions"][0]["committed"] == 5
+            )
+        )
     connection.close()
 
 
@@ -335,11 +338,10 @@ def test_a_multiple_ack_commits_the_group_and_gives_the_credit_back(
     with httpx.Client(
         base_url=tqbroker_thread.http_url, auth=("guest", "guest"), timeout=10
     ) as http:
-        deadline = time.monotonic() + 5
-        while True:
-            lag = http.get("/topics/batch-acks/groups/batchers").json()["partitions"][0]
-            if lag["committed"] == 50 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-    assert lag["committed"] == 50
+        eventually(
+            lambda: (
+                http.get("/topics/batch-acks/groups/batchers").json()["partitions"][0]["committed"]
+                == 50
+            )
+        )
     connection.close()

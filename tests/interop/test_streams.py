@@ -17,12 +17,13 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.polling import eventually
 from tqbroker import BrokerConfig
 from tqbroker.testing import RunningBroker, running_broker
 
 pytestmark = pytest.mark.timeout(60)
 
-STREAM = {"x-queue-type": "stream"}
+STREAM: dict[str, Any] = {"x-queue-type": "stream"}
 
 
 def fill(ch: BlockingChannel, stream: str, count: int, start: int = 0) -> None:
@@ -191,8 +192,13 @@ def test_retention_by_size_drops_whole_old_segments(channel: BlockingChannel) ->
     channel.confirm_delivery()
     for n in range(200):  # ~6 MB in segments of 1 MiB (~34 messages each)
         channel.basic_publish("", "bounded-stream", b"%04d" % n + b"." * 30_000)
-    time.sleep(0.3)  # retention runs in the stream's actor
-    offsets = [n for n, _ in read(channel, "bounded-stream", "first")]
+
+    def retained() -> list[int]:
+        """retention (in the stream's actor) to drop the oldest segments"""
+        offsets = [n for n, _ in read(channel, "bounded-stream", "first")]
+        return offsets if offsets and offsets[0] > 0 else []
+
+    offsets = eventually(retained, interval=0.1)
     assert offsets[-1] == 199
     assert offsets == list(range(offsets[0], 200))  # a contiguous tail...
     assert 0 < offsets[0] < 150  # ...of at least 2 MiB, old segments gone
@@ -298,15 +304,22 @@ def test_server_side_offset_tracking_resumes_after_the_last_ack(
                     break
             assert seen == [0, 1, 2, 3, 4]
             connection.close()  # the unacked one is not "processed"
-            time.sleep(0.5)  # the flusher makes the stored offset durable
+            eventually(lambda: stored_offset(broker, "tracked", "reader-1") == 4)
             connection = pika.BlockingConnection(pika.URLParameters(broker.url))
             assert read_tracked(connection.channel(), arguments, limit=2) == [4, 5]
             connection.close()
-            time.sleep(0.5)
+            eventually(lambda: stored_offset(broker, "tracked", "reader-1") == 6)
         with running_broker(config) as broker:  # and across a restart
             connection = pika.BlockingConnection(pika.URLParameters(broker.url))
             assert read_tracked(connection.channel(), arguments, limit=10) == [6, 7, 8, 9]
             connection.close()
+
+
+def stored_offset(broker: RunningBroker, stream: str, consumer_tag: str) -> int | None:
+    """The next offset the stream has stored for a tracked consumer (None: none yet)."""
+    assert broker.broker is not None
+    queue = broker.broker.vhosts["/"].queues[stream]
+    return queue.stream.offsets.get(consumer_tag)  # type: ignore[attr-defined]
 
 
 def read_tracked(ch: BlockingChannel, arguments: dict[str, Any], *, limit: int) -> list[int]:

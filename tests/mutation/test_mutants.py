@@ -14,6 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import mutants as runner  # tools/mutants.py (tools/ is not a package)
+from mutant_list import Mutant
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(runner.TIMEOUT + 60)]
 
@@ -32,7 +33,7 @@ def _params() -> Iterator[object]:
 
 
 @pytest.mark.parametrize("mutant", list(_params()))
-def test_the_tests_kill_the_mutant(mutant: runner.Mutant, source_copy: Path) -> None:
+def test_the_tests_kill_the_mutant(mutant: Mutant, source_copy: Path) -> None:
     outcome = runner.run_mutant(mutant, source_copy)
     assert outcome.killed, (
         f"mutant {mutant.id} survived {' '.join(mutant.tests)}:\n"

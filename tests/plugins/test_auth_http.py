@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 import trio
-from http_auth_service import AuthService, running_service
 from tqbroker_auth_http import AnswerCache, BadAnswer, HttpAuthBackend, Query, parse_answer
 
 from tqbroker.auth import AuthConfigError, load_chain
 from tqbroker.plugins import AuthBackendError, AuthUser, Peer
+
+from .http_auth_service import AuthService, running_service
 
 pytestmark = pytest.mark.timeout(30)
 

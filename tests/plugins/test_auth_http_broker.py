@@ -14,10 +14,11 @@ import attrs
 import httpx
 import pika
 import pytest
-from http_auth_service import AuthService, running_service
 
 from tqbroker.config import BrokerConfig
 from tqbroker.testing import RunningBroker, running_broker
+
+from .http_auth_service import AuthService, running_service
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pika
 import pytest
-from http_auth_service import KINDS, AuthService, running_service
 
 from tqbroker.config import BrokerConfig
 from tqbroker.testing import running_broker
+
+from .http_auth_service import KINDS, AuthService, running_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

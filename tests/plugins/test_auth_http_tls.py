@@ -9,11 +9,12 @@ from pathlib import Path
 
 import attrs
 import pytest
-from http_auth_service import AuthService, ServiceTls, running_service
 from tqbroker_auth_http import HttpAuthBackend
 
 from tqbroker.auth import AuthConfigError, load_chain
 from tqbroker.plugins import AuthBackendError, Peer
+
+from .http_auth_service import AuthService, ServiceTls, running_service
 
 trustme = pytest.importorskip("trustme", reason="trustme (a test dependency) makes the CAs")
 

@@ -354,7 +354,7 @@ def test_hash_property(channel: BlockingChannel, prop: str, value: Callable[[int
     for _ in range(3):
         channel.basic_publish("chx", "rk", b"none", pika.BasicProperties())
     got = drain(channel, list(weights))
-    where = {}
+    where: dict[bytes, str] = {}
     for queue, bodies in got.items():
         for body in bodies:
             assert where.setdefault(body, queue) == queue  # one queue per property value

@@ -135,7 +135,7 @@ def test_encoded_parts_give_the_same_bytes(
 ) -> None:
     """``write_encoded_delivers`` (a stream's records as they lie in its log: names, properties
     and a view of the body) writes what ``frames.write_deliver`` does for each."""
-    batch = [
+    batch: list[tuple[int, bytes, bytes, bytes | memoryview]] = [
         (
             i,
             frames.shortstr(exchange) + frames.shortstr(key),

@@ -107,8 +107,9 @@ def test_methods_table_matches_the_spec() -> None:
     assert set(WIRE_FIELDS) == set(METHODS.values())
     for index, cls in METHODS.items():
         assert index == cls.INDEX == (cls.CLASS_ID << 16) | cls.METHOD_ID
-        assert [f.name for f in attrs.fields(cls)] == [name for name, _ in WIRE_FIELDS[cls]]
+        wire_names = [name for name, _ in WIRE_FIELDS[cls]]
         assert attrs.has(cls)
+        assert [f.name for f in attrs.fields(cls)] == wire_names
         assert issubclass(cls, methods.Method)
 
 
@@ -277,7 +278,8 @@ def test_basic_properties_exact_bytes() -> None:
     assert BasicProperties(timestamp=1).encode() == b"\x00\x40" + struct.pack(">Q", 1)
     assert BasicProperties(cluster_id="c").encode() == b"\x00\x04\x01c"
     assert BasicProperties(headers={}).encode() == b"\x20\x00\x00\x00\x00\x00"
-    full = BasicProperties(*(["x", "y", {"a": 1}, 1, 2] + ["s"] * 4 + [3] + ["t"] * 4))
+    values: list[Any] = ["x", "y", {"a": 1}, 1, 2] + ["s"] * 4 + [3] + ["t"] * 4
+    full = BasicProperties(*values)
     assert full.encode()[:2] == b"\xff\xfc"
 
 

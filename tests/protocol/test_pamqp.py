@@ -96,7 +96,7 @@ def test_pamqp_knows_every_method_but_access() -> None:
     }
     assert set(REPRESENTATIVE) <= set(SHARED)
     for cls in SHARED:
-        pamqp_cls = pc.INDEX_MAPPING[cls.INDEX]
+        pamqp_cls: Any = pc.INDEX_MAPPING[cls.INDEX]
         assert [PAMQP_NAMES.get(name, name) for name, _ in WIRE_FIELDS[cls]] == list(
             pamqp_cls.__slots__
         )
@@ -262,7 +262,7 @@ def test_we_decode_what_pamqp_encodes(cls: type[m.Method], data: Any) -> None:
 def pamqp_client_handshake() -> bytes:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        parts = [
+        parts: list[Any] = [
             pamqp_header.ProtocolHeader(),
             pc.Connection.StartOk(
                 client_properties={"product": "pamqp", "capabilities": {"basic.nack": True}},
@@ -421,7 +421,7 @@ def test_pamqp_decodes_our_content_header(
     consumed, got_channel, header = pamqp_unmarshal(bytes(out))
     assert (consumed, got_channel) == (len(out), channel)
     assert isinstance(header, pamqp_header.ContentHeader)
-    assert (header.class_id, header.weight, header.body_size) == (60, 0, body_size)
+    assert (header.class_id, header.weight, header.body_size) == (60, 0, body_size)  # type: ignore[comparison-overlap]  # pamqp types class_id as None
     for name, wire in PROPERTY_FIELDS:
         theirs = getattr(header.properties, PAMQP_PROPERTY_NAMES.get(name, name))
         ours = props.get(name)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from rawamqp import RawAMQP, body_frame, content_header
+from tests.support.rawamqp import RawAMQP, body_frame, content_header
 from tqbroker.config import BrokerConfig
 from tqbroker.protocol import methods as m
 from tqbroker.protocol import properties as protocol
@@ -208,7 +208,9 @@ def streams(draw: Any) -> bytes:
     )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The two properties below run a quarter of their examples in the default set (the full
+# counts take minutes on 2 busy cores) and all of them with ``-m slow``.
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(streams(), st.lists(st.integers(0, 100_000), max_size=8))
 @example(
     client_handshake(channel_max=8, frame_max=4096)
@@ -218,6 +220,17 @@ def streams(draw: Any) -> bytes:
     [],
 )
 def test_the_fast_path_is_the_frame_by_frame_path(stream: bytes, cuts: list[int]) -> None:
+    fast_path_is_frame_by_frame(stream, cuts)
+
+
+@pytest.mark.slow
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(streams(), st.lists(st.integers(0, 100_000), max_size=8))
+def test_the_fast_path_is_the_frame_by_frame_path_at_length(stream: bytes, cuts: list[int]) -> None:
+    fast_path_is_frame_by_frame(stream, cuts)
+
+
+def fast_path_is_frame_by_frame(stream: bytes, cuts: list[int]) -> None:
     expected = run(stream, [], fast=False)
     Counting.fast = 0
     assert run(stream, [], fast=True) == expected
@@ -313,7 +326,7 @@ def property_blocks(draw: Any) -> bytes:
     return struct.pack(">H", flags) + bytes(tail[: draw(st.integers(0, len(tail)))])
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(property_blocks())
 @example(b"")
 @example(b"\x80")
@@ -325,12 +338,23 @@ def property_blocks(draw: Any) -> bytes:
 @example(b"\x10\x00")  # delivery-mode past the end
 @example(b"\x00\x02")  # an unassigned flag: ignored
 def test_check_properties_agrees_with_the_decoder(raw: bytes) -> None:
+    check_properties_agrees_with_the_decoder(raw)
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None)
+@given(property_blocks())
+def test_check_properties_agrees_with_the_decoder_at_length(raw: bytes) -> None:
+    check_properties_agrees_with_the_decoder(raw)
+
+
+def check_properties_agrees_with_the_decoder(raw: bytes) -> None:
     protocol._PROPERTIES.clear()  # from nothing known, then with the memo filled
     for _ in range(2):
         try:
             expected = BasicProperties.decode(memoryview(raw))
         except DecodeError as exc:
-            refusal = str(exc)
+            refusal: str | None = str(exc)
         else:
             refusal = None
         if refusal is not None:

@@ -8,7 +8,7 @@ from contextlib import closing
 
 import pytest
 
-from queue_model import ForkServer
+from tests.support.queue_model import ForkServer
 
 
 @pytest.fixture(scope="module")

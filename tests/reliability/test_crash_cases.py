@@ -10,7 +10,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from queue_model import ForkServer, ModelBroker
+from tests.support.queue_model import ForkServer, ModelBroker
 
 
 @pytest.mark.parametrize("persistent", [False, True])

@@ -47,7 +47,7 @@ from hypothesis.stateful import (
 )
 from pika.adapters.blocking_connection import BlockingChannel
 
-from queue_model import (
+from tests.support.queue_model import (
     UNACKED,
     Chan,
     ForkServer,

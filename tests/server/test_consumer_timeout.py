@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from rawamqp import body_frame, content_header
+from tests.support.rawamqp import body_frame, content_header
 from tqbroker import BrokerConfig
 from tqbroker.protocol.frames import FRAME_HEAD, FRAME_METHOD, PROTOCOL_HEADER, encode_method
 from tqbroker.protocol.methods import (
@@ -69,7 +69,7 @@ class Client:
     async def open(self) -> None:
         await self.stream.send_all(PROTOCOL_HEADER)
         await self.expect(ConnectionStart)
-        await self.send(0, ConnectionStartOk(mechanism="PLAIN", response=b"\0guest\0guest"))
+        await self.send(0, ConnectionStartOk(mechanism="PLAIN", response="\0guest\0guest"))
         tune = await self.expect(ConnectionTune)
         assert isinstance(tune, ConnectionTune)
         await self.send(0, ConnectionTuneOk(tune.channel_max, tune.frame_max, 0))

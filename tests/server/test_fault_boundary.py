@@ -15,7 +15,7 @@ import pika.exceptions
 import pytest
 import trio
 
-from canary import Canary
+from tests.support.canary import Canary
 from tqbroker.broker.vhost import VirtualHost
 from tqbroker.model import Message
 from tqbroker.server.connection import AMQPConnection
@@ -141,7 +141,7 @@ def test_a_bug_in_a_delivery_closes_the_consumers_connection(
     """The delivery that failed is requeued (tracked before it was written) and goes to the
     next consumer."""
     original = AMQPConnection.write_delivers  # a queue with one consumer delivers batches
-    failures = []
+    failures: list[Message] = []
 
     def write_delivers(self: AMQPConnection, *args: Any) -> int:
         entries: list[tuple[int, Message, bool]] = args[-1]

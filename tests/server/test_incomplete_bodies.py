@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rawamqp import RawAMQP, body_frame, content_header
+from tests.support.rawamqp import RawAMQP, body_frame, content_header
 from tqbroker.protocol.frames import encode_method
 from tqbroker.protocol.methods import BasicPublish, QueueDeclare, QueueDeclareOk
 from tqbroker.testing import BrokerProcess, start_broker_process

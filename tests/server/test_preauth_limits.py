@@ -13,7 +13,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from canary import Canary
+from tests.support.canary import Canary
 from tqbroker.protocol.frames import PROTOCOL_HEADER
 from tqbroker.testing import BrokerProcess, start_broker_process
 

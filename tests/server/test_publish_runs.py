@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from rawamqp import RawAMQP, body_frame, content_header
+from tests.support.rawamqp import RawAMQP, body_frame, content_header
 from tqbroker.backends.log.stream import LogStream
 from tqbroker.model import Message
+from tqbroker.protocol.codec import FieldTable
 from tqbroker.protocol.frames import encode_method
 from tqbroker.protocol.methods import (
     BasicAck,
@@ -84,7 +85,7 @@ def settlements(amqp: RawAMQP, count: int, settled: dict[int, str] | None = None
     return settled
 
 
-def declare(amqp: RawAMQP, arguments: dict[str, object] | None = None) -> str:
+def declare(amqp: RawAMQP, arguments: FieldTable | None = None) -> str:
     name = f"runs-{uuid.uuid4().hex[:8]}"
     amqp.call(1, QueueDeclare(queue=name, durable=True, arguments=arguments or {}), QueueDeclareOk)
     return name
@@ -92,7 +93,7 @@ def declare(amqp: RawAMQP, arguments: dict[str, object] | None = None) -> str:
 
 def queued(amqp: RawAMQP, queue: str) -> list[bytes]:
     """Every message in ``queue``, in order (``basic.get``, no ack)."""
-    bodies = []
+    bodies: list[bytes] = []
     while True:
         amqp.send_method(1, BasicGet(queue=queue, no_ack=True))
         frame = amqp.next_frame()

@@ -20,6 +20,7 @@ import httpx
 import pika
 import pytest
 
+from tests.support.polling import eventually
 from tqbroker.testing import BrokerProcess, start_broker_process
 
 BODY = b"m" * 65536
@@ -92,9 +93,11 @@ def test_pika_publisher_is_blocked_over_the_watermark_and_unblocked_after_a_drai
     publishing.start()
     # Blocked: pika says so, or (its thread waiting in a basic_publish for socket room, its
     # callbacks not yet run) the broker's management API does.
-    while not events and "blocked" not in connection_states(broker):
-        assert time.monotonic() < deadline, f"never blocked after {counts[0]} publishes"
-        time.sleep(0.05)
+    eventually(
+        lambda: events or "blocked" in connection_states(broker),
+        deadline - time.monotonic(),
+        what="the publisher blocked",
+    )
     published = counts[0]
     assert published * len(BODY) > 30 * 1024 * 1024  # blocked by the watermark, not at once
     assert set(connection_states(broker)) == {"blocked", "blocking"}  # the consumer: blocking

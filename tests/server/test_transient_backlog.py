@@ -7,13 +7,13 @@ from 68 to 2,590 MB (1,322 B per message), with no alarm."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pika
 import pytest
 
-from rawamqp import RawAMQP
+from tests.support.polling import eventually
+from tests.support.rawamqp import RawAMQP
 from tqbroker.protocol.methods import QueueDeclare, QueueDeclareOk
 from tqbroker.testing import BrokerProcess, start_broker_process
 
@@ -32,11 +32,15 @@ def publish(broker: BrokerProcess, count: int, start: int) -> None:
         amqp.open_channel(1)
         for n in range(start, start + count):
             amqp.publish(1, "", "backlog", b"%09d" % n + BODY[9:])
-        while True:  # a passive declare answers after the publishes before it
-            ok = amqp.call(1, QueueDeclare(queue="backlog", passive=True), QueueDeclareOk)
-            if ok.message_count >= start + count:
-                return
-            time.sleep(0.05)
+        eventually(  # a passive declare answers after the publishes before it
+            lambda: (
+                amqp.call(
+                    1, QueueDeclare(queue="backlog", passive=True), QueueDeclareOk
+                ).message_count
+                >= start + count
+            ),
+            timeout=60,
+        )
 
 
 def run_backlog(

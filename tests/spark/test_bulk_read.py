@@ -41,7 +41,7 @@ from tqbroker.spark._options import source_options
 from tqbroker.spark._source import TopicRange, read_range
 
 if TYPE_CHECKING:
-    from conftest import Topics
+    from .conftest import Topics
 
 
 @settings(deadline=None)
@@ -89,7 +89,7 @@ def test_a_damaged_record_is_stepped_over_and_reported(tmp_path: Path) -> None:
     columns = bulk_read._Columns(headers=False)
     with pytest.MonkeyPatch.context() as patch:  # one slice, however busy the machine
         patch.setattr(bulk_read, "SLICE_SECONDS", 60.0)
-        assert columns.take(Partition(stream, None), 3, 300, 1 << 20) == 300
+        assert columns.take(Partition(stream, None), 3, 300, 1 << 20) == 300  # type: ignore[arg-type]
     assert list(columns.offsets) == [o for o in range(3, 300) if o != 150]
     assert bytes(columns.values[-1]).startswith(b"body-0299")
     assert stream.log.corrupt_records == 1  # as a read record by record reports it
@@ -250,11 +250,22 @@ def test_frames_and_columns_give_the_same_arrow_batches(
             while position < end:
                 if frames:
                     body = await bulk_read.read_frames_body(
-                        None, "t", 0, offset=position, end=end, max_bytes=max_bytes
+                        None,  # type: ignore[arg-type]  # the partition is patched in
+                        "t",
+                        0,
+                        offset=position,
+                        end=end,
+                        max_bytes=max_bytes,
                     )
                 else:
                     body = await bulk_read.read_body(
-                        None, "t", 0, offset=position, end=end, max_bytes=max_bytes, headers=False
+                        None,  # type: ignore[arg-type]  # the partition is patched in
+                        "t",
+                        0,
+                        offset=position,
+                        end=end,
+                        max_bytes=max_bytes,
+                        headers=False,
                     )
                 fetched = decode_fetch(body, "t", 0, include_headers=False, start=position, end=end)
                 batches.append(fetched.batch)

@@ -5,7 +5,6 @@ bodies."""
 from __future__ import annotations
 
 import json
-import time
 from array import array
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.polling import eventually
 from tqbroker.recordbatch import BinaryColumn, ReadBatch, decode_write, encode_read
 from tqbroker.spark._arrow_read import decode_fetch, read_schema
 from tqbroker.spark._arrow_write import encode_write
@@ -37,7 +37,7 @@ from tqbroker.spark._options import (
 from tqbroker.spark._source import TopicRange, read_range
 
 if TYPE_CHECKING:
-    from conftest import Topics
+    from .conftest import Topics
 
 BASE = {"subscribe": "t"}
 
@@ -349,10 +349,13 @@ def test_executor_reads_tell_lost_offsets_from_present_ones(topics: Topics) -> N
     big = "x" * (128 << 10)
     for i in range(40):
         topics.produce("cut", [{"value": f"{i:03d}{big}"}])
-    deadline = time.monotonic() + 30
-    while (now := topics.offsets("cut")[0])["earliest"] == 0:
-        assert time.monotonic() < deadline, "retention removed no segment"
-        time.sleep(0.05)
+
+    def trimmed() -> dict[str, int] | None:
+        """retention removing a segment"""
+        offsets = topics.offsets("cut")[0]
+        return offsets if offsets["earliest"] > 0 else None
+
+    now = eventually(trimmed, 30)
     options = {"tqbroker.url": topics.url, "subscribe": "cut", "fetchMaxBytes": "300000"}
     part = TopicRange("cut", 0, 0, now["latest"])
     with pytest.raises(DataLossError, match=rf"offsets 0 to {now['earliest'] - 1} of cut/0"):

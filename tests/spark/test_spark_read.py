@@ -14,10 +14,11 @@ import pika
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from tests.support.polling import eventually
 from tqbroker.testing import RunningBroker
 
 if TYPE_CHECKING:
-    from conftest import Topics
+    from .conftest import Topics
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -135,14 +136,11 @@ def test_batch_read_of_headers_plain_streams_and_split_ranges(
     connection = pika.BlockingConnection(pika.URLParameters(broker.url))
     connection.channel().queue_declare("plain", durable=True, arguments={"x-queue-type": "stream"})
     connection.close()
-    topics.produce(
-        "plain",
-        [
-            {"value": "one", "headers": {"h": "x", "n": 7, "b": [1, "a"]}},
-            {"value": "two", "key": "k"},
-        ]
-        + [{"value": f"v{i}"} for i in range(98)],
-    )
+    first: list[dict[str, object]] = [
+        {"value": "one", "headers": {"h": "x", "n": 7, "b": [1, "a"]}},
+        {"value": "two", "key": "k"},
+    ]
+    topics.produce("plain", first + [{"value": f"v{i}"} for i in range(98)])
     df = load(spark, broker, subscribe="plain", includeHeaders="true")
     assert df.schema.simpleString() == KAFKA_SCHEMA.replace(
         ">", ",headers:array<struct<key:string,value:binary>>>"
@@ -222,9 +220,7 @@ def test_query_stopped_mid_stream_resumes_from_its_checkpoint_exactly_once(
         .option("path", str(output))
         .start()
     )
-    deadline = time.monotonic() + 120
-    while (query.lastProgress or {}).get("batchId", -1) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(lambda: query.lastProgress and query.lastProgress["batchId"] >= 2, 120, 0.1)
     landed += topics.produce(
         "resume", [{"key": f"k{i}", "value": f"v{i}"} for i in range(2000, 2500)]
     )
@@ -253,10 +249,11 @@ def test_fail_on_data_loss_after_retention(
         start = topics.offsets("lossy")[0]
         for i in range(count):
             topics.produce("lossy", [{"value": f"{i:06d}{big}"}])
-        deadline = time.monotonic() + 30
-        while topics.offsets("lossy")[0]["earliest"] <= start["latest"] - 1:
-            assert time.monotonic() < deadline, "retention removed no segment"
-            time.sleep(0.05)
+        eventually(
+            lambda: topics.offsets("lossy")[0]["earliest"] > start["latest"] - 1,
+            30,
+            what="retention removing a segment",
+        )
         return topics.offsets("lossy")[0]
 
     # A streaming query reads everything there is, then retention removes more than that.

@@ -17,7 +17,7 @@ from tqbroker_partitioner import partition_for
 from tqbroker.testing import RunningBroker
 
 if TYPE_CHECKING:
-    from conftest import Record, Topics
+    from .conftest import Record, Topics
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 

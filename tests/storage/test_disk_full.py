@@ -25,7 +25,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from rawamqp import RawAMQP, SocketClosed
+from tests.support.rawamqp import RawAMQP, SocketClosed
 from tqbroker.backends.log import LogBackend
 from tqbroker.model import Message
 from tqbroker.protocol.methods import (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from rawamqp import RawAMQP, body_frame, content_header
+from tests.support.rawamqp import RawAMQP, body_frame, content_header
 from tqbroker.backends.log import segment as segment_module
 from tqbroker.backends.log import store as store_module
 from tqbroker.config import BrokerConfig

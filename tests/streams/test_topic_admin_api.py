@@ -14,6 +14,7 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.polling import eventually
 from tqbroker.testing import RunningBroker, start_broker_process
 
 pytestmark = pytest.mark.timeout(60)
@@ -145,10 +146,7 @@ def test_groups_listed_described_and_reset(
         )
     finally:
         member.close()
-    deadline = time.monotonic() + 10
-    while ok(http.get("/groups"))[0]["state"] != "Empty":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(lambda: ok(http.get("/groups"))[0]["state"] == "Empty")
     assert ok(http.get("/groups")) == [
         {"group": "billing", "topic": "events", "members": 0, "state": "Empty"}
     ]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import ssl
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import kombu
 import pika
 import pytest
 
+from tests.support.polling import eventually
 from tqbroker.server.handshake import Handshake
 from tqbroker.server.listener import Listening
 
@@ -114,18 +114,15 @@ def connection_json(listening: Listening, pki: Pki, cert: Path | None = None) ->
         verify=client_context(pki, cert),
         timeout=10,
     ) as api:
-        deadline = time.monotonic() + 10
-        while True:
-            found = [
+        found = eventually(
+            lambda: [
                 c
                 for c in api.get("/api/connections").json()
                 if c["user_provided_name"] == "tls-test"
             ]
-            if found or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        )
     assert len(found) == 1, found
-    return found[0]  # type: ignore[no-any-return]
+    return found[0]
 
 
 def test_management_api_shows_tls_and_the_certificate(mutual: Listening, pki: Pki) -> None:

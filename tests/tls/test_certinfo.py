@@ -26,7 +26,7 @@ from tqbroker.server.certinfo import (
 def decoded(tmp_path: Path, leaf: trustme.LeafCert) -> dict[str, Any]:
     path = tmp_path / "leaf.pem"
     leaf.cert_chain_pems[0].write_to_path(str(path))
-    return ssl._ssl._test_decode_cert(str(path))  # type: ignore[attr-defined,no-any-return]
+    return ssl._ssl._test_decode_cert(str(path))  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")

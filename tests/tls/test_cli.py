@@ -11,7 +11,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ import pika
 import pytest
 import trustme
 
+from tests.support.polling import file_containing
 from tqbroker.cli import effective_config, parse_args
 from tqbroker.config import BrokerConfig, load_config
 from tqbroker.settings import to_toml
@@ -130,13 +130,6 @@ def _served(port: int, trust: ssl.SSLContext) -> str:
         return der.hex()
 
 
-def _wait_for(path: Path, text: str, timeout: float = 10) -> str:
-    deadline = time.monotonic() + timeout
-    while text not in (content := path.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return content
-
-
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind((HOST, 0))
@@ -174,7 +167,7 @@ def test_tls_only_and_reload_on_sighup(tmp_path: Path) -> None:
 
         second = _issue(second_ca, tmp_path)
         broker.send_signal(signal.SIGHUP)
-        assert "TLS certificate reloaded" in _wait_for(log, "TLS certificate reloaded")
+        assert "TLS certificate reloaded" in file_containing(log, "TLS certificate reloaded")
         assert _served(amqps, trust) == second  # new connections: the new certificate
         assert _served(https, trust) == second
         channel.basic_publish("", queue, b"across the reload")  # the open one goes on
@@ -184,7 +177,7 @@ def test_tls_only_and_reload_on_sighup(tmp_path: Path) -> None:
         # A reload that cannot be used keeps the current certificate.
         trustme.CA().issue_cert(HOST).private_key_pem.write_to_path(str(tmp_path / "key.pem"))
         broker.send_signal(signal.SIGHUP)
-        content = _wait_for(log, "reload failed")
+        content = file_containing(log, "reload failed")
         assert "TLS certificate reload failed, keeping the current one: tls.keyfile:" in content
         assert _served(amqps, trust) == second
         open_connection.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.support.polling import eventually
 from tqbroker.protocol.frames import PROTOCOL_HEADER
 from tqbroker.server.listener import Listening
 from tqbroker.server.tls import server_context
@@ -33,12 +34,9 @@ def mutual(pki: Pki) -> Iterator[Listening]:
 
 
 def tls_lines(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
-    deadline = time.monotonic() + 5
-    while True:
-        found = [r for r in caplog.records if text in r.getMessage()]
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.02)
+    return eventually(
+        lambda: [r for r in caplog.records if text in r.getMessage()], 5, what=f"{text!r} logged"
+    )
 
 
 def assert_one_clean_line(caplog: pytest.LogCaptureFixture, text: str) -> str:

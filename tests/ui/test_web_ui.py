@@ -19,7 +19,11 @@ import pika.exceptions
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from ui_page import (
+
+from tqbroker.config import BrokerConfig
+from tqbroker.testing import RunningBroker, running_broker
+
+from .ui_page import (
     click,
     confirm,
     connect,
@@ -32,9 +36,6 @@ from ui_page import (
     text_of,
     wait,
 )
-
-from tqbroker.config import BrokerConfig
-from tqbroker.testing import RunningBroker, running_broker
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SERVER = "/usr/sbin/rabbitmq-server"
 CTL = "/usr/sbin/rabbitmqctl"
 
