@@ -59,7 +59,7 @@ async def test_max_age_drops_old_segments_on_the_clock(
         queue = StreamQueue(
             "/",
             "s",
-            stream,  # type: ignore[arg-type]  # LogStream is not a StreamLog to mypy (read_many)
+            stream,
             host=NoHost(),
             backend_name="log",
             arguments=QueueArguments.parse({"x-max-age": "1D"}),
@@ -97,7 +97,7 @@ async def test_offset_tracking_needs_a_consumer_tag(backend: LogBackend) -> None
     queue = StreamQueue(
         "/",
         "s",
-        backend.open_stream("/", "s"),  # type: ignore[arg-type]  # LogStream is not a StreamLog to mypy (read_many)
+        backend.open_stream("/", "s"),
         host=NoHost(),
         backend_name="log",
         arguments=QueueArguments(),
@@ -153,7 +153,7 @@ async def test_compaction_keeps_the_latest_per_key_and_drops_tombstones_after_gr
         queue = StreamQueue(
             "/",
             "c",
-            stream,  # type: ignore[arg-type]  # LogStream is not a StreamLog to mypy (read_many)
+            stream,
             host=NoHost(),
             backend_name="log",
             arguments=QueueArguments.parse(arguments),
@@ -193,7 +193,7 @@ async def test_a_reader_steps_over_compacted_offsets(
         queue = StreamQueue(
             "/",
             "r",
-            stream,  # type: ignore[arg-type]  # LogStream is not a StreamLog to mypy (read_many)
+            stream,
             host=NoHost(),
             backend_name="log",
             arguments=QueueArguments.parse({"x-stream-cleanup-policy": "compact"}),
@@ -248,7 +248,7 @@ async def test_a_client_that_reads_nothing_stops_the_deliveries(
             queue = StreamQueue(
                 "/",
                 "big",
-                backend.open_stream("/", "big"),  # type: ignore[arg-type]  # LogStream is not a StreamLog to mypy (read_many)
+                backend.open_stream("/", "big"),
                 host=NoHost(),
                 backend_name="log",
                 arguments=QueueArguments(),

@@ -89,7 +89,7 @@ def test_a_damaged_record_is_stepped_over_and_reported(tmp_path: Path) -> None:
     columns = bulk_read._Columns(headers=False)
     with pytest.MonkeyPatch.context() as patch:  # one slice, however busy the machine
         patch.setattr(bulk_read, "SLICE_SECONDS", 60.0)
-        assert columns.take(Partition(stream, None), 3, 300, 1 << 20) == 300  # type: ignore[arg-type]
+        assert columns.take(Partition(stream, None), 3, 300, 1 << 20) == 300
     assert list(columns.offsets) == [o for o in range(3, 300) if o != 150]
     assert bytes(columns.values[-1]).startswith(b"body-0299")
     assert stream.log.corrupt_records == 1  # as a read record by record reports it
@@ -167,7 +167,8 @@ def test_a_read_stops_where_retention_cut_in(
     assert work is not None
     work()
     retention = _Retention(inner)
-    queue = types.SimpleNamespace(partition=Partition(retention, None), compaction=None)
+    partition = Partition(retention, None)  # type: ignore[arg-type]  # the reads a bulk read makes
+    queue = types.SimpleNamespace(partition=partition, compaction=None)
     monkeypatch.setattr(bulk_read, "SLICE_SECONDS", 0.0)
     monkeypatch.setattr(bulk_read, "partition", lambda *_args: queue)
 

@@ -100,7 +100,7 @@ class StreamLog(Protocol):
         none yet. Readers go on from the record's offset + 1, stepping over gaps."""
         ...
 
-    def read_many(self, offset: int, end: int, limit: int) -> list[StreamRecord]:
+    def read_many(self, offset: int, end: int, limit: int) -> Sequence[StreamRecord]:
         """Up to ``limit`` records from the first at or after ``offset``, all below ``end``,
         in order (what ``read_from`` would give one by one): a reader's bulk read."""
         ...

@@ -120,7 +120,7 @@ class Partition:
 
     # -- reads (below the high watermark) --------------------------------------------------------
 
-    def read_many(self, offset: int, limit: int, end: int | None = None) -> list[StreamRecord]:
+    def read_many(self, offset: int, limit: int, end: int | None = None) -> Sequence[StreamRecord]:
         """Up to ``limit`` records from the first at or after ``offset``, below ``end`` (at most
         the high watermark), in order. Raises ``OSError`` on storage trouble."""
         high_watermark = self._log.durable_end
