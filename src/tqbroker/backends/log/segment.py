@@ -454,6 +454,17 @@ class Segment:
         self.time_index.rewrite()
         self.write_out()
 
+    def cut_at(self, pos: int) -> None:
+        """Cut the record file at byte ``pos`` (a frame boundary; nothing buffered), before a
+        rescan rebuilds the rest (``recovery.scan_segment``); the next sync makes it durable."""
+        self.file.ftruncate(pos)
+        self.size = self.written = pos
+        self._read_pos, self._read_buf = -1, b""
+        self.forget_frame()
+        self._hint = (-1, 0)
+        self.current = None
+        self.dirty = True
+
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:

@@ -249,7 +249,8 @@ async def produce(
     skip = 0
     expected = None
     if producer is not None:
-        expected = found[0].stream.producers.get(producer[0])
+        state = found[0].stream.producers.get(producer[0])
+        expected = state.next_sequence if state is not None else None
         if expected is not None and producer[1] < expected:
             skip = min(len(records), expected - producer[1])
         if skip == len(records):
@@ -262,7 +263,7 @@ async def produce(
         await _append(vhost, topic, records, found, index, exchange, landed, durability)
         if producer is not None:  # durable with the records: the same flush writes both
             following = producer[1] + skip + len(records)
-            found[0].stream.record_producer(producer[0], max(following, expected or 0))
+            found[0].stream.record_producer(producer[0], 0, max(following, expected or 0))
         if not await durability.wait():
             raise Unavailable(f"topic '{topic}': the write could not be made durable")
     return landed
