@@ -134,6 +134,8 @@ class Log:
                 self._drop_after(i, bases)
                 break
             segment.forget_frame()  # what the load decoded last
+        if self.strict and not clean:
+            self._drop_empty_tail()
         if marker.exists():
             fsio.fs.unlink(marker)
             fsync_dir(self.directory)
@@ -152,6 +154,24 @@ class Log:
             if path.suffix in (".index", ".timeindex") and orphan:
                 log.info("removing orphan index file %s", path)
                 fsio.fs.unlink(path)
+
+    def _drop_empty_tail(self) -> None:
+        """A crash kept a segment rolled to but not the records buffered in the one before
+        (written out after the roll): the empty segment would leave the offsets in between a
+        hole that no record fills (a follower fetching from the end would never copy them).
+        It goes, and the log ends where its records do (none of those offsets was durable,
+        so no reader saw one)."""
+        while (
+            len(self.segments) > 1
+            and self.segments[-1].size == 0
+            and self.segments[-2].next_offset < self.segments[-1].base_offset
+        ):
+            segment = self.segments.pop()
+            self._bases.pop()
+            log.warning(
+                "%s: removing empty segment %d after a hole", self.directory, segment.base_offset
+            )
+            segment.delete()
 
     def _drop_after(self, i: int, bases: list[int]) -> None:
         """A segment was truncated: every later segment is unreachable garbage."""
