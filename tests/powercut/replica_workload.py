@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from tqbroker.backends.log import LogBackend
-from tqbroker.backends.streams import StreamLog
+from tqbroker.backends.log.stream import LogStream
 
 from .recorder import Recorder
 from .workloads import body, flush, ident, message, union
 
 
-def _replicate(follower: StreamLog, leader: StreamLog, epoch: int) -> None:
+def _replicate(follower: LogStream, leader: LogStream, epoch: int) -> None:
     position = follower.next_offset
     while position < leader.durable_end:
         frames, position = leader.read_frames(position, leader.durable_end, 600)
