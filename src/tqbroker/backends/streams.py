@@ -173,8 +173,9 @@ class StreamLog(Protocol):
         local appends is sealed first (a follower has none). ``leader_epoch`` below the
         current one is ``StaleEpoch``; above it, that epoch begins at the first appended
         offset (as ``begin_epoch``, blocking for its checkpoint). Durable at the next flush,
-        like appends (``durable_end`` moves then). Returns the new ``next_offset``; an
-        ``OSError`` from storage leaves the log as it was."""
+        like appends (``durable_end`` moves then). Returns the new ``next_offset``. An
+        ``OSError`` from storage (a segment to roll to cannot be created) leaves the frames
+        before the refused one appended: ``next_offset`` says where the next fetch starts."""
         ...
 
     def truncate_to(self, offset: int) -> None:
@@ -188,7 +189,8 @@ class StreamLog(Protocol):
         ``open_stream``, with nothing else using the stream meanwhile); durable before it
         returns: after a power cut at any point the log is the old one or the truncated one,
         and once it returned never holds a record at or past the new end again. Raises
-        ``OSError``; the stream may then hold the old log or a prefix of it: call it again."""
+        ``OSError``: the truncation is then unfinished (the next start finishes it), so call
+        it again before anything else uses the stream."""
         ...
 
     @property

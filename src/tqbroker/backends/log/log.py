@@ -11,7 +11,15 @@ Responsibilities:
   segments discarded, and indexes rebuilt; orphan index files and the leftovers of an unfinished
   compaction (``COMPACTION_DIR``) are removed;
 - durability work for the flusher (``sync_work``), deleting whole segments below an offset;
-- putting a compacted copy in place of a closed segment (``replace_segment``).
+- putting a compacted copy in place of a closed segment (``replace_segment``);
+- replication's side (``replication.py`` checks the frames and finds where to cut): appending
+  frames verbatim (``append_frames``) and cutting the log back (``truncate``);
+- ``strict`` (streams): a damaged frame a read meets fails the log (``failure``) and raises
+  ``CorruptLogError`` instead of being stepped over; and recovery drops an empty last segment
+  that would leave a hole at the end of the log.
+
+Over 400 lines, as one job: the segment list and the operations that must keep it, its
+offset bisection and the record cache consistent.
 """
 
 from __future__ import annotations

@@ -12,10 +12,13 @@ Responsibilities:
   active segment; removed segments are deleted at the next flush;
 - the flush protocol the log backend's flushes drive (``begin_flush`` / ``close`` / ``abandon``),
   like ``LogQueueStore``'s, without ack state: readers keep their own positions;
-- stored positions, made durable by the next flush: ``offsets`` by consumer tag (server-side
-  offset tracking), ``group_offsets`` by consumer group (the group's committed offset on
-  this stream) and ``producers`` by producer id (the next sequence an idempotent producer's
-  writes expect);
+- stored positions and producer states (``streamstate.py``), made durable by the next flush;
+- replication (``replication.py``, ``epochs.py``): ``append_frames`` (a leader's frames,
+  verbatim), the leader epoch history (its checkpoint written before the call that changes it
+  returns), ``truncate_to`` (blocking, durable, finished at the next open if a crash cut it
+  short), the replica id (``replica-id``, written when the directory is first opened);
+- strict reads: the log is opened ``strict``, so a damaged frame fails the stream
+  (``failure``) and every read raises ``CorruptLogError``;
 - compaction, Kafka's ``cleanup.policy=compact`` (``CompactionPolicy``): ``compaction_work`` plans a
   pass and returns the blocking work, which writes compacted copies of the closed segments
   (the latest record of each key kept, offsets unchanged, so segments get gaps) in a scratch
@@ -26,6 +29,10 @@ Responsibilities:
 
 Recovery after a crash rescans the segments written since the last flush (``recovery_point`` in
 ``stream.cbor``), as queue logs do.
+
+Over 400 lines, as one job: ``LogStream`` is the ``StreamLog`` contract over one log, and each
+part above is the few lines that tie a piece (the log, compaction, the epochs, the stored
+state) to the flush protocol they share; the pieces themselves live in their own modules.
 """
 
 from __future__ import annotations
@@ -52,10 +59,10 @@ from .format import BATCH_OVERHEAD, ENTRY_OVERHEAD, FLAG_PERSISTENT, Record
 from .log import COMPACTION_DIR, RESOURCE_ERRNOS, Log
 from .replication import check_frames, clear_intent, pending_truncation, write_intent
 from .segment import Segment
+from .streamstate import STATE_FILE, StreamState
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "stream.cbor"
 REPLICA_FILE = "replica-id"  # the replica's UUID, written when the directory is created
 _exchange = attrgetter("exchange")
 _routing_key = attrgetter("routing_key")
@@ -76,12 +83,8 @@ class LogStream:
         self._durable_end = 0  # readers stop here: see ``durable_end``
         self._recovery_written = 0  # the recovery point in stream.cbor on disk
         self._obsolete: list[Segment] = []
-        # Server-side offset tracking: the next offset each tracked consumer reads, by tag.
-        self.offsets: dict[str, int] = {}
-        # Consumer groups: the committed offset (the next one to read) of each group, by name.
-        self.group_offsets: dict[str, int] = {}
-        # Idempotent producers (HTTP bulk writes): epoch and next sequence, by producer id.
-        self._producers: dict[str, ProducerState] = {}
+        # Stored offsets, group offsets and producer states: ``stream.cbor``.
+        self.state = StreamState()
         self.epochs = EpochHistory()
         self._replica_id = ""
         log.strict = True  # a damaged frame fails the stream: never stepped over
@@ -110,22 +113,18 @@ class LogStream:
 
     def open(self) -> None:
         try:
-            state = cbor2.loads((self.directory / STATE_FILE).read_bytes())
+            stored = cbor2.loads((self.directory / STATE_FILE).read_bytes())
         except OSError as exc:
             if exc.errno in RESOURCE_ERRNOS:
                 raise  # out of descriptors or memory: the open fails, the state file is fine
-            state = {}
+            stored = None
         except (ValueError, cbor2.CBORDecodeError):
-            state = {}
-        if not isinstance(state, dict):
-            state = {}
-        recovery_point = int(state.get("recovery_point", 0))
+            stored = None
+        self.state = StreamState(stored)
+        recovery_point = self.state.recovery_point
         self.log.open(recovery_point=recovery_point)
         self._synced_upto = self._recovery_written = recovery_point
         self._durable_end = self.log.next_offset  # what recovery found is on disk
-        self.offsets = _positions(state.get("offsets"))
-        self.group_offsets = _positions(state.get("groups"))
-        self._producers = _producer_states(state.get("producers"))
         self.epochs = EpochHistory.load(self.directory)
         self._replica_id = self._load_replica_id()
         pending = pending_truncation(self.directory)
@@ -158,8 +157,19 @@ class LogStream:
         return self.log.failure
 
     @property
+    def offsets(self) -> Mapping[str, int]:
+        """Server-side offset tracking: the next offset each tracked consumer reads, by tag."""
+        return self.state.offsets
+
+    @property
+    def group_offsets(self) -> Mapping[str, int]:
+        """Consumer groups: the committed offset (the next one to read) of each, by name."""
+        return self.state.group_offsets
+
+    @property
     def producers(self) -> Mapping[str, ProducerState]:
-        return self._producers
+        """Idempotent producers (HTTP bulk writes): epoch and next sequence, by producer id."""
+        return self.state.producers
 
     # -- reading and writing -----------------------------------------------------------------
 
@@ -337,11 +347,9 @@ class LogStream:
             self._synced_upto = min(self._synced_upto, end)
             self._recovery_written = min(self._recovery_written, end)
             self._durable_end = min(self._durable_end, end)
-            for table in (self.offsets, self.group_offsets):
-                for name, position in table.items():
-                    table[name] = min(position, end)
+            self.state.clamp(end)
             self._offsets_dirty = False
-            atomic_write(self.directory / STATE_FILE, cbor2.dumps(self._state(self._synced_upto)))
+            atomic_write(self.directory / STATE_FILE, self.state.encode(self._synced_upto))
             clear_intent(self.directory)
 
     @property
@@ -361,23 +369,18 @@ class LogStream:
 
     def store_offset(self, consumer_tag: str, offset: int) -> None:
         """Remember where a tracked consumer goes on (durable after the next flush)."""
-        self._remember(self.offsets, consumer_tag, offset)
+        if self.state.store_offset(consumer_tag, offset):
+            self._offsets_dirty = True
 
     def commit_group_offset(self, group: str, offset: int) -> None:
         """Remember a consumer group's committed offset (durable after the next flush)."""
-        self._remember(self.group_offsets, group, offset)
+        if self.state.commit_group_offset(group, offset):
+            self._offsets_dirty = True
 
     def record_producer(self, producer: str, epoch: int, sequence: int) -> None:
         """Remember an idempotent producer's epoch and the next sequence its writes expect
         (durable after the next flush, with the records it wrote)."""
-        state = ProducerState(epoch, sequence)
-        if self._producers.get(producer) != state:
-            self._producers[producer] = state
-            self._offsets_dirty = True
-
-    def _remember(self, table: dict[str, int], name: str, value: int) -> None:
-        if table.get(name) != value:
-            table[name] = value
+        if self.state.record_producer(producer, epoch, sequence):
             self._offsets_dirty = True
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
@@ -527,7 +530,7 @@ class LogStream:
 
             return sync_only
         obsolete, self._obsolete = self._obsolete, []
-        state = self._state(synced_upto)
+        state = self.state.encode(synced_upto)
         offsets_dirty, self._offsets_dirty = self._offsets_dirty, False
         retired, self._retired = self._retired, []
 
@@ -550,7 +553,7 @@ class LogStream:
                     if current:
                         atomic_write(
                             self.directory / STATE_FILE,
-                            cbor2.dumps(state),
+                            state,
                             fsync=fsync or offsets_dirty,
                         )
                         self._recovery_written = max(self._recovery_written, synced_upto)
@@ -570,17 +573,6 @@ class LogStream:
 
         return work
 
-    def _state(self, recovery_point: int) -> dict[str, object]:
-        """What ``stream.cbor`` holds."""
-        return {
-            "recovery_point": recovery_point,
-            "offsets": dict(self.offsets),
-            "groups": dict(self.group_offsets),
-            "producers": {
-                name: [state.epoch, state.next_sequence] for name, state in self._producers.items()
-            },
-        }
-
     def close(self) -> None:
         work = self.begin_flush()
         if work is not None:
@@ -599,24 +591,3 @@ class LogStream:
             segment.close()
         self._retired.clear()
         self.log.close(clean=False)
-
-
-def _producer_states(value: object) -> dict[str, ProducerState]:
-    """Producer states from ``stream.cbor``: ``[epoch, next_sequence]`` by producer id, or
-    (stored before epochs) the next sequence alone, epoch 0."""
-    if not isinstance(value, dict):
-        return {}
-    states = {}
-    for name, stored in value.items():
-        if isinstance(stored, list) and len(stored) == 2:
-            states[str(name)] = ProducerState(int(stored[0]), int(stored[1]))
-        elif isinstance(stored, int):
-            states[str(name)] = ProducerState(0, stored)
-    return states
-
-
-def _positions(value: object) -> dict[str, int]:
-    """Stored positions by name, from ``stream.cbor`` (anything else: none)."""
-    if not isinstance(value, dict):
-        return {}
-    return {str(name): int(offset) for name, offset in value.items()}
