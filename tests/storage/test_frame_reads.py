@@ -180,6 +180,7 @@ def test_a_damaged_frame_fails_the_stream_with_one_clear_log_line(
         lambda: stream.read(0),
         lambda: stream.read_from(0),
         lambda: stream.read_many(0, 10, 10),
+        lambda: stream.offset_for_timestamp(0),
     ):
         with pytest.raises(CorruptLogError):
             read()

@@ -8,13 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import cbor2
+import pytest
 
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.epochs import EPOCH_FILE
 from tqbroker.backends.log.replication import TRUNCATE_FILE, write_intent
 from tqbroker.backends.log.stream import LogStream
 from tqbroker.backends.log.streamstate import STATE_FILE
-from tqbroker.backends.streams import ProducerState
+from tqbroker.backends.streams import CorruptLogError, ProducerState
 from tqbroker.model import Message
 
 
@@ -139,4 +140,24 @@ def test_recovery_removes_an_empty_segment_after_a_hole(tmp_path: Path) -> None:
     backend, stream = _open(tmp_path, segment_bytes=300)
     assert stream.next_offset == end
     assert not (directory / f"{hole:020d}.log").exists()
+    backend.close()
+
+
+def test_a_search_by_time_over_a_damaged_frame_fails_the_stream(tmp_path: Path) -> None:
+    backend = LogBackend(index_interval_bytes=1 << 20)  # one index entry: the search walks
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    assert isinstance(stream, LogStream)
+    for n in range(20):
+        stream.append(Message("", "k", b"", b"body-%02d" % n, timestamp_ms=1_000 + n))
+        stream.seal()
+    _flush(backend)
+    (path,) = sorted(stream.directory.glob("*.log"))
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(b"body-05") + 3] ^= 1
+    path.write_bytes(bytes(raw))
+    stream.log.segments[0]._read_pos = -1  # forget the read-ahead
+    with pytest.raises(CorruptLogError):
+        stream.offset_for_timestamp(1_010)
+    assert stream.failure is not None
     backend.close()

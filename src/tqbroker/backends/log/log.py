@@ -474,9 +474,11 @@ class Log:
             yield from segment.records(start)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
-        """The first offset whose timestamp is >= ``timestamp_ms`` (the log end if none)."""
+        """The first offset whose timestamp is >= ``timestamp_ms`` (the log end if none); with
+        ``strict``, a damaged frame on the way raises ``CorruptLogError``."""
         for segment in self.segments:
-            found = segment.offset_for_timestamp(timestamp_ms)
+            on_damage = partial(self._damaged, segment) if self.strict else None
+            found = segment.offset_for_timestamp(timestamp_ms, on_damage)
             if found is not None:
                 return found
         return self.next_offset

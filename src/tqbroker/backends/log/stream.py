@@ -385,6 +385,7 @@ class LogStream:
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         self.seal()
+        self.log.check_failed()
         return max(self.log.offset_for_timestamp(timestamp_ms), self.first_offset)
 
     def apply_retention(self, *, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:
