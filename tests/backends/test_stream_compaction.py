@@ -28,7 +28,7 @@ from tqbroker.backends.log.cache import RecordCache
 from tqbroker.backends.log.format import Record
 from tqbroker.backends.log.log import COMPACTION_DIR, Log
 from tqbroker.backends.log.stream import LogStream
-from tqbroker.backends.streams import CompactionPolicy
+from tqbroker.backends.streams import CompactionPolicy, CorruptLogError
 from tqbroker.broker.streams.compaction import compaction_policy
 from tqbroker.model import Message
 from tqbroker.protocol.methods import BasicProperties
@@ -374,7 +374,9 @@ def test_the_record_cache_never_serves_a_removed_record(tmp_path: Path) -> None:
     stream.close()
 
 
-def test_a_damaged_record_in_a_compacted_segment_is_stepped_over(tmp_path: Path) -> None:
+def test_a_damaged_record_in_a_compacted_segment_fails_the_stream(tmp_path: Path) -> None:
+    """Strict reads: damage is never stepped over, not even in a compacted segment (whose gaps
+    are not damage: every record around them reads)."""
     stream = open_stream(tmp_path, segment_bytes=4000)
     for n in range(200):
         append(stream, message(f"k{n % 40}" if n % 3 else None, b"v%d" % n + b"." * 20, T0))
@@ -387,10 +389,12 @@ def test_a_damaged_record_in_a_compacted_segment_is_stepped_over(tmp_path: Path)
     assert len(here) > 5
     victim = here[len(here) // 2]
     damage(stream, victim)
-    after = surviving(stream)
-    assert after == {o: e for o, e in before.items() if o != victim}
-    assert stream.read(victim) is None
-    assert stream.log.corrupt_records >= 1
+    with pytest.raises(CorruptLogError):
+        surviving(stream)
+    assert stream.failure is not None
+    assert segment.log_path.name in stream.failure
+    with pytest.raises(CorruptLogError):
+        stream.read(here[0])  # the stream is failed: no read is served
     stream.close()
 
 

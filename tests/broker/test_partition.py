@@ -9,14 +9,17 @@ import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 import trio.testing
 
 from tqbroker.backends.log import LogBackend
+from tqbroker.backends.streams import ProducerState
 from tqbroker.broker.flusher import Flusher
 from tqbroker.broker.streams.partition import Partition, make_durable
-from tqbroker.broker.streams.service import ProducerRecord, StreamService
+from tqbroker.broker.streams.service import ProducerRecord, StreamService, Unavailable
+from tqbroker.config import BrokerConfig
 from tqbroker.model import Message
 from tqbroker.testing import start_broker
 
@@ -128,7 +131,7 @@ async def test_committed_offsets_are_made_durable(tmp_path: Path) -> None:
         await nursery.start(flusher.run)
         partition.commit_group_offset("g", 2)
         partition.store_offset("consumer-1", 1)
-        partition.record_producer("p", 7)
+        partition.record_producer("p", 3, 7)
         assert await make_durable([partition, partition])
         nursery.cancel_scope.cancel()
     backend.close()
@@ -137,7 +140,7 @@ async def test_committed_offsets_are_made_durable(tmp_path: Path) -> None:
     again = Partition(reopened.open_stream("/", "s"), None)
     assert again.group_offsets == {"g": 2}
     assert again.tracked_offsets == {"consumer-1": 1}
-    assert again.producer_sequence("p") == 7
+    assert again.producer_state("p") == ProducerState(3, 7)
     assert again.high_watermark == 3
     reopened.close()
 
@@ -196,3 +199,71 @@ async def test_a_produced_record_lands_in_one_partition_however_the_topic_is_bou
         held = {id(p): p.high_watermark for p in streams.partitions("d")}  # each once
         assert sum(held.values()) == 20
         nursery.cancel_scope.cancel()
+
+
+async def test_a_follower_partition_copies_its_leader_and_truncates(tmp_path: Path) -> None:
+    """The log's replication primitives through the ``Partition``: a follower appends the
+    leader's frames verbatim in the leader's epoch, finds where it diverged
+    (``end_offset_for_epoch``) and truncates there, durably; each replica has its own id."""
+    backend = LogBackend()
+    backend.open(tmp_path)
+    leader = Partition(backend.open_stream("/", "leader"), Flusher(backend))
+    follower = Partition(backend.open_stream("/", "follower"), Flusher(backend))
+    await leader.begin_epoch(3)
+    for n in range(10):  # a frame each (a flush closes the open batch)
+        leader.append([message(n)])
+        flush(backend)
+    frames, _next = leader.read_frames(0, None, 1 << 20)
+    end, durability = await follower.append_frames(frames, 3)
+    assert end == 10
+    assert durability is not None
+    flush(backend)
+    assert follower.high_watermark == 10
+    assert follower.leader_epoch == 3
+    assert list(follower.epoch_history) == [(3, 0)]
+    assert follower.read_frames(0, None, 1 << 20)[0] == frames  # byte-identical
+    assert follower.replica_id != leader.replica_id
+    assert follower.end_offset_for_epoch(3) == 10
+    await follower.truncate_to(4)
+    assert (follower.log_end_offset, follower.high_watermark) == (4, 4)
+    assert [r.offset for r in follower.read_many(0, 100)] == [0, 1, 2, 3]
+    backend.close()
+
+
+async def test_a_damaged_frame_fails_the_partition_and_the_health_check(tmp_path: Path) -> None:
+    """Strict reads: a frame damaged on disk below the high watermark is never stepped over. A
+    read through the stream service is refused (503 to HTTP), the partition says why, and
+    ``/health`` names it."""
+    config = BrokerConfig(port=0, http_port=0, data_dir=tmp_path)
+    async with trio.open_nursery() as nursery:
+        running = await start_broker(nursery, config)
+        assert running.broker is not None
+        streams = StreamService(running.broker.vhosts["/"])
+        await streams.declare("t", 1, {})
+        for n in range(300):  # a record batch each: the damage below takes one record
+            await streams.produce("t", [ProducerRecord(b"record-%04d" % n + b"." * 40)])
+        nursery.cancel_scope.cancel()  # a clean stop: the next start scans nothing
+    damage(tmp_path, b"record-0150")
+    async with trio.open_nursery() as nursery:
+        running = await start_broker(nursery, config)
+        assert running.broker is not None
+        streams = StreamService(running.broker.vhosts["/"])
+        assert [r.offset for r in streams.read("t", 0, offset=0, limit=100)] == list(range(100))
+        with pytest.raises(Unavailable, match="partition 0 of topic 't' failed"):
+            streams.read("t", 0, offset=100, limit=100)
+        assert streams.partition("t", 0).failure is not None
+        async with httpx.AsyncClient(base_url=running.http_url) as client:
+            health = await client.get("/health")
+            assert health.status_code == 503
+            assert health.json()["failed_partitions"][0]["queue"] == "t-0"
+            read = await client.get("/topics/t/messages?offset=140", auth=("guest", "guest"))
+            assert read.status_code == 503
+        nursery.cancel_scope.cancel()
+
+
+def damage(data_dir: Path, needle: bytes) -> None:
+    """Flip a bit of the record holding ``needle`` in its segment file."""
+    victim = next(p for p in data_dir.rglob("*.log") if needle in p.read_bytes())
+    data = bytearray(victim.read_bytes())
+    data[data.index(needle) + 3] ^= 1
+    victim.write_bytes(bytes(data))

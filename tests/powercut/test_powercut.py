@@ -19,6 +19,7 @@ import pytest
 from .broker_workload import BrokerWorkload
 from .harness import Report, Workload, explore
 from .recrash import explore_twice
+from .replica_workload import ReplicaWorkload
 from .workloads import DefinitionsWorkload, QueueWorkload, StreamWorkload
 
 
@@ -42,6 +43,7 @@ def test_power_cuts_default_set(tmp_path: Path) -> None:
     plan: list[tuple[Workload, int | None]] = [
         (QueueWorkload(), 40),
         (StreamWorkload(), 40),
+        (ReplicaWorkload(), 40),
         (DefinitionsWorkload(), None),
         # The relaxed policies: recovery consistent (starts, nothing corrupt), losses allowed.
         (QueueWorkload(fsync="never"), 20),
@@ -56,7 +58,9 @@ def test_power_cuts_default_set(tmp_path: Path) -> None:
     assert states >= 100
 
 
-@pytest.mark.parametrize("workload", [QueueWorkload(), StreamWorkload()], ids=lambda w: w.name)
+@pytest.mark.parametrize(
+    "workload", [QueueWorkload(), StreamWorkload(), ReplicaWorkload()], ids=lambda w: w.name
+)
 def test_power_cuts_during_recovery(tmp_path: Path, workload: Workload) -> None:
     """A second power cut while recovering from a first: 20 damaged first states, 15 crash
     points in each recovery."""
@@ -66,7 +70,9 @@ def test_power_cuts_during_recovery(tmp_path: Path, workload: Workload) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", [QueueWorkload(), StreamWorkload()], ids=lambda w: w.name)
+@pytest.mark.parametrize(
+    "workload", [QueueWorkload(), StreamWorkload(), ReplicaWorkload()], ids=lambda w: w.name
+)
 def test_power_cuts_during_recovery_many(tmp_path: Path, workload: Workload) -> None:
     report = explore_twice(workload, tmp_path, first=120, points=40)
     assert report.ok, f"{report}\n" + "\n".join(report.examples)
@@ -76,7 +82,12 @@ def test_power_cuts_during_recovery_many(tmp_path: Path, workload: Workload) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "workload",
-    [QueueWorkload(rounds=16), StreamWorkload(rounds=18), DefinitionsWorkload(versions=12)],
+    [
+        QueueWorkload(rounds=16),
+        StreamWorkload(rounds=18),
+        ReplicaWorkload(rounds=12),
+        DefinitionsWorkload(versions=12),
+    ],
     ids=lambda w: w.name,
 )
 def test_power_cuts_every_crash_point(tmp_path: Path, workload: Workload) -> None:

@@ -2,21 +2,24 @@
 gets as they lie on disk hold exactly the records a record-by-record read gives, in order and
 once each, whatever the range, the byte budget, the mix of batches and single records (format 1
 logs, compacted segments), the segments' boundaries and the gaps between offsets; a damaged
-frame is stepped over and reported as every read reports it."""
+frame fails the stream (strict reads: ``CorruptLogError``), never stepped over."""
 
 from __future__ import annotations
 
+import errno
+import logging
 import shutil
 import struct
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.format import decode_frame
 from tqbroker.backends.log.stream import LogStream
-from tqbroker.backends.streams import CompactionPolicy
+from tqbroker.backends.streams import CompactionPolicy, CorruptLogError
 from tqbroker.model import Message
 
 FORMAT1 = Path(__file__).resolve().parents[1] / "data" / "stream-log-format1"
@@ -141,7 +144,13 @@ def test_compaction_gaps_are_stepped_over(tmp_path: Path) -> None:
     backend.close()
 
 
-def test_a_damaged_frame_is_stepped_over_and_reported(tmp_path: Path) -> None:
+def test_a_damaged_frame_fails_the_stream_with_one_clear_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Strict reads: a damaged frame below the durable end is never stepped over (a replica
+    must not quietly serve less than it holds): the read raises ``CorruptLogError`` (an
+    ``OSError``), the stream is failed with one error line naming its directory and segment,
+    and every later read of any kind raises too."""
     backend, stream = _open(tmp_path, segment_bytes=8192)
     for n in range(300):
         stream.append(Message("", f"k{n % 7}", b"", b"body-%04d" % n + b"." * 40))
@@ -154,17 +163,37 @@ def test_a_damaged_frame_is_stepped_over_and_reported(tmp_path: Path) -> None:
     raw = bytearray(victim.read_bytes())
     raw[raw.index(b"body-0150") + 2] ^= 1
     victim.write_bytes(bytes(raw))
-    rows = _read_in_frames(stream, 3, 300, 1 << 20)
-    assert [offset for offset, _key, _body in rows] == [
-        o for o in range(3, 300) if not 150 <= o < 160
-    ]  # the batch of 150 is lost whole, and only it
-    assert stream.log.corrupt_records == 1
+    assert _read_in_frames(stream, 3, 140, 1 << 20) == _expected(stream, 3, 140)  # before it
+    assert stream.failure is None
+    with caplog.at_level(logging.ERROR), pytest.raises(CorruptLogError) as raised:
+        _read_in_frames(stream, 3, 300, 1 << 20)
+    assert isinstance(raised.value, OSError)
+    assert raised.value.errno == errno.EIO
+    assert stream.failure is not None
+    assert victim.name in stream.failure
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert str(stream.directory) in line
+    assert victim.name in line
+    assert "byte " in line
+    for read in (
+        lambda: stream.read_frames(0, 10, 1 << 20),
+        lambda: stream.read(0),
+        lambda: stream.read_from(0),
+        lambda: stream.read_many(0, 10, 10),
+        lambda: stream.offset_for_timestamp(0),
+    ):
+        with pytest.raises(CorruptLogError):
+            read()
+    backend.close()
+    backend, stream = _open(tmp_path, segment_bytes=8192)  # a restart: found again on a read
+    with pytest.raises(CorruptLogError):
+        _read_in_frames(stream, 140, 300, 1 << 20)
     backend.close()
 
 
 def _damage_frame(root: Path, index: int, *, length_field: bool) -> None:
-    """Damage the ``index``-th frame of the stream's only segment: its length field (the read
-    must find the next frame by searching) or a byte of its body (its CRC fails)."""
+    """Damage the ``index``-th frame of the stream's only segment: its length field or a
+    byte of its body (its CRC fails)."""
     (path,) = sorted(root.rglob("*.log"))
     raw = bytearray(path.read_bytes())
     pos, starts = 0, []
@@ -190,34 +219,17 @@ def _batches_of(root: Path, size: int, count: int) -> None:
     backend.close()  # a clean stop: the next open trusts the files
 
 
-def test_a_damaged_length_after_a_small_batch_loses_only_its_frame(tmp_path: Path) -> None:
-    """Batches of 10 small records share an index entry: after a damaged length field the
-    search for the next frame starts past the last batch's last offset, not its first."""
-    _batches_of(tmp_path, 10, 200)
-    _damage_frame(tmp_path, 3, length_field=True)  # the batch of 30..39
-    backend, stream = _open(tmp_path, index_interval_bytes=4096)
-    rows = _read_in_frames(stream, 0, 200, 1 << 20)
-    assert rows == _expected(stream, 0, 200)
-    assert [offset for offset, _key, _body in rows] == [o for o in range(200) if not 30 <= o < 40]
-    backend.close()
-
-
-def test_damage_is_reported_once_and_only_within_the_range(tmp_path: Path) -> None:
-    """A frame that holds the offset asked for but is damaged: the batch before it (taken
-    because it might hold the offset) is not sent; the damage is reported by the read whose
-    range it falls in, once, and not by reads beside it."""
+@pytest.mark.parametrize("length_field", [True, False], ids=["length", "body"])
+def test_damage_on_the_way_to_a_range_fails_the_read(tmp_path: Path, length_field: bool) -> None:
+    """A read whose range reaches the damaged frame fails (recovery indexed the frame after
+    it, so a range from there on still reads until the stream is failed); a range before it
+    reads."""
     _batches_of(tmp_path, 3, 30)
-    _damage_frame(tmp_path, 1, length_field=False)  # the batch of 3..5
+    _damage_frame(tmp_path, 2, length_field=length_field)  # the batch of 6..8
     backend, stream = _open(tmp_path, index_interval_bytes=4096)
-    frames, next_offset = stream.read_frames(4, 6, 1 << 20)
-    assert (frames, next_offset) == ([], 6)
-    assert stream.log.corrupt_records == 1
-    stream.read_frames(6, 30, 1 << 20)  # past it: not reported again
-    stream.read_frames(0, 3, 1 << 20)  # before it: not reported
-    assert stream.log.corrupt_records == 1
-    for start in range(0, 30):  # a reader's loop with a small budget, from anywhere
-        reported = stream.log.corrupt_records
-        assert _read_in_frames(stream, start, 30, 40) == _expected(stream, start, 30)
-        # once by each loop whose range holds the damaged records (and by _expected's reads)
-        assert stream.log.corrupt_records - reported == (2 if start <= 5 else 0), start
+    assert _read_in_frames(stream, 0, 3, 1 << 20) == [(o, "k", b"b%04d" % o) for o in range(3)]
+    assert _read_in_frames(stream, 12, 30, 1 << 20) == _expected(stream, 12, 30)
+    with pytest.raises(CorruptLogError):
+        _read_in_frames(stream, 4, 30, 1 << 20)
+    assert stream.failure is not None
     backend.close()

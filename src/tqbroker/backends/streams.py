@@ -11,6 +11,14 @@ which moves ``durable_end`` past them; offset commits and producer sequences too
 increase by one per append and are never reused; retention and compaction only remove records
 (reads step over the gaps).
 
+Replication (Kafka's leader and follower): a follower copies the leader's frames verbatim
+(``read_frames`` on the leader, ``append_frames`` on the follower: byte-identical frames at the
+same offsets), keeps the leader epoch history (``begin_epoch``, ``epoch_history``,
+``end_offset_for_epoch``: where a follower's log diverged, KIP-101) and cuts its log back there
+(``truncate_to``). Each stream's directory has a ``replica_id``, new whenever the stream is
+created. Reads are strict: a damaged frame below the durable end raises ``CorruptLogError`` and
+fails the stream (``failure``), so a replica never quietly serves less than it holds.
+
 Storage knows nothing of AMQP: what a record's compaction key is comes from the broker, as a
 function of the message (``CompactionPolicy.key``).
 """
@@ -25,6 +33,39 @@ import attrs
 from ..model import Message
 
 DEFAULT_TOMBSTONE_GRACE_MS = 24 * 3600 * 1000
+NO_EPOCH = -1  # the leader epoch of a log that never had one (Kafka's UNDEFINED_EPOCH)
+
+
+class CorruptLogError(OSError):
+    """A damaged frame (a failed CRC, a malformed record) where the log holds records, below
+    its durable end: the stream is failed (``StreamLog.failure``) and every later read raises
+    this too, until the broker restarts (a follower then copies the partition anew). An
+    ``OSError`` (``EIO``), so callers that treat storage trouble as retryable keep working;
+    it is logged once, with the stream's directory, the segment and the position."""
+
+
+class OffsetMismatch(ValueError):
+    """``append_frames`` was given frames that do not continue the log: the first does not
+    start at ``next_offset``, or a frame's offsets are not above the one before (Kafka's
+    ``UnexpectedAppendOffsetException``, ``OFFSET_OUT_OF_RANGE`` to a fetcher)."""
+
+
+class InvalidFrame(ValueError):
+    """``append_frames`` was given bytes that are not a valid frame (length, CRC or layout:
+    Kafka's ``CORRUPT_MESSAGE``). Nothing of the call was appended."""
+
+
+class StaleEpoch(ValueError):
+    """A leader epoch below the log's current one (Kafka's ``FENCED_LEADER_EPOCH``)."""
+
+
+@attrs.frozen
+class ProducerState:
+    """What a partition keeps of an idempotent producer (Kafka's producer state): its epoch
+    and the next sequence its writes expect."""
+
+    epoch: int
+    next_sequence: int
 
 
 @attrs.frozen
@@ -81,8 +122,9 @@ class StreamLog(Protocol):
         ...
 
     @property
-    def producers(self) -> Mapping[str, int]:
-        """Idempotent producers: the next sequence each expects, by producer id."""
+    def producers(self) -> Mapping[str, ProducerState]:
+        """Idempotent producers: the epoch of each and the next sequence it expects, by
+        producer id (a state stored before epochs existed reads as epoch 0)."""
         ...
 
     def append_many(self, messages: Sequence[Message]) -> tuple[int, OSError | None]:
@@ -91,13 +133,15 @@ class StreamLog(Protocol):
         ...
 
     def read(self, offset: int) -> StreamRecord | None:
-        """The record at ``offset``; None below the first offset, at the end, where compaction
-        removed it, or for a damaged record (logged)."""
+        """The record at ``offset``; None below the first offset, at the end, or where
+        compaction removed it. Every read raises ``CorruptLogError`` for a damaged frame on its
+        way (and once the stream is failed): damage is never stepped over."""
         ...
 
     def read_from(self, offset: int) -> StreamRecord | None:
         """The first record at or after ``offset`` (or the first offset); None when there is
-        none yet. Readers go on from the record's offset + 1, stepping over gaps."""
+        none yet. Readers go on from the record's offset + 1, stepping over gaps (compaction's,
+        retention's: never damage)."""
         ...
 
     def read_many(self, offset: int, end: int, limit: int) -> Sequence[StreamRecord]:
@@ -117,6 +161,75 @@ class StreamLog(Protocol):
         the reader skips them. A backend that stores the log's format serves its frames as
         they lie (the HTTP topic API's ``TQF1`` body, which the Spark data source reads);
         another encodes its records so (``backends.log.format.encode_batch``)."""
+        ...
+
+    def append_frames(self, frames: Sequence[tuple[bytes, bytes]], leader_epoch: int) -> int:
+        """Append frames verbatim, at the offsets they carry (a follower copying its leader:
+        Kafka's ``appendAsFollower``): exactly what ``read_frames`` of another log returned,
+        so the two logs hold byte-identical frames at those offsets; never re-batched. The
+        first frame must start at ``next_offset`` and each frame's offsets lie above the one
+        before (``OffsetMismatch``); every frame's length, CRC and layout are checked
+        (``InvalidFrame``); either refuses the whole call, nothing appended. An open batch of
+        local appends is sealed first (a follower has none). ``leader_epoch`` below the
+        current one is ``StaleEpoch``; above it, that epoch begins at the first appended
+        offset (as ``begin_epoch``, blocking for its checkpoint). Durable at the next flush,
+        like appends (``durable_end`` moves then). Returns the new ``next_offset``. An
+        ``OSError`` from storage (a segment to roll to cannot be created) leaves the frames
+        before the refused one appended: ``next_offset`` says where the next fetch starts."""
+        ...
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every record at or past ``offset`` (Kafka's ``truncateTo``: a follower cuts
+        its log back to where it diverged from the leader). A frame that holds records on
+        both sides goes whole: the log then ends at that frame's first offset. ``next_offset``
+        and ``durable_end`` move down to the new end (nothing past it is read again), the
+        epoch history loses the epochs that start at or past it, stored consumer and group
+        offsets past it are clamped to it (producer states are kept: the leader's are copied
+        with its records). Blocking work (the broker calls it from a worker thread, like
+        ``open_stream``, with nothing else using the stream meanwhile); durable before it
+        returns: after a power cut at any point the log is the old one or the truncated one,
+        and once it returned never holds a record at or past the new end again. Raises
+        ``OSError``: the truncation is then unfinished (the next start finishes it), so call
+        it again before anything else uses the stream."""
+        ...
+
+    @property
+    def leader_epoch(self) -> int:
+        """The latest leader epoch in the history (``NO_EPOCH`` if none)."""
+        ...
+
+    @property
+    def epoch_history(self) -> Sequence[tuple[int, int]]:
+        """``(epoch, start_offset)`` of each leader epoch, oldest first: the first offset
+        appended in each (Kafka's ``leader-epoch-checkpoint``). Epochs and start offsets
+        increase."""
+        ...
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Begin leader epoch ``epoch`` at ``next_offset`` (a new leader, before it takes
+        appends). The same epoch again is nothing; a lower one is ``StaleEpoch``. Blocking:
+        the history is durable before it returns (one checkpoint written and fsync'd, as
+        Kafka writes its epoch checkpoint at once), so no record of the epoch can reach the
+        disk before the history that names it. Raises ``OSError``, nothing changed."""
+        ...
+
+    def end_offset_for_epoch(self, epoch: int) -> int:
+        """Kafka's ``OffsetsForLeaderEpoch``: the start offset of the first epoch above
+        ``epoch``, or ``next_offset`` when there is none. A follower whose last epoch is
+        ``epoch`` asks its leader this and truncates its log there (KIP-101)."""
+        ...
+
+    @property
+    def replica_id(self) -> str:
+        """A UUID written when the stream's directory is created: the same across restarts,
+        a new one after the stream is deleted and created again (so a controller knows a
+        replica whose data was lost or swapped)."""
+        ...
+
+    @property
+    def failure(self) -> str | None:
+        """Why the stream is failed (a damaged frame below its durable end: the
+        ``CorruptLogError`` every read raises), else None: the stream's health signal."""
         ...
 
     @property
@@ -160,9 +273,9 @@ class StreamLog(Protocol):
         """Remember a consumer group's committed offset (durable after the next flush)."""
         ...
 
-    def record_producer(self, producer: str, sequence: int) -> None:
-        """Remember the next sequence an idempotent producer's writes expect (durable after the
-        next flush, with the records it wrote)."""
+    def record_producer(self, producer: str, epoch: int, sequence: int) -> None:
+        """Remember an idempotent producer's epoch and the next sequence its writes expect
+        (durable after the next flush, with the records it wrote)."""
         ...
 
     def apply_retention(self, *, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:

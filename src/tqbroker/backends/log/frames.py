@@ -6,8 +6,8 @@ Responsibilities:
 - find the frames that hold the records from an offset on, below an end, within a byte budget
   (at least one frame): first the frame that holds the offset, whose records below it are the
   reader's to skip (as are those at or past the end in the last frame), then whole frames;
-- step over damaged frames as every read does (reported to the log, which counts and logs
-  them, when they held records of the range): only they are lost;
+- strict: a damaged frame on the way is reported to the log (which fails the stream and
+  raises ``CorruptLogError``) and is never stepped over;
 - say where the next read starts: the first offset of the first frame not taken.
 """
 
@@ -24,11 +24,6 @@ from .segment import Segment
 
 # A frame's start: length, crc, (first) offset, timestamp_ms, flags.
 FRAME_START = struct.Struct(">IIQQB")
-# In a batch's bytes after its CRC: where the entries start (after offset, timestamp_ms,
-# flags and count), and an entry's start (entry_length, offset_delta).
-BATCH_ENTRIES_AT = 8 + 8 + 1 + 4
-_ENTRY_START = struct.Struct(">II")
-_U32 = struct.Struct(">I")
 # How much of a segment one read takes, at least (a frame bigger than that is read whole).
 READ_CHUNK = 256 * 1024
 _crc = google_crc32c.value
@@ -58,13 +53,13 @@ class FrameRead:
         end: int,
         on_damage: Callable[[RecordError], None],
     ) -> int | None:
-        """Add the intact frames of ``segment`` that hold records from ``offset`` on, below
-        ``end``, until the budget is spent; return the first offset of the first frame not
-        taken, or None when the segment ended first (the read goes on in the next one)."""
+        """Add the frames of ``segment`` that hold records from ``offset`` on, below ``end``,
+        until the budget is spent; return the first offset of the first frame not taken, or
+        None when the segment ended first (the read goes on in the next one). A damaged frame
+        on the way goes to ``on_damage``, then raises ``RecordError``: never stepped over."""
         pos, least = segment.position_at_or_before(offset)
         chunk, chunk_at = b"", pos
         holds_offset = False  # the last frame added starts at or below ``offset``
-        last_intact: tuple[int, int, bytes] | None = None  # first offset, flags, rest
         size = segment.size
         first: int
         while pos < size:
@@ -85,21 +80,9 @@ class FrameRead:
                 if first < least:
                     raise RecordError(f"offset {first} where {least} or more belongs")
             except (RecordError, struct.error) as exc:
-                # What the damaged bytes held lies past the last intact frame's last offset.
-                if last_intact is not None:
-                    least = _last_offset(*last_intact) + 1
-                    if holds_offset and least <= offset:  # the batch held ends below it
-                        self.drop_last()
-                        holds_offset = False
-                resumed = segment.resync(pos, least)
-                lost_below = resumed[1] if resumed is not None else segment.next_offset
-                if least < end and lost_below > offset:  # within the range: reported
-                    on_damage(RecordError(f"byte {pos}: {exc}"))
-                if resumed is None:
-                    break
-                pos, least = resumed
-                last_intact = None
-                continue
+                damage = RecordError(f"byte {pos}: {exc}")
+                on_damage(damage)
+                raise damage from None
             if first >= end:
                 return first
             batch = bool(flags & FLAG_BATCH)
@@ -116,28 +99,11 @@ class FrameRead:
                 self.add(chunk[at : at + HEAD_SIZE], rest)
                 holds_offset = False
             pos, least = pos + 4 + length, first + 1
-            last_intact = (first, flags, rest)
         return None
 
     @property
     def left(self) -> int:
         return max(self.max_bytes - self.size, 0)
-
-
-def _last_offset(first: int, flags: int, rest: bytes) -> int:
-    """The last offset of an intact frame (``rest``: the bytes after its CRC): a batch's
-    entries are walked (only after damage: a normal read never needs it)."""
-    if not flags & FLAG_BATCH:
-        return first
-    p, delta = BATCH_ENTRIES_AT, 0
-    try:
-        (count,) = _U32.unpack_from(rest, p - 4)
-        for _ in range(count):
-            length, delta = _ENTRY_START.unpack_from(rest, p)
-            p += 4 + length
-    except struct.error:  # not with a batch that passed its CRC: as if it held its first
-        return first
-    return first + delta
 
 
 def read_frames(

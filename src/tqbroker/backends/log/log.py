@@ -11,7 +11,15 @@ Responsibilities:
   segments discarded, and indexes rebuilt; orphan index files and the leftovers of an unfinished
   compaction (``COMPACTION_DIR``) are removed;
 - durability work for the flusher (``sync_work``), deleting whole segments below an offset;
-- putting a compacted copy in place of a closed segment (``replace_segment``).
+- putting a compacted copy in place of a closed segment (``replace_segment``);
+- replication's side (``replication.py`` checks the frames and finds where to cut): appending
+  frames verbatim (``append_frames``) and cutting the log back (``truncate``);
+- ``strict`` (streams): a damaged frame a read meets fails the log (``failure``) and raises
+  ``CorruptLogError`` instead of being stepped over; and recovery drops an empty last segment
+  that would leave a hole at the end of the log.
+
+Over 400 lines, as one job: the segment list and the operations that must keep it, its
+offset bisection and the record cache consistent.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from ... import filecache, fsio
 from ...filecache import Directory
 from ...fsutil import fsync_dir
 from ...model import Message
+from ..streams import CorruptLogError
 from .cache import RecordCache
 from .format import (
     Batch,
@@ -46,6 +55,7 @@ from .format import (
 )
 from .frames import read_frames
 from .recovery import load_segment, scan_segment
+from .replication import CheckedFrame, cut_position
 from .retention import past_retention
 from .segment import Segment
 
@@ -85,6 +95,10 @@ class Log:
         self._cache_id, self._cached = self.cache.register()
         self._segment_created_ms = 0
         self.corrupt_records = 0
+        # Strict (streams): a damaged frame fails the log (``failure``) and every read raises
+        # ``CorruptLogError``; otherwise (queues) reads step over it, losing only it.
+        self.strict = False
+        self.failure: str | None = None
         self.sync_failed = False  # an fdatasync failed: nothing written since can be trusted
         self._directory_dirty = False  # a segment was created since the last sync
         self._reading: Segment | None = None  # the segment read last (it keeps a frame)
@@ -128,6 +142,8 @@ class Log:
                 self._drop_after(i, bases)
                 break
             segment.forget_frame()  # what the load decoded last
+        if self.strict and not clean:
+            self._drop_empty_tail()
         if marker.exists():
             fsio.fs.unlink(marker)
             fsync_dir(self.directory)
@@ -146,6 +162,24 @@ class Log:
             if path.suffix in (".index", ".timeindex") and orphan:
                 log.info("removing orphan index file %s", path)
                 fsio.fs.unlink(path)
+
+    def _drop_empty_tail(self) -> None:
+        """A crash kept a segment rolled to but not the records buffered in the one before
+        (written out after the roll): the empty segment would leave the offsets in between a
+        hole that no record fills (a follower fetching from the end would never copy them).
+        It goes, and the log ends where its records do (none of those offsets was durable,
+        so no reader saw one)."""
+        while (
+            len(self.segments) > 1
+            and self.segments[-1].size == 0
+            and self.segments[-2].next_offset < self.segments[-1].base_offset
+        ):
+            segment = self.segments.pop()
+            self._bases.pop()
+            log.warning(
+                "%s: removing empty segment %d after a hole", self.directory, segment.base_offset
+            )
+            segment.delete()
 
     def _drop_after(self, i: int, bases: list[int]) -> None:
         """A segment was truncated: every later segment is unreachable garbage."""
@@ -242,9 +276,66 @@ class Log:
                 active.write_out()
         return offset
 
+    def append_frames(self, frames: list[CheckedFrame]) -> None:
+        """Append frames verbatim (buffered; ``replication.check_frames`` validated them),
+        each at the offsets it carries, rolling as ``append_batch`` does; the cache gets them
+        too. Raises OSError (a segment to roll to cannot be created): the frames before the
+        one refused stay appended."""
+        try:
+            for offset, last, stamp, data in frames:
+                active = self.segments[-1]
+                if active.size and (
+                    active.size + len(data) > self.segment_bytes
+                    or stamp - self._segment_created_ms > self.segment_ms
+                ):
+                    self._roll(offset)
+                    active = self.segments[-1]
+                active.append(offset, stamp, data, last)
+                if self.cache.max_bytes:
+                    self.cache.put(self._cache_id, offset, data, last)
+        finally:
+            self.changed()
+        if self.segments[-1].pending >= 256 * 1024:
+            with contextlib.suppress(OSError):  # as in ``append``
+                self.segments[-1].write_out()
+
+    def truncate(self, offset: int) -> tuple[int, list[Segment]]:
+        """Cut the log back so that no record at or past ``offset`` is left (blocking: it
+        writes out, cuts a file and rescans what is left of it): the segments wholly past it
+        are detached and their files unlinked (kept open: the caller closes them once no
+        flush in flight can use them), the one that holds it cut at a frame boundary
+        (``replication.cut_position``) and its indexes rebuilt. Returns the offset the log
+        ends at now, and the detached segments. The caller makes it durable (``sync_work``)."""
+        self.write_out()
+        removed: list[Segment] = []
+        while self.segments and self.segments[-1].base_offset >= offset:
+            removed.append(self.segments.pop())
+            self._bases.pop()
+        end = offset
+        if self.segments:
+            segment = self.segments[-1]
+            pos, end = cut_position(segment, offset)
+            if pos < segment.size:
+                segment.cut_at(pos)
+                scan_segment(segment)
+                segment.forget_frame()
+        for segment in removed:  # the newest first
+            segment.unlink()
+        self._directory_dirty = self._directory_dirty or bool(removed)
+        if not self.segments:
+            self._roll(end)
+        # Nothing read or cached before may be served again: the offsets may be reused.
+        self.cache.unregister(self._cache_id)
+        self._cache_id, self._cached = self.cache.register()
+        self._cache_frames = [(b"", _NO_FRAME), (b"", _NO_FRAME)]
+        self._reading = self._source = None
+        self.changed()
+        return end, removed
+
     def read(self, offset: int) -> Record | None:
         """The record at ``offset``; None if it is not in the log. A record that fails its
-        CRC is logged, counted and treated as absent: a corrupt body is never returned."""
+        CRC is logged and counted, then treated as absent, or with ``strict`` raises
+        ``CorruptLogError``: a corrupt body is never returned."""
         i = bisect_right(self._bases, offset) - 1
         if i < 0:
             return None
@@ -258,13 +349,16 @@ class Log:
         try:
             return segment.read(offset)
         except RecordError as exc:
+            if self.strict:
+                self._damaged(segment, exc)  # raises
             self.corrupt_records += 1
             log.error("%s: offset %d is corrupt (%s); skipping it", segment.log_path, offset, exc)
             return None
 
     def read_from(self, offset: int) -> Record | None:
         """The first intact record at or after ``offset`` (None: none yet). Damaged records on
-        the way are logged, counted and stepped over, as ``read`` does."""
+        the way are logged, counted and stepped over, or with ``strict`` raise, as ``read``
+        does."""
         self._source = None
         i = max(bisect_right(self._bases, offset) - 1, 0)
         last = len(self.segments) - 1
@@ -306,7 +400,7 @@ class Log:
     def read_frames(
         self, offset: int, end: int, max_bytes: int
     ) -> tuple[list[tuple[bytes, bytes]], int]:
-        """``frames.read_frames`` (damaged frames are logged, counted and stepped over)."""
+        """``frames.read_frames``: a damaged frame on the way raises ``CorruptLogError``."""
         i = max(bisect_right(self._bases, offset) - 1, 0)
         return read_frames(self.segments[i:], offset, end, max_bytes, self._damaged)
 
@@ -340,8 +434,27 @@ class Log:
             self._reading = segment
 
     def _damaged(self, segment: Segment, exc: RecordError) -> None:
+        """A read met a damaged frame: counted and logged; with ``strict`` the log is failed
+        (``failure``) and the read raises ``CorruptLogError``, else it steps over it."""
         self.corrupt_records += 1
-        log.error("%s: a record is corrupt (%s); skipping it", segment.log_path, exc)
+        if not self.strict:
+            log.error("%s: a record is corrupt (%s); skipping it", segment.log_path, exc)
+            return
+        if self.failure is None:
+            self.failure = f"damaged frame in {segment.log_path}: {exc}"
+            log.error(
+                "%s: FAILED: a damaged frame below the durable end, in segment %s (%s); the "
+                "stream serves no more reads until it is repaired",
+                self.directory,
+                segment.log_path.name,
+                exc,
+            )
+        raise CorruptLogError(errno.EIO, self.failure)
+
+    def check_failed(self) -> None:
+        """Raise ``CorruptLogError`` if the log is failed (a read met damage before)."""
+        if self.failure is not None:
+            raise CorruptLogError(errno.EIO, self.failure)
 
     def gaps(self) -> list[tuple[int, int]]:
         """The ``[start, end)`` offset ranges between segments, which hold no record: a crash
@@ -361,9 +474,11 @@ class Log:
             yield from segment.records(start)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
-        """The first offset whose timestamp is >= ``timestamp_ms`` (the log end if none)."""
+        """The first offset whose timestamp is >= ``timestamp_ms`` (the log end if none); with
+        ``strict``, a damaged frame on the way raises ``CorruptLogError``."""
         for segment in self.segments:
-            found = segment.offset_for_timestamp(timestamp_ms)
+            on_damage = partial(self._damaged, segment) if self.strict else None
+            found = segment.offset_for_timestamp(timestamp_ms, on_damage)
             if found is not None:
                 return found
         return self.next_offset

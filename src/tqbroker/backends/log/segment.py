@@ -391,15 +391,20 @@ class Segment:
             raise RecordError(f"record at {self.log_path}:{pos} is cut short")
         return frame
 
-    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+    def offset_for_timestamp(
+        self, timestamp_ms: int, on_damage: Callable[[RecordError], None] | None = None
+    ) -> int | None:
         """The first offset whose record has a timestamp >= ``timestamp_ms`` (None: none here).
-        Damaged records are stepped over."""
+        Damaged records on the way go to ``on_damage`` if given, and are stepped over."""
         if self.max_timestamp < timestamp_ms:
             return None
         i = self.time_index.find(timestamp_ms - 1)
         j = self.offset_index.find(self.time_index.values[i]) if i >= 0 else -1
         for item in self._walk(*self._entry(j)):
-            if isinstance(item, Record) and item.timestamp_ms >= timestamp_ms:
+            if isinstance(item, RecordError):
+                if on_damage is not None:
+                    on_damage(item)
+            elif item.timestamp_ms >= timestamp_ms:
                 return item.offset
         return None
 
@@ -453,6 +458,17 @@ class Segment:
         self.offset_index.rewrite()
         self.time_index.rewrite()
         self.write_out()
+
+    def cut_at(self, pos: int) -> None:
+        """Cut the record file at byte ``pos`` (a frame boundary; nothing buffered), before a
+        rescan rebuilds the rest (``recovery.scan_segment``); the next sync makes it durable."""
+        self.file.ftruncate(pos)
+        self.size = self.written = pos
+        self._read_pos, self._read_buf = -1, b""
+        self.forget_frame()
+        self._hint = (-1, 0)
+        self.current = None
+        self.dirty = True
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -12,10 +12,13 @@ Responsibilities:
   active segment; removed segments are deleted at the next flush;
 - the flush protocol the log backend's flushes drive (``begin_flush`` / ``close`` / ``abandon``),
   like ``LogQueueStore``'s, without ack state: readers keep their own positions;
-- stored positions, made durable by the next flush: ``offsets`` by consumer tag (server-side
-  offset tracking), ``group_offsets`` by consumer group (the group's committed offset on
-  this stream) and ``producers`` by producer id (the next sequence an idempotent producer's
-  writes expect);
+- stored positions and producer states (``streamstate.py``), made durable by the next flush;
+- replication (``replication.py``, ``epochs.py``): ``append_frames`` (a leader's frames,
+  verbatim), the leader epoch history (its checkpoint written before the call that changes it
+  returns), ``truncate_to`` (blocking, durable, finished at the next open if a crash cut it
+  short), the replica id (``replica-id``, written when the directory is first opened);
+- strict reads: the log is opened ``strict``, so a damaged frame fails the stream
+  (``failure``) and every read raises ``CorruptLogError``;
 - compaction, Kafka's ``cleanup.policy=compact`` (``CompactionPolicy``): ``compaction_work`` plans a
   pass and returns the blocking work, which writes compacted copies of the closed segments
   (the latest record of each key kept, offsets unchanged, so segments get gaps) in a scratch
@@ -26,6 +29,10 @@ Responsibilities:
 
 Recovery after a crash rescans the segments written since the last flush (``recovery_point`` in
 ``stream.cbor``), as queue logs do.
+
+Over 400 lines, as one job: ``LogStream`` is the ``StreamLog`` contract over one log, and each
+part above is the few lines that tie a piece (the log, compaction, the epochs, the stored
+state) to the flush protocol they share; the pieces themselves live in their own modules.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
@@ -43,16 +51,19 @@ import cbor2
 from ... import fsio
 from ...fsutil import atomic_write, fsync_dir
 from ...model import Message
-from ..streams import CompactionPolicy
+from ..streams import CompactionPolicy, ProducerState
 from .changeflag import ChangeFlag
 from .compaction import CompactionResult, Source, compact
+from .epochs import EpochHistory
 from .format import BATCH_OVERHEAD, ENTRY_OVERHEAD, FLAG_PERSISTENT, Record
 from .log import COMPACTION_DIR, RESOURCE_ERRNOS, Log
+from .replication import check_frames, clear_intent, pending_truncation, write_intent
 from .segment import Segment
+from .streamstate import STATE_FILE, StreamState
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "stream.cbor"
+REPLICA_FILE = "replica-id"  # the replica's UUID, written when the directory is created
 _exchange = attrgetter("exchange")
 _routing_key = attrgetter("routing_key")
 _properties_raw = attrgetter("properties_raw")
@@ -72,12 +83,17 @@ class LogStream:
         self._durable_end = 0  # readers stop here: see ``durable_end``
         self._recovery_written = 0  # the recovery point in stream.cbor on disk
         self._obsolete: list[Segment] = []
-        # Server-side offset tracking: the next offset each tracked consumer reads, by tag.
-        self.offsets: dict[str, int] = {}
-        # Consumer groups: the committed offset (the next one to read) of each group, by name.
-        self.group_offsets: dict[str, int] = {}
-        # Idempotent producers (HTTP bulk writes): the next sequence expected, by producer id.
-        self.producers: dict[str, int] = {}
+        # Stored offsets, group offsets and producer states: ``stream.cbor``.
+        self.state = StreamState()
+        self.epochs = EpochHistory()
+        self._replica_id = ""
+        log.strict = True  # a damaged frame fails the stream: never stepped over
+        # Counts truncations: a flush that began before one must not write its (higher)
+        # recovery point or durable end after it.
+        self._truncations = 0
+        # Held by ``begin_flush`` and by a truncation (worker thread): no flush begins while
+        # the log is being cut back.
+        self._flush_gate = threading.Lock()
         self._offsets_dirty = False
         self._lock = threading.Lock()
         self.abandoned = False
@@ -97,22 +113,63 @@ class LogStream:
 
     def open(self) -> None:
         try:
-            state = cbor2.loads((self.directory / STATE_FILE).read_bytes())
+            stored = cbor2.loads((self.directory / STATE_FILE).read_bytes())
         except OSError as exc:
             if exc.errno in RESOURCE_ERRNOS:
                 raise  # out of descriptors or memory: the open fails, the state file is fine
-            state = {}
+            stored = None
         except (ValueError, cbor2.CBORDecodeError):
-            state = {}
-        if not isinstance(state, dict):
-            state = {}
-        recovery_point = int(state.get("recovery_point", 0))
+            stored = None
+        self.state = StreamState(stored)
+        recovery_point = self.state.recovery_point
         self.log.open(recovery_point=recovery_point)
         self._synced_upto = self._recovery_written = recovery_point
         self._durable_end = self.log.next_offset  # what recovery found is on disk
-        self.offsets = _positions(state.get("offsets"))
-        self.group_offsets = _positions(state.get("groups"))
-        self.producers = _positions(state.get("producers"))
+        self.epochs = EpochHistory.load(self.directory)
+        self._replica_id = self._load_replica_id()
+        pending = pending_truncation(self.directory)
+        if pending is not None:  # a power cut interrupted it: finish it
+            self._truncate(pending)
+        else:  # epochs past the end lost their records to the crash (the start stays)
+            end = self.log.next_offset
+            self.epochs.save(
+                self.directory, [e for e in self.epochs.entries if e[1] <= end], fsync=True
+            )
+
+    def _load_replica_id(self) -> str:
+        path = self.directory / REPLICA_FILE
+        try:
+            return str(uuid.UUID(path.read_text().strip()))
+        except FileNotFoundError:
+            pass
+        except ValueError:  # a torn write of a new one: nothing relied on it yet
+            pass
+        replica_id = str(uuid.uuid4())
+        atomic_write(path, replica_id.encode())
+        return replica_id
+
+    @property
+    def replica_id(self) -> str:
+        return self._replica_id
+
+    @property
+    def failure(self) -> str | None:
+        return self.log.failure
+
+    @property
+    def offsets(self) -> Mapping[str, int]:
+        """Server-side offset tracking: the next offset each tracked consumer reads, by tag."""
+        return self.state.offsets
+
+    @property
+    def group_offsets(self) -> Mapping[str, int]:
+        """Consumer groups: the committed offset (the next one to read) of each, by name."""
+        return self.state.group_offsets
+
+    @property
+    def producers(self) -> Mapping[str, ProducerState]:
+        """Idempotent producers (HTTP bulk writes): epoch and next sequence, by producer id."""
+        return self.state.producers
 
     # -- reading and writing -----------------------------------------------------------------
 
@@ -204,6 +261,7 @@ class LogStream:
         """The record at ``offset``; None below the first offset, at the end, for an offset
         that compaction removed, or for a record that is damaged (logged by the log)."""
         self.seal()
+        self.log.check_failed()
         if offset < self.first_offset:
             return None
         return self.log.read(offset)
@@ -213,12 +271,14 @@ class LogStream:
         none yet. A reader goes on from the record's offset + 1: this steps over the gaps that
         compaction leaves (and damaged records, logged by the log)."""
         self.seal()
+        self.log.check_failed()
         return self.log.read_from(max(offset, self.first_offset))
 
     def read_many(self, offset: int, end: int, limit: int) -> list[Record]:
         """Up to ``limit`` records from the first at or after ``offset``, all below ``end``:
         ``read_from`` for a reader that takes many (a whole batch is taken at once)."""
         self.seal()
+        self.log.check_failed()
         return self.log.read_many(max(offset, self.first_offset), end, limit)
 
     def read_frames(
@@ -226,8 +286,71 @@ class LogStream:
     ) -> tuple[list[tuple[bytes, bytes]], int]:
         """The log's frames that hold the records from ``offset`` on, below ``end`` (at most
         the durable end: those are all written out), as they lie on disk."""
+        self.log.check_failed()
         end = min(end, self._durable_end)
         return self.log.read_frames(max(offset, self.first_offset), end, max_bytes)
+
+    # -- replication (``replication.py``, ``epochs.py``) ---------------------------------------
+
+    def append_frames(self, frames: Sequence[tuple[bytes, bytes]], leader_epoch: int) -> int:
+        """Append a leader's frames verbatim (``StreamLog.append_frames``); return the new
+        next offset."""
+        self.seal()
+        start = self.log.next_offset
+        checked = check_frames(frames, start)
+        begun = self.epochs.begun(leader_epoch, start)
+        if begun is not None and checked:
+            self.epochs.save(self.directory, begun, fsync=True)
+        if checked:
+            self.log.append_frames(checked)
+        return self.log.next_offset
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Begin leader epoch ``epoch`` at ``next_offset``, durably (blocking)."""
+        self.seal()
+        begun = self.epochs.begun(epoch, self.log.next_offset)
+        if begun is not None:
+            self.epochs.save(self.directory, begun, fsync=True)
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.epochs.latest
+
+    @property
+    def epoch_history(self) -> list[tuple[int, int]]:
+        return list(self.epochs.entries)
+
+    def end_offset_for_epoch(self, epoch: int) -> int:
+        return self.epochs.end_offset_for(epoch, self.next_offset)
+
+    def truncate_to(self, offset: int) -> None:
+        """Cut the log back to ``offset`` (``StreamLog.truncate_to``; blocking, durable)."""
+        self.seal()
+        if offset >= self.log.next_offset:
+            return
+        with self._flush_gate:
+            self._truncate(offset)
+
+    def _truncate(self, offset: int) -> None:
+        """The truncation's steps: the intent first (from then on a power cut is finished by
+        the next open), the files cut and fsync'd, the epoch history trimmed, ``stream.cbor``
+        with the recovery point moved down, and the intent removed."""
+        with self._lock:
+            write_intent(self.directory, offset)
+            end, removed = self.log.truncate(offset)
+            self._retired.extend(removed)  # closed by the next flush: one in flight may sync them
+            sync = self.log.sync_work()
+            if sync is not None:
+                sync()
+            self.epochs.save(self.directory, self.epochs.truncated(end), fsync=True)
+            self._truncations += 1
+            self._synced_upto = min(self._synced_upto, end)
+            self._recovery_written = min(self._recovery_written, end)
+            self._durable_end = min(self._durable_end, end)
+            self.state.clamp(end)
+            self._offsets_dirty = False
+            atomic_write(self.directory / STATE_FILE, self.state.encode(self._synced_upto))
+            clear_intent(self.directory)
 
     @property
     def first_offset(self) -> int:
@@ -246,24 +369,23 @@ class LogStream:
 
     def store_offset(self, consumer_tag: str, offset: int) -> None:
         """Remember where a tracked consumer goes on (durable after the next flush)."""
-        self._remember(self.offsets, consumer_tag, offset)
+        if self.state.store_offset(consumer_tag, offset):
+            self._offsets_dirty = True
 
     def commit_group_offset(self, group: str, offset: int) -> None:
         """Remember a consumer group's committed offset (durable after the next flush)."""
-        self._remember(self.group_offsets, group, offset)
+        if self.state.commit_group_offset(group, offset):
+            self._offsets_dirty = True
 
-    def record_producer(self, producer: str, sequence: int) -> None:
-        """Remember the next sequence an idempotent producer's writes expect (durable after
-        the next flush, with the records it wrote)."""
-        self._remember(self.producers, producer, sequence)
-
-    def _remember(self, table: dict[str, int], name: str, value: int) -> None:
-        if table.get(name) != value:
-            table[name] = value
+    def record_producer(self, producer: str, epoch: int, sequence: int) -> None:
+        """Remember an idempotent producer's epoch and the next sequence its writes expect
+        (durable after the next flush, with the records it wrote)."""
+        if self.state.record_producer(producer, epoch, sequence):
             self._offsets_dirty = True
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         self.seal()
+        self.log.check_failed()
         return max(self.log.offset_for_timestamp(timestamp_ms), self.first_offset)
 
     def apply_retention(self, *, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:
@@ -366,8 +488,18 @@ class LogStream:
     def begin_flush(self, *, fsync: bool = True) -> Callable[[], None] | None:
         """Write out buffered records; return the blocking work: fsync (unless ``fsync`` is
         false), record the recovery point, delete segments past retention, close the segments
-        compaction replaced and make its renames durable."""
+        compaction replaced and make its renames durable. Nothing while a truncation runs
+        (``needs_flush`` stays true: a later flush does it)."""
+        if not self._flush_gate.acquire(blocking=False):
+            return None
+        try:
+            return self._begin_flush(fsync)
+        finally:
+            self._flush_gate.release()
+
+    def _begin_flush(self, fsync: bool) -> Callable[[], None] | None:
         self.seal()
+        truncations = self._truncations
         # A flush begins: a flush ticket taken before now is covered by it, so appends from
         # now on need a later one (even when no batch was open: the last may have been sealed
         # by an append that filled it).
@@ -392,17 +524,14 @@ class LogStream:
 
             def sync_only() -> None:
                 sync()
-                self._synced_upto = max(self._synced_upto, synced_upto)
-                self._durable_end = max(self._durable_end, synced_upto)
+                with self._lock:
+                    if self._truncations == truncations:
+                        self._synced_upto = max(self._synced_upto, synced_upto)
+                        self._durable_end = max(self._durable_end, synced_upto)
 
             return sync_only
         obsolete, self._obsolete = self._obsolete, []
-        state = {
-            "recovery_point": synced_upto,
-            "offsets": dict(self.offsets),
-            "groups": dict(self.group_offsets),
-            "producers": dict(self.producers),
-        }
+        state = self.state.encode(synced_upto)
         offsets_dirty, self._offsets_dirty = self._offsets_dirty, False
         retired, self._retired = self._retired, []
 
@@ -415,16 +544,23 @@ class LogStream:
                 with self._lock:
                     if self.abandoned:
                         return
+                    # A truncation since it began wrote stream.cbor with a lower recovery
+                    # point and durable end: this flush's are stale.
+                    current = self._truncations == truncations
                     # Synced whenever the policy syncs this flush (not only when records
                     # were): an unsynced checkpoint renamed over the durable one can reach the
                     # disk as the rename without its bytes, and an unreadable stream.cbor loses
                     # every stored offset (a retention-only flush did that).
-                    atomic_write(
-                        self.directory / STATE_FILE,
-                        cbor2.dumps(state),
-                        fsync=fsync or offsets_dirty,
-                    )
-                    self._recovery_written = max(self._recovery_written, synced_upto)
+                    if current:
+                        atomic_write(
+                            self.directory / STATE_FILE,
+                            state,
+                            fsync=fsync or offsets_dirty,
+                        )
+                        self._recovery_written = max(self._recovery_written, synced_upto)
+                        self._synced_upto = max(self._synced_upto, synced_upto)
+                        if sync is not None:
+                            self._durable_end = max(self._durable_end, synced_upto)
                     if retired:
                         fsync_dir(self.directory)
                     for segment in obsolete:
@@ -435,9 +571,6 @@ class LogStream:
                 self._obsolete[:0] = obsolete
                 self._offsets_dirty = self._offsets_dirty or offsets_dirty
                 raise
-            self._synced_upto = max(self._synced_upto, synced_upto)
-            if sync is not None:
-                self._durable_end = max(self._durable_end, synced_upto)
 
         return work
 
@@ -459,10 +592,3 @@ class LogStream:
             segment.close()
         self._retired.clear()
         self.log.close(clean=False)
-
-
-def _positions(value: object) -> dict[str, int]:
-    """Stored positions by name, from ``stream.cbor`` (anything else: none)."""
-    if not isinstance(value, dict):
-        return {}
-    return {str(name): int(offset) for name, offset in value.items()}

@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 import trio
 
-from ...backends.streams import CompactionPolicy, StreamLog, StreamRecord
+from ...backends.streams import CompactionPolicy, ProducerState, StreamLog, StreamRecord
 from ...model import Message
 from ...plugins.spec import Durability
 from ..flusher import Flusher
@@ -88,6 +88,12 @@ class Partition:
         sizes = [getattr(s, "size", None) for s in segments]
         total = None if None in sizes else sum(s for s in sizes if s is not None)
         return StorageInfo(len(segments), total)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the partition's log failed (a damaged frame below the high watermark: every
+        read then raises ``CorruptLogError``); None while it is healthy."""
+        return self._log.failure
 
     def clamp(self, offset: int) -> int:
         """``offset`` moved into ``[log_start_offset, high_watermark]``."""
@@ -204,14 +210,63 @@ class Partition:
 
     # -- idempotent producers --------------------------------------------------------------------
 
-    def producer_sequence(self, producer: str) -> int | None:
-        """The next sequence the producer's writes to this partition expect (None: it never
-        wrote here)."""
+    def producer_state(self, producer: str) -> ProducerState | None:
+        """What the partition keeps of an idempotent producer: its epoch and the next
+        sequence its writes here expect (None: it never wrote here)."""
         return self._log.producers.get(producer)
 
-    def record_producer(self, producer: str, sequence: int) -> None:
-        """The producer's next write expects ``sequence`` (durable with its records)."""
-        self._log.record_producer(producer, sequence)
+    def record_producer(self, producer: str, epoch: int, next_sequence: int) -> None:
+        """The producer (in ``epoch``) next writes ``next_sequence`` here (durable with the
+        records it wrote, by the same flush)."""
+        self._log.record_producer(producer, epoch, next_sequence)
+
+    # -- replication (the log's primitives, for a cluster's leaders and followers) ---------------
+
+    @property
+    def replica_id(self) -> str:
+        """This replica's identity: new whenever the partition's log is created."""
+        return self._log.replica_id
+
+    @property
+    def leader_epoch(self) -> int:
+        """The latest leader epoch of the log's history (``NO_EPOCH``: none yet)."""
+        return self._log.leader_epoch
+
+    @property
+    def epoch_history(self) -> Sequence[tuple[int, int]]:
+        """``(epoch, start_offset)`` of each leader epoch, oldest first."""
+        return self._log.epoch_history
+
+    def end_offset_for_epoch(self, epoch: int) -> int:
+        """Kafka's ``OffsetsForLeaderEpoch``: where a follower whose last epoch is ``epoch``
+        diverges from this log (``StreamLog.end_offset_for_epoch``)."""
+        return self._log.end_offset_for_epoch(epoch)
+
+    async def begin_epoch(self, epoch: int) -> None:
+        """Begin leader epoch ``epoch`` at the log end (a leader, before it takes appends);
+        the history is durable when it returns (written in a worker thread)."""
+        await trio.to_thread.run_sync(self._log.begin_epoch, epoch)
+
+    async def append_frames(
+        self, frames: Sequence[tuple[bytes, bytes]], leader_epoch: int
+    ) -> tuple[int, Durability]:
+        """Append a leader's frames verbatim at the offsets they carry (a follower's fetch:
+        ``StreamLog.append_frames``, which refuses frames that do not continue the log or do
+        not check); a new epoch is begun first, its checkpoint written in a worker thread.
+        One fetcher per partition calls this. Returns the log's new end and what its
+        durability waits for (the next flush)."""
+        if leader_epoch > self._log.leader_epoch:
+            await self.begin_epoch(leader_epoch)
+        end = self._log.append_frames(frames, leader_epoch)
+        flusher = self.flusher
+        return end, (flusher, flusher.request()) if flusher is not None else None
+
+    async def truncate_to(self, offset: int) -> None:
+        """Remove every record at or past ``offset`` (``StreamLog.truncate_to``), durably, in a
+        worker thread; nothing else may use the partition meanwhile (its owner stops reads
+        and appends first). Waiters look again."""
+        await trio.to_thread.run_sync(self._log.truncate_to, offset)
+        self.wake()
 
     # -- retention and compaction ----------------------------------------------------------------
 

@@ -44,7 +44,7 @@ import trio
 
 from ... import clock
 from ...backends.base import FlushFirst, Popped
-from ...backends.streams import CompactionPolicy, StreamLog
+from ...backends.streams import CompactionPolicy, CorruptLogError, StreamLog
 from ...model import Message, with_long_header
 from ...plugins.spec import Durability
 from ...protocol.codec import FieldTable
@@ -126,7 +126,11 @@ class StreamQueue(Queue):
                 await self._wakeup.wait()
             self._wakeup = trio.Event()
             self._apply_retention()
-            self._dispatch()
+            try:
+                self._dispatch()
+            except CorruptLogError as exc:  # logged by the log, naming segment and position
+                self.fail(exc)  # consumers cancelled, publishes refused; the broker goes on
+                return
 
     async def _compact(self, policy: CompactionPolicy) -> None:
         """Compact now and then, in a worker thread; deliveries go on meanwhile."""
@@ -184,8 +188,10 @@ class StreamQueue(Queue):
             if credit <= 0:
                 break
             try:
-                # The next records there are: compaction and damage (logged) leave gaps.
+                # The next records there are: compaction leaves gaps.
                 records = partition.read_many(position, min(credit, READ_CHUNK), end)
+            except CorruptLogError:
+                raise  # the log failed: so does the queue (``_deliver_loop``)
             except OSError as exc:  # storage trouble: try again on the next wake-up
                 log.error("stream %r in vhost %r: cannot read: %s", self.name, self.vhost, exc)
                 break

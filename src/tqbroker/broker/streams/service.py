@@ -14,10 +14,12 @@ status, a Kafka error code) is its business.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import trio
 
+from ...backends.streams import CorruptLogError
 from ...protocol.codec import FieldTable
 from ..queue import Queue
 from ..vhost import VirtualHost
@@ -63,6 +65,15 @@ __all__ = [
     "Unavailable",
     "partition_of",
 ]
+
+
+@contextlib.contextmanager
+def _failed_log(topic: str, partition: int) -> Iterator[None]:
+    """A read of a partition whose log failed (a damaged frame) is ``Unavailable``."""
+    try:
+        yield
+    except CorruptLogError as exc:
+        raise Unavailable(f"partition {partition} of topic '{topic}' failed: {exc}") from None
 
 
 def partition_of(queue: Queue) -> Partition | None:
@@ -115,15 +126,16 @@ class StreamService:
         max_bytes: int = 1024 * 1024,
     ) -> list[ConsumerRecord]:
         """Records of a partition one by one, below its high watermark (``reading.read``)."""
-        return reading.read(
-            self.vhost,
-            topic,
-            partition,
-            offset=offset,
-            timestamp_ms=timestamp_ms,
-            limit=limit,
-            max_bytes=max_bytes,
-        )
+        with _failed_log(topic, partition):
+            return reading.read(
+                self.vhost,
+                topic,
+                partition,
+                offset=offset,
+                timestamp_ms=timestamp_ms,
+                limit=limit,
+                max_bytes=max_bytes,
+            )
 
     async def read_columns(
         self,
@@ -136,15 +148,16 @@ class StreamService:
         headers: bool,
     ) -> bytes:
         """A ``TQR1`` body: the records from ``offset`` in columns (``bulk_read.read_body``)."""
-        return await bulk_read.read_body(
-            self.vhost,
-            topic,
-            partition,
-            offset=offset,
-            end=end,
-            max_bytes=max_bytes,
-            headers=headers,
-        )
+        with _failed_log(topic, partition):
+            return await bulk_read.read_body(
+                self.vhost,
+                topic,
+                partition,
+                offset=offset,
+                end=end,
+                max_bytes=max_bytes,
+                headers=headers,
+            )
 
     async def fetch(
         self,
@@ -165,9 +178,10 @@ class StreamService:
             if offset >= found.high_watermark and offset >= found.log_start_offset:
                 await found.wait_beyond(offset, wait_until)
             await trio.lowlevel.checkpoint()
-        return await bulk_read.read_frames_body(
-            self.vhost, topic, partition, offset=offset, end=end, max_bytes=max_bytes
-        )
+        with _failed_log(topic, partition):
+            return await bulk_read.read_frames_body(
+                self.vhost, topic, partition, offset=offset, end=end, max_bytes=max_bytes
+            )
 
     # -- offsets -------------------------------------------------------------------------------
 

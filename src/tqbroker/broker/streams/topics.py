@@ -14,7 +14,8 @@ Responsibilities:
 - idempotent producers: each record of a write with a producer id has a sequence number (the
   write's first one, then one more per record); records whose sequence the producer already
   wrote are skipped, so a retried or replayed write lands once however it is cut into requests
-  (the next sequence expected is stored with the topic's first partition);
+  (the next sequence expected is kept by each partition the write put records in, durable
+  with them: ``Partition.record_producer``; a write expects the highest of them);
 
 Reading records one by one is ``reading.py``'s, in columns (``ReadBatch``) ``bulk_read.py``'s;
 offsets, groups and the administration of topics (list, describe, delete, grow) are
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 
 PARTITION_EXCHANGE_TYPE = "x-key-partition"
 MAX_READ = 10_000
+# The HTTP API's producers have no epochs (Kafka's idempotent producers do): theirs is 0.
+HTTP_PRODUCER_EPOCH = 0
 MAX_READ_BYTES = 64 * 1024 * 1024
 _PERSISTENT = BasicProperties(delivery_mode=2)
 _PERSISTENT_RAW = _PERSISTENT.encode()
@@ -250,7 +253,7 @@ async def produce(
     skip = 0
     expected = None
     if producer is not None:
-        expected = found[0].partition.producer_sequence(producer[0])
+        expected = _expected_sequence(found, producer[0])
         if expected is not None and producer[1] < expected:
             skip = min(len(records), expected - producer[1])
         if skip == len(records):
@@ -263,10 +266,20 @@ async def produce(
         await _append(vhost, topic, records, found, index, exchange, landed, durability)
         if producer is not None:  # durable with the records: the same flush writes both
             following = producer[1] + skip + len(records)
-            found[0].partition.record_producer(producer[0], max(following, expected or 0))
+            following = max(following, expected or 0)
+            for n in sorted({n for n, _offset in landed}):  # kept with the records it wrote
+                found[n].partition.record_producer(producer[0], HTTP_PRODUCER_EPOCH, following)
         if not await durability.wait():
             raise Unavailable(f"topic '{topic}': the write could not be made durable")
     return landed
+
+
+def _expected_sequence(found: Sequence[StreamQueue], producer: str) -> int | None:
+    """The next sequence a producer's writes to the topic expect: the highest any partition
+    it wrote to keeps (None: it never wrote to the topic)."""
+    states = [q.partition.producer_state(producer) for q in found]
+    kept = [state.next_sequence for state in states if state is not None]
+    return max(kept) if kept else None
 
 
 async def _append(

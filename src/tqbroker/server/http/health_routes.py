@@ -2,7 +2,9 @@
 
 Responsibilities:
 - ``GET /health`` (no credentials, for probes): 200 ``ok``, or 503 ``degraded`` naming the
-  backends that cannot write; the resource alarms in effect are listed either way;
+  backends that cannot write and the stream partitions whose log failed (a damaged frame below
+  the high watermark: reads refuse it rather than step over it); the resource alarms in effect
+  are listed either way;
 - ``GET /api/health/checks/alarms`` and ``/api/health/checks/local-alarms`` (a broker user's
   credentials): RabbitMQ's answers, 200 ``{"status": "ok"}`` or 503 with the alarms in effect
   (``{"node", "resource"}``, resources ``disk space`` and ``memory``), the reason and
@@ -15,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...broker.alarms import DISK
+from ...broker.streams.service import partition_of
 from .auth import broker_of, user_of
 
 # RabbitMQ's names of the resources, in its health checks.
@@ -26,11 +29,21 @@ async def health(request: Request) -> Response:
     broker = broker_of(request)
     alarms = sorted(broker.alarms.active)
     unhealthy = sorted(f.backend.name for f in broker.flushers.values() if not f.backend.healthy)
-    if unhealthy:
-        return JSONResponse(
-            {"status": "degraded", "failing_backends": unhealthy, "alarms": alarms},
-            status_code=503,
-        )
+    failed = [
+        {"vhost": vhost.name, "queue": queue.name, "failure": partition.failure}
+        for vhost in list(broker.vhosts.values())
+        for queue in list(vhost.queues.values())
+        if (partition := partition_of(queue)) is not None and partition.failure is not None
+    ]
+    if unhealthy or failed:
+        found: dict[str, object] = {
+            "status": "degraded",
+            "failing_backends": unhealthy,
+            "alarms": alarms,
+        }
+        if failed:
+            found["failed_partitions"] = failed
+        return JSONResponse(found, status_code=503)
     return JSONResponse({"status": "ok", "alarms": alarms})
 
 

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Literal
 
 from ...backends.base import FLUSH_FIRST, Backend, FlushFirst, Popped, QueueStore
+from ...backends.streams import StreamBackend, StreamLog
 from ...model import Message
 from ...protocol.methods import BasicProperties
 
@@ -214,6 +215,12 @@ class BackendHarness:
     def queue(self, queue: str = "q", vhost: str = "/") -> QueueStore:
         return self.backend.open_queue(vhost, queue)
 
+    def stream(self, stream: str = "s", vhost: str = "/") -> StreamLog:
+        """The log of a stream (for a backend that offers streams)."""
+        backend = self.backend
+        assert isinstance(backend, StreamBackend), f"{backend.name} offers no streams"
+        return backend.open_stream(vhost, stream)
+
     def flush(self) -> bool:
         return run_flush(self.backend)
 
@@ -272,20 +279,23 @@ class BackendHarness:
 # --- the cases -------------------------------------------------------------------------------
 
 CaseFunction = Callable[[BackendFactory, Path], None]
-AppliesTo = Literal["all", "durable", "non-durable"]
+AppliesTo = Literal["all", "durable", "non-durable", "streams"]
 
 
 @dataclass(frozen=True)
 class ConformanceCase:
-    """One check: ``function(factory, data_dir)``; ``applies_to`` says for which backends."""
+    """One check: ``function(factory, data_dir)``; ``applies_to`` says for which backends
+    (``streams``: those that offer streams, ``StreamBackend``)."""
 
     name: str
     function: CaseFunction
     applies_to: AppliesTo
 
-    def applies(self, durable: bool) -> bool:
+    def applies(self, durable: bool, streams: bool = False) -> bool:
         if self.applies_to == "all":
             return True
+        if self.applies_to == "streams":
+            return streams
         return durable == (self.applies_to == "durable")
 
 

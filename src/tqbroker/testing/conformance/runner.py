@@ -12,15 +12,23 @@ from typing import ClassVar
 import pytest
 
 from ...backends.base import Backend
+from ...backends.streams import StreamBackend
 from .cases_content import CONTENT_CASES
 from .cases_durability import DURABILITY_CASES
 from .cases_queue import QUEUE_CASES
+from .cases_streams import STREAM_CASES
 from .harness import BackendFactory, ConformanceCase
 from .stateful import STATEFUL_CASES
 
 log = logging.getLogger(__name__)
 
-CASES: list[ConformanceCase] = [*QUEUE_CASES, *CONTENT_CASES, *DURABILITY_CASES, *STATEFUL_CASES]
+CASES: list[ConformanceCase] = [
+    *QUEUE_CASES,
+    *CONTENT_CASES,
+    *DURABILITY_CASES,
+    *STREAM_CASES,
+    *STATEFUL_CASES,
+]
 """Every case, in the order they run."""
 
 
@@ -30,10 +38,11 @@ def run_conformance(
     """Run every case that applies to the factory's backend (each in its own subdirectory of
     ``directory``), except those named in ``skip``; return the names of the cases run. The first
     failure propagates."""
-    durable = factory(directory).durable
+    backend = factory(directory)
+    durable, streams = backend.durable, isinstance(backend, StreamBackend)
     ran: list[str] = []
     for case in CASES:
-        if case.name in skip or not case.applies(durable):
+        if case.name in skip or not case.applies(durable, streams):
             continue
         case.function(factory, directory / case.name)
         ran.append(case.name)
@@ -59,24 +68,26 @@ class BackendConformance:
         unknown = set(self.known_failures) - {case.name for case in CASES}
         if unknown:
             raise ValueError(f"known_failures names unknown cases: {sorted(unknown)}")
-        durable = self._durability()
+        kind = self._kind()
         params = []
         for case in CASES:
-            if durable is not None and not case.applies(durable):
+            if kind is not None and not case.applies(*kind):
                 continue  # not applicable to this kind of backend: not generated at all
             reason = self.known_failures.get(case.name)
             marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
             params.append(pytest.param(case, id=case.name, marks=marks))
         metafunc.parametrize("conformance_case", params)
 
-    def _durability(self) -> bool | None:
-        """Whether ``make_backend`` builds a durable backend (None if it cannot tell, e.g.
-        when a subclass parametrizes ``conformance_factory`` instead)."""
+    def _kind(self) -> tuple[bool, bool] | None:
+        """Whether ``make_backend`` builds a durable backend, and one that offers streams
+        (None if it cannot tell, e.g. when a subclass parametrizes ``conformance_factory``
+        instead)."""
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                return bool(self.make_backend(Path(tmp)).durable)
+                backend = self.make_backend(Path(tmp))
             except NotImplementedError:
                 return None
+            return bool(backend.durable), isinstance(backend, StreamBackend)
 
     @pytest.fixture
     def conformance_factory(self) -> BackendFactory:
@@ -90,7 +101,7 @@ class BackendConformance:
         conformance_factory: BackendFactory,
         tmp_path: Path,
     ) -> None:
-        durable = conformance_factory(tmp_path).durable
-        if not conformance_case.applies(durable):
+        backend = conformance_factory(tmp_path)
+        if not conformance_case.applies(backend.durable, isinstance(backend, StreamBackend)):
             pytest.skip(f"for {conformance_case.applies_to} backends only")
         conformance_case.function(conformance_factory, tmp_path / "data")

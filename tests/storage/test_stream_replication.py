@@ -1,0 +1,163 @@
+"""The log backend's side of the replication primitives, beyond the conformance cases
+(``tqbroker.testing.conformance.cases_streams``): what is on disk when, the truncation's intent
+finished by a start, a flush in flight across a truncation, producer states stored before
+epochs, and the empty segment recovery removes from the end of a stream."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cbor2
+import pytest
+
+from tqbroker.backends.log import LogBackend
+from tqbroker.backends.log.epochs import EPOCH_FILE
+from tqbroker.backends.log.replication import TRUNCATE_FILE, write_intent
+from tqbroker.backends.log.stream import LogStream
+from tqbroker.backends.log.streamstate import STATE_FILE
+from tqbroker.backends.streams import CorruptLogError, ProducerState
+from tqbroker.model import Message
+
+
+def _open(root: Path, segment_bytes: int = 1 << 20) -> tuple[LogBackend, LogStream]:
+    backend = LogBackend(segment_bytes=segment_bytes, index_interval_bytes=256)
+    backend.open(root)
+    stream = backend.open_stream("/", "s")
+    assert isinstance(stream, LogStream)
+    return backend, stream
+
+
+def _flush(backend: LogBackend) -> None:
+    work = backend.begin_flush()
+    if work is not None:
+        work()
+
+
+def _fill(backend: LogBackend, stream: LogStream, count: int, tag: bytes = b"r") -> None:
+    for n in range(count):
+        stream.append(Message("", "k", b"", tag + b"%d" % n, timestamp_ms=1_000 + n))
+        stream.seal()  # a frame per record
+    _flush(backend)
+
+
+def test_an_epoch_is_on_disk_before_its_first_frame_is_appended(tmp_path: Path) -> None:
+    backend, leader = _open(tmp_path / "a")
+    follower_backend, follower = _open(tmp_path / "b")
+    _fill(backend, leader, 5)
+    frames, _next = leader.read_frames(0, 5, 1 << 20)
+    follower.append_frames(frames, 7)
+    stored = cbor2.loads((follower.directory / EPOCH_FILE).read_bytes())
+    assert stored == [[7, 0]]
+    assert follower.durable_end == 0  # the frames wait for the flush; the epoch did not
+    backend.close()
+    follower_backend.close()
+
+
+def test_a_start_finishes_a_truncation_a_crash_interrupted(tmp_path: Path) -> None:
+    backend, stream = _open(tmp_path, segment_bytes=300)
+    stream.begin_epoch(1)
+    _fill(backend, stream, 20)
+    stream.begin_epoch(2)
+    _fill(backend, stream, 5, b"s")
+    stream.store_offset("c", 22)
+    _flush(backend)
+    write_intent(stream.directory, 12)  # as if a power cut came right after the intent
+    backend.close()
+    backend, stream = _open(tmp_path, segment_bytes=300)
+    assert (stream.next_offset, stream.durable_end) == (12, 12)
+    assert stream.read(11) is not None
+    assert stream.read(12) is None
+    assert stream.epoch_history == [(1, 0)]
+    assert stream.offsets["c"] == 12
+    assert not (stream.directory / TRUNCATE_FILE).exists()
+    assert cbor2.loads((stream.directory / STATE_FILE).read_bytes())["recovery_point"] <= 12
+    backend.close()
+
+
+def test_a_flush_begun_before_a_truncation_writes_nothing_stale(tmp_path: Path) -> None:
+    """A flush's work in flight while the log is cut back must not move ``durable_end`` (or
+    the stored recovery point) past the new end afterwards."""
+    backend, stream = _open(tmp_path)
+    _fill(backend, stream, 10)
+    stream.append(Message("", "k", b"", b"late", timestamp_ms=5))
+    stream.store_offset("c", 3)  # the flush will write stream.cbor
+    work = backend.begin_flush()
+    assert work is not None
+    stream.truncate_to(4)
+    work()
+    assert (stream.next_offset, stream.durable_end) == (4, 4)
+    assert cbor2.loads((stream.directory / STATE_FILE).read_bytes())["recovery_point"] <= 4
+    _fill(backend, stream, 3, b"n")
+    assert [bytes(r.message.body) for r in stream.read_many(0, 10, 10)][-3:] == [
+        b"n0",
+        b"n1",
+        b"n2",
+    ]
+    backend.close()
+
+
+def test_no_flush_begins_while_a_truncation_runs(tmp_path: Path) -> None:
+    backend, stream = _open(tmp_path)
+    stream.append(Message("", "k", b"", b"x", timestamp_ms=5))
+    with stream._flush_gate:  # held by truncate_to while it runs (a worker thread)
+        assert stream.begin_flush() is None
+        assert stream.needs_flush
+    _flush(backend)
+    assert stream.durable_end == 1
+    backend.close()
+
+
+def test_producer_states_stored_before_epochs_read_as_epoch_0(tmp_path: Path) -> None:
+    backend, stream = _open(tmp_path)
+    directory = stream.directory
+    backend.close()
+    (directory / STATE_FILE).write_bytes(cbor2.dumps({"recovery_point": 0, "producers": {"p": 42}}))
+    backend, stream = _open(tmp_path)
+    assert stream.producers == {"p": ProducerState(0, 42)}
+    stream.record_producer("p", 2, 50)
+    _flush(backend)
+    stored = cbor2.loads((directory / STATE_FILE).read_bytes())
+    assert stored["producers"] == {"p": [2, 50]}
+    backend.close()
+
+
+def test_recovery_removes_an_empty_segment_after_a_hole(tmp_path: Path) -> None:
+    """A crash kept a segment rolled to, not the record buffered before the roll: the stream
+    ends where its records do, no offset skipped."""
+    backend, stream = _open(tmp_path, segment_bytes=300)
+    _fill(backend, stream, 6)
+    segments = sorted(stream.directory.glob("*.log"))
+    directory = stream.directory
+    end = stream.next_offset
+    backend.close()
+    last = segments[-1]
+    # An empty segment past the end, as a roll leaves it before anything is written there.
+    hole = end + 1
+    for suffix in (".log", ".index", ".timeindex"):
+        (directory / f"{hole:020d}{suffix}").write_bytes(b"")
+    (directory / "clean-shutdown").unlink()
+    assert last.exists()
+    backend, stream = _open(tmp_path, segment_bytes=300)
+    assert stream.next_offset == end
+    assert not (directory / f"{hole:020d}.log").exists()
+    backend.close()
+
+
+def test_a_search_by_time_over_a_damaged_frame_fails_the_stream(tmp_path: Path) -> None:
+    backend = LogBackend(index_interval_bytes=1 << 20)  # one index entry: the search walks
+    backend.open(tmp_path)
+    stream = backend.open_stream("/", "s")
+    assert isinstance(stream, LogStream)
+    for n in range(20):
+        stream.append(Message("", "k", b"", b"body-%02d" % n, timestamp_ms=1_000 + n))
+        stream.seal()
+    _flush(backend)
+    (path,) = sorted(stream.directory.glob("*.log"))
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(b"body-05") + 3] ^= 1
+    path.write_bytes(bytes(raw))
+    stream.log.segments[0]._read_pos = -1  # forget the read-ahead
+    with pytest.raises(CorruptLogError):
+        stream.offset_for_timestamp(1_010)
+    assert stream.failure is not None
+    backend.close()
