@@ -1,7 +1,8 @@
 """A page on another origin attacks the broker through a victim's headless Chromium, and nothing
-changes: the victim logged in to the web UI in the same browser, and the browser holds the
-victim's credentials for the broker (cached HTTP Basic ones from an ``/api`` URL it opened, and,
-the worst case, sent with every request the browser makes: CDP's extra headers). The attacker's
+changes: the victim logged in to the web UI in the same browser and opened an ``/api`` URL with
+credentials in it, and the browser sends the victim's credentials with every request it makes
+(CDP's extra headers: the worst a cached Basic login could do; before ``cross_site.py`` every
+attack below succeeded so, while the URL's credentials alone were not sent). The attacker's
 page, served on another loopback origin (127.0.0.1 on another port: same site; 127.0.0.2:
 another site), submits forms (``text/plain``, urlencoded, multipart) and ``no-cors`` fetches to
 publish, bind, delete users, get (consume) a message, import definitions (an administrator)
