@@ -1,4 +1,4 @@
-"""Prometheus metrics over real sockets: ``/metrics`` on the metrics port and on the HTTP API,
+"""Prometheus metrics over real sockets: ``/metrics`` on the metrics port (not the HTTP API's),
 parsed with prometheus-client's own parser, its counters moving under a real pika client's
 load; ``/metrics/per-object`` and ``/metrics/detailed``; ``--metrics-port -1``; the message
 rates of ``broker/stats.py``."""
@@ -122,29 +122,28 @@ def test_per_object_split_and_http_route(
         for _ in range(count):
             channel.basic_publish("", name, b"x")
     connection.process_data_events(0.2)
-    for base in (tqbroker_thread.metrics_url, tqbroker_thread.http_url):
-        eventually(lambda: scrape(base)[("rabbitmq_queue_messages_ready", ())] == 5)  # noqa: B023
-        aggregated = scrape(base)
-        assert not any(dict(labels).get("queue") for _name, labels in aggregated)
-        assert aggregated[("rabbitmq_queues", ())] == 2
-        per_object = scrape(base, "/metrics/per-object")
-        assert (
-            per_object[("rabbitmq_queue_messages_ready", (("queue", "m.a"), ("vhost", "/")))] == 3
-        )
-        assert per_object[("rabbitmq_queue_messages", (("queue", "m.b"), ("vhost", "/")))] == 2
-        assert (
-            per_object[
-                ("rabbitmq_queue_messages_published_total", (("queue", "m.a"), ("vhost", "/")))
-            ]
-            == 3
-        )
-        detailed = scrape(base, "/metrics/detailed?family=queue_coarse_metrics&vhost=%2F")
-        assert (
-            detailed[("rabbitmq_detailed_queue_messages_ready", (("queue", "m.a"), ("vhost", "/")))]
-            == 3
-        )
-        assert not any(name.startswith("rabbitmq_global") for name, _ in detailed)
-        assert scrape(base, "/metrics/detailed?family=queue_coarse_metrics&vhost=other") == {}
+    # On the metrics port alone, as RabbitMQ serves them (not on the management API's).
+    for path in ("/metrics", "/metrics/per-object", "/metrics/detailed"):
+        assert httpx.get(tqbroker_thread.http_url + path, timeout=10).status_code == 404
+    base = tqbroker_thread.metrics_url
+    eventually(lambda: scrape(base)[("rabbitmq_queue_messages_ready", ())] == 5)
+    aggregated = scrape(base)
+    assert not any(dict(labels).get("queue") for _name, labels in aggregated)
+    assert aggregated[("rabbitmq_queues", ())] == 2
+    per_object = scrape(base, "/metrics/per-object")
+    assert per_object[("rabbitmq_queue_messages_ready", (("queue", "m.a"), ("vhost", "/")))] == 3
+    assert per_object[("rabbitmq_queue_messages", (("queue", "m.b"), ("vhost", "/")))] == 2
+    assert (
+        per_object[("rabbitmq_queue_messages_published_total", (("queue", "m.a"), ("vhost", "/")))]
+        == 3
+    )
+    detailed = scrape(base, "/metrics/detailed?family=queue_coarse_metrics&vhost=%2F")
+    assert (
+        detailed[("rabbitmq_detailed_queue_messages_ready", (("queue", "m.a"), ("vhost", "/")))]
+        == 3
+    )
+    assert not any(name.startswith("rabbitmq_global") for name, _ in detailed)
+    assert scrape(base, "/metrics/detailed?family=queue_coarse_metrics&vhost=other") == {}
 
 
 def test_per_object_in_pieces_is_one_family_each(

@@ -12,7 +12,8 @@ inside the broker's nursery. The management API will extend this same app.
   (``auth.py``); request bodies, parameters and records read and checked (``inputs.py``);
 - every error is JSON with its status (``errors.py``);
 - Prometheus' ``/metrics``, ``/metrics/per-object``, ``/metrics/detailed`` (``metrics.py``,
-  ``metrics_routes.py``), here and on their own port (``serve_metrics``);
+  ``metrics_routes.py``), on their own port (``serve_metrics``);
+- requests from other sites' pages refused in front of every route (``cross_site.py``);
 - the app and ``serve_http`` (``app.py``).
 """
 

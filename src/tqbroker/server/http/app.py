@@ -2,7 +2,9 @@
 Trio worker bound and serving until cancelled (reporting the bound addresses through the Trio
 start protocol), over HTTPS with ``tls`` (hypercorn's own TLS: its certfile, keyfile, ca_certs
 and verify_mode options; the context from ``server/tls.py``, reloaded in place on SIGHUP).
-``GET /health`` is here: it needs no credentials.
+``GET /health`` is here: it needs no credentials. The Prometheus endpoints are on the metrics
+port alone (``serve_metrics``), as RabbitMQ serves them; requests from other sites' pages are
+refused in front of every route (``cross_site.py``).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from starlette.routing import Route
 
 from ...broker.broker import Broker
 from ..registry import Connections
+from .cross_site import CrossSiteGuard
 from .definitions_routes import get_definitions, post_definitions
 from .errors import EXCEPTION_HANDLERS
 from .health_routes import alarms, health, local_alarms
 from .limits import BodyDeadline, HttpLimits, ValidPaths, configure, serve
-from .metrics_routes import create_metrics_app, metrics, metrics_detailed, metrics_per_object
+from .metrics_routes import create_metrics_app
 from .mgmt_common import RawApiPaths
 from .mgmt_routes import MANAGEMENT_ROUTES
 from .record_routes import read_records, write_records
@@ -59,9 +62,6 @@ def create_app(broker: Broker, connections: Connections) -> Starlette:
             Route("/topics/{topic}/records", write_records, methods=["POST"]),
             Route("/topics/{topic}/partitions/{partition}/records", read_records),
             *TOPIC_ADMIN_ROUTES,
-            Route("/metrics", metrics),
-            Route("/metrics/per-object", metrics_per_object),
-            Route("/metrics/detailed", metrics_detailed),
             *MANAGEMENT_ROUTES,
             *UI_ROUTES,  # the web UI: / and /ui/{name}
         ],
@@ -69,6 +69,7 @@ def create_app(broker: Broker, connections: Connections) -> Starlette:
         middleware=[
             Middleware(BodyDeadline, timeout=broker.config.http_body_timeout),
             Middleware(ValidPaths),
+            Middleware(CrossSiteGuard),
             Middleware(RawApiPaths),
         ],
     )

@@ -4,24 +4,21 @@ RabbitMQ's management API does (``broker/definitions_api.py`` does the work).
 Answers as RabbitMQ 3.10's: 200 with the document (``?download=NAME`` adds the attachment
 header), 204 for an import (what it skipped is logged and summed up in the
 ``X-Definitions-Skipped`` header), 400 ``{"error": "bad_request", "reason": ...}`` for a document
-that cannot be imported, 401 without an administrator's credentials (a user restricted to some
-vhosts is one for those vhosts only, until users get tags), 404 for a POST to a missing vhost and
-400 for a GET of one, 415 for a body that is neither JSON nor a multipart form (the form's
-``file`` part is the document, as the management UI sends it; its ``redirect`` part answers
-303 there).
+that cannot be imported, 401 ``Not administrator user`` for anyone but an administrator (a
+whole broker's or one vhost's: an import creates users and permissions, and an export lists
+them), 404 for a POST to a missing vhost and 400 for a GET of one. The document is sent as
+``application/json`` (``cross_site.py`` refuses other types, multipart forms included: a page
+on another site could send one).
 """
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
 import json
 import logging
 import re
-from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from ...broker.definitions_api import encode, export, import_document
 from ...broker.definitions_json import DefinitionsError, parse_document
@@ -37,9 +34,8 @@ SKIPPED_HEADER = "x-definitions-skipped"
 _SAFE_FILENAME = re.compile(r"[^A-Za-z0-9._@+-]")
 
 
-async def _authorised(request: Request, vhost: str | None) -> None:
-    user = await api_user(request)
-    if not user.is_administrator and (vhost is None or not user.may_open(vhost)):
+async def _authorised(request: Request) -> None:
+    if not (await api_user(request)).is_administrator:
         raise ApiError(401, "not_authorised", "Not administrator user")
 
 
@@ -50,7 +46,7 @@ def _vhost_param(request: Request) -> str | None:
 async def get_definitions(request: Request) -> Response:
     """``GET /api/definitions[/{vhost}]``."""
     vhost = _vhost_param(request)
-    await _authorised(request, vhost)
+    await _authorised(request)
     broker = broker_of(request)
     if vhost is not None and vhost not in broker.vhosts:
         raise ApiError(400, "bad_request", "vhost_not_found")
@@ -64,14 +60,16 @@ async def get_definitions(request: Request) -> Response:
 
 
 async def post_definitions(request: Request) -> Response:
-    """``POST /api/definitions[/{vhost}]``: import a document (JSON, or a multipart form's
-    ``file``)."""
+    """``POST /api/definitions[/{vhost}]``: import a JSON document."""
     vhost = _vhost_param(request)
-    await _authorised(request, vhost)
+    await _authorised(request)
     broker = broker_of(request)
     if vhost is not None and vhost not in broker.vhosts:
         raise ApiError(404, "not_found", "vhost_not_found")
-    raw, redirect = await _document_bytes(request)
+    try:
+        raw = await read_body(request)
+    except RequestError as exc:
+        raise ApiError(exc.status, "bad_request", exc.message) from None
     try:
         loaded = json.loads(raw) if raw.strip() else {}
     except (ValueError, RecursionError) as exc:  # not JSON (nor UTF-8)
@@ -89,48 +87,8 @@ async def post_definitions(request: Request) -> Response:
         await broker.definitions.wait(since)  # durable before the answer, as a declare-ok
     except AMQPError as exc:  # 541: the definitions could not be stored
         raise ApiError(500, "internal_server_error", exc.reply_text) from None
-    if redirect:
-        return RedirectResponse(redirect, 303)
     headers = {}
     if skipped:
         summary = "; ".join(skipped)
         headers[SKIPPED_HEADER] = summary.encode("ascii", "backslashreplace").decode()[:4000]
     return Response(None, 204, headers)
-
-
-async def _document_bytes(request: Request) -> tuple[bytes, str | None]:
-    """The document a POST carries, and where a form asks to be redirected."""
-    content_type = request.headers.get("content-type", "")
-    kind = content_type.partition(";")[0].strip().lower()
-    if kind not in ("application/json", "multipart/form-data"):
-        raise ApiError(
-            415,
-            "unsupported_media_type",
-            "send the definitions as application/json or a multipart/form-data 'file'",
-        )
-    try:
-        raw = await read_body(request)
-    except RequestError as exc:
-        raise ApiError(exc.status, "bad_request", exc.message) from None
-    if kind == "application/json":
-        return raw, None
-    parts = _form_parts(content_type, raw)
-    if "file" not in parts:
-        raise ApiError(400, "bad_request", "the form has no 'file' part")
-    redirect = parts.get("redirect")
-    return parts["file"], redirect.decode("utf-8", "replace") if redirect else None
-
-
-def _form_parts(content_type: str, body: bytes) -> dict[str, bytes]:
-    """The named parts of a multipart/form-data body (the standard library's MIME parser)."""
-    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1", "replace")
-    message: Any = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-    parts: dict[str, bytes] = {}
-    if not message.is_multipart():
-        return parts
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        payload = part.get_payload(decode=True)
-        if isinstance(name, str) and isinstance(payload, bytes):
-            parts[name] = payload
-    return parts

@@ -8,6 +8,8 @@ Responsibilities:
   too large or malformed), with its status;
 - the status of each stream service failure (``TopicError``): ``NotFound`` 404,
   ``InvalidRequest`` 400, ``Conflict`` 409, ``Unavailable`` 503;
+- a 401 asks for HTTP Basic credentials (``WWW-Authenticate``) unless a browser asked
+  (``challenges``);
 - ``EXCEPTION_HANDLERS``: the app's handlers for those, for Starlette's own ``HTTPException``
   and for anything else (a 500, logged with its traceback).
 """
@@ -67,18 +69,20 @@ class ApiError(Exception):
         self.reason = reason
 
 
-def api_error_response(exc: ApiError) -> Response:
-    headers = (
-        {"www-authenticate": 'Basic realm="RabbitMQ Management"'} if exc.status == 401 else None
-    )
+def api_error_response(exc: ApiError, *, challenge: bool = True) -> Response:
+    """The refusal as RabbitMQ's JSON (a 401 asks for Basic credentials with ``challenge``)."""
+    challenged = challenge and exc.status == 401
+    headers = {"www-authenticate": 'Basic realm="RabbitMQ Management"'} if challenged else None
     return JSONResponse(
         {"error": exc.error, "reason": exc.reason}, status_code=exc.status, headers=headers
     )
 
 
-def error(status: int, message: str) -> JSONResponse:
-    """The JSON error response (a 401 asks for Basic credentials)."""
-    headers = {"www-authenticate": 'Basic realm="tqbroker"'} if status == 401 else None
+def error(status: int, message: str, *, challenge: bool = True) -> JSONResponse:
+    """The JSON error response (a 401 asks for Basic credentials with ``challenge``)."""
+    headers = (
+        {"www-authenticate": 'Basic realm="tqbroker"'} if challenge and status == 401 else None
+    )
     return JSONResponse(
         {"error": _REASONS.get(status, "error"), "message": message},
         status_code=status,
@@ -94,9 +98,16 @@ def topic_status(exc: TopicError) -> int:
     return 400
 
 
+def challenges(request: Request) -> bool:
+    """Whether a 401 may ask for HTTP Basic credentials: not a browser's request (browsers send
+    ``Sec-Fetch-Mode``), which would prompt for them and then send them along with requests
+    other sites' pages make (the web UI logs in with its own form)."""
+    return "sec-fetch-mode" not in request.headers
+
+
 async def _request_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestError)
-    return error(exc.status, exc.message)
+    return error(exc.status, exc.message, challenge=challenges(request))
 
 
 async def _topic_error(request: Request, exc: Exception) -> Response:
@@ -127,7 +138,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return api_error_response(exc)
+    return api_error_response(exc, challenge=challenges(request))
 
 
 EXCEPTION_HANDLERS: Mapping[Any, Callable[[Request, Exception], Awaitable[Response]]] = {

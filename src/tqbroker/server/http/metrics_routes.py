@@ -1,7 +1,7 @@
 """Prometheus' HTTP endpoints, as RabbitMQ's ``rabbitmq_prometheus`` serves them: ``/metrics``
 (queue figures summed), ``/metrics/per-object`` (per queue), ``/metrics/detailed?family=...``
-(``&vhost=...``); on the HTTP API's port and on their own (``metrics_port``, 15692 as
-RabbitMQ's; ``serve_metrics``). No credentials, as RabbitMQ's.
+(``&vhost=...``); on their own port alone (``metrics_port``, 15692 as RabbitMQ's;
+``serve_metrics``), not on the management API's. No credentials, as RabbitMQ's.
 
 A scrape reads the broker on the event loop, giving way between queues (``collect_async``);
 a large exposition (10k queues, per object) is rendered a slice at a time too.

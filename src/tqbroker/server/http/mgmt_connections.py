@@ -1,7 +1,8 @@
-"""The management API's view of clients: ``/api/connections[/{name}]`` (DELETE closes one with
-320 ``CONNECTION_FORCED`` and the ``X-Reason`` header's text), ``/api/connections/{name}/
-channels``, ``/api/vhosts/{vhost}/connections``, ``/api/channels[/{name}]``,
-``/api/consumers[/{vhost}]``; each as RabbitMQ's JSON.
+"""The management API's view of clients: ``/api/connections[/{name}]`` (DELETE, by an
+administrator or the connection's own user, closes one with 320 ``CONNECTION_FORCED`` and the
+``X-Reason`` header's text), ``/api/connections/{name}/channels``,
+``/api/vhosts/{vhost}/connections``, ``/api/channels[/{name}]``, ``/api/consumers[/{vhost}]``;
+each as RabbitMQ's JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..channel import Channel
 from ..connection import AMQPConnection
 from ..registry import Connections, Registered
 from .auth import ApiUser, broker_of
+from .errors import ApiError
 from .mgmt_common import api_user, listed_vhosts, listing, not_found, segment
 
 CHANNEL_STATS: tuple[str, ...] = ("publish", "confirm", "return_unroutable", "drop_unroutable")
@@ -159,9 +161,13 @@ def consumer_details(connections: Connections, queue: Queue, node: str) -> list[
 
 
 def _mine(user: ApiUser, entry: Registered) -> bool:
-    """Whether ``user`` may see (and close) the connection: an administrator any, another user
-    only their own, as RabbitMQ shows them."""
-    return user.sees_everything or _user(entry.connection) == user.name
+    """Whether ``user`` may see the connection: an administrator or a monitoring user any,
+    another user only their own, as RabbitMQ shows them."""
+    return user.sees_everything or _owns(user, entry)
+
+
+def _owns(user: ApiUser, entry: Registered) -> bool:
+    return _user(entry.connection) == user.name
 
 
 async def _visible(request: Request) -> list[Registered]:
@@ -184,11 +190,16 @@ async def list_connections(request: Request) -> Response:
     return await listing(request, (connection_json(e, node) for e in entries))
 
 
-async def _entry(request: Request) -> Registered:
+async def _entry(request: Request, *, closing: bool = False) -> Registered:
+    """The path's connection, if the user may see it (404 otherwise) and, ``closing``, close it:
+    an administrator or the connection's own user (401 otherwise, RabbitMQ's words: a
+    monitoring user sees every connection and closes none but its own)."""
     user = await api_user(request)
     entry = connections_of(request).get(segment(request, "name"))
     if entry is None or not user.may_open(_vhost(entry.connection)) or not _mine(user, entry):
         raise not_found()
+    if closing and not (user.is_administrator or _owns(user, entry)):
+        raise ApiError(401, "not_authorised", "User not authorised to access object")
     return entry
 
 
@@ -200,7 +211,7 @@ async def show_connection(request: Request) -> Response:
 
 async def close_connection(request: Request) -> Response:
     """``DELETE /api/connections/{name}``: ``connection.close`` 320 with ``X-Reason``."""
-    entry = await _entry(request)
+    entry = await _entry(request, closing=True)
     entry.connection.shutdown(request.headers.get("x-reason") or DEFAULT_CLOSE_REASON)
     return Response(status_code=204)
 
