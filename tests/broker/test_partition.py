@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import pika
 import pytest
 import trio
 import trio.testing
@@ -249,6 +250,12 @@ async def test_a_damaged_frame_fails_the_partition_and_the_health_check(tmp_path
         assert running.broker is not None
         streams = StreamService(running.broker.vhosts["/"])
         assert [r.offset for r in streams.read("t", 0, offset=0, limit=100)] == list(range(100))
+        # An AMQP reader gets records below the damage at most (those its reads of the log
+        # reached before it), then basic.cancel: the queue failed (a consume is then 541).
+        got = await trio.to_thread.run_sync(consume_all, running.port, "t-0")
+        expected = [b"record-%04d" % n + b"." * 40 for n in range(150)]
+        assert got == expected[: len(got)]
+        assert running.broker.vhosts["/"].queues["t-0"].failure is not None
         with pytest.raises(Unavailable, match="partition 0 of topic 't' failed"):
             streams.read("t", 0, offset=100, limit=100)
         assert streams.partition("t", 0).failure is not None
@@ -267,3 +274,24 @@ def damage(data_dir: Path, needle: bytes) -> None:
     data = bytearray(victim.read_bytes())
     data[data.index(needle) + 3] ^= 1
     victim.write_bytes(bytes(data))
+
+
+def consume_all(port: int, queue: str) -> list[bytes]:
+    """Read a stream from its first record with pika until the broker cancels the consumer
+    (or 30 s of silence)."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=1000)
+        got: list[bytes] = []
+        arguments = {"x-stream-offset": "first"}
+        for method, _properties, body in channel.consume(
+            queue, arguments=arguments, inactivity_timeout=30
+        ):
+            if method is None:
+                break
+            got.append(body)
+            channel.basic_ack(method.delivery_tag)
+        return got
+    finally:
+        connection.close()
