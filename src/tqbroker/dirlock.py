@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 LOCK_FILE = "tqbroker.lock"
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class DataDirInUse(Exception):
@@ -59,9 +60,12 @@ class DataDirLock:
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError:
-            os.close(fd)
-            raise
+        except OSError as exc:
+            if exc.errno not in _NO_ROOM:
+                os.close(fd)
+                raise
+            # A full disk: the lock is held all the same (its PID is only a courtesy), and
+            # the start goes on to say what cannot be written.
         self._fd: int | None = fd
 
     @property

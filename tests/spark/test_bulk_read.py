@@ -25,6 +25,7 @@ from tqbroker.backends.log.format import (
     RECORD_HEAD,
     encode_record,
 )
+from tqbroker.backends.streams import CorruptLogError
 from tqbroker.broker.streams import bulk_read
 from tqbroker.broker.streams.partition import Partition
 from tqbroker.model import Message
@@ -70,13 +71,15 @@ def test_bodies_from_pieces_equal_read_batches(
     assert encode_read_parts(start + n, offsets, stamps, columns) == encode_read(batch)
 
 
-def test_a_damaged_record_is_stepped_over_and_reported(tmp_path: Path) -> None:
+def test_a_damaged_record_fails_the_bulk_read(tmp_path: Path) -> None:
+    """Strict reads: a bulk read meeting a damaged frame below the high watermark raises (the
+    stream service answers 503) rather than stepping over it, and the stream is failed."""
     backend = LogBackend(segment_bytes=8192, index_interval_bytes=512)
     backend.open(tmp_path)
     stream = backend.open_stream("/", "s")
     for i in range(300):
         stream.append(Message("", f"k{i % 7}", b"", b"body-%04d" % i + b"." * 40))
-        stream.seal()  # records of their own (a damaged batch is lost whole)
+        stream.seal()  # records of their own
     work = backend.begin_flush()
     assert work is not None
     work()
@@ -89,10 +92,10 @@ def test_a_damaged_record_is_stepped_over_and_reported(tmp_path: Path) -> None:
     columns = bulk_read._Columns(headers=False)
     with pytest.MonkeyPatch.context() as patch:  # one slice, however busy the machine
         patch.setattr(bulk_read, "SLICE_SECONDS", 60.0)
-        assert columns.take(Partition(stream, None), 3, 300, 1 << 20) == 300
-    assert list(columns.offsets) == [o for o in range(3, 300) if o != 150]
-    assert bytes(columns.values[-1]).startswith(b"body-0299")
-    assert stream.log.corrupt_records == 1  # as a read record by record reports it
+        with pytest.raises(CorruptLogError):
+            columns.take(Partition(stream, None), 3, 300, 1 << 20)
+    assert stream.failure is not None
+    backend.close()
 
 
 def test_reads_cut_in_slices_and_requests_return_each_record_once(
