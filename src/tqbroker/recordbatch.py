@@ -40,7 +40,7 @@ from typing import Any
 
 import attrs
 
-from .protocol.codec import FieldTable, FieldValue
+from .protocol.codec import FieldTable, FieldValue, Timestamp
 
 READ_MAGIC = b"TQR1"
 FRAMES_MAGIC = b"TQF1"
@@ -236,6 +236,8 @@ def json_value(value: FieldValue) -> Any:
         return {"bytes": base64.b64encode(value).decode()}
     if isinstance(value, datetime.datetime):
         return value.isoformat()
+    if isinstance(value, Timestamp):  # past year 9999: no ISO-8601 text, the seconds
+        return value.seconds
     if isinstance(value, decimal.Decimal):
         return str(value)
     if isinstance(value, list | tuple):

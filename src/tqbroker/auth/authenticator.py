@@ -1,10 +1,14 @@
 """Logins, for AMQP and HTTP alike: one ``Authenticator`` per broker.
 
-- a per-source-address token bucket of failed logins: over it, a login is refused before any
-  password is hashed or any backend asked (the same reply as a wrong password);
 - a small cache of recent successes and failures, keyed by an HMAC of the user name and
   password under a per-process key (never the password), valid while the chain's generation
-  is unchanged (a password or permission change empties it in effect);
+  is unchanged (a password or permission change empties it in effect); it is asked first, and
+  a success it holds is never refused by the allowance below;
+- a token bucket of failed logins per (source address, user name): over it, a login the cache
+  does not know is refused before any password is hashed or any backend asked (the same reply
+  as a wrong password). Guessing one user's password from one address is slowed; a flood of
+  wrong logins for other (or unknown) users from the same address (a NAT, a proxy) spends
+  their buckets, not a real user's;
 - the backends (``AuthChain``), which cost the same for an unknown user as for a wrong password;
   a backend that cannot answer refuses the login without counting it against the address;
 - ``loopback_users`` (RabbitMQ's broker setting, default ``["guest"]``) checked against the
@@ -21,6 +25,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 import trio
 
@@ -31,7 +36,7 @@ log = logging.getLogger(__name__)
 
 INVALID_CREDENTIALS = "invalid credentials"
 LOOPBACK_ONLY = "can only connect via localhost"
-RATE_LIMITED = "too many failed logins from this address"
+RATE_LIMITED = "too many failed logins for this user from this address"
 BACKEND_UNAVAILABLE = "no auth backend could answer"
 
 
@@ -62,8 +67,9 @@ def is_loopback(host: str) -> bool:
 
 
 class FailureBuckets:
-    """Token buckets of failed logins per source address: ``burst`` failures at once, then
-    ``rate`` per second. At most ``max_sources`` addresses are tracked (oldest forgotten)."""
+    """Token buckets of failed logins per source (a key: the authenticator's is a digest of
+    address and user name): ``burst`` failures at once, then ``rate`` per second. At most
+    ``max_sources`` sources are tracked (oldest forgotten)."""
 
     def __init__(
         self,
@@ -73,17 +79,17 @@ class FailureBuckets:
         max_sources: int = 10_000,
     ) -> None:
         self.burst, self.rate, self._clock, self._max = burst, rate, clock, max_sources
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, when
+        self._buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()  # tokens, when
 
-    def _tokens(self, source: str) -> float:
+    def _tokens(self, source: bytes) -> float:
         tokens, when = self._buckets.get(source, (float(self.burst), self._clock()))
         return min(float(self.burst), tokens + (self._clock() - when) * self.rate)
 
-    def allows(self, source: str) -> bool:
+    def allows(self, source: bytes) -> bool:
         """Whether ``source`` may try a login (has a token left for a failure)."""
         return self._tokens(source) >= 1.0
 
-    def failed(self, source: str) -> None:
+    def failed(self, source: bytes) -> None:
         tokens = self._tokens(source) - 1.0
         self._buckets[source] = (max(tokens, 0.0), self._clock())
         self._buckets.move_to_end(source)
@@ -118,40 +124,51 @@ class Authenticator:
     async def login(self, username: str, password: str | None, peer: Peer) -> AuthUser:
         """The authenticated user; ``password`` None is EXTERNAL (``username`` from the
         certificate). LoginRefused after ``failure_delay`` otherwise."""
-        if not self.buckets.allows(peer.host):
-            await self._refuse(username, RATE_LIMITED, peer, count=False)
-        try:
-            user = await self._authenticate(username, password, peer)
-        except AuthBackendError:  # not the client's failure: not counted against its address
-            await self._refuse(username, BACKEND_UNAVAILABLE, peer, count=False)
+        source = self._digest(f"{peer.host}\0{username}")
+        token = None if password is None else self._digest(f"{username}\0{password}")
+        cached = self._cached(token)
+        user = None if cached is None else cached[0]
+        if user is None:  # not a recent success: the allowance applies
+            if not self.buckets.allows(source):
+                await self._refuse(username, RATE_LIMITED, peer, source, count=False)
+            if cached is None:  # a failure the cache holds is not asked again
+                user = await self._authenticate(username, password, peer, source, token)
         if user is None:
-            await self._refuse(username, INVALID_CREDENTIALS, peer)
-        elif username in self.loopback_users and not is_loopback(peer.host):
-            await self._refuse(username, LOOPBACK_ONLY, peer, count=False)
-        assert user is not None
+            await self._refuse(username, INVALID_CREDENTIALS, peer, source)
+        if username in self.loopback_users and not is_loopback(peer.host):
+            await self._refuse(username, LOOPBACK_ONLY, peer, source, count=False)
         return user
+
+    def _digest(self, text: str) -> bytes:
+        return hmac.digest(self._key, text.encode("utf-8", "surrogatepass"), "sha256")
+
+    def _cached(self, token: bytes | None) -> tuple[AuthUser | None, int, float] | None:
+        """The login cache's entry for ``token`` (a success or a failure) if still valid."""
+        cached = None if token is None else self._cache.get(token)
+        if cached is None or cached[1] != self.chain.generation or cached[2] <= self._clock():
+            return None
+        return cached
 
     async def _authenticate(
-        self, username: str, password: str | None, peer: Peer
+        self, username: str, password: str | None, peer: Peer, source: bytes, token: bytes | None
     ) -> AuthUser | None:
-        if password is None:
-            return await self.chain.authenticate(username, None, peer)
-        token = hmac.digest(
-            self._key, f"{username}\0{password}".encode("utf-8", "surrogatepass"), "sha256"
-        )
-        generation, now = self.chain.generation, self._clock()
-        cached = self._cache.get(token)
-        if cached is not None and cached[1] == generation and cached[2] > now:
-            return cached[0]
-        user = await self.chain.authenticate(username, password, peer)
-        self._cache[token] = (user, generation, now + self._ttl)
-        self._cache.move_to_end(token)
-        while len(self._cache) > self._size:
-            self._cache.popitem(last=False)
+        """The chain's answer, kept in the cache (not for EXTERNAL: no password)."""
+        generation = self.chain.generation
+        try:
+            user = await self.chain.authenticate(username, password, peer)
+        except AuthBackendError:  # not the client's failure: not counted against it
+            await self._refuse(username, BACKEND_UNAVAILABLE, peer, source, count=False)
+        if token is not None:
+            self._cache[token] = (user, generation, self._clock() + self._ttl)
+            self._cache.move_to_end(token)
+            while len(self._cache) > self._size:
+                self._cache.popitem(last=False)
         return user
 
-    async def _refuse(self, username: str, reason: str, peer: Peer, *, count: bool = True) -> None:
+    async def _refuse(
+        self, username: str, reason: str, peer: Peer, source: bytes, *, count: bool = True
+    ) -> NoReturn:
         if count:
-            self.buckets.failed(peer.host)
+            self.buckets.failed(source)
         await trio.sleep(self.failure_delay)
         raise LoginRefused(username, reason)

@@ -6,7 +6,7 @@ Responsibilities:
   equivalence (406); else what the queue to create is (its name, backend and typed arguments);
 - ``empty_transient``: a transient queue on a durable backend starts empty;
 - ``open_and_declare_queue``: a declare whose new queue's stores open (recover) in a worker
-  thread first;
+  thread first (``open_storage``; a definitions import opens many at once with it);
 - ``server_name``: the ``amq.gen-`` name of a queue declared without one.
 """
 
@@ -127,16 +127,7 @@ async def open_and_declare_queue(
     )
     if isinstance(found, Queue):
         return found
-    vhost.opening[found[0]] = done = trio.Event()
-    try:
-        empty_transient(vhost, *found, durable=durable)
-        await trio.to_thread.run_sync(vhost.storage.open, *found)
-    except OSError as exc:  # out of descriptors or space, say: this declare fails alone
-        doing = f"open the storage of queue '{found[0]}' in vhost '{vhost.name}'"
-        raise storage_error(exc, doing) from None
-    finally:
-        del vhost.opening[found[0]]
-        done.set()
+    await open_storage(vhost, found, durable=durable)
     return vhost.declare_queue(
         found[0],
         passive=False,
@@ -147,6 +138,23 @@ async def open_and_declare_queue(
         owner=owner,
         prepared=True,
     )
+
+
+async def open_storage(
+    vhost: VirtualHost, found: tuple[str, str, QueueArguments], *, durable: bool
+) -> None:
+    """Open (recover) the stores of the queue ``check_queue_declare`` found to create, in a
+    worker thread; a declare of that name meanwhile waits (``vhost.opening``)."""
+    vhost.opening[found[0]] = done = trio.Event()
+    try:
+        empty_transient(vhost, *found, durable=durable)
+        await trio.to_thread.run_sync(vhost.storage.open, *found)
+    except OSError as exc:  # out of descriptors or space, say: this declare fails alone
+        doing = f"open the storage of queue '{found[0]}' in vhost '{vhost.name}'"
+        raise storage_error(exc, doing) from None
+    finally:
+        del vhost.opening[found[0]]
+        done.set()
 
 
 def server_name() -> str:

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import attrs
 
-from ..protocol.codec import FieldTable, FieldValue
+from ..protocol.codec import FieldTable, FieldValue, Timestamp, timestamp_value
 from .limits import is_vhost_limits
 
 # The RabbitMQ release whose definitions schema this is (its ``rabbit_version``).
@@ -125,6 +125,8 @@ def encode_value(value: FieldValue) -> Any:
     if isinstance(value, datetime.datetime):
         moment = value if value.tzinfo is not None else value.replace(tzinfo=datetime.UTC)
         return {TAG: "timestamp", "value": int((moment - _EPOCH).total_seconds())}
+    if isinstance(value, Timestamp):
+        return {TAG: "timestamp", "value": value.seconds}
     return value
 
 
@@ -154,7 +156,7 @@ def _tagged(kind: object, value: object, where: str) -> FieldValue:
         if kind == "decimal" and isinstance(value, str):
             return decimal.Decimal(value)
         if kind == "timestamp" and isinstance(value, int) and not isinstance(value, bool):
-            return _EPOCH + datetime.timedelta(seconds=value)
+            return timestamp_value(value)
     except (ValueError, ArithmeticError, OverflowError):
         pass
     raise DefinitionsError(f"{where}: cannot read a {kind!r} value from {value!r}")

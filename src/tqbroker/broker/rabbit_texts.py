@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from typing import Final
 
-from ..protocol.codec import FieldValue
+from ..protocol.codec import FieldValue, Timestamp
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def amqp_type(value: FieldValue) -> str:
         return "double"
     if isinstance(value, decimal.Decimal):
         return "decimal"
-    if isinstance(value, datetime.datetime):
+    if isinstance(value, datetime.datetime | Timestamp):
         return "timestamp"
     if isinstance(value, dict):
         return "table"

@@ -9,13 +9,15 @@ Responsibilities:
 
 Python representation of field values: ``bool``, ``int``, ``float``, ``decimal.Decimal``, ``str``
 (``S``; invalid UTF-8 survives through ``surrogateescape``), ``bytes`` (``x``), ``datetime`` in UTC
-(``T``, whole seconds, 1970 onwards; a naive datetime encodes as UTC), ``dict`` (``F``), ``list``
-(``A``) and ``None`` (``V``). Integers encode as ``I`` when they fit 32 bits and ``l`` otherwise, as
-pika and RabbitMQ do.
+(``T``, whole seconds, 1970 onwards; a naive datetime encodes as UTC), ``Timestamp`` (``T`` too: a
+u64 of seconds past what a ``datetime`` holds, after year 9999, carried as RabbitMQ carries any
+64-bit value), ``dict`` (``F``), ``list`` (``A``) and ``None`` (``V``). Integers encode as ``I``
+when they fit 32 bits and ``l`` otherwise, as pika and RabbitMQ do.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import struct
@@ -32,6 +34,7 @@ FieldValue: TypeAlias = Union[
     str,
     bytes,
     datetime.datetime,
+    "Timestamp",
     "FieldTable",
     "FieldArray",
     None,
@@ -43,6 +46,18 @@ FieldArray: TypeAlias = list[FieldValue]
 class Long(int):
     """An int always encoded as a signed 64-bit ``l``, as RabbitMQ sends some headers (e.g.
     ``x-stream-offset``) whatever their value; plain ints take the smallest of ``I``/``l``."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timestamp:
+    """A ``T`` field value that no ``datetime`` can hold (seconds since 1970 past 9999-12-31
+    23:59:59, up to 2**64 - 1); encoded back as the same ``T``."""
+
+    seconds: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.seconds < 2**64:
+            raise ValueError(f"timestamp out of the unsigned 64-bit range: {self.seconds}")
 
 
 MAX_TABLE_DEPTH = 32
@@ -60,6 +75,16 @@ F64 = struct.Struct(">d")
 _DECIMAL = struct.Struct(">Bi")
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_LAST_DAY = datetime.datetime(9999, 12, 31, tzinfo=datetime.UTC)
+_LAST_DATETIME = (_LAST_DAY - _EPOCH).days * 86400 + 86399  # 9999-12-31 23:59:59
+
+
+def timestamp_value(seconds: int) -> datetime.datetime | Timestamp:
+    """A ``T`` value of ``seconds`` since 1970: a UTC ``datetime`` if one can hold it, else a
+    ``Timestamp`` (ValueError outside the unsigned 64-bit range)."""
+    if 0 <= seconds <= _LAST_DATETIME:
+        return _EPOCH + datetime.timedelta(seconds=seconds)
+    return Timestamp(seconds)
 
 
 def read_shortstr(buf: memoryview, off: int) -> tuple[str, int]:
@@ -155,10 +180,7 @@ def _read_value(buf: memoryview, off: int, depth: int) -> tuple[FieldValue, int]
         return _read_array(buf, off, depth)
     if kind == 0x54:  # T
         seconds, off = _read_fixed(U64, buf, off)
-        try:
-            return _EPOCH + datetime.timedelta(seconds=seconds), off
-        except OverflowError:
-            raise DecodeError("timestamp out of range") from None
+        return timestamp_value(int(seconds)), off
     if kind == 0x44:  # D
         if off + 5 > len(buf):
             raise DecodeError("decimal past end of data")
@@ -370,6 +392,8 @@ def _write_value(out: bytearray, value: FieldValue) -> None:
         if seconds < 0:
             raise ValueError(f"timestamp before 1970 cannot be encoded: {value}")
         out += b"T" + U64.pack(seconds)
+    elif isinstance(value, Timestamp):
+        out += b"T" + U64.pack(value.seconds)
     elif isinstance(value, decimal.Decimal):
         exponent = value.as_tuple().exponent
         if not isinstance(exponent, int):

@@ -10,6 +10,8 @@ Responsibilities:
   once;
 - amqps: the TLS handshake within the connection's ``handshake_timeout`` (counted from the
   accept); a failed or late one is one log line and a closed socket;
+- the accept loops (``accepting.py``: out of descriptors, a warning line every 10 s, no
+  traceback);
 - a nursery per connection, under a handler nursery owned here; a connection that fails
   (a bug its own boundary did not contain) is logged and closed, and ``serve`` goes on;
 - graceful shutdown when ``shutdown`` is set: stop accepting, ask every client to leave
@@ -28,6 +30,7 @@ import trio
 
 from ..broker.broker import Broker
 from ..config import BrokerConfig
+from .accepting import serve_listeners
 from .addresses import peer_address, text
 from .admission import HandshakeAdmission, Ticket
 from .connection import AMQPConnection
@@ -165,10 +168,17 @@ async def serve(
 
         async with trio.open_nursery() as handler_nursery:
             async with trio.open_nursery() as accept_nursery:
-                for handler, bound in ((handle_plain, listeners), (handle_tls, tls_listeners)):
+                for handler, bound, name in (
+                    (handle_plain, listeners, "AMQP"),
+                    (handle_tls, tls_listeners, "amqps"),
+                ):
                     if bound:
                         serving = functools.partial(
-                            trio.serve_listeners, handler, bound, handler_nursery=handler_nursery
+                            serve_listeners,
+                            handler,
+                            bound,
+                            handler_nursery=handler_nursery,
+                            name=name,
                         )
                         accept_nursery.start_soon(serving)
                 task_status.started(Listening(addresses, http, metrics, broker, tls_addresses, tls))

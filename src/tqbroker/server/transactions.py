@@ -7,11 +7,16 @@ Responsibilities:
   persistent message of it is durable (the transaction is the flushers' ``FlushListener``
   meanwhile); a storage that refused a message or whose flush failed fails the commit (541 on
   the channel);
-- ``rollback``: drop the publishes, hand back the deliveries whose settlement it undoes.
+- ``rollback``: drop the publishes, hand back the deliveries whose settlement it undoes, and
+  give the memory of many dropped publishes back to the system (``give_back_memory``: glibc
+  keeps the freed bodies' heap pages otherwise; 500,000 publishes kept 521 MB).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -29,6 +34,26 @@ log = logging.getLogger(__name__)
 # Route and enqueue one publish (exchange, message, mandatory): what a confirm or commit must
 # wait for, and whether a queue refused the message.
 Route = Callable[[Exchange, Message, bool], tuple[list[Wait], bool]]
+
+
+# A rollback of at least this many publishes returns the freed memory to the system.
+GIVE_BACK_AFTER = 1000
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    return trim
+
+
+def give_back_memory() -> None:
+    """Return the C heap's free pages to the system (glibc's ``malloc_trim``; nothing
+    elsewhere). The bodies of dropped messages are freed, but glibc keeps the pages they were
+    on (between live allocations, the heap cannot shrink) unless asked: milliseconds."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def commit_error() -> AMQPError:
@@ -84,7 +109,9 @@ class Transaction:
 
     def rollback(self) -> Taken:
         """Drop the publishes; return the deliveries whose settlement is undone."""
-        self.publishes = []
+        dropped, self.publishes = len(self.publishes), []
+        if dropped >= GIVE_BACK_AFTER:
+            give_back_memory()
         taken = [(tag, delivery) for tag, delivery, _settlement in self.settlements]
         self.settlements = []
         return taken

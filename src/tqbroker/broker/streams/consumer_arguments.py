@@ -21,7 +21,7 @@ from typing import Final
 
 import attrs
 
-from ...protocol.codec import FieldTable, FieldValue
+from ...protocol.codec import FieldTable, FieldValue, Timestamp
 from ...protocol.errors import AMQPError, ReplyCode
 from ..arguments import parse_interval
 
@@ -43,6 +43,9 @@ class Start:
 NEXT: Final = Start("next")
 
 
+_AFTER_EVERYTHING_MS: Final = 2**63 - 1  # a record's timestamp is a signed 64-bit of ms
+
+
 class _Refused(Exception):
     """A row's refusal: why (the end of RabbitMQ's text)."""
 
@@ -57,6 +60,8 @@ def _start(value: FieldValue) -> Start:
         return Start("offset", value)
     if isinstance(value, datetime.datetime):
         return Start("timestamp", int(value.timestamp() * 1000))
+    if isinstance(value, Timestamp):  # past year 9999: after every record, the end
+        return Start("timestamp", _AFTER_EVERYTHING_MS)
     if isinstance(value, str) and (interval := parse_interval(value)) is not None:
         return Start("ago", interval)
     raise _Refused(

@@ -13,9 +13,9 @@ on another site could send one).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -26,12 +26,16 @@ from ...protocol.errors import AMQPError
 from .auth import broker_of
 from .errors import ApiError, RequestError
 from .inputs import read_body
+from .jsonbody import parse_json_paced
 from .mgmt_common import api_user, segment
 
 log = logging.getLogger(__name__)
 
 SKIPPED_HEADER = "x-definitions-skipped"
 _SAFE_FILENAME = re.compile(r"[^A-Za-z0-9._@+-]")
+# The JSON values a definitions body may hold (counted before parsing, 413 over it): 10,000
+# queues with their bindings hold about 300,000; a 64 MiB body of tiny values could hold 30M.
+DEFINITIONS_MAX_VALUES = 2_000_000
 
 
 async def _authorised(request: Request) -> None:
@@ -71,8 +75,8 @@ async def post_definitions(request: Request) -> Response:
     except RequestError as exc:
         raise ApiError(exc.status, "bad_request", exc.message) from None
     try:
-        loaded = json.loads(raw) if raw.strip() else {}
-    except (ValueError, RecursionError) as exc:  # not JSON (nor UTF-8)
+        loaded = await _parsed(raw) if raw.strip() else {}
+    except ValueError as exc:  # not JSON (nor UTF-8)
         raise ApiError(400, "bad_request", f"failed_to_parse_json: {exc}") from None
     try:
         document = parse_document(loaded, vhost=vhost)
@@ -92,3 +96,9 @@ async def post_definitions(request: Request) -> Response:
         summary = "; ".join(skipped)
         headers[SKIPPED_HEADER] = summary.encode("ascii", "backslashreplace").decode()[:4000]
     return Response(None, 204, headers)
+
+
+async def _parsed(raw: bytes) -> Any:
+    """The definitions body, parsed by the bounded parser a piece at a time (other clients run
+    in between: a 55 MiB body parsed in one go stalled them 179 ms)."""
+    return await parse_json_paced(raw, "the definitions", DEFINITIONS_MAX_VALUES)

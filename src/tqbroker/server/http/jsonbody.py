@@ -41,14 +41,14 @@ _scan_once: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: 
 scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 
 
-def _counted(raw: bytes, what: str) -> int:
+def _counted(raw: bytes, what: str, max_values: int = MAX_JSON_VALUES) -> int:
     """The brackets in ``raw``, once its values (an upper bound: commas, colons, brackets) are
-    within ``MAX_JSON_VALUES`` (413; 400 for a body that opens too deep)."""
+    within ``max_values`` (413; 400 for a body that opens too deep)."""
     brackets = raw.count(b"[") + raw.count(b"{")
-    if brackets + raw.count(b",") + raw.count(b":") + 1 > MAX_JSON_VALUES:
+    if brackets + raw.count(b",") + raw.count(b":") + 1 > max_values:
         if _DEEP_START.match(raw):
             raise _too_deep(what)
-        raise RequestError(413, f"{what} holds more than {MAX_JSON_VALUES} JSON values")
+        raise RequestError(413, f"{what} holds more than {max_values} JSON values")
     return brackets
 
 
@@ -57,8 +57,9 @@ def _too_deep(what: str) -> RequestError:
 
 
 def parse_json(raw: bytes, what: str = "the request body") -> Any:
-    """``raw`` as JSON, in one go (for small bodies). ``ValueError`` (not JSON) is the
-    caller's to word; ``RequestError`` for the bounds."""
+    """``raw`` as JSON, in one go (for small bodies: under ``PACED_BYTES``, so within every
+    bound of values). ``ValueError`` (not JSON) is the caller's to word; ``RequestError`` for
+    the bounds."""
     brackets = _counted(raw, what)
     try:
         body = json.loads(raw, parse_constant=no_constants)
@@ -69,11 +70,14 @@ def parse_json(raw: bytes, what: str = "the request body") -> Any:
     return body
 
 
-async def parse_json_paced(raw: bytes, what: str = "the request body") -> Any:
-    """``parse_json``, giving way to other clients while a large body is parsed."""
+async def parse_json_paced(
+    raw: bytes, what: str = "the request body", max_values: int = MAX_JSON_VALUES
+) -> Any:
+    """``parse_json``, giving way to other clients while a large body is parsed
+    (``max_values``: a larger bound for a body known to be big, a definitions import)."""
     if len(raw) < PACED_BYTES:
         return parse_json(raw, what)
-    _counted(raw, what)
+    _counted(raw, what, max_values)
     text = raw.decode(json.detect_encoding(raw), "surrogatepass")
     pacer = Pacer()
     try:

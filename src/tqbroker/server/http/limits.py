@@ -42,6 +42,8 @@ from hypercorn.typing import ConnectionState, Framework
 from hypercorn.utils import repr_socket_addr, wrap_app
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..accepting import serve_listeners
+
 log = logging.getLogger(__name__)
 
 # A body may take one second more per this many bytes received (a floor on the upload rate).
@@ -144,7 +146,7 @@ async def serve(
     async with trio.open_nursery() as nursery:
         task_status.started(binds)
         try:
-            await trio.serve_listeners(handle, listeners, handler_nursery=nursery)
+            await serve_listeners(handle, listeners, handler_nursery=nursery, name="HTTP")
         finally:
             await context.terminated.set()
 
