@@ -319,7 +319,7 @@ def stored_offset(broker: RunningBroker, stream: str, consumer_tag: str) -> int 
     """The next offset the stream has stored for a tracked consumer (None: none yet)."""
     assert broker.broker is not None
     queue = broker.broker.vhosts["/"].queues[stream]
-    return queue.stream.offsets.get(consumer_tag)  # type: ignore[attr-defined]
+    return queue.partition.tracked_offsets.get(consumer_tag)  # type: ignore[attr-defined]
 
 
 def read_tracked(ch: BlockingChannel, arguments: dict[str, Any], *, limit: int) -> list[int]:
