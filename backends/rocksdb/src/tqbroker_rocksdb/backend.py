@@ -86,10 +86,9 @@ class RocksDBBackend:
         if self._opened:
             raise RuntimeError("the rocksdb backend is already open")
         path = Path(data_dir) / DB_DIRECTORY
+        env = StorageEnv.default() if env is None else env
         try:
-            (env or StorageEnv.default()).make_dirs(
-                path
-            )  # its entry in data_dir durable: RocksDB syncs only its own
+            env.make_dirs(path)  # its entry in data_dir durable: RocksDB syncs only its own
             db = self.writer.open(path)
             self._opened = True
             run = start_run(self.writer, db, path)
