@@ -15,6 +15,8 @@ from hypothesis import settings
 from pika.adapters.blocking_connection import BlockingChannel
 
 from tqbroker.backends.log import LogBackend
+from tqbroker.backends.log.store import LogQueueStore
+from tqbroker.backends.log.stream import LogStream
 from tqbroker.testing import RunningBroker
 
 # ``rabbitmq_oracle``: a real RabbitMQ to compare with; ``make_broker``.
@@ -46,11 +48,18 @@ def http(tqbroker_thread: RunningBroker) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(autouse=True)
-def log_stores_say_when_they_change() -> Iterator[None]:
+def log_stores_say_when_they_change(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every log-backend flush in every test checks that each store with work to do had said
     so (``Log.changed``): a flush covers only those, so one that did not would go unflushed."""
     unmarked: list[str] = []
-    LogBackend.unmarked = unmarked
+    take_changed = LogBackend._take_changed
+
+    def checked(backend: LogBackend) -> dict[LogQueueStore | LogStream, None]:
+        changed = take_changed(backend)
+        missing = [s for s in backend._stores() if s.needs_flush and s not in changed]
+        unmarked.extend(str(s.directory) for s in missing)
+        return changed
+
+    monkeypatch.setattr(LogBackend, "_take_changed", checked)
     yield
-    LogBackend.unmarked = None
     assert not unmarked, f"stores with work to flush that never said so: {unmarked[:5]}"

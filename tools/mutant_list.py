@@ -276,7 +276,7 @@ def mutants() -> list[Mutant]:
             "for f in broker.flushers.values() if False)",
             (*HTTP_AUTH, *FLUSHES),
         ),
-        # -- storage: the log backend (backends/log/*, fsutil.py) ----------------------------
+        # -- storage: the log backend (backends/log/*, storage_env/) ----------------------------
         Mutant(
             "log-failed-fdatasync-not-final",
             "storage",
@@ -306,7 +306,7 @@ def mutants() -> list[Mutant]:
         Mutant(
             "atomic-write-no-fsync",
             "storage",
-            "fsutil.py",
+            "storage_env/__init__.py",
             "fs.write_file(tmp, data, fsync=fsync)",
             "fs.write_file(tmp, data, fsync=False)",
             ("tests/powercut/test_powercut.py", *LOG_STORE),

@@ -36,12 +36,12 @@ from .backends.log import parse_fsync_policy
 from .broker.definitions import StartupError
 from .config import BrokerConfig, ConfigError, SettingError
 from .dirlock import DataDirInUse
-from .fsutil import make_dirs
 from .logsetup import configure_logging, reopen_log_file
 from .sdnotify import notify
 from .server.listener import serve
 from .server.tls import server_context
 from .settings import parse_setting, resolve, to_toml
+from .storage_env import StorageEnv
 
 GC_THRESHOLDS = (20_000, 5, 10)
 
@@ -206,7 +206,7 @@ def check_data_dir(path: Path) -> None:
                 raise SettingError("data_dir", f"{existing} is a file, not a directory")
             break
     try:
-        make_dirs(path)
+        StorageEnv.default().make_dirs(path)
     except OSError as exc:
         raise SettingError("data_dir", f"cannot create {path}: {exc.strerror or exc}") from None
     try:

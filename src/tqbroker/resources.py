@@ -11,7 +11,7 @@ Responsibilities:
   queue delete counts as free;
 - the free space on the data directory's file system.
 
-File descriptors are the file-handle cache's business (``filecache``).
+File descriptors are the file-handle cache's business (``storage_env.filecache``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from tqbroker.auth import check_password
 from tqbroker.auth.sasl import offered_mechanisms
 from tqbroker.broker.users import open_user_db
 from tqbroker.config import ConfigError, SettingError, UserConfig, load_config
+from tqbroker.storage_env import StorageEnv
 
 HASH = "c0x5LQiSd0/grRNgSBRWPx/19lVBQBXeykcIxqJdmpTgpMEp"  # RabbitMQ's, of "guest"
 
@@ -29,7 +30,7 @@ def test_a_users_table_with_a_hash_tags_and_permissions(tmp_path: Path) -> None:
         '[[users]]\nname = "dev"\npassword = "dev-pw"\n'
     )
     config = load_config(tmp_path / "c.toml")
-    db, first = open_user_db(config)
+    db, first = open_user_db(config, StorageEnv.default())
     assert first
     app = db.get("app")
     assert app is not None

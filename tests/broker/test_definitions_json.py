@@ -27,6 +27,7 @@ from tqbroker.broker.definitions_json import (
     parse_document,
     to_stored,
 )
+from tqbroker.storage_env import StorageEnv
 from tqbroker.testing import running_broker
 
 DATA = Path(__file__).parent.parent / "data"
@@ -209,10 +210,14 @@ def test_the_cbor_file_stays_until_the_json_is_written(
     data_dir.mkdir()
     shutil.copy(DATA / "definitions-0.1.0.cbor", data_dir / "definitions.cbor")
 
-    def full_disk(path: Path, data: bytes, *, fsync: bool = True) -> None:
-        raise OSError(28, "No space left on device")
+    real = StorageEnv.atomic_write
 
-    monkeypatch.setattr(definitions_file, "atomic_write", full_disk)
+    def full_disk(env: StorageEnv, path: Path, data: bytes, *, fsync: bool = True) -> None:
+        if path.name == definitions_file.DEFINITIONS_FILE:
+            raise OSError(28, "No space left on device")
+        real(env, path, data, fsync=fsync)
+
+    monkeypatch.setattr(StorageEnv, "atomic_write", full_disk)
     with running_broker(config(data_dir)) as broker:
         check_topology(broker.url)
     assert (data_dir / "definitions.cbor").read_bytes() == (

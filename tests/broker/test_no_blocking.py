@@ -22,9 +22,9 @@ import pytest
 import trio
 from pika.adapters.blocking_connection import BlockingConnection
 
-from tqbroker import fsutil
-from tqbroker.broker import definitions_file
+from tqbroker.broker.definitions_file import DEFINITIONS_FILE
 from tqbroker.config import BrokerConfig
+from tqbroker.storage_env import StorageEnv
 from tqbroker.testing import RunningBroker, start_broker
 
 pytestmark = pytest.mark.timeout(60)
@@ -129,15 +129,15 @@ async def test_a_failed_definitions_write_answers_541(
 ) -> None:
     """The declare-ok waits for the definitions write; when it fails the channel closes with
     541, and the connection (and the broker) go on."""
-    real = fsutil.atomic_write
+    real = StorageEnv.atomic_write
     failing = threading.Event()
 
-    def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
-        if failing.is_set():
+    def atomic_write(env: StorageEnv, path: Path, data: bytes, *, fsync: bool = True) -> None:
+        if failing.is_set() and path.name == DEFINITIONS_FILE:
             raise OSError(28, "No space left on device")
-        real(path, data, fsync=fsync)
+        real(env, path, data, fsync=fsync)
 
-    monkeypatch.setattr(definitions_file, "atomic_write", atomic_write)
+    monkeypatch.setattr(StorageEnv, "atomic_write", atomic_write)
 
     def workload(broker: RunningBroker) -> None:
         with _connect(broker) as connection:
@@ -161,18 +161,18 @@ async def test_other_connections_go_on_during_a_slow_definitions_write(
 ) -> None:
     """A declare waits for its definitions write (here a slow disk: 1 s); meanwhile another
     connection declares, publishes and gets at once."""
-    real = fsutil.atomic_write
+    real = StorageEnv.atomic_write
     slow = threading.Event()
     writing, written = threading.Event(), threading.Event()
 
-    def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
-        if slow.is_set():
+    def atomic_write(env: StorageEnv, path: Path, data: bytes, *, fsync: bool = True) -> None:
+        if slow.is_set() and path.name == DEFINITIONS_FILE:
             writing.set()
             time.sleep(1.0)
             written.set()
-        real(path, data, fsync=fsync)
+        real(env, path, data, fsync=fsync)
 
-    monkeypatch.setattr(definitions_file, "atomic_write", atomic_write)
+    monkeypatch.setattr(StorageEnv, "atomic_write", atomic_write)
 
     def workload(broker: RunningBroker) -> None:
         with _connect(broker) as waiting, _connect(broker) as other:

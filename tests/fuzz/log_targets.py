@@ -19,8 +19,9 @@ from tqbroker.backends.log.compaction import read_file_records
 from tqbroker.backends.log.format import RecordError, decode_frame, encode_record
 from tqbroker.backends.log.recovery import load_segment, scan_segment
 from tqbroker.backends.log.segment import Segment, segment_name
-from tqbroker.filecache import Directory
 from tqbroker.model import Message
+from tqbroker.storage_env import StorageEnv
+from tqbroker.storage_env.filecache import Directory
 
 from .common import Reader, target
 
@@ -73,7 +74,7 @@ def fuzz_log(data: bytes) -> None:
     paths = [where / segment_name(base, suffix) for suffix in (".log", ".index", ".timeindex")]
     for path, raw in zip(paths, (log_raw, index_raw, time_raw), strict=True):
         path.write_bytes(raw)
-    segment = Segment(Directory(where), base, interval)
+    segment = Segment(StorageEnv.default().files, Directory(where), base, interval)
     try:
         end_offset = base + mode // 8 if mode & 4 else None
         truncate = bool(mode & 2)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from tqbroker.backends.log.format import encode_batch, encode_record
 from tqbroker.backends.log.segment import Segment, segment_name
-from tqbroker.filecache import Directory
 from tqbroker.model import Message
 from tqbroker.protocol.codec import FieldTable, Long, encode_table
 from tqbroker.protocol.frames import (
@@ -46,6 +45,8 @@ from tqbroker.recordbatch import (
     encode_read,
     encode_write,
 )
+from tqbroker.storage_env import StorageEnv
+from tqbroker.storage_env.filecache import Directory
 
 from .amqp_targets import HANDSHAKE
 from .http_targets import json_body
@@ -152,7 +153,7 @@ def sasl() -> Iterator[bytes]:
 def log() -> Iterator[bytes]:
     with tempfile.TemporaryDirectory() as name:
         directory = Path(name)
-        segment = Segment(Directory(directory), 1000, 64)
+        segment = Segment(StorageEnv.default().files, Directory(directory), 1000, 64)
         properties = BasicProperties(delivery_mode=2).encode()
         for i in range(4):
             message = Message("ex", f"rk{i}", properties, b"body %d" % i * (i + 1))

@@ -18,13 +18,14 @@ from hypothesis import strategies as st
 
 from tqbroker.backends.log.format import encode_batch, encode_record
 from tqbroker.backends.log.segment import Segment, segment_name
-from tqbroker.filecache import Directory
 from tqbroker.model import Message
 from tqbroker.protocol import methods
 from tqbroker.protocol.codec import encode_table
 from tqbroker.protocol.frames import FRAME_BODY, FRAME_HEAD, FRAME_HEADER, HEARTBEAT_FRAME
 from tqbroker.protocol.frames import encode_method as encode_frame
 from tqbroker.recordbatch import BinaryColumn, ReadBatch, WriteBatch, encode_read, encode_write
+from tqbroker.storage_env import StorageEnv
+from tqbroker.storage_env.filecache import Directory
 
 from ..protocol.strategies import any_method, basic_properties, field_tables, method_instances
 from .amqp_targets import LIMITS
@@ -167,7 +168,7 @@ def segment_files(
     """The record file and index files a segment with these records writes."""
     with tempfile.TemporaryDirectory() as name:
         directory = Path(name)
-        segment = Segment(Directory(directory), base, interval)
+        segment = Segment(StorageEnv.default().files, Directory(directory), base, interval)
         offset = base - 1
         batch: list[tuple[int, int, Message]] = []  # runs of consecutive offsets, up to 3
 

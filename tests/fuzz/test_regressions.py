@@ -18,7 +18,6 @@ from tqbroker.auth.sasl import parse_response
 from tqbroker.backends.log.format import encode_record
 from tqbroker.backends.log.recovery import scan_segment
 from tqbroker.backends.log.segment import Segment, segment_name
-from tqbroker.filecache import Directory
 from tqbroker.model import Message
 from tqbroker.protocol.codec import MAX_TABLE_DEPTH, FieldTable
 from tqbroker.protocol.frames import PROTOCOL_HEADER
@@ -26,6 +25,8 @@ from tqbroker.protocol.methods import BasicProperties, ConnectionStart, Connecti
 from tqbroker.recordbatch import BinaryColumn, WriteBatch, encode_write
 from tqbroker.server.http import inputs
 from tqbroker.server.http.errors import RequestError
+from tqbroker.storage_env import StorageEnv
+from tqbroker.storage_env.filecache import Directory
 from tqbroker.testing import RunningBroker
 
 from .http_targets import _request, _run
@@ -152,7 +153,7 @@ def test_append_after_untruncated_scan_reads_back(tmp_path: Path) -> None:
     )
     damaged = b"\x00\x00\x00\x1a" + b"\x00" * 26  # an impossible length: 26
     (tmp_path / segment_name(0, ".log")).write_bytes(records + damaged)
-    segment = Segment(Directory(tmp_path), 0, 4096)
+    segment = Segment(StorageEnv.default().files, Directory(tmp_path), 0, 4096)
     try:
         assert not scan_segment(segment, truncate=False)
         assert segment.next_offset == 2

@@ -17,9 +17,9 @@ import pika
 import pytest
 
 from tests.support.brokers import MakeBroker
-from tqbroker import fsutil
-from tqbroker.broker import definitions_file
+from tqbroker.broker.definitions_file import DEFINITIONS_FILE
 from tqbroker.config import PermissionConfig, UserConfig
+from tqbroker.storage_env import StorageEnv
 from tqbroker.testing import RunningBroker, start_broker_process
 
 DATA = Path(__file__).parent.parent / "data"
@@ -95,23 +95,26 @@ def test_an_import_is_answered_once_durable(
 ) -> None:
     """204 after the definitions file holds the import (a slow disk: the answer waits); 500
     when it cannot be written."""
-    real = fsutil.atomic_write
+    real = StorageEnv.atomic_write
 
-    def slow_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
-        time.sleep(0.5)
-        real(path, data, fsync=fsync)
+    def slow_write(env: StorageEnv, path: Path, data: bytes, *, fsync: bool = True) -> None:
+        if path.name == DEFINITIONS_FILE:
+            time.sleep(0.5)
+        real(env, path, data, fsync=fsync)
 
-    monkeypatch.setattr(definitions_file, "atomic_write", slow_write)
+    monkeypatch.setattr(StorageEnv, "atomic_write", slow_write)
     api = client(broker)
     document = {"queues": [{"name": "kept", "vhost": "/", "durable": True, "arguments": {}}]}
     assert api.post("/api/definitions", json=document).status_code == 204
     stored = json.loads((tmp_path / "data" / "definitions.json").read_text())
     assert [q["name"] for q in stored["queues"]] == ["kept"]
 
-    def full_disk(path: Path, data: bytes, *, fsync: bool = True) -> None:
-        raise OSError(28, "No space left on device")
+    def full_disk(env: StorageEnv, path: Path, data: bytes, *, fsync: bool = True) -> None:
+        if path.name == DEFINITIONS_FILE:
+            raise OSError(28, "No space left on device")
+        real(env, path, data, fsync=fsync)
 
-    monkeypatch.setattr(definitions_file, "atomic_write", full_disk)
+    monkeypatch.setattr(StorageEnv, "atomic_write", full_disk)
     document["queues"][0]["name"] = "unstored"
     failed = api.post("/api/definitions", json=document)
     assert failed.status_code == 500

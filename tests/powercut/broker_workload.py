@@ -23,6 +23,7 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
 from tqbroker.config import BrokerConfig
+from tqbroker.storage_env import FileSystem, StorageEnv
 from tqbroker.testing import running_broker
 
 from .recorder import Recorder
@@ -52,7 +53,7 @@ class BrokerWorkload:
         self.messages = messages
 
     def run(self, data_dir: Path, recorder: Recorder) -> None:
-        with running_broker(config(data_dir)) as broker:
+        with running_broker(config(data_dir), env=StorageEnv.default(recorder)) as broker:
             connection = pika.BlockingConnection(pika.URLParameters(broker.url))
             channel = connection.channel()
             channel.confirm_delivery()
@@ -97,12 +98,12 @@ class BrokerWorkload:
                 publish("c", n)
             connection.close()
 
-    def check(self, data_dir: Path, marks: list[dict[str, Any]]) -> Counter[str]:
+    def check(self, data_dir: Path, marks: list[dict[str, Any]], fs: FileSystem) -> Counter[str]:
         found: Counter[str] = Counter()
         declared, deleted = union(marks, "queues"), union(marks, "deleted")
         deleting = union(marks, "deleting")
         got: dict[str, list[bytes]] = {}
-        with running_broker(config(data_dir)) as broker:
+        with running_broker(config(data_dir), env=StorageEnv.default(fs)) as broker:
             connection = pika.BlockingConnection(pika.URLParameters(broker.url))
             for queue in ("a", "b", "c", "dq", "st"):
                 channel = connection.channel()

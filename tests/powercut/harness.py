@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tqbroker import fsio
+from tqbroker.storage_env import FileSystem
 
 from .crashstates import CrashState, crash_states, materialize
 from .recorder import Op, Recorder
@@ -32,7 +32,9 @@ class Workload(Protocol):
 
     def run(self, data_dir: Path, recorder: Recorder) -> None: ...
 
-    def check(self, data_dir: Path, marks: list[dict[str, Any]]) -> Counter[str]: ...
+    def check(
+        self, data_dir: Path, marks: list[dict[str, Any]], fs: FileSystem
+    ) -> Counter[str]: ...
 
 
 @dataclass
@@ -56,7 +58,7 @@ class Report:
         return not any(self.counts[kind] for kind in KINDS)
 
 
-class NoSync(fsio.FileSystem):
+class NoSync(FileSystem):
     """Recovery on a crash state: real files, no fsyncs (the state is thrown away after)."""
 
     def fdatasync(self, fd: int) -> None:
@@ -79,11 +81,7 @@ def record(workload: Workload, directory: Path) -> list[Op]:
     data_dir = directory / "recorded"
     data_dir.mkdir()
     recorder = Recorder(data_dir, sync_delay=getattr(workload, "sync_delay", 0.0))
-    previous = fsio.install(recorder)
-    try:
-        workload.run(data_dir, recorder)
-    finally:
-        fsio.install(previous)
+    workload.run(data_dir, recorder)
     return recorder.ops
 
 
@@ -99,7 +97,6 @@ def explore(
     ops = record(workload, directory)
     report = Report(workload.name, operations=len(ops))
     scratch = scratch_space(directory)
-    previous = fsio.install(NoSync())
     try:
         for n, state in enumerate(crash_states(ops, points=points, seed=seed)):
             target = scratch / f"crash-{n}"
@@ -109,7 +106,6 @@ def explore(
             _tally(report, state, len(ops), found, found_text)
             shutil.rmtree(target)
     finally:
-        fsio.install(previous)
         if scratch != directory:
             shutil.rmtree(scratch, ignore_errors=True)
     report.seconds = time.monotonic() - started
@@ -122,8 +118,9 @@ def explore(
 def _check(
     workload: Workload, target: Path, marks: list[dict[str, Any]]
 ) -> tuple[Counter[str], str]:
+    """Recovery on a crash state (real files, no fsyncs: the state is thrown away after)."""
     try:
-        return workload.check(target, marks), ""
+        return workload.check(target, marks, NoSync()), ""
     except Exception:  # recovery itself failed: the broker would not start
         return Counter(failed_start=1), traceback.format_exc(limit=-4)
 

@@ -1,5 +1,6 @@
-"""A recording ``fsio.FileSystem``: does every operation on the real disk and records each mutating
-one under a data directory (with its bytes), plus the workload's marks ("confirmed up to here").
+"""A recording ``FileSystem`` (for a broker's ``StorageEnv``): does every operation on the real
+disk and records each mutating one under a data directory (with its bytes), plus the workload's
+marks ("confirmed up to here").
 
 Files and directories are named in the trace by a model id (the data directory is 0), given
 when they are created, so that a directory renamed while files in it are open (a queue moved to
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tqbroker.fsio import Buffer, FileSystem, StrPath
+from tqbroker.storage_env.fsio import Buffer, FileSystem, StrPath
 
 Op = tuple[Any, ...]
 

@@ -17,10 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tqbroker import fsio
-
 from .crashstates import CrashState, crash_states, materialize
-from .harness import NoSync, Report, Workload, _check, _tally, record, scratch_space
+from .harness import Report, Workload, _check, _tally, record, scratch_space
 from .recorder import Op, Recorder
 
 # First-crash variants where recovery has the most to do (cut, rebuild).
@@ -65,11 +63,7 @@ def explore_twice(
 
 def _record_recovery(workload: Workload, base: Path, state: CrashState) -> tuple[list[Op], int]:
     recorder = Recorder(base, adopt=True)
-    previous = fsio.install(recorder)
-    try:
-        workload.check(base, state.marks)  # its findings count in the one-crash runs
-    finally:
-        fsio.install(previous)
+    workload.check(base, state.marks, recorder)  # its findings count in the one-crash runs
     return recorder.ops, recorder.adopted
 
 
@@ -84,15 +78,11 @@ def _explore_second(
     seed: int,
     report: Report,
 ) -> None:
-    previous = fsio.install(NoSync())
-    try:
-        for m, second in enumerate(crash_states(ops, points=points, seed=seed + n, start=adopted)):
-            target = scratch / f"second-{n}-{m}"
-            target.mkdir()
-            materialize(second, target)
-            found, text = _check(workload, target, state.marks)
-            second.variant = f"{state.variant}@{state.point}, then {second.variant}"
-            _tally(report, second, len(ops), found, text)
-            shutil.rmtree(target)
-    finally:
-        fsio.install(previous)
+    for m, second in enumerate(crash_states(ops, points=points, seed=seed + n, start=adopted)):
+        target = scratch / f"second-{n}-{m}"
+        target.mkdir()
+        materialize(second, target)
+        found, text = _check(workload, target, state.marks)
+        second.variant = f"{state.variant}@{state.point}, then {second.variant}"
+        _tally(report, second, len(ops), found, text)
+        shutil.rmtree(target)

@@ -17,6 +17,7 @@ from typing import Any
 
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.stream import LogStream
+from tqbroker.storage_env import FileSystem, StorageEnv
 
 from .recorder import Recorder
 from .workloads import body, flush, ident, message, union
@@ -41,7 +42,7 @@ class ReplicaWorkload:
 
     def run(self, data_dir: Path, recorder: Recorder) -> None:
         backend = self.backend()
-        backend.open(data_dir)
+        backend.open(data_dir, StorageEnv.default(recorder))
         leader, follower = backend.open_stream("/", "l"), backend.open_stream("/", "f")
         n = 0
         for r in range(self.rounds):
@@ -70,7 +71,7 @@ class ReplicaWorkload:
         recorder.mark(confirmed_b=list(appended.items()))
         backend.close()
 
-    def check(self, data_dir: Path, marks: list[dict[str, Any]]) -> Counter[str]:
+    def check(self, data_dir: Path, marks: list[dict[str, Any]], fs: FileSystem) -> Counter[str]:
         found: Counter[str] = Counter()
         cut = self.cut
         appended: dict[int, int] = {}
@@ -81,7 +82,7 @@ class ReplicaWorkload:
         confirmed, confirmed_b = dict(union(marks, "confirmed")), dict(union(marks, "confirmed_b"))
         truncating, truncated = bool(union(marks, "truncating")), bool(union(marks, "truncated"))
         backend = self.backend()
-        backend.open(data_dir)
+        backend.open(data_dir, StorageEnv.default(fs))
         try:
             follower = backend.open_stream("/", "f")
             records = follower.read_many(0, 1 << 40, 1 << 20)

@@ -1,33 +1,26 @@
 """Directories the broker creates are durable entries: each new directory's parent is fsync'd
-(``fsutil.make_dirs``), so a power cut cannot lose a data directory, or RocksDB's database in it,
-with everything confirmed inside."""
+(``StorageEnv.make_dirs``), so a power cut cannot lose a data directory, or RocksDB's database
+in it, with everything confirmed inside."""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tqbroker import fsio
-from tqbroker.fsutil import make_dirs
+from tqbroker.storage_env import FileSystem, StorageEnv
 
 from .broker_workload import BrokerWorkload
 from .harness import explore
 from .recorder import Op, Recorder
 
 
-def recording(root: Path) -> Iterator[Recorder]:
+def recording(root: Path) -> Recorder:
     root.mkdir()
-    recorder = Recorder(root)
-    previous = fsio.install(recorder)
-    try:
-        yield recorder
-    finally:
-        fsio.install(previous)
+    return Recorder(root)
 
 
 def assert_created_durably(ops: list[Op], names: list[str]) -> None:
@@ -39,12 +32,13 @@ def assert_created_durably(ops: list[Op], names: list[str]) -> None:
 
 
 def test_make_dirs_syncs_the_parent_of_each_directory_it_creates(tmp_path: Path) -> None:
-    for recorder in recording(tmp_path / "root"):
-        make_dirs(recorder.root / "a" / "b" / "c")
-        make_dirs(recorder.root / "a" / "b" / "c")  # there already: nothing to do
-        assert (recorder.root / "a" / "b" / "c").is_dir()
-        assert_created_durably(recorder.ops, ["a", "b", "c"])
-        assert len(recorder.ops) == 6
+    recorder = recording(tmp_path / "root")
+    env = StorageEnv.default(recorder)
+    env.make_dirs(recorder.root / "a" / "b" / "c")
+    env.make_dirs(recorder.root / "a" / "b" / "c")  # there already: nothing to do
+    assert (recorder.root / "a" / "b" / "c").is_dir()
+    assert_created_durably(recorder.ops, ["a", "b", "c"])
+    assert len(recorder.ops) == 6
 
 
 def test_the_rocksdb_directory_entry_is_made_durable(tmp_path: Path) -> None:
@@ -53,11 +47,11 @@ def test_the_rocksdb_directory_entry_is_made_durable(tmp_path: Path) -> None:
     pytest.importorskip("tqbroker_rocksdb")
     from tqbroker_rocksdb import RocksDBBackend
 
-    for recorder in recording(tmp_path / "data"):
-        backend = RocksDBBackend()
-        backend.open(recorder.root)
-        backend.close()
-        assert_created_durably(recorder.ops, ["rocksdb"])
+    recorder = recording(tmp_path / "data")
+    backend = RocksDBBackend()
+    backend.open(recorder.root, StorageEnv.default(recorder))
+    backend.close()
+    assert_created_durably(recorder.ops, ["rocksdb"])
 
 
 class NestedDataDirectory(BrokerWorkload):
@@ -69,8 +63,8 @@ class NestedDataDirectory(BrokerWorkload):
     def run(self, data_dir: Path, recorder: Recorder) -> None:
         super().run(data_dir / "var" / "tqbroker", recorder)
 
-    def check(self, data_dir: Path, marks: list[dict[str, Any]]) -> Counter[str]:
-        return super().check(data_dir / "var" / "tqbroker", marks)
+    def check(self, data_dir: Path, marks: list[dict[str, Any]], fs: FileSystem) -> Counter[str]:
+        return super().check(data_dir / "var" / "tqbroker", marks, fs)
 
 
 def test_power_cuts_do_not_lose_a_data_directory_the_broker_created(tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tqbroker import fsio
 from tqbroker.backends.log import LogBackend
+from tqbroker.storage_env import StorageEnv
 
 from .recorder import Recorder
 from .workloads import flush, message
@@ -22,17 +22,13 @@ def test_a_new_queue_directory_entry_is_made_durable(tmp_path: Path) -> None:
     durable, the directory's not, so a power cut could lose the queue whole with every
     confirmed message in it."""
     recorder = recorded(tmp_path / "data")
-    previous = fsio.install(recorder)
-    try:
-        backend = LogBackend()
-        backend.open(recorder.root)
-        queue = backend.open_queue("/", "q")
-        queue.push(message("q", 0), persistent=True)
-        flush(backend)
-        recorder.mark(confirmed=[0])
-        backend.close()
-    finally:
-        fsio.install(previous)
+    backend = LogBackend()
+    backend.open(recorder.root, StorageEnv.default(recorder))
+    queue = backend.open_queue("/", "q")
+    queue.push(message("q", 0), persistent=True)
+    flush(backend)
+    recorder.mark(confirmed=[0])
+    backend.close()
     ops = recorder.ops
     confirmed = ops.index(("mark", {"confirmed": [0]}))
     created = [(i, op) for i, op in enumerate(ops) if op[0] == "create" and op[4] == "d"]
@@ -50,21 +46,17 @@ def test_a_retention_only_flush_syncs_the_stream_checkpoint_before_renaming_it(
     over the durable one: a power cut could keep the rename and not the bytes, and the empty
     stream.cbor lost every stored consumer offset."""
     recorder = recorded(tmp_path / "data")
-    previous = fsio.install(recorder)
-    try:
-        backend = LogBackend(segment_bytes=1024)
-        backend.open(recorder.root)
-        stream = backend.open_stream("/", "s")
-        for n in range(20):
-            stream.append(message("s", n))
-        stream.store_offset("c1", 7)
-        flush(backend)
-        start = len(recorder.ops)
-        assert stream.apply_retention(max_bytes=1500, max_age_ms=None, now_ms=0)
-        flush(backend)
-        backend.close()
-    finally:
-        fsio.install(previous)
+    backend = LogBackend(segment_bytes=1024)
+    backend.open(recorder.root, StorageEnv.default(recorder))
+    stream = backend.open_stream("/", "s")
+    for n in range(20):
+        stream.append(message("s", n))
+    stream.store_offset("c1", 7)
+    flush(backend)
+    start = len(recorder.ops)
+    assert stream.apply_retention(max_bytes=1500, max_age_ms=None, now_ms=0)
+    flush(backend)
+    backend.close()
     ops = recorder.ops[start:]
     tmp = next(op[3] for op in ops if op[0] == "create" and op[2] == "stream.cbor.tmp")
     rename = next(i for i, op in enumerate(ops) if op[0] == "rename" and op[2] == "stream.cbor.tmp")

@@ -22,6 +22,7 @@ from tqbroker.backends.log.store import LogQueueStore
 from tqbroker.backends.streams import CompactionPolicy
 from tqbroker.broker.definitions_file import DefinitionsFile
 from tqbroker.model import Message
+from tqbroker.storage_env import FileSystem, StorageEnv
 
 from .recorder import Recorder
 
@@ -100,7 +101,7 @@ class QueueWorkload:
 
     def run(self, data_dir: Path, recorder: Recorder) -> None:
         backend = self.backend()
-        backend.open(data_dir)
+        backend.open(data_dir, StorageEnv.default(recorder))
         queue = backend.open_queue("/", "q")
         n = 0
         held: list[tuple[int, int]] = []  # (offset, number): acked a round late, out of order
@@ -148,10 +149,10 @@ class QueueWorkload:
         recorder.mark(confirmed_e=list(range(3)))
         backend.close()
 
-    def check(self, data_dir: Path, marks: list[dict[str, Any]]) -> Counter[str]:
+    def check(self, data_dir: Path, marks: list[dict[str, Any]], fs: FileSystem) -> Counter[str]:
         found: Counter[str] = Counter()
         backend = self.backend()
-        backend.open(data_dir)
+        backend.open(data_dir, StorageEnv.default(fs))
         try:
             got_q = drain(backend.open_queue("/", "q"), backend)
             got_d = drain(backend.open_queue("/", "d"), backend)
@@ -198,7 +199,7 @@ class StreamWorkload:
 
     def run(self, data_dir: Path, recorder: Recorder) -> None:
         backend = self.backend()
-        backend.open(data_dir)
+        backend.open(data_dir, StorageEnv.default(recorder))
         stream = backend.open_stream("/", "s")
         keys: dict[int, str] = {}  # offset -> key
         n = 0
@@ -231,7 +232,7 @@ class StreamWorkload:
                     flush(backend)
         backend.close()
 
-    def check(self, data_dir: Path, marks: list[dict[str, Any]]) -> Counter[str]:
+    def check(self, data_dir: Path, marks: list[dict[str, Any]], fs: FileSystem) -> Counter[str]:
         found: Counter[str] = Counter()
         appended: dict[int, int] = {}
         for mark in marks:
@@ -241,7 +242,7 @@ class StreamWorkload:
         superseded = union(marks, "superseded")
         tracked = max(union(marks, "tracked"), default=0)
         backend = self.backend()
-        backend.open(data_dir)
+        backend.open(data_dir, StorageEnv.default(fs))
         try:
             stream = backend.open_stream("/", "s")
             for offset, n in confirmed.items():
@@ -279,7 +280,7 @@ class DefinitionsWorkload:
             document = {"vhosts": [{"name": f"v{version}"}], "queues": queues}
             return json.dumps(document).encode()
 
-        file = DefinitionsFile(data_dir, snapshot)
+        file = DefinitionsFile(data_dir, snapshot, StorageEnv.default(recorder))
         for version in range(1, self.versions + 1):
             file.changed()
             work = file.begin_flush()
@@ -287,10 +288,10 @@ class DefinitionsWorkload:
             work()
             recorder.mark(definitions=[version])
 
-    def check(self, data_dir: Path, marks: list[dict[str, Any]]) -> Counter[str]:
+    def check(self, data_dir: Path, marks: list[dict[str, Any]], fs: FileSystem) -> Counter[str]:
         found: Counter[str] = Counter()
         try:
-            loaded = DefinitionsFile(data_dir, bytes).load()
+            loaded = DefinitionsFile(data_dir, bytes, StorageEnv.default(fs)).load()
         except ValueError:  # DefinitionsError: not the JSON written
             found["corrupt"] += 1
             return found

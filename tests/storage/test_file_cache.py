@@ -1,5 +1,5 @@
-"""The file-handle cache (``tqbroker.filecache``): a bounded number of descriptors for any
-number of log files.
+"""The file-handle cache (``tqbroker.storage_env.filecache``): a bounded number of descriptors
+for any number of log files.
 
 - a Hypothesis state machine drives a cache with a tiny limit (writes, reads, holds, closes,
   directory moves, sheds) against a model of the files' bytes and checks the bound and the
@@ -19,7 +19,6 @@ import os
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -28,10 +27,10 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tqbroker import filecache
 from tqbroker.backends.log.log import Log
-from tqbroker.filecache import CachedFile, Directory, FileCache
 from tqbroker.model import Message
+from tqbroker.storage_env import FileSystem, StorageEnv
+from tqbroker.storage_env.filecache import CachedFile, Directory, FileCache
 from tqbroker.testing import start_broker_process
 
 ON_LOG = {"x-queue-backend": "log"}
@@ -61,7 +60,7 @@ class CacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.root = Path(os.environ["TQBROKER_CACHE_MACHINE_DIR"])
-        self.cache = FileCache(limit=3)
+        self.cache = FileCache(FileSystem(), limit=3)
         self.dirs = [Directory(self._fresh_dir()), Directory(self._fresh_dir())]
         self.files: list[CachedFile] = []
         self.model: list[bytearray] = []
@@ -151,20 +150,15 @@ def test_the_cache_agrees_with_the_model(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 @pytest.fixture
-def tiny_cache() -> Iterator[FileCache]:
-    """The process's cache, limited to 4 descriptors for the test."""
-    cache = filecache.files
-    limit, cache.limit = cache.limit, 4
-    try:
-        yield cache
-    finally:
-        cache.limit = limit
+def tiny_env() -> StorageEnv:
+    """A storage environment whose cache holds at most 4 descriptors."""
+    return StorageEnv.default(file_limit=4)
 
 
 def test_a_sync_in_flight_keeps_its_descriptor(
-    tmp_path: Path, tiny_cache: FileCache, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_env: StorageEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = Log(tmp_path / "log")
+    log = Log(tmp_path / "log", env=tiny_env)
     log.open()
     log.append(Message("", "q", b"", b"x" * 100), flags=0)
     work = log.sync_work()
@@ -184,7 +178,7 @@ def test_a_sync_in_flight_keeps_its_descriptor(
     worker = threading.Thread(target=work)
     worker.start()
     assert syncing.wait(10)
-    others = [tiny_cache.file(Directory(tmp_path), f"other{n}") for n in range(8)]
+    others = [tiny_env.files.file(Directory(tmp_path), f"other{n}") for n in range(8)]
     for other in others:  # each use takes a descriptor: everything idle is evicted
         other.pwrite(b"y", 0)
     assert fds_under(tmp_path) <= 4 + 1
@@ -197,11 +191,11 @@ def test_a_sync_in_flight_keeps_its_descriptor(
 
 
 def test_a_log_reopens_its_files_after_eviction_and_a_move(
-    tmp_path: Path, tiny_cache: FileCache
+    tmp_path: Path, tiny_env: StorageEnv
 ) -> None:
     """Segments whose descriptors were closed read back, sync and move (the queue is deleted:
     its directory goes to the trash while a flush may be in flight) through reopened ones."""
-    logs = [Log(tmp_path / f"log{n}", segment_bytes=300) for n in range(5)]
+    logs = [Log(tmp_path / f"log{n}", segment_bytes=300, env=tiny_env) for n in range(5)]
     for n, log in enumerate(logs):
         log.open()
         for i in range(10):
@@ -224,7 +218,7 @@ def test_a_log_reopens_its_files_after_eviction_and_a_move(
     assert (tmp_path / "trash").is_dir()
     for log in logs:
         log.close(clean=False)
-    assert fds_under(tmp_path) == 0  # (other tests' files may be in the process's cache)
+    assert fds_under(tmp_path) == 0
 
 
 def publish_confirmed(channel: pika.adapters.blocking_connection.BlockingChannel, n: int) -> None:

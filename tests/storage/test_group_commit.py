@@ -6,7 +6,6 @@ made durable before its records are confirmed. Queues and streams alike."""
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +17,8 @@ from tqbroker.backends.log.log import Log
 from tqbroker.backends.log.store import LogQueueStore
 from tqbroker.backends.log.stream import LogStream
 from tqbroker.model import Message
+from tqbroker.storage_env import StorageEnv
 
-log_module = importlib.import_module("tqbroker.backends.log.log")  # the package's `log` is a logger
 PERSISTENT = b"\x10\x00\x02"  # flags: delivery-mode present; delivery-mode 2
 
 
@@ -50,7 +49,7 @@ def syscalls(monkeypatch: pytest.MonkeyPatch) -> Syscalls:
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "fdatasync", fdatasync)
-    monkeypatch.setattr(log_module, "fsync_dir", lambda path: seen.fsync_dir.append(path))
+    monkeypatch.setattr(StorageEnv, "fsync_dir", lambda _env, path: seen.fsync_dir.append(path))
     monkeypatch.setattr(os, "replace", replace)
     return seen
 

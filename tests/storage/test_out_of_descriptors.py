@@ -18,9 +18,10 @@ import httpx
 import pika
 import pytest
 
-from tqbroker import fsio
 from tqbroker.backends.log import LogBackend
 from tqbroker.config import BrokerConfig
+from tqbroker.storage_env import FileSystem, StorageEnv
+from tqbroker.storage_env.fsio import StrPath
 from tqbroker.testing import running_broker
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -38,12 +39,12 @@ def fds_under(root: Path) -> int:
     return count
 
 
-class OutOfDescriptors(fsio.FileSystem):
+class OutOfDescriptors(FileSystem):
     """Every file created under a queue's directory meets EMFILE while ``failing``."""
 
     failing = False
 
-    def open(self, path: fsio.StrPath, flags: int, mode: int = 0o777) -> int:
+    def open(self, path: StrPath, flags: int, mode: int = 0o777) -> int:
         if self.failing and flags & os.O_CREAT and "/log/" in str(path):
             raise OSError(errno.EMFILE, "Too many open files")
         return super().open(path, flags, mode)
@@ -53,34 +54,31 @@ def test_running_out_of_descriptors_fails_the_declare_alone(tmp_path: Path) -> N
     """(The file-handle cache makes this rare: its own idle descriptors are closed first, see
     ``test_file_cache.py``; here nothing it holds could help.)"""
     facade = OutOfDescriptors()
-    previous = fsio.install(facade)
-    try:
-        with running_broker(BrokerConfig(port=0, http_port=0, data_dir=tmp_path)) as broker:
-            connection = pika.BlockingConnection(pika.URLParameters(broker.url))
-            channel = connection.channel()
-            channel.confirm_delivery()
-            channel.queue_declare("kept", durable=True, arguments=ON_LOG)
-            channel.basic_publish("", "kept", b"before", PERSISTENT)
+    config = BrokerConfig(port=0, http_port=0, data_dir=tmp_path)
+    with running_broker(config, env=StorageEnv.default(facade)) as broker:
+        connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("kept", durable=True, arguments=ON_LOG)
+        channel.basic_publish("", "kept", b"before", PERSISTENT)
 
-            facade.failing = True
-            before = fds_under(tmp_path)
-            for n in range(20):  # each fails alone, with 506; none leaks a descriptor
-                failing = connection.channel()
-                with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
-                    failing.queue_declare(f"more{n}", durable=True, arguments=ON_LOG)
-                assert refused.value.reply_code == 506
-                assert "Too many open files" in refused.value.reply_text
-            assert fds_under(tmp_path) == before
-            facade.failing = False
+        facade.failing = True
+        before = fds_under(tmp_path)
+        for n in range(20):  # each fails alone, with 506; none leaks a descriptor
+            failing = connection.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+                failing.queue_declare(f"more{n}", durable=True, arguments=ON_LOG)
+            assert refused.value.reply_code == 506
+            assert "Too many open files" in refused.value.reply_text
+        assert fds_under(tmp_path) == before
+        facade.failing = False
 
-            # The backend is not poisoned: a persistent publish to another queue is
-            # confirmed, a declare works again, and /health is 200.
-            channel.basic_publish("", "kept", b"after", PERSISTENT)
-            channel.queue_declare("fits-again", durable=True, arguments=ON_LOG)
-            assert httpx.get(f"{broker.http_url}/health").status_code == 200
-            connection.close()
-    finally:
-        fsio.install(previous)
+        # The backend is not poisoned: a persistent publish to another queue is
+        # confirmed, a declare works again, and /health is 200.
+        channel.basic_publish("", "kept", b"after", PERSISTENT)
+        channel.queue_declare("fits-again", durable=True, arguments=ON_LOG)
+        assert httpx.get(f"{broker.http_url}/health").status_code == 200
+        connection.close()
 
 
 def test_a_delete_that_storage_refuses_leaves_the_queue_whole(

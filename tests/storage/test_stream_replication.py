@@ -61,7 +61,7 @@ def test_a_start_finishes_a_truncation_a_crash_interrupted(tmp_path: Path) -> No
     _fill(backend, stream, 5, b"s")
     stream.store_offset("c", 22)
     _flush(backend)
-    write_intent(stream.directory, 12)  # as if a power cut came right after the intent
+    write_intent(stream.env, stream.directory, 12)  # as if a power cut came right after the intent
     backend.close()
     backend, stream = _open(tmp_path, segment_bytes=300)
     assert (stream.next_offset, stream.durable_end) == (12, 12)

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from ..fsutil import atomic_write
+from ..storage_env import StorageEnv
 from .model import AuthUser, Peer, Permission, PermissionKind, ResourceKind, TopicPermission, User
 from .passwords import DEFAULT_ALGORITHM, DUMMY_HASH, HashError, check_password, validate_hash
 
@@ -41,7 +41,8 @@ def parse_tags(value: object) -> frozenset[str]:
 class UserDb:
     """The internal users, permissions and topic permissions."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: StorageEnv | None = None) -> None:
+        self._env = StorageEnv.default() if env is None else env  # where ``save`` writes
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}  # (user, vhost)
         self.topic_permissions: dict[tuple[str, str, str], TopicPermission] = {}
@@ -192,7 +193,7 @@ class UserDb:
         """Write ``users.json`` atomically and durably (its own worker thread, one at a time)."""
         data = json.dumps(self.to_json(), indent=2, sort_keys=True).encode()
         await trio.to_thread.run_sync(
-            lambda: atomic_write(data_dir / USERS_FILE, data), limiter=self._limiter
+            lambda: self._env.atomic_write(data_dir / USERS_FILE, data), limiter=self._limiter
         )
 
 

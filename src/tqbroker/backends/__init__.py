@@ -3,8 +3,9 @@
 A backend is registered under the entry-point group ``tqbroker.backends`` and implements
 ``Backend`` (classic queues, ``QueueStore``) and optionally ``StreamBackend`` (streams,
 ``StreamLog``), and proves it with the conformance suite (``BackendConformance``,
-``run_conformance``; imported on first use, it needs pytest and Hypothesis). Everything else in
-tqbroker is private.
+``run_conformance``; imported on first use, it needs pytest and Hypothesis). A backend's
+``open`` may take the broker's ``StorageEnv``: the file system to do durable file operations
+through. Everything else in tqbroker is private.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..model import Message
 from ..protocol.methods import BasicProperties
+from ..storage_env import StorageEnv
 from .base import FLUSH_FIRST, Backend, FlushFirst, Popped, QueueStore
 from .streams import CompactionPolicy, StreamBackend, StreamLog, StreamRecord
 
@@ -29,6 +31,7 @@ __all__ = [
     "Message",
     "Popped",
     "QueueStore",
+    "StorageEnv",
     "StreamBackend",
     "StreamLog",
     "StreamRecord",

@@ -126,7 +126,12 @@ class Backend(Protocol):
     durable: bool
 
     def open(self, data_dir: Path) -> None:
-        """Start using ``data_dir`` (created if missing), recovering what a previous run left."""
+        """Start using ``data_dir`` (created if missing), recovering what a previous run left.
+
+        A backend whose ``open`` also takes ``env: StorageEnv | None = None`` is given the
+        broker's storage environment (None: the real file system): it does its durable file
+        operations through it (``env.fs``, ``env.make_dirs``, ``env.atomic_write``,
+        ``env.fsync_dir``), so that a simulated disk (a power-cut test's) sees them."""
         ...
 
     def open_queue(self, vhost: str, queue: str) -> QueueStore:

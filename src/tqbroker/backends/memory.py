@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Final
 
 from ..model import Message
+from ..storage_env import StorageEnv
 from .paging import PageFile
 
 PAGE_WINDOW: Final = 100_000  # ready messages a queue keeps in memory before paging out
@@ -164,7 +165,8 @@ class MemoryBackend:
         self.paging = Paging()
         self.page_window = self.paging.window = page_window  # as configured
 
-    def open(self, data_dir: Path) -> None:
+    def open(self, data_dir: Path, env: StorageEnv | None = None) -> None:
+        # Pages are scratch files, thrown away at every start: not through ``env``.
         directory = data_dir / PAGES_DIR
         shutil.rmtree(directory, ignore_errors=True)  # what a previous run paged out
         self.paging.directory = directory

@@ -17,21 +17,24 @@ Responsibilities:
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import trio
 
+from ..backends.base import Backend
 from ..backends.memory import MemoryBackend
 from ..config import BrokerConfig
 from ..dirlock import DataDirLock
-from ..fsutil import make_dirs
 from ..plugins.loader import load_backends, load_exchange_types
 from ..protocol.connection import BodyBudget
 from ..resources import parse_limit
+from ..storage_env import StorageEnv
 from .alarms import DiskMonitor, MemoryMonitor, ResourceAlarms
 from .definitions import (
     StartupError,
@@ -63,8 +66,11 @@ PRESSURE_PAGE_WINDOW = 1000
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, env: StorageEnv | None = None) -> None:
         self.config = config
+        # The file system and file-handle cache its storage works through (a test's may record
+        # every operation, for a power cut of this broker alone): passed to the backends.
+        self.env = StorageEnv.default() if env is None else env
         self.exchange_types = load_exchange_types()
         self.backends = load_backends(config.backend_options)
         for required in ("memory", config.durable_backend, *config.backend_options):
@@ -77,7 +83,7 @@ class Broker:
             name: Flusher(backend) for name, backend in self.backends.items() if backend.durable
         }
         # The internal user database and the logins through the auth backend chain (users.py).
-        self.users, self._first_user_start = open_user_db(config)
+        self.users, self._first_user_start = open_user_db(config, self.env)
         self.authenticator = build_authenticator(config, self.users)
         self.vhosts: dict[str, VirtualHost] = {}
         # The vhost and user limits and the connections they count (limits.py); each vhost's
@@ -88,6 +94,7 @@ class Broker:
         self.definitions_file = DefinitionsFile(
             config.data_dir,
             lambda: encode_snapshot(self.vhosts, self.vhost_metadata, self.limits.parameters()),
+            self.env,
         )
         self.definitions_flusher = Flusher(self.definitions_file)
         self.definitions = DefinitionsCommit(
@@ -186,7 +193,7 @@ class Broker:
         """Take the data directory's lock (``DataDirInUse``: another broker has it), open
         storage, restore definitions, host the queue actors and flushers until cancelled; then
         close the backends cleanly and release the lock."""
-        await trio.to_thread.run_sync(make_dirs, self.config.data_dir)  # fsyncs: not here
+        await trio.to_thread.run_sync(self.env.make_dirs, self.config.data_dir)  # fsyncs: not here
         # Before any store opens or anything is written (the constructor only read the users
         # file): a refused start changes nothing there.
         lock = DataDirLock(self.config.data_dir)
@@ -268,7 +275,7 @@ class Broker:
         needed = {"memory", self.config.durable_backend, *backends_in_use(stored)}
         for name, backend in list(self.backends.items()):
             try:
-                backend.open(self.config.data_dir)
+                _open_backend(backend, self.config.data_dir, self.env)
             except Exception as exc:
                 if name in needed:
                     raise StartupError(f"the {name!r} storage backend cannot open: {exc}") from exc
@@ -332,3 +339,13 @@ def _task_name(fn: Callable[[], Awaitable[object]]) -> str:
     described = getattr(owner, "name", None)
     method = getattr(fn, "__qualname__", repr(fn))
     return f"{method} of {described!r}" if described is not None else method
+
+
+def _open_backend(backend: Backend, data_dir: Path, env: StorageEnv) -> None:
+    """Open ``backend`` in the broker's environment; one whose ``open`` takes no ``env`` (as
+    ``Backend.open`` allows) on the real file system."""
+    open_backend: Callable[..., None] = backend.open
+    if "env" in inspect.signature(open_backend).parameters:
+        open_backend(data_dir, env=env)
+    else:
+        open_backend(data_dir)

@@ -28,9 +28,8 @@ import attrs
 import cbor2
 import trio
 
-from .. import fsio
-from ..fsutil import atomic_write, fsync_dir
 from ..protocol.errors import AMQPError, ReplyCode
+from ..storage_env import StorageEnv
 from .definitions_json import DefinitionsError, parse_document, to_stored
 from .flusher import Flusher
 from .limits import vhost_settings
@@ -47,7 +46,10 @@ class DefinitionsFile:
 
     name = "definitions"
 
-    def __init__(self, data_dir: Path, snapshot: Callable[[], bytes]) -> None:
+    def __init__(
+        self, data_dir: Path, snapshot: Callable[[], bytes], env: StorageEnv | None = None
+    ) -> None:
+        self.env = StorageEnv.default() if env is None else env  # where it writes
         self.path = data_dir / DEFINITIONS_FILE
         self.legacy_path = data_dir / LEGACY_FILE
         self._snapshot = snapshot
@@ -116,11 +118,11 @@ class DefinitionsFile:
         return functools.partial(self._write, data)
 
     def _write(self, data: bytes) -> None:
-        atomic_write(self.path, data)
+        self.env.atomic_write(self.path, data)
         # The JSON is durable: an earlier release's CBOR file can go.
         if self.legacy_path.exists():
-            fsio.fs.unlink(self.legacy_path, missing_ok=True)
-            fsync_dir(self.legacy_path.parent)
+            self.env.fs.unlink(self.legacy_path, missing_ok=True)
+            self.env.fsync_dir(self.legacy_path.parent)
             log.info("migrated the definitions to %s; %s removed", self.path, self.legacy_path)
 
 

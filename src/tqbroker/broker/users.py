@@ -22,6 +22,7 @@ from ..auth import (
     load_chain,
 )
 from ..config import DEFAULT_USERS, BrokerConfig, PermissionConfig, UserConfig
+from ..storage_env import StorageEnv
 from .definitions import StartupError
 
 
@@ -34,10 +35,10 @@ def user_from_config(entry: UserConfig) -> User:
     return User(entry.name, password_hash, entry.hashing_algorithm, frozenset(entry.tags))
 
 
-def open_user_db(config: BrokerConfig) -> tuple[UserDb, bool]:
+def open_user_db(config: BrokerConfig, env: StorageEnv) -> tuple[UserDb, bool]:
     """The stored users with the configured ones applied (StartupError for a bad store), and
     whether this is the user database's first start (nothing stored yet)."""
-    db = UserDb()
+    db = UserDb(env)
     try:
         stored = db.load(config.data_dir)
     except (OSError, UserDbError) as exc:

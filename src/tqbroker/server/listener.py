@@ -30,6 +30,7 @@ import trio
 
 from ..broker.broker import Broker
 from ..config import BrokerConfig
+from ..storage_env import StorageEnv
 from .accepting import serve_listeners
 from .addresses import peer_address, text
 from .admission import HandshakeAdmission, Ticket
@@ -62,9 +63,11 @@ async def serve(
     config: BrokerConfig | None = None,
     *,
     shutdown: trio.Event | None = None,
+    env: StorageEnv | None = None,
     task_status: trio.TaskStatus[Listening] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run a broker until cancelled, or until ``shutdown`` is set (then shut down gracefully).
+    """Run a broker until cancelled, or until ``shutdown`` is set (then shut down gracefully);
+    its storage works through ``env`` (None: the real file system).
 
     ``await nursery.start(serve, config)`` returns where it listens (``Listening``).
     """
@@ -72,7 +75,7 @@ async def serve(
     tls = ServerTls(config.tls) if config.tls.enabled else None  # TlsError: a bad file
     http_tls = tls if config.tls.http else None
     https = "https" if http_tls is not None else "http"
-    broker = Broker(config)
+    broker = Broker(config, env)
     connections = Connections()
     all_closed = trio.Event()
     async with trio.open_nursery() as broker_nursery:

@@ -32,6 +32,7 @@ import trio
 from ..broker.broker import Broker
 from ..config import BrokerConfig
 from ..server.listener import Listening, serve
+from ..storage_env import StorageEnv
 
 
 @attrs.frozen
@@ -97,27 +98,35 @@ def _isolated(config: BrokerConfig | None, data_dir: str) -> BrokerConfig:
     return config
 
 
-async def start_broker(nursery: trio.Nursery, config: BrokerConfig | None = None) -> RunningBroker:
+async def start_broker(
+    nursery: trio.Nursery, config: BrokerConfig | None = None, *, env: StorageEnv | None = None
+) -> RunningBroker:
     """Start a broker (port 0 unless ``config`` says otherwise) in ``nursery``, with a fresh
-    temporary data directory unless ``config`` names one."""
+    temporary data directory unless ``config`` names one; its storage works through ``env``
+    (None: the real file system)."""
     config = _isolated(config, tempfile.mkdtemp(prefix="tqbroker-test-"))
-    listening = await nursery.start(lambda task_status: serve(config, task_status=task_status))
+    listening = await nursery.start(
+        lambda task_status: serve(config, env=env, task_status=task_status)
+    )
     return RunningBroker.at(listening)
 
 
 @contextmanager
-def running_broker(config: BrokerConfig | None = None) -> Iterator[RunningBroker]:
+def running_broker(
+    config: BrokerConfig | None = None, *, env: StorageEnv | None = None
+) -> Iterator[RunningBroker]:
     """Run a broker in a background thread for the duration of the ``with`` block (port 0 and
-    a temporary data directory, removed afterwards, unless ``config`` says otherwise)."""
+    a temporary data directory, removed afterwards, unless ``config`` says otherwise; its
+    storage through ``env``, None: the real file system)."""
     with (
         tempfile.TemporaryDirectory(prefix="tqbroker-test-") as data_dir,
-        _run_in_thread(_isolated(config, data_dir)) as broker,
+        _run_in_thread(_isolated(config, data_dir), env) as broker,
     ):
         yield broker
 
 
 @contextmanager
-def _run_in_thread(config: BrokerConfig) -> Iterator[RunningBroker]:
+def _run_in_thread(config: BrokerConfig, env: StorageEnv | None) -> Iterator[RunningBroker]:
     started: queue.Queue[RunningBroker | BaseException] = queue.Queue()
     stop: list[trio.Event] = []
     token: list[trio.lowlevel.TrioToken] = []
@@ -128,7 +137,9 @@ def _run_in_thread(config: BrokerConfig) -> Iterator[RunningBroker]:
         token.append(trio.lowlevel.current_trio_token())
         async with trio.open_nursery() as nursery:
             listening = await nursery.start(
-                lambda task_status: serve(config, shutdown=shutdown, task_status=task_status)
+                lambda task_status: serve(
+                    config, shutdown=shutdown, env=env, task_status=task_status
+                )
             )
             started.put(RunningBroker.at(listening))
 

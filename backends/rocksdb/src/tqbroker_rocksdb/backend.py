@@ -15,8 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from tqbroker.backends import Message
-from tqbroker.fsutil import make_dirs
+from tqbroker.backends import Message, StorageEnv
 
 from .codec import (
     EPOCH_SHIFT,
@@ -83,12 +82,13 @@ class RocksDBBackend:
 
     # -- Backend -------------------------------------------------------------------------------
 
-    def open(self, data_dir: Path) -> None:
+    def open(self, data_dir: Path, env: StorageEnv | None = None) -> None:
         if self._opened:
             raise RuntimeError("the rocksdb backend is already open")
         path = Path(data_dir) / DB_DIRECTORY
+        env = StorageEnv.default() if env is None else env
         try:
-            make_dirs(path)  # its entry in data_dir durable: RocksDB syncs only its own
+            env.make_dirs(path)  # its entry in data_dir durable: RocksDB syncs only its own
             db = self.writer.open(path)
             self._opened = True
             run = start_run(self.writer, db, path)

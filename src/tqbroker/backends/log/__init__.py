@@ -39,12 +39,10 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
 
 import cbor2
 
-from ... import fsio
-from ...fsutil import fsync_dir
+from ...storage_env import StorageEnv
 from .cache import RecordCache
 from .log import Log
 from .store import LogQueueStore
@@ -87,8 +85,6 @@ class LogBackend:
 
     name = "log"
     durable = True
-    # Tests set a list: each flush adds the stores that had work to do without saying so.
-    unmarked: ClassVar[list[str] | None] = None
 
     def __init__(
         self,
@@ -104,6 +100,7 @@ class LogBackend:
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
         self.root = Path()
+        self.env = StorageEnv.default()  # replaced by the one ``open`` is given
         # The open stores: read and changed under _lock (opens may run in a worker thread).
         self._lock = threading.Lock()
         self._queues: dict[tuple[str, str], LogQueueStore] = {}
@@ -119,16 +116,18 @@ class LogBackend:
         self._healthy = True
         self._created_in: Path | None = None  # log/ was created there, its entry not synced
 
-    def open(self, data_dir: Path) -> None:
+    def open(self, data_dir: Path, env: StorageEnv | None = None) -> None:
+        if env is not None:
+            self.env = env
         self.root = data_dir / "log"
         if not self.root.is_dir():
-            fsio.fs.mkdir(self.root, parents=True, exist_ok=True)
+            self.env.fs.mkdir(self.root, parents=True, exist_ok=True)
             # Its entry: made durable by the first flush (a worker thread; this is the Trio
             # thread), before anything written in it is confirmed.
             self._created_in = data_dir
         trash = self.root / ".trash"
         if trash.exists():
-            fsio.fs.rmtree(trash)
+            self.env.fs.rmtree(trash)
 
     def open_queue(self, vhost: str, queue: str) -> LogQueueStore:
         key = (vhost, queue)
@@ -193,14 +192,14 @@ class LogBackend:
     def _directory(self, vhost: str, queue: str) -> Path:
         directory = self.root / _queue_dir_name(vhost, queue)
         if not directory.is_dir():
-            fsio.fs.mkdir(directory, exist_ok=True)
+            self.env.fs.mkdir(directory, exist_ok=True)
             # A new directory's entry is durable only once its parent is fsync'd: without this
             # a power cut could lose the whole queue with every message confirmed in it (its
             # segments' entries are made durable by the first flush, the directory's never).
-            fsync_dir(self.root)
+            self.env.fsync_dir(self.root)
         names = directory / "queue.cbor"
         if not names.exists():
-            fsio.fs.write_file(names, cbor2.dumps({"vhost": vhost, "queue": queue}))
+            self.env.fs.write_file(names, cbor2.dumps({"vhost": vhost, "queue": queue}))
         return directory
 
     def _log(self, directory: Path, segment_bytes: int) -> Log:
@@ -209,6 +208,7 @@ class LogBackend:
             segment_bytes=segment_bytes,
             index_interval_bytes=self.index_interval_bytes,
             cache=self.cache,
+            env=self.env,
         )
 
     def delete_queue(self, vhost: str, queue: str) -> None:
@@ -225,12 +225,12 @@ class LogBackend:
         if store is None and not directory.exists():
             return
         trash = self.root / ".trash"
-        fsio.fs.mkdir(trash, exist_ok=True)  # OSError (e.g. no descriptors): nothing changed
+        self.env.fs.mkdir(trash, exist_ok=True)  # OSError (e.g. no descriptors): nothing changed
         target = trash / uuid.uuid4().hex
         if store is not None:
             store.abandon(target)  # OSError: nothing changed
         else:
-            fsio.fs.rename(directory, target)
+            self.env.fs.rename(directory, target)
         with self._lock:
             if store is not None:
                 self._queues.pop((vhost, queue), None)
@@ -246,12 +246,14 @@ class LogBackend:
     def healthy(self) -> bool:
         return self._healthy
 
-    def begin_flush(self) -> Callable[[], None] | None:
+    def _take_changed(self) -> dict[LogQueueStore | LogStream, None]:
+        """The stores that said they changed since the last flush (and forget them)."""
         with self._lock:
             dirty, self._dirty = self._dirty, {}
-        if self.unmarked is not None:  # (tests) every store with work to do said so
-            missing = [s for s in self._stores() if s.needs_flush and s not in dirty]
-            self.unmarked.extend(str(s.directory) for s in missing)
+        return dirty
+
+    def begin_flush(self) -> Callable[[], None] | None:
+        dirty = self._take_changed()
         stores = [store for store in dirty if not store.abandoned]
         if self._sync_failed or any(store.log.sync_failed for store in stores):
             self._sync_failed = True
@@ -296,9 +298,9 @@ class LogBackend:
         def flush() -> None:
             try:
                 if created_in is not None:
-                    fsync_dir(created_in)
+                    self.env.fsync_dir(created_in)
                 if trash:
-                    fsync_dir(self.root)  # the deletes' renames, durable
+                    self.env.fsync_dir(self.root)  # the deletes' renames, durable
                 for work in works:
                     work()
             except OSError as exc:
@@ -318,7 +320,7 @@ class LogBackend:
             for store in abandoned:  # no flush of theirs is in flight any more
                 store.close_abandoned()
             for path in trash:
-                fsio.fs.rmtree(path)
+                self.env.fs.rmtree(path)
             if write_error is not None:
                 raise write_error
             self._healthy = True
@@ -327,15 +329,15 @@ class LogBackend:
 
     def close(self) -> None:
         if self._created_in is not None:
-            fsync_dir(self._created_in)
+            self.env.fsync_dir(self._created_in)
             self._created_in = None
         for abandoned in self._abandoned:
             abandoned.close_abandoned()
         self._abandoned.clear()
         if self._trash:  # deletes since the last flush: durable now, and gone
-            fsync_dir(self.root)
+            self.env.fsync_dir(self.root)
             for path in self._trash:
-                fsio.fs.rmtree(path)
+                self.env.fs.rmtree(path)
             self._trash.clear()
         for store in self._stores():
             try:

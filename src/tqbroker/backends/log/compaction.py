@@ -19,9 +19,8 @@ from typing import NamedTuple
 
 import attrs
 
-from ... import fsio
-from ...filecache import Directory
-from ...fsutil import fsync_dir
+from ...storage_env import StorageEnv
+from ...storage_env.filecache import Directory
 from ..streams import CompactionPolicy
 from .format import Batch, Record, RecordError, decode_frame, encode_record
 from .segment import Segment
@@ -63,6 +62,7 @@ class Source(NamedTuple):
 
 
 def compact(
+    env: StorageEnv,
     policy: CompactionPolicy,
     now_ms: int,
     sources: Sequence[Source],
@@ -72,7 +72,7 @@ def compact(
 ) -> CompactionResult:
     """A compaction's work (worker thread): find the latest record of every key, then write a
     copy, in ``scratch``, of each closed segment that holds records to remove."""
-    latest, keyed, damaged, gone = _latest_by_key(policy, sources)
+    latest, keyed, damaged, gone = _latest_by_key(env, policy, sources)
     closed = len(sources) - 1
     # A closed segment left as it is (damaged, or not all written out) may hold older records of
     # a key whose tombstone comes later: the tombstones from there on stay, as values do.
@@ -99,14 +99,14 @@ def compact(
     swaps: list[SegmentSwap] = []
     try:
         if rewrite:
-            fsio.fs.rmtree(scratch)  # an earlier pass's leftovers
-            fsio.fs.mkdir(scratch)
+            env.fs.rmtree(scratch)  # an earlier pass's leftovers
+            env.fs.mkdir(scratch)
         for source in rewrite:
-            swap = _rewrite(policy, now_ms, source, latest, scratch, index_interval_bytes)
+            swap = _rewrite(env, policy, now_ms, source, latest, scratch, index_interval_bytes)
             if swap is not None:
                 swaps.append(swap)
         if swaps:
-            fsync_dir(scratch)
+            env.fsync_dir(scratch)
     except BaseException:
         for swap in swaps:
             if swap.new is not None:
@@ -121,7 +121,7 @@ _Latest = dict[bytes, tuple[int, int | None]]
 
 
 def _latest_by_key(
-    policy: CompactionPolicy, sources: Sequence[Source]
+    env: StorageEnv, policy: CompactionPolicy, sources: Sequence[Source]
 ) -> tuple[_Latest, list[int], set[int], set[int]]:
     """The latest record of every key; how many keyed records each segment has; the segments
     that are damaged (read up to the damage, left as they are) and those gone (retention
@@ -132,7 +132,7 @@ def _latest_by_key(
     gone: set[int] = set()
     for i, source in enumerate(sources):
         try:
-            fs = fsio.fs
+            fs = env.fs
             fd = fs.open(source.path, os.O_RDONLY)
             try:
                 fs.fdatasync(fd)
@@ -153,6 +153,7 @@ def _latest_by_key(
 
 
 def _rewrite(
+    env: StorageEnv,
     policy: CompactionPolicy,
     now_ms: int,
     source: Source,
@@ -163,7 +164,7 @@ def _rewrite(
     """Copy the records of ``source`` that are the latest of their key (or have none) to a new
     segment in ``scratch``, fsync'd; None if the source went away meanwhile (retention). Raises
     OSError if it no longer reads as it did a moment ago."""
-    out = Segment(Directory(scratch), source.segment.base_offset, index_interval_bytes)
+    out = Segment(env.files, Directory(scratch), source.segment.base_offset, index_interval_bytes)
     removed = 0
     try:
         for record, raw in read_file_records(source.path, source.size):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import cbor2
 
-from ...fsutil import atomic_write
+from ...storage_env import StorageEnv
 from ..streams import NO_EPOCH, StaleEpoch
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,13 @@ class EpochHistory:
         i = bisect_right([e for e, _start in self.entries], epoch)
         return self.entries[i][1] if i < len(self.entries) else log_end
 
-    def save(self, directory: Path, entries: list[tuple[int, int]], *, fsync: bool) -> None:
+    def save(
+        self, env: StorageEnv, directory: Path, entries: list[tuple[int, int]], *, fsync: bool
+    ) -> None:
         """Write ``entries`` as the checkpoint, then adopt them (OSError: nothing changed)."""
         if entries != self.entries:
             data = cbor2.dumps([list(entry) for entry in entries])
-            atomic_write(directory / EPOCH_FILE, data, fsync=fsync)
+            env.atomic_write(directory / EPOCH_FILE, data, fsync=fsync)
             self.entries = entries
 
     @classmethod

@@ -17,7 +17,7 @@ from array import array
 from bisect import bisect_right
 from pathlib import Path
 
-from ...filecache import CachedFile
+from ...storage_env.filecache import CachedFile
 
 log = logging.getLogger(__name__)
 

@@ -36,10 +36,9 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Final
 
-from ... import filecache, fsio
-from ...filecache import Directory
-from ...fsutil import fsync_dir
 from ...model import Message
+from ...storage_env import StorageEnv
+from ...storage_env.filecache import Directory
 from ..streams import CorruptLogError
 from .cache import RecordCache
 from .format import (
@@ -83,7 +82,10 @@ class Log:
         segment_ms: int = 7 * 24 * 3600 * 1000,
         index_interval_bytes: int = 4096,
         cache: RecordCache | None = None,
+        env: StorageEnv | None = None,
     ) -> None:
+        # The file system and file-handle cache it works through (None: a new real one).
+        self.env = StorageEnv.default() if env is None else env
         # Shared with every segment of the log: ``move`` renames it for all of them at once.
         self._directory = Directory(directory)
         self.segment_bytes = segment_bytes
@@ -120,16 +122,16 @@ class Log:
         """Open (creating if needed) and recover. Returns True when the previous run closed
         cleanly. Segments at or after ``recovery_point`` (the first offset not known to be
         fsync'd) are scanned when the shutdown was not clean."""
-        fsio.fs.mkdir(self.directory, parents=True, exist_ok=True)
+        self.env.fs.mkdir(self.directory, parents=True, exist_ok=True)
         marker = self.directory / CLEAN_MARKER
         clean = marker.exists()
-        fsio.fs.rmtree(self.directory / COMPACTION_DIR)
+        self.env.fs.rmtree(self.directory / COMPACTION_DIR)
         bases = sorted(
             int(p.name[:20]) for p in self.directory.glob("*.log") if p.name[:20].isdigit()
         )
         self._remove_orphans(set(bases))
         for i, base in enumerate(bases):
-            segment = Segment(self._directory, base, self.index_interval_bytes)
+            segment = Segment(self.env.files, self._directory, base, self.index_interval_bytes)
             self._add(segment)  # closed with the log if what follows fails
             next_base = bases[i + 1] if i + 1 < len(bases) else None
             # Trusted: the segments a recovery point passed. One that ends exactly at it may
@@ -145,8 +147,8 @@ class Log:
         if self.strict and not clean:
             self._drop_empty_tail()
         if marker.exists():
-            fsio.fs.unlink(marker)
-            fsync_dir(self.directory)
+            self.env.fs.unlink(marker)
+            self.env.fsync_dir(self.directory)
         if not self.segments:
             self._roll(0)
         # After a crash recovery may have truncated or removed files: the first sync makes
@@ -161,7 +163,7 @@ class Log:
             orphan = base.isdigit() and int(base) not in bases
             if path.suffix in (".index", ".timeindex") and orphan:
                 log.info("removing orphan index file %s", path)
-                fsio.fs.unlink(path)
+                self.env.fs.unlink(path)
 
     def _drop_empty_tail(self) -> None:
         """A crash kept a segment rolled to but not the records buffered in the one before
@@ -185,7 +187,7 @@ class Log:
         """A segment was truncated: every later segment is unreachable garbage."""
         for base in bases[i + 1 :]:
             log.warning("%s: discarding segment %d after a truncated one", self.directory, base)
-            Segment(self._directory, base, self.index_interval_bytes).delete()
+            Segment(self.env.files, self._directory, base, self.index_interval_bytes).delete()
 
     def _add(self, segment: Segment) -> None:
         self.segments.append(segment)
@@ -201,7 +203,7 @@ class Log:
     def _roll(self, base_offset: int) -> None:
         # The old segment's buffered records are written out by the next ``write_out``; the
         # next sync makes the new files' directory entries durable.
-        self._add(Segment(self._directory, base_offset, self.index_interval_bytes))
+        self._add(Segment(self.env.files, self._directory, base_offset, self.index_interval_bytes))
         self._segment_created_ms = _now_ms()
         self._directory_dirty = True
         self.changed()
@@ -531,7 +533,7 @@ class Log:
                 raise
             if directory:
                 try:
-                    fsync_dir(self.directory)
+                    self.env.fsync_dir(self.directory)
                 except FileNotFoundError:
                     pass  # deleted meanwhile (moved to the trash): nothing left to make durable
                 except OSError as exc:
@@ -588,7 +590,7 @@ class Log:
     def move(self, target: Path) -> None:
         """Rename the log's directory to ``target`` (the queue is being deleted): every segment,
         detached ones included, reopens its files there from now on."""
-        filecache.files.move(self._directory, target)
+        self.env.files.move(self._directory, target)
 
     def install(self, segment: Segment) -> None:
         """Move a compacted copy (``Segment.install``) into the log's directory."""
@@ -597,8 +599,8 @@ class Log:
     def close(self, *, clean: bool) -> None:
         """Close every file; with ``clean`` (after a final sync) leave the clean marker."""
         if clean:
-            fsio.fs.write_file(self.directory / CLEAN_MARKER, b"")
-            fsync_dir(self.directory)
+            self.env.fs.write_file(self.directory / CLEAN_MARKER, b"")
+            self.env.fsync_dir(self.directory)
         for segment in self.segments:
             segment.close()
         self.segments.clear()

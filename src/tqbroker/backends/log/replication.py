@@ -20,8 +20,7 @@ from typing import NamedTuple
 
 import cbor2
 
-from ... import fsio
-from ...fsutil import atomic_write, fsync_dir
+from ...storage_env import StorageEnv
 from ..streams import InvalidFrame, OffsetMismatch
 from .format import HEAD_SIZE, RECORD_HEAD, RecordError, decode_frame
 from .segment import Segment
@@ -86,16 +85,16 @@ def cut_position(segment: Segment, offset: int) -> tuple[int, int]:
     return pos, offset
 
 
-def write_intent(directory: Path, offset: int) -> None:
+def write_intent(env: StorageEnv, directory: Path, offset: int) -> None:
     """Record, durably, that the log is being cut back to ``offset``."""
-    atomic_write(directory / TRUNCATE_FILE, cbor2.dumps({"offset": offset}))
+    env.atomic_write(directory / TRUNCATE_FILE, cbor2.dumps({"offset": offset}))
 
 
-def clear_intent(directory: Path) -> None:
+def clear_intent(env: StorageEnv, directory: Path) -> None:
     """The truncation is durable: forget it (durably: a later start must not redo it after
     appends went past it)."""
-    fsio.fs.unlink(directory / TRUNCATE_FILE, missing_ok=True)
-    fsync_dir(directory)
+    env.fs.unlink(directory / TRUNCATE_FILE, missing_ok=True)
+    env.fsync_dir(directory)
 
 
 def pending_truncation(directory: Path) -> int | None:

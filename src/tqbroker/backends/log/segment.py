@@ -19,9 +19,9 @@ Responsibilities:
 
 The segment never fsyncs by itself; ``sync`` (run by the flusher's worker thread) does, the
 record file alone while the segment is active, the indexes too once it is sealed. Its three
-files take descriptors from the file-handle cache (``filecache``) only while they are used;
-``keep_open`` holds them for a segment whose names are about to go (an unlink, a compacted copy
-installed over it) while a reader or a flush in flight may still use it.
+files take descriptors from the log's file-handle cache (``storage_env.filecache``) only while
+they are used; ``keep_open`` holds them for a segment whose names are about to go (an unlink, a
+compacted copy installed over it) while a reader or a flush in flight may still use it.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ... import filecache, fsio
-from ...filecache import CachedFile, Directory
+from ...storage_env.filecache import CachedFile, Directory, FileCache
 from .format import (
     HEAD_SIZE,
     INDEX_ENTRY,
@@ -60,13 +59,16 @@ def segment_name(base_offset: int, suffix: str) -> str:
 
 
 class Segment:
-    def __init__(self, directory: Directory, base_offset: int, index_interval_bytes: int) -> None:
+    def __init__(
+        self, cache: FileCache, directory: Directory, base_offset: int, index_interval_bytes: int
+    ) -> None:
+        self._cache = cache
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         files: list[CachedFile] = []
         try:  # creates the three files (a failure leaves no descriptor open)
             for suffix in (".log", ".index", ".timeindex"):
-                files.append(filecache.files.file(directory, segment_name(base_offset, suffix)))
+                files.append(cache.file(directory, segment_name(base_offset, suffix)))
         except BaseException:
             for file in files:
                 file.close()
@@ -494,8 +496,9 @@ class Segment:
     def _unlink_files(self) -> None:
         """The record file first: index files without one are orphans, which a start
         removes."""
+        fs = self._cache.fs
         for path in (file.path for file in self.files):
-            fsio.fs.unlink(path, missing_ok=True)
+            fs.unlink(path, missing_ok=True)
 
     def install(self, directory: Directory) -> None:
         """Move the files of this segment (a compacted copy, written and synced in another
@@ -505,7 +508,8 @@ class Segment:
         leaves the old or the new record file, with its own indexes or none (rebuilt at the next
         start). The replaced segment must ``keep_open`` first if it may still be used. Making
         the renames durable (``fsync_dir``) is the caller's business."""
+        fs = self._cache.fs
         for file in self.files[1:]:
-            fsio.fs.unlink(directory.path / file.name, missing_ok=True)
+            fs.unlink(directory.path / file.name, missing_ok=True)
         for file in self.files:
-            filecache.files.move_file(file, directory)
+            self._cache.move_file(file, directory)

@@ -30,7 +30,6 @@ from typing import Any
 
 import cbor2
 
-from ...fsutil import atomic_write
 from ...model import Message
 from ..base import FLUSH_FIRST, FlushFirst, Popped
 from .changeflag import ChangeFlag
@@ -52,6 +51,7 @@ class LogQueueStore:
     def __init__(self, directory: Path, log: Log) -> None:
         self.directory = directory
         self.log = log
+        self.env = log.env
         self._synced_upto = 0  # offsets below are fsync'd (the recovery point)
         self._recovery_written = 0  # the recovery point of the checkpoint on disk
         self.head = 0
@@ -418,7 +418,7 @@ class LogQueueStore:
         with self._state_lock:
             if state["seq"] <= self._state_written or self.abandoned:
                 return
-            atomic_write(self.directory / STATE_FILE, cbor2.dumps(state), fsync=fsync)
+            self.env.atomic_write(self.directory / STATE_FILE, cbor2.dumps(state), fsync=fsync)
             self._state_written = state["seq"]
 
     def close(self) -> None:

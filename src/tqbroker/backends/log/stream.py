@@ -48,8 +48,6 @@ from pathlib import Path
 
 import cbor2
 
-from ... import fsio
-from ...fsutil import atomic_write, fsync_dir
 from ...model import Message
 from ..streams import CompactionPolicy, ProducerState
 from .changeflag import ChangeFlag
@@ -79,6 +77,7 @@ class LogStream:
     def __init__(self, directory: Path, log: Log) -> None:
         self.directory = directory
         self.log = log
+        self.env = log.env
         self._synced_upto = 0
         self._durable_end = 0  # readers stop here: see ``durable_end``
         self._recovery_written = 0  # the recovery point in stream.cbor on disk
@@ -133,7 +132,10 @@ class LogStream:
         else:  # epochs past the end lost their records to the crash (the start stays)
             end = self.log.next_offset
             self.epochs.save(
-                self.directory, [e for e in self.epochs.entries if e[1] <= end], fsync=True
+                self.env,
+                self.directory,
+                [e for e in self.epochs.entries if e[1] <= end],
+                fsync=True,
             )
 
     def _load_replica_id(self) -> str:
@@ -145,7 +147,7 @@ class LogStream:
         except ValueError:  # a torn write of a new one: nothing relied on it yet
             pass
         replica_id = str(uuid.uuid4())
-        atomic_write(path, replica_id.encode())
+        self.env.atomic_write(path, replica_id.encode())
         return replica_id
 
     @property
@@ -300,7 +302,7 @@ class LogStream:
         checked = check_frames(frames, start)
         begun = self.epochs.begun(leader_epoch, start)
         if begun is not None and checked:
-            self.epochs.save(self.directory, begun, fsync=True)
+            self.epochs.save(self.env, self.directory, begun, fsync=True)
         if checked:
             self.log.append_frames(checked)
         return self.log.next_offset
@@ -310,7 +312,7 @@ class LogStream:
         self.seal()
         begun = self.epochs.begun(epoch, self.log.next_offset)
         if begun is not None:
-            self.epochs.save(self.directory, begun, fsync=True)
+            self.epochs.save(self.env, self.directory, begun, fsync=True)
 
     @property
     def leader_epoch(self) -> int:
@@ -336,21 +338,21 @@ class LogStream:
         the next open), the files cut and fsync'd, the epoch history trimmed, ``stream.cbor``
         with the recovery point moved down, and the intent removed."""
         with self._lock:
-            write_intent(self.directory, offset)
+            write_intent(self.env, self.directory, offset)
             end, removed = self.log.truncate(offset)
             self._retired.extend(removed)  # closed by the next flush: one in flight may sync them
             sync = self.log.sync_work()
             if sync is not None:
                 sync()
-            self.epochs.save(self.directory, self.epochs.truncated(end), fsync=True)
+            self.epochs.save(self.env, self.directory, self.epochs.truncated(end), fsync=True)
             self._truncations += 1
             self._synced_upto = min(self._synced_upto, end)
             self._recovery_written = min(self._recovery_written, end)
             self._durable_end = min(self._durable_end, end)
             self.state.clamp(end)
             self._offsets_dirty = False
-            atomic_write(self.directory / STATE_FILE, self.state.encode(self._synced_upto))
-            clear_intent(self.directory)
+            self.env.atomic_write(self.directory / STATE_FILE, self.state.encode(self._synced_upto))
+            clear_intent(self.env, self.directory)
 
     @property
     def first_offset(self) -> int:
@@ -433,9 +435,10 @@ class LogStream:
         )
         scratch = self.directory / COMPACTION_DIR
         interval = self.log.index_interval_bytes
+        env = self.env
 
         def work() -> CompactionResult:
-            return compact(policy, now_ms, sources, scratch, interval, compacted_upto)
+            return compact(env, policy, now_ms, sources, scratch, interval, compacted_upto)
 
         return work
 
@@ -471,7 +474,7 @@ class LogStream:
             self.log.changed()
             removed += swap.removed
         with contextlib.suppress(OSError):
-            fsio.fs.rmdir(self.directory / COMPACTION_DIR)
+            self.env.fs.rmdir(self.directory / COMPACTION_DIR)
         self._compaction_policy = result.policy
         self._compacted_upto = result.compacted_upto
         self._tombstone_due_ms = result.tombstone_due_ms
@@ -552,7 +555,7 @@ class LogStream:
                     # disk as the rename without its bytes, and an unreadable stream.cbor loses
                     # every stored offset (a retention-only flush did that).
                     if current:
-                        atomic_write(
+                        self.env.atomic_write(
                             self.directory / STATE_FILE,
                             state,
                             fsync=fsync or offsets_dirty,
@@ -562,7 +565,7 @@ class LogStream:
                         if sync is not None:
                             self._durable_end = max(self._durable_end, synced_upto)
                     if retired:
-                        fsync_dir(self.directory)
+                        self.env.fsync_dir(self.directory)
                     for segment in obsolete:
                         segment.delete()
                     if obsolete:

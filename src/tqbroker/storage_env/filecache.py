@@ -1,4 +1,5 @@
-"""The file-handle cache: every file of the log backend shares one bounded set of descriptors.
+"""The file-handle cache: every file of a broker's log backend shares one bounded set of
+descriptors.
 
 A log segment is three files; kept open for the segment's life, 100k durable queues would need
 300k descriptors. As RabbitMQ's ``file_handle_cache`` and PostgreSQL's virtual file descriptors
@@ -35,7 +36,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Final
 
-from . import fsio
+from .fsio import Buffer, FileSystem
 
 log = logging.getLogger(__name__)
 
@@ -87,24 +88,24 @@ class CachedFile:
         finally:
             self._cache.release(self)
 
-    def pwrite(self, data: fsio.Buffer, position: int) -> int:
+    def pwrite(self, data: Buffer, position: int) -> int:
         fd = self._cache.acquire(self)
         try:
-            return fsio.fs.pwrite(fd, data, position)
+            return self._cache.fs.pwrite(fd, data, position)
         finally:
             self._cache.release(self)
 
     def ftruncate(self, length: int) -> None:
         fd = self._cache.acquire(self)
         try:
-            fsio.fs.ftruncate(fd, length)
+            self._cache.fs.ftruncate(fd, length)
         finally:
             self._cache.release(self)
 
     def fdatasync(self) -> None:
         fd = self._cache.acquire(self)
         try:
-            fsio.fs.fdatasync(fd)
+            self._cache.fs.fdatasync(fd)
         finally:
             self._cache.release(self)
 
@@ -139,7 +140,8 @@ class CachedFile:
 class FileCache:
     """A bounded LRU of open descriptors (thread-safe)."""
 
-    def __init__(self, limit: int | None = None) -> None:
+    def __init__(self, fs: FileSystem, limit: int | None = None) -> None:
+        self.fs = fs  # opens, writes, syncs, renames and closes go through it
         self.limit = limit  # None: ``LIMIT_FRACTION`` of RLIMIT_NOFILE
         self._lock = threading.Lock()
         self._idle: OrderedDict[CachedFile, None] = OrderedDict()  # least recently used first
@@ -203,13 +205,13 @@ class FileCache:
     def move(self, directory: Directory, target: Path) -> None:
         """Rename ``directory`` to ``target``; its files reopen there from now on."""
         with self._lock:
-            fsio.fs.rename(directory.path, target)
+            self.fs.rename(directory.path, target)
             directory.path = target
 
     def move_file(self, file: CachedFile, directory: Directory) -> None:
         """Rename ``file`` into ``directory``, over any file of its name there."""
         with self._lock:
-            fsio.fs.replace(file.path, directory.path / file.name)
+            self.fs.replace(file.path, directory.path / file.name)
             file.directory = directory
 
     # -- descriptors -------------------------------------------------------------------------
@@ -226,11 +228,11 @@ class FileCache:
         if excess > 0:
             self._evict(excess)
         try:
-            fd = fsio.fs.open(path, flags, 0o644)
+            fd = self.fs.open(path, flags, 0o644)
         except OSError as exc:
             if exc.errno not in OUT_OF_DESCRIPTORS or not self._evict(max(1, len(self._idle) // 4)):
                 raise
-            fd = fsio.fs.open(path, flags, 0o644)
+            fd = self.fs.open(path, flags, 0o644)
         self.open_count += 1
         self.opens += 1
         return fd
@@ -247,10 +249,6 @@ class FileCache:
         fd, file._fd = file._fd, -1
         self.open_count -= 1
         try:
-            fsio.fs.close(fd)
+            self.fs.close(fd)
         except OSError as exc:  # the descriptor is gone all the same
             log.warning("closing %s: %s", file.path, exc)
-
-
-# The process's cache: the descriptor limit it divides is the process's.
-files: FileCache = FileCache()

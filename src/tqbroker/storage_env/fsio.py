@@ -1,5 +1,5 @@
-"""The file-system facade: the storage code (the ``log`` backend, ``fsutil``, the definitions
-file) does every durable file operation through ``fsio.fs``.
+"""The file-system facade: the storage code (the ``log`` backend, the definitions file, the
+users file) does every durable file operation through its ``StorageEnv``'s ``fs``.
 
 Responsibilities:
 - ``FileSystem``: the real implementation, thin wrappers of ``os`` functions (one call frame
@@ -8,9 +8,8 @@ Responsibilities:
   ``rename``/``replace``, ``unlink``, ``mkdir``, ``rmdir``, ``rmtree`` (ignoring errors),
   ``fsync_dir`` (a directory's entries durable) and ``write_file`` (create or truncate, write,
   optionally fsync);
-- ``install``: put another implementation in place (the power-cut simulation in
-  ``tests/powercut/`` records every mutating operation through one) and get the previous one
-  back. Callers look ``fsio.fs`` up at each call, so an installed facade sees everything.
+- another implementation (the power-cut simulation in ``tests/powercut/`` records every
+  mutating operation through one) is given to a broker in its ``StorageEnv``.
 
 Reads (``pread``, ``fstat``, ``mmap``, ``read_bytes``) go to ``os`` directly: they change
 nothing on disk.
@@ -83,7 +82,7 @@ class FileSystem:
 
     def write_file(self, path: StrPath, data: bytes, *, fsync: bool = False) -> None:
         """Create or truncate ``path`` and write ``data`` (not atomic: see
-        ``fsutil.atomic_write``); with ``fsync`` the content is durable (not the entry)."""
+        ``StorageEnv.atomic_write``); with ``fsync`` the content is durable (not the entry)."""
         fd = self.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(data)
@@ -94,13 +93,3 @@ class FileSystem:
                 self.fsync(fd)
         finally:
             self.close(fd)
-
-
-fs: FileSystem = FileSystem()
-
-
-def install(facade: FileSystem) -> FileSystem:
-    """Make ``facade`` the one the storage code uses; returns the one it replaces."""
-    global fs
-    previous, fs = fs, facade
-    return previous
