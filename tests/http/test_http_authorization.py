@@ -7,7 +7,6 @@ the Prometheus endpoints are not on the management port (RabbitMQ serves them on
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -17,6 +16,7 @@ import pika
 import pika.exceptions
 import pytest
 
+from tests.support.polling import eventually
 from tests.support.rabbitmq_oracle import RabbitMQ
 from tqbroker.config import BrokerConfig, PermissionConfig, UserConfig
 from tqbroker.testing import running_broker
@@ -89,13 +89,11 @@ def connection_rows(base_url: str, amqp_port: int, admin: httpx.Client) -> list[
 def _listed(admin: httpx.Client, user: str) -> str:
     """The name of ``user``'s connection, once the API lists it (RabbitMQ's after its stats
     interval)."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        names = [c["name"] for c in admin.get("/api/connections").json() if c["user"] == user]
-        if names:
-            return str(names[0])
-        time.sleep(0.2)
-    raise AssertionError(f"no connection of {user} listed")
+
+    def names() -> list[str]:
+        return [c["name"] for c in admin.get("/api/connections").json() if c["user"] == user]
+
+    return str(eventually(names, timeout=20, what=f"a connection of {user} listed")[0])
 
 
 def _outcome(victim: pika.BlockingConnection) -> str:
