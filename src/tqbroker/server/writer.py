@@ -239,6 +239,11 @@ class ConnectionWriter:
         """Send a heartbeat frame whenever nothing else went out for ``interval`` seconds."""
         self._sent_at = trio.current_time()
         while True:
-            await trio.sleep(interval)
-            if trio.current_time() - self._sent_at >= interval:
-                self.write(HEARTBEAT_FRAME)
+            # Sleep until ``interval`` after the last frame went out, not on a fixed tick: a
+            # tick just after a write would skip a beat and halve the rate the peer sees.
+            quiet_until = self._sent_at + interval
+            if trio.current_time() < quiet_until:
+                await trio.sleep_until(quiet_until)
+                continue
+            self.write(HEARTBEAT_FRAME)
+            self._sent_at = trio.current_time()
