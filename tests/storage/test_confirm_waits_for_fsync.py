@@ -123,7 +123,8 @@ def test_a_failed_fsync_nacks_the_publishes_that_came_while_it_ran(
             assert await confirm_of(covered) == "nack"
             nacked_at = loop.time()
             assert await confirm_of(later) == "nack"
-            assert loop.time() - nacked_at < 0.5  # the same failure, not the retry a second later
+            # The same failure, not the retry a second later (bound loose for a loaded machine).
+            assert loop.time() - nacked_at < 0.9
 
     with running_broker(BrokerConfig(port=0, data_dir=tmp_path)) as broker:
         asyncio.run(asyncio.wait_for(main(broker.url), 30))

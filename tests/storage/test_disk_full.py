@@ -25,6 +25,7 @@ import pika
 import pika.exceptions
 import pytest
 
+from tests.support.polling import eventually
 from tests.support.rawamqp import RawAMQP, SocketClosed
 from tqbroker.backends.log import LogBackend
 from tqbroker.model import Message
@@ -203,13 +204,18 @@ def wait_until_accepted(broker: BrokerProcess, timeout: float = 8.0) -> float:
     channel.confirm_delivery()
     scratch = channel.queue_declare("disk-back", durable=True).method.queue
     began = time.monotonic()
-    while True:
-        try:
-            channel.basic_publish("", scratch, b"space again", PERSISTENT)
-            break
-        except pika.exceptions.NackError:
-            assert time.monotonic() - began < timeout, "still refusing with free space"
-            time.sleep(0.2)
+
+    def accepted() -> bool:
+        channel.basic_publish("", scratch, b"space again", PERSISTENT)
+        return True
+
+    eventually(
+        accepted,
+        timeout,
+        0.2,
+        what="a persistent publish confirmed with free space again",
+        ignoring=(pika.exceptions.NackError,),
+    )
     took = time.monotonic() - began
     channel.queue_delete(scratch)
     connection.close()
