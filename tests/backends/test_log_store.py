@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tqbroker.backends import FLUSH_FIRST
+from tqbroker.backends import FLUSH_FIRST, FlushFirst
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.cache import RecordCache
 from tqbroker.backends.log.format import decode_record
@@ -50,9 +50,10 @@ def crash(backend: LogBackend) -> None:
 Popped = tuple[int, Message, bool]
 
 
-def fields(item: Popped | None) -> tuple[object, ...] | None:
+def fields(item: Popped | FlushFirst | None) -> tuple[object, ...] | None:
     if item is None:
         return None
+    assert item is not FLUSH_FIRST
     message_id, m, redelivered = item
     return message_id, redelivered, m.exchange, m.routing_key, m.body, m.timestamp_ms
 
@@ -203,7 +204,7 @@ def test_a_damaged_record_leaves_ready_bytes_exact(
     if restart != "crash":  # a crash counts by reading the records: the damaged one is 0
         assert store.ready_bytes == sum(sizes)
     popped = store.pop()
-    assert popped is not None
+    assert isinstance(popped, tuple)
     store.requeue(popped[0])
     got = drain(backend, store)
     assert [m.body for _, m, _ in got] == [m.body for n, m in enumerate(messages) if n != victim]
@@ -221,7 +222,7 @@ def test_peek_settles_a_damaged_head_and_shows_the_next_message(tmp_path: Path) 
     flush(backend)
     flip_body_bit(store.log.segments[0].log_path, ids[0])
     peeked = store.peek()
-    assert peeked is not None
+    assert isinstance(peeked, tuple)
     assert peeked[0] == ids[1]
     assert (store.ready_count, store.unacked_count, store.ready_bytes) == (2, 0, 100)
     assert fields(store.peek()) == fields(peeked)

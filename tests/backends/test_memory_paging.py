@@ -70,14 +70,14 @@ def test_a_long_memory_queue_pages_out_and_back_in_order(tmp_path: Path) -> None
     assert any(pages_dir.iterdir())
     popped = []
     while (entry := store.pop()) is not None:
-        message_id = entry[0]  # type: ignore[index]
+        message_id = entry[0]
         popped.append(message_id)
         if message_id % 7 == 0:
             store.requeue(message_id)  # comes back before anything newer
             again = store.pop()
             assert again is not None
-            assert again[0] == message_id  # type: ignore[index]
-            assert again[2] is True  # type: ignore[index]
+            assert again[0] == message_id
+            assert again[2] is True
         store.ack(message_id)
     assert popped == list(range(1, 5001))
     assert store.ready_count == 0

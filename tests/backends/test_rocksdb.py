@@ -252,7 +252,7 @@ def test_pop_waits_for_the_reservation_only_for_persistent_messages(tmp_path: Pa
     assert flush(backend)  # the registry entry and a first reservation: id 1
     store.push(message(1), persistent=False)
     popped = store.pop()  # transient: nothing to remember about its delivery
-    assert popped is not None
+    assert isinstance(popped, tuple)
     assert popped[0] == 1
     store.push(message(2), persistent=True)
     assert store.pop() is FLUSH_FIRST  # beyond the reservation: it must be extended first
@@ -625,7 +625,7 @@ def test_a_vanished_record_is_skipped_and_ready_bytes_heals(tmp_path: Path) -> N
     assert backend.writer._db is not None
     backend.writer._db.delete(message_key(queue_prefix(store.qid), ids[0]))
     peeked = store.peek()
-    assert peeked is not None
+    assert isinstance(peeked, tuple)
     assert peeked[0] == ids[1]
     assert [p[0] for p in drain(backend, store)] == ids[1:]
     assert (store.ready_count, store.ready_bytes) == (0, 0)
@@ -642,7 +642,7 @@ def test_crash_in_process_keeps_flushed_and_flags_a_bounded_window(tmp_path: Pat
     flush(backend)  # with open_queue's reservation: ids 1..4
     for n in range(3):
         popped = store.pop()
-        assert popped is not None
+        assert isinstance(popped, tuple)
         assert popped[0] == ids[n]
     store.ack(ids[0])  # not flushed: comes back, flagged
     store.push(message(20), persistent=True)  # not flushed: lost

@@ -31,6 +31,7 @@ from tqbroker.backends.log.stream import LogStream
 from tqbroker.backends.streams import CompactionPolicy, CorruptLogError
 from tqbroker.broker.streams.compaction import compaction_policy
 from tqbroker.model import Message
+from tqbroker.protocol.codec import FieldTable, FieldValue
 from tqbroker.protocol.methods import BasicProperties
 
 T0 = 1_700_000_000_000
@@ -42,7 +43,7 @@ Entry = tuple[str | None, bytes, int]
 
 
 def message(key: str | None, body: bytes, timestamp_ms: int) -> Message:
-    headers = {"key": key} if key is not None else None
+    headers: FieldTable | None = {"key": key} if key is not None else None
     raw = BasicProperties(headers=headers).encode()
     return Message("ex", "rk", raw, body, timestamp_ms=timestamp_ms)
 
@@ -320,7 +321,7 @@ def test_tombstones_stay_until_their_grace_is_over(tmp_path: Path) -> None:
 def test_keys_by_routing_key_or_header(tmp_path: Path) -> None:
     stream = open_stream(tmp_path)
 
-    def add(routing_key: str, header: object) -> int:
+    def add(routing_key: str, header: FieldValue) -> int:
         raw = BasicProperties(headers={"id": header} if header is not None else None).encode()
         return append(stream, Message("ex", routing_key, raw, b"body", timestamp_ms=T0))
 

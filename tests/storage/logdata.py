@@ -10,6 +10,7 @@ from pathlib import Path
 from tqbroker.backends.log.format import Record, decode_record
 from tqbroker.backends.log.log import Log
 from tqbroker.model import Message
+from tqbroker.protocol.codec import FieldTable
 from tqbroker.protocol.methods import BasicProperties
 
 # Small enough that a few hundred records make several segments and many index entries.
@@ -29,13 +30,17 @@ def _text(rng: random.Random, max_chars: int) -> str:
     return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, max_chars)))
 
 
+def _headers(rng: random.Random) -> FieldTable:
+    return {"k": _text(rng, 10), "n": rng.randint(-5, 5)}
+
+
 def random_message(rng: random.Random, max_body: int = 400, min_body: int = 0) -> Message:
     properties = BasicProperties(
         content_type=rng.choice([None, "application/json", "text/plain"]),
         delivery_mode=rng.choice([None, 1, 2]),
         priority=rng.choice([None, rng.randint(0, 9)]),
         correlation_id=rng.choice([None, _text(rng, 20)]),
-        headers=rng.choice([None, {"k": _text(rng, 10), "n": rng.randint(-5, 5)}]),
+        headers=rng.choice([None, _headers(rng)]),
         timestamp=rng.choice([None, rng.randint(0, 2**40)]),
     )
     # Keep the shortstrs within 255 bytes: at most 60 characters of up to 4 UTF-8 bytes.

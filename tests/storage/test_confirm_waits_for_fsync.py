@@ -15,6 +15,7 @@ import httpx
 import pamqp.commands
 import pika
 import pytest
+from pamqp.common import Arguments
 
 from tqbroker.backends.log import segment as segment_module
 from tqbroker.config import BrokerConfig
@@ -60,7 +61,7 @@ class HeldSync:
     ids=["classic", "stream"],
 )
 def test_no_confirm_while_the_fsync_covering_the_publish_is_in_flight(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arguments: dict[str, str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arguments: Arguments
 ) -> None:
     held = HeldSync(monkeypatch)
 

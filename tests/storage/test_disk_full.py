@@ -409,7 +409,7 @@ def test_failed_checkpoint_write_is_retried_once_space_is_back(tmpfs: Path) -> N
     assert work is not None
     work()
     popped = store.pop()
-    assert popped is not None
+    assert isinstance(popped, tuple)
     assert popped[1].body == b"first"
     store.ack(popped[0])  # only the checkpoint is left to write
     filler = fill_completely(tmpfs)

@@ -96,7 +96,7 @@ def test_rocksdb_opens_read_only_on_a_full_disk_and_starts_its_run_once_space_is
         (b"second", True),
     ]
     assert store.pop() is FLUSH_FIRST
-    store.ack(popped[0][0])  # type: ignore[index]
+    store.ack(popped[0][0])
     store.push(message(b"third"), persistent=True)
     work = backend.begin_flush()
     assert work is not None

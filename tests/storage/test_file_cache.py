@@ -25,7 +25,13 @@ import hypothesis.strategies as st
 import pika
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from tqbroker.backends.log.log import Log
 from tqbroker.model import Message
@@ -144,9 +150,9 @@ class CacheMachine(RuleBasedStateMachine):
 
 def test_the_cache_agrees_with_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TQBROKER_CACHE_MACHINE_DIR", str(tmp_path))
-    test = CacheMachine.TestCase()
-    test.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
-    test.runTest()
+    run_state_machine_as_test(
+        CacheMachine, settings=settings(max_examples=60, stateful_step_count=40, deadline=None)
+    )
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from tests.support.rawamqp import RawAMQP, body_frame, content_header
 from tqbroker.backends.log import segment as segment_module
 from tqbroker.backends.log import store as store_module
 from tqbroker.config import BrokerConfig
+from tqbroker.protocol.codec import FieldTable
 from tqbroker.protocol.frames import encode_method
 from tqbroker.protocol.methods import (
     BasicAck,
@@ -166,7 +167,7 @@ def _stream_burst(host: str, port: int, count: int) -> tuple[list[BasicAck | Bas
         return replies, False
 
 
-STREAM = {"x-queue-type": "stream"}
+STREAM: FieldTable = {"x-queue-type": "stream"}
 
 
 def test_a_stream_batch_is_confirmed_and_nacked_whole(

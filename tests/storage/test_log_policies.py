@@ -154,13 +154,13 @@ def test_deleting_a_queue_while_its_flush_is_in_flight(
     reopened = backend.open_queue("/", "b")
     assert reopened.ready_count == 1
     popped = reopened.pop()
-    assert popped is not None
+    assert isinstance(popped, tuple)
     assert popped[1].body == b"new"
     backend.close()
 
 
 def _drain(store: LogQueueStore, backend: LogBackend) -> list[tuple[int, bytes, bool]]:
-    out = []
+    out: list[tuple[int, bytes, bool]] = []
     while True:
         entry = store.pop()
         if entry is FLUSH_FIRST:
