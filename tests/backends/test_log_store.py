@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.storage import flush
 from tqbroker.backends import FLUSH_FIRST, FlushFirst
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.cache import RecordCache
@@ -25,12 +26,6 @@ T0 = 1_700_000_000_000
 def message(n: int, *, size: int = 10, timestamp_ms: int = T0) -> Message:
     body = (b"%d:" % n).ljust(size, b".")
     return Message("ex", f"rk.{n}", b"\x00\x00", body, timestamp_ms=timestamp_ms)
-
-
-def flush(backend: LogBackend) -> None:
-    work = backend.begin_flush()
-    if work is not None:
-        work()
 
 
 def opened(

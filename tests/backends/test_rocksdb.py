@@ -38,6 +38,7 @@ from tqbroker_rocksdb.codec import (
     transient_prefix,
 )
 
+from tests.support.storage import flush
 from tqbroker.backends import FLUSH_FIRST, Backend, Message, Popped
 from tqbroker.plugins.loader import load_backends
 from tqbroker.protocol.methods import BasicProperties
@@ -74,14 +75,6 @@ def same(a: Message, b: Message) -> bool:
         bytes(b.properties_raw),
         bytes(b.body),
     )
-
-
-def flush(backend: RocksDBBackend) -> bool:
-    work = backend.begin_flush()
-    if work is None:
-        return False
-    work()
-    return True
 
 
 def pop(backend: RocksDBBackend, store: RocksDBQueueStore) -> Popped | None:

@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.support.storage import flush
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.streams import ProducerState
 from tqbroker.broker.flusher import Flusher
@@ -38,12 +39,6 @@ async def backend(tmp_path: Path) -> AsyncIterator[LogBackend]:
     backend.open(tmp_path)
     yield backend
     backend.close()
-
-
-def flush(backend: LogBackend) -> None:
-    work = backend.begin_flush()
-    if work is not None:
-        work()
 
 
 async def test_reads_stop_at_the_high_watermark(backend: LogBackend) -> None:

@@ -10,14 +10,12 @@ from typing import Any
 import pytest
 import trio
 
-from tqbroker.backends.memory import MemoryBackend
-from tqbroker.broker.exchange import Exchange
+from tests.support.vhosts import declare_exchange, declare_queue, memory_vhost
 from tqbroker.broker.queue import Queue
 from tqbroker.broker.stats import MessageStats
 from tqbroker.broker.vhost import VirtualHost
 from tqbroker.model import Message
-from tqbroker.plugins.loader import load_exchange_types
-from tqbroker.plugins.spec import ExchangeType, Router
+from tqbroker.plugins.spec import Router
 from tqbroker.protocol.codec import FieldTable
 from tqbroker.protocol.methods import BasicProperties
 
@@ -59,41 +57,9 @@ class HoldingType:
 
 @pytest.fixture
 async def vhost() -> AsyncIterator[VirtualHost]:
-    types: dict[str, ExchangeType] = {**load_exchange_types(), "x-holds": HoldingType()}
     async with trio.open_nursery() as nursery:
-        yield VirtualHost(
-            "/",
-            exchange_types=types,
-            backends={"memory": MemoryBackend()},
-            flushers={},
-            durable_backend="memory",
-            spawn=lambda fn, on_failure=None: nursery.start_soon(fn),
-        )
+        yield memory_vhost(nursery, {"x-holds": HoldingType()})
         nursery.cancel_scope.cancel()
-
-
-def declare_queue(vhost: VirtualHost, name: str) -> Queue:
-    return vhost.declare_queue(
-        name,
-        passive=False,
-        durable=False,
-        exclusive=False,
-        auto_delete=False,
-        arguments={},
-        owner=None,
-    )
-
-
-def declare_exchange(vhost: VirtualHost, name: str, kind: str, **arguments: Any) -> Exchange:
-    return vhost.declare_exchange(
-        name,
-        kind,
-        passive=False,
-        durable=False,
-        auto_delete=False,
-        internal=False,
-        arguments=arguments,
-    )
 
 
 def message(exchange: str, key: str, **properties: Any) -> Message:

@@ -15,8 +15,8 @@ import trio.lowlevel
 import trio.testing
 
 from tests.support.channel_double import RecordingChannel
+from tests.support.vhosts import declare_queue, memory_vhost
 from tqbroker import clock
-from tqbroker.backends.memory import MemoryBackend
 from tqbroker.broker.classic import ClassicQueue
 from tqbroker.broker.classic_dispatch import EXPIRE_BATCH
 from tqbroker.broker.consumer import Consumer
@@ -24,7 +24,6 @@ from tqbroker.broker.deadletter import parse_expiration
 from tqbroker.broker.queue import Queue, QueueFull
 from tqbroker.broker.vhost import VirtualHost
 from tqbroker.model import Message
-from tqbroker.plugins.loader import load_exchange_types
 from tqbroker.protocol.methods import BasicProperties
 
 
@@ -33,27 +32,8 @@ async def vhost() -> AsyncIterator[VirtualHost]:
     """A vhost on the memory backend. Tests take ``autojump_clock`` themselves (pytest-trio
     hands the run a clock only from a test's own arguments)."""
     async with trio.open_nursery() as nursery:
-        yield VirtualHost(
-            "/",
-            exchange_types=load_exchange_types(),
-            backends={"memory": MemoryBackend()},
-            flushers={},
-            durable_backend="memory",
-            spawn=lambda fn, on_failure=None: nursery.start_soon(fn),
-        )
+        yield memory_vhost(nursery)
         nursery.cancel_scope.cancel()
-
-
-def declare(vhost: VirtualHost, name: str, **arguments: Any) -> Queue:
-    return vhost.declare_queue(
-        name,
-        passive=False,
-        durable=False,
-        exclusive=False,
-        auto_delete=False,
-        arguments=arguments,
-        owner=None,
-    )
 
 
 def publish(vhost: VirtualHost, queue: Queue | str, body: bytes, **properties: Any) -> None:
@@ -98,7 +78,7 @@ def consume(queue: Queue) -> tuple[Consumer, RecordingChannel]:
 def declare_retry_topology(vhost: VirtualHost) -> Queue:
     """RabbitMQ's retry pattern: ``work`` dead-letters rejected messages to ``retry``, whose
     1 s TTL dead-letters them back to ``work``. Returns ``work``."""
-    declare(
+    declare_queue(
         vhost,
         "retry",
         **{
@@ -107,16 +87,16 @@ def declare_retry_topology(vhost: VirtualHost) -> Queue:
             "x-dead-letter-routing-key": "work",
         },
     )
-    return declare(
+    return declare_queue(
         vhost, "work", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "retry"}
     )
 
 
 def declare_with_dlq(vhost: VirtualHost, **arguments: Any) -> tuple[Queue, Queue]:
     """Queue ``q`` with ``arguments``, dead-lettering to queue ``dlq`` (default exchange)."""
-    dlq = declare(vhost, "dlq")
+    dlq = declare_queue(vhost, "dlq")
     dead_letter = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
-    return declare(vhost, "q", **arguments, **dead_letter), dlq
+    return declare_queue(vhost, "q", **arguments, **dead_letter), dlq
 
 
 # -- message TTL -------------------------------------------------------------------------------
@@ -126,8 +106,8 @@ async def test_queue_ttl_expires_messages_at_the_head_into_the_dead_letter_queue
     autojump_clock: trio.abc.Clock,
     vhost: VirtualHost,
 ) -> None:
-    dlq = declare(vhost, "dlq")
-    work = declare(vhost, "work", **{"x-message-ttl": 60_000, "x-dead-letter-exchange": ""})
+    dlq = declare_queue(vhost, "dlq")
+    work = declare_queue(vhost, "work", **{"x-message-ttl": 60_000, "x-dead-letter-exchange": ""})
     publish(vhost, work, b"late", headers={"CC": ["dlq"]})
     await trio.sleep(59)
     assert work.message_count == 1
@@ -150,7 +130,7 @@ async def test_queue_ttl_expires_messages_at_the_head_into_the_dead_letter_queue
 async def test_the_lower_of_queue_and_message_ttl_wins(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    queue = declare(vhost, "q", **{"x-message-ttl": 10_000})
+    queue = declare_queue(vhost, "q", **{"x-message-ttl": 10_000})
     publish(vhost, queue, b"short", expiration="1000")
     publish(vhost, queue, b"long", expiration="50000")
     await trio.sleep(2)
@@ -164,8 +144,8 @@ async def test_per_message_ttl_expires_at_the_head_and_when_reached(
 ) -> None:
     """RabbitMQ classic queues expire only at the head: a short-lived message behind a long-lived
     one stays counted until it reaches the head, and is never delivered."""
-    dlq = declare(vhost, "dlq")
-    queue = declare(
+    dlq = declare_queue(vhost, "dlq")
+    queue = declare_queue(
         vhost, "q", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
     )
     publish(vhost, queue, b"patient", expiration="100000")
@@ -184,7 +164,7 @@ async def test_per_message_ttl_expires_at_the_head_and_when_reached(
 async def test_expired_messages_are_never_delivered_to_consumers(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    queue = declare(vhost, "q", **{"x-message-ttl": 1000})
+    queue = declare_queue(vhost, "q", **{"x-message-ttl": 1000})
     publish(vhost, queue, b"stale")
     await trio.sleep(0.5)
     publish(vhost, queue, b"fresh")
@@ -197,7 +177,7 @@ async def test_expired_messages_are_never_delivered_to_consumers(
 async def test_ttl_zero_delivers_only_to_a_waiting_consumer(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    queue = declare(vhost, "q", **{"x-message-ttl": 0})
+    queue = declare_queue(vhost, "q", **{"x-message-ttl": 0})
     publish(vhost, queue, b"nobody there")
     assert queue.message_count == 0
     _consumer, recorder = consume(queue)
@@ -208,7 +188,7 @@ async def test_ttl_zero_delivers_only_to_a_waiting_consumer(
 async def test_requeued_messages_keep_their_expiry(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    queue = declare(vhost, "q", **{"x-message-ttl": 10_000})
+    queue = declare_queue(vhost, "q", **{"x-message-ttl": 10_000})
     publish(vhost, queue, b"m")
     await trio.sleep(6)
     entry = queue.get()
@@ -225,7 +205,7 @@ async def test_automatic_dead_letter_cycle_is_dropped(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
     """A queue dead-lettering expired messages to itself: RabbitMQ drops them."""
-    queue = declare(vhost, "loop", **{"x-message-ttl": 1000, "x-dead-letter-exchange": ""})
+    queue = declare_queue(vhost, "loop", **{"x-message-ttl": 1000, "x-dead-letter-exchange": ""})
     publish(vhost, queue, b"m")
     await trio.sleep(5)
     assert queue.message_count == 0
@@ -268,7 +248,7 @@ async def test_drop_head_dead_letters_with_reason_maxlen(
 async def test_max_length_bytes_counts_ready_body_bytes(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    queue = declare(vhost, "q", **{"x-max-length-bytes": 10})
+    queue = declare_queue(vhost, "q", **{"x-max-length-bytes": 10})
     publish(vhost, queue, b"aaaa")
     publish(vhost, queue, b"bbbb")
     publish(vhost, queue, b"cccc")  # 12 bytes: the head goes
@@ -307,7 +287,7 @@ async def test_reject_publish_does_not_dead_letter(
 async def test_priority_queue_serves_highest_first_capped_at_max(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    queue = declare(vhost, "q", **{"x-max-priority": 5})
+    queue = declare_queue(vhost, "q", **{"x-max-priority": 5})
     publish(vhost, queue, b"none")
     publish(vhost, queue, b"p1", priority=1)
     publish(vhost, queue, b"p9", priority=9)  # above the maximum: treated as 5
@@ -320,7 +300,7 @@ async def test_priority_queue_serves_highest_first_capped_at_max(
 async def test_priority_queue_requeue_goes_back_to_its_level(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    queue = declare(vhost, "q", **{"x-max-priority": 2})
+    queue = declare_queue(vhost, "q", **{"x-max-priority": 2})
     publish(vhost, queue, b"low")
     publish(vhost, queue, b"high", priority=2)
     entry = queue.get()
@@ -355,7 +335,7 @@ async def test_delivery_limit_counts_returns_and_dead_letters(
 async def test_delivery_limit_without_dlx_drops_and_counts(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost, caplog: pytest.LogCaptureFixture
 ) -> None:
-    queue = declare(vhost, "q", **{"x-delivery-limit": 0})
+    queue = declare_queue(vhost, "q", **{"x-delivery-limit": 0})
     publish(vhost, queue, b"poison")
     entry = queue.get()
     assert isinstance(entry, tuple)
@@ -369,8 +349,8 @@ async def test_delivery_limit_without_dlx_drops_and_counts(
 async def test_rejected_without_requeue_is_dead_lettered_once(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    dlq = declare(vhost, "dlq")
-    queue = declare(
+    dlq = declare_queue(vhost, "dlq")
+    queue = declare_queue(
         vhost, "q", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
     )
     consumer, recorder = consume(queue)
@@ -392,7 +372,7 @@ async def test_limit_counts_after_delivery_to_a_waiting_consumer(
 ) -> None:
     """RabbitMQ delivers first and applies the limit to what stays: a burst into a one-message
     queue reaches a consumer with credit in full."""
-    queue = declare(vhost, "q", **{"x-max-length": 1, "x-overflow": "reject-publish"})
+    queue = declare_queue(vhost, "q", **{"x-max-length": 1, "x-overflow": "reject-publish"})
     _consumer, recorder = consume(queue)
     for n in range(50):
         publish(vhost, queue, b"%d" % n)  # would raise QueueFull if counted before delivery
@@ -416,8 +396,8 @@ async def test_requeue_over_the_limit_drops_the_head(
 async def test_no_dead_lettering_after_the_queue_is_deleted(
     autojump_clock: trio.abc.Clock, vhost: VirtualHost
 ) -> None:
-    dlq = declare(vhost, "dlq")
-    queue = declare(
+    dlq = declare_queue(vhost, "dlq")
+    queue = declare_queue(
         vhost, "q", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
     )
     publish(vhost, queue, b"m")

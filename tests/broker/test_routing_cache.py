@@ -18,10 +18,14 @@ import trio
 from pika.adapters.blocking_connection import BlockingChannel
 
 from tests.support.polling import eventually
-from tqbroker.backends.memory import MemoryBackend
+from tests.support.vhosts import (
+    declare_exchange,
+    declare_owned_queue,
+    declare_queue,
+    memory_vhost,
+)
 from tqbroker.broker.definitions import restore
 from tqbroker.broker.exchange import Exchange
-from tqbroker.broker.queue import Queue
 from tqbroker.broker.routing import ROUTE_MEMO_SIZE
 from tqbroker.broker.vhost import VirtualHost
 from tqbroker.plugins.loader import load_exchange_types
@@ -251,46 +255,12 @@ class BadlyOptedExchange(RoundRobinExchange):
 @pytest.fixture
 async def vhost() -> AsyncIterator[VirtualHost]:
     types: dict[str, ExchangeType] = {
-        **load_exchange_types(),
         "x-round-robin": RoundRobinExchange(),
         "x-badly-opted": BadlyOptedExchange(),
     }
     async with trio.open_nursery() as nursery:
-        yield VirtualHost(
-            "/",
-            exchange_types=types,
-            backends={"memory": MemoryBackend()},
-            flushers={},
-            durable_backend="memory",
-            spawn=lambda fn, on_failure=None: nursery.start_soon(fn),
-        )
+        yield memory_vhost(nursery, types)
         nursery.cancel_scope.cancel()
-
-
-def declare_queue(
-    vhost: VirtualHost, name: str, *, exclusive: bool = False, owner: object = None
-) -> Queue:
-    return vhost.declare_queue(
-        name,
-        passive=False,
-        durable=False,
-        exclusive=exclusive,
-        auto_delete=False,
-        arguments={},
-        owner=owner,
-    )
-
-
-def declare_exchange(vhost: VirtualHost, name: str, kind: str, **arguments: Any) -> Exchange:
-    return vhost.declare_exchange(
-        name,
-        kind,
-        passive=False,
-        durable=False,
-        auto_delete=False,
-        internal=False,
-        arguments=arguments,
-    )
 
 
 def memo(vhost: VirtualHost) -> dict[tuple[Exchange, str], tuple[Any, ...]]:
@@ -339,7 +309,7 @@ async def test_routing_changes_forget_the_memo(vhost: VirtualHost, change: str) 
     declare_queue(vhost, "q")
     declare_exchange(vhost, "x0", "fanout")
     vhost.bind_exchange("x0", "amq.topic", "t", {})
-    declare_queue(vhost, "mine", exclusive=True, owner=OWNER)
+    declare_owned_queue(vhost, "mine", OWNER)
     vhost.bind_queue("mine", "amq.fanout", "", {}, OWNER)
     vhost.bind_queue("q", "amq.direct", "k", {}, None)
     route(vhost, "amq.direct", "k")

@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from tests.support.channel_double import RecordingChannel
+from tests.support.storage import flush
 from tqbroker import clock
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.stream import LogStream
@@ -114,13 +115,6 @@ def append_keyed(queue: StreamQueue, keys_and_bodies: list[tuple[str, bytes]]) -
     raw = BasicProperties().encode()
     for key, body in keys_and_bodies:
         queue.publish(Message("", key, raw, body, None, clock.now_ms()))
-
-
-def flush(backend: LogBackend) -> None:
-    """What the broker's flusher does: write out and fsync what was appended."""
-    work = backend.begin_flush()
-    if work is not None:
-        work()
 
 
 async def compaction_pass(queue: StreamQueue) -> None:

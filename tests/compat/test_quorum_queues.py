@@ -17,10 +17,8 @@ import pytest
 import trio
 from pika.adapters.blocking_connection import BlockingChannel
 
-from tqbroker.backends.memory import MemoryBackend
-from tqbroker.broker.vhost import VirtualHost
+from tests.support.vhosts import memory_vhost
 from tqbroker.config import BrokerConfig
-from tqbroker.plugins.loader import load_exchange_types
 from tqbroker.testing import RunningBroker, running_broker
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -110,14 +108,7 @@ def test_a_quorum_queue_stays_one_across_a_restart(tmp_path: Path) -> None:
 async def test_the_queue_reports_its_type() -> None:
     """``Queue.queue_type`` (the management API's ``type``): classic, quorum or stream."""
     async with trio.open_nursery() as nursery:
-        vhost = VirtualHost(
-            "/",
-            exchange_types=load_exchange_types(),
-            backends={"memory": MemoryBackend()},
-            flushers={},
-            durable_backend="memory",
-            spawn=lambda fn, on_failure=None: nursery.start_soon(fn),
-        )
+        vhost = memory_vhost(nursery)
         for name, arguments in (("c", {}), ("q", QUORUM)):
             queue = vhost.declare_queue(
                 name,

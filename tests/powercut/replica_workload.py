@@ -15,12 +15,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from tests.support.storage import flush
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.stream import LogStream
 from tqbroker.storage_env import FileSystem, StorageEnv
 
 from .recorder import Recorder
-from .workloads import body, flush, ident, message, union
+from .workloads import body, ident, message, union
 
 
 def _replicate(follower: LogStream, leader: LogStream, epoch: int) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.support.storage import flush
 from tqbroker.backends.log import LogBackend
 from tqbroker.storage_env import StorageEnv
 
 from .recorder import Recorder
-from .workloads import flush, message
+from .workloads import message
 
 
 def recorded(data_dir: Path) -> Recorder:

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from tests.support.storage import flush
 from tqbroker.backends.base import FLUSH_FIRST
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.store import LogQueueStore
@@ -49,12 +50,6 @@ def ident(data: bytes) -> tuple[str, int] | None:
 
 def message(tag: str, n: int, key: str = "q") -> Message:
     return Message("", key, PERSISTENT, body(tag, n), timestamp_ms=T0 + n)
-
-
-def flush(backend: LogBackend) -> None:
-    work = backend.begin_flush()
-    if work is not None:
-        work()
 
 
 def pop(store: LogQueueStore, backend: LogBackend) -> tuple[int, Message, bool] | None:

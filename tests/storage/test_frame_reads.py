@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.storage import flush
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.format import decode_frame
 from tqbroker.backends.log.stream import LogStream
@@ -35,12 +36,6 @@ def _open(
     stream = backend.open_stream("/", "s")
     assert isinstance(stream, LogStream)
     return backend, stream
-
-
-def _flush(backend: LogBackend) -> None:
-    work = backend.begin_flush()
-    if work is not None:
-        work()
 
 
 def _expected(stream: LogStream, start: int, end: int) -> list[Row]:
@@ -98,8 +93,8 @@ def test_frames_hold_what_a_record_read_gives(
         stream.append_many([Message("ex", key, b"", body) for key, body in run])
         stream.seal()
         if data.draw(st.booleans()):
-            _flush(backend)
-    _flush(backend)
+            flush(backend)
+    flush(backend)
     total = stream.durable_end
     start = data.draw(st.integers(0, total + 2))
     end = data.draw(st.integers(start, total + 3))
@@ -116,7 +111,7 @@ def test_a_format_1_log_and_the_batches_after_it_are_read_in_frames(tmp_path: Pa
     stream = backend.open_stream("/", "orders")
     assert isinstance(stream, LogStream)
     stream.append_many([Message("ex", "new", b"", b"new-%03d" % n) for n in range(40, 90)])
-    _flush(backend)
+    flush(backend)
     for start in (0, 7, 39, 40, 41, 89):
         for max_bytes in (1, 500, 1 << 20):
             expected = _expected(stream, start, 90)
@@ -130,12 +125,12 @@ def test_compaction_gaps_are_stepped_over(tmp_path: Path) -> None:
         stream.append(Message("", f"k{n % 5}", b"", b"v%03d" % n))
         if n % 10 == 9:
             stream.seal()
-    _flush(backend)
+    flush(backend)
     policy = CompactionPolicy(key=lambda message: message.routing_key.encode())
     work = stream.compaction_work(policy, now_ms=0)
     assert work is not None
     assert stream.finish_compaction(work()) > 0
-    _flush(backend)
+    flush(backend)
     kept = [offset for offset, _key, _body in _expected(stream, 0, 200)]
     assert len(kept) < 150  # gaps
     for start in (0, 3, 77, 150, 190):
@@ -156,7 +151,7 @@ def test_a_damaged_frame_fails_the_stream_with_one_clear_log_line(
         stream.append(Message("", f"k{n % 7}", b"", b"body-%04d" % n + b"." * 40))
         if n % 10 == 9:
             stream.seal()  # batches of 10
-    _flush(backend)
+    flush(backend)
     victim = next(
         p for p in sorted(stream.directory.glob("*.log")) if b"body-0150" in p.read_bytes()
     )
@@ -220,7 +215,7 @@ def _batches_of(root: Path, size: int, count: int) -> None:
             [Message("", "k", b"", b"b%04d" % n) for n in range(first, first + size)]
         )
         stream.seal()
-    _flush(backend)
+    flush(backend)
     backend.close()  # a clean stop: the next open trusts the files
 
 

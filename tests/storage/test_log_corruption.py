@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.storage import flush
 from tqbroker.backends import FLUSH_FIRST
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.log import Log
@@ -156,12 +157,6 @@ def new_backend(data_dir: Path) -> LogBackend:
     backend = LogBackend(segment_bytes=SEGMENT_BYTES, index_interval_bytes=INDEX_INTERVAL)
     backend.open(data_dir)
     return backend
-
-
-def flush(backend: LogBackend) -> None:
-    work = backend.begin_flush()
-    if work is not None:
-        work()
 
 
 def drain(backend: LogBackend, store: LogQueueStore, *, requeue_every: int = 0) -> list[bytes]:

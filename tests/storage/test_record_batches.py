@@ -14,6 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.support.storage import flush
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.format import (
     FLAG_BATCH,
@@ -150,12 +151,6 @@ def _open(root: Path) -> tuple[LogBackend, LogStream]:
     return backend, stream
 
 
-def _flush(backend: LogBackend) -> None:
-    work = backend.begin_flush()
-    if work is not None:
-        work()
-
-
 def _check_format1_records(stream: LogStream) -> None:
     """The 40 records the fixture was written with (see the module doc)."""
     records = stream.read_many(0, stream.durable_end, 1000)
@@ -211,8 +206,8 @@ def test_a_format_1_stream_takes_batches_after_its_records(tmp_path: Path, crash
     for n in range(40, 140):
         stream.append(Message("ex", "new", properties, b"new-%03d" % n, timestamp_ms=T0 + 1000 + n))
         if n % 25 == 24:
-            _flush(backend)  # batches 40-49, 50-74, 75-99, 100-124, then 125-139
-    _flush(backend)
+            flush(backend)  # batches 40-49, 50-74, 75-99, 100-124, then 125-139
+    flush(backend)
     if crash:
         backend = LogBackend(segment_bytes=1 << 20, index_interval_bytes=256)  # no close: a kill
     else:
@@ -243,7 +238,7 @@ def test_a_torn_batch_is_lost_whole_at_recovery(tmp_path: Path) -> None:
     assert isinstance(stream, LogStream)
     for n in range(30):
         stream.append(Message("", "k", b"\x00\x00", b"first-%d" % n, timestamp_ms=T0))
-    _flush(backend)
+    flush(backend)
     for n in range(30):
         stream.append(Message("", "k", b"\x00\x00", b"second-%d" % n, timestamp_ms=T0))
     stream.seal()
@@ -260,7 +255,7 @@ def test_a_torn_batch_is_lost_whole_at_recovery(tmp_path: Path) -> None:
         b"first-%d" % n for n in range(30)
     ]
     stream.append(Message("", "k", b"\x00\x00", b"after", timestamp_ms=T0))
-    _flush(backend)
+    flush(backend)
     assert stream.read(30).message.body == b"after"  # type: ignore[union-attr]
     backend.close()
 
@@ -277,7 +272,7 @@ def test_a_batch_the_log_cannot_take_stays_open_and_keeps_its_offsets(
     assert isinstance(stream, LogStream)
     for n in range(30):  # the first segment: ~1.6 KiB
         stream.append(Message("", "k", b"\x00\x00", b"a%02d" % n + b"." * 50, timestamp_ms=T0))
-    _flush(backend)
+    flush(backend)
     real_roll = Log._roll
 
     def no_descriptors(self: Log, base_offset: int) -> None:
@@ -296,7 +291,7 @@ def test_a_batch_the_log_cannot_take_stays_open_and_keeps_its_offsets(
     assert offsets == list(range(30, 30 + len(offsets)))
     assert stream.next_offset == 30 + len(offsets)  # the refused publish took no offset
     monkeypatch.setattr(Log, "_roll", real_roll)
-    _flush(backend)
+    flush(backend)
     assert stream.durable_end == 30 + len(offsets)
     bodies = [r.message.body[:4] for r in stream.read_many(30, stream.durable_end, 1000)]
     assert bodies == [b"b%03d" % n for n in range(len(offsets))]
@@ -316,7 +311,7 @@ def test_a_run_the_log_cannot_take_whole_is_taken_up_to_the_refusal(
     assert stream.append_many([]) == (0, None)
     small = [Message("", "k", b"\x00\x00", b"a%02d" % n, timestamp_ms=T0) for n in range(3)]
     assert stream.append_many(small) == (3, None)  # fits: added at once
-    _flush(backend)
+    flush(backend)
 
     def no_descriptors(self: Log, base_offset: int) -> None:
         raise OSError(errno.EMFILE, "Too many open files")
@@ -332,7 +327,7 @@ def test_a_run_the_log_cannot_take_whole_is_taken_up_to_the_refusal(
     assert 0 < taken < len(run)
     assert stream.next_offset == 3 + taken  # the refused record took no offset
     monkeypatch.setattr(Log, "_roll", real_roll)
-    _flush(backend)
+    flush(backend)
     assert stream.durable_end == 3 + taken
     bodies = [r.message.body[:4] for r in stream.read_many(0, stream.durable_end, 1000)]
     assert bodies == [b"a%02d" % n for n in range(3)] + [b"b%03d" % n for n in range(taken)]
@@ -389,7 +384,7 @@ def test_a_record_that_would_take_a_batch_past_its_size_goes_in_a_frame_of_its_o
     small = [Message("", "k", b"", b"s" * 100_000) for _ in range(9)]  # ~900 kB
     big = Message("", "k", b"", b"B" * 1_200_000)
     assert stream.append_many([*small, big, *small]) == (19, None)
-    _flush(backend)
+    flush(backend)
     (directory,) = tmp_path.glob("log/*")
     assert _frames(directory) == [(0, True), (9, False), (10, True)]  # the big one alone
     assert [r.message.body[:1] for r in stream.read_many(0, 19, 100)] == [b"s"] * 9 + [b"B"] + [

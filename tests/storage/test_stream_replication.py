@@ -10,6 +10,7 @@ from pathlib import Path
 import cbor2
 import pytest
 
+from tests.support.storage import flush
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.epochs import EPOCH_FILE
 from tqbroker.backends.log.replication import TRUNCATE_FILE, write_intent
@@ -27,17 +28,11 @@ def _open(root: Path, segment_bytes: int = 1 << 20) -> tuple[LogBackend, LogStre
     return backend, stream
 
 
-def _flush(backend: LogBackend) -> None:
-    work = backend.begin_flush()
-    if work is not None:
-        work()
-
-
 def _fill(backend: LogBackend, stream: LogStream, count: int, tag: bytes = b"r") -> None:
     for n in range(count):
         stream.append(Message("", "k", b"", tag + b"%d" % n, timestamp_ms=1_000 + n))
         stream.seal()  # a frame per record
-    _flush(backend)
+    flush(backend)
 
 
 def test_an_epoch_is_on_disk_before_its_first_frame_is_appended(tmp_path: Path) -> None:
@@ -60,7 +55,7 @@ def test_a_start_finishes_a_truncation_a_crash_interrupted(tmp_path: Path) -> No
     stream.begin_epoch(2)
     _fill(backend, stream, 5, b"s")
     stream.store_offset("c", 22)
-    _flush(backend)
+    flush(backend)
     write_intent(stream.env, stream.directory, 12)  # as if a power cut came right after the intent
     backend.close()
     backend, stream = _open(tmp_path, segment_bytes=300)
@@ -102,7 +97,7 @@ def test_no_flush_begins_while_a_truncation_runs(tmp_path: Path) -> None:
     with stream._flush_gate:  # held by truncate_to while it runs (a worker thread)
         assert stream.begin_flush() is None
         assert stream.needs_flush
-    _flush(backend)
+    flush(backend)
     assert stream.durable_end == 1
     backend.close()
 
@@ -115,7 +110,7 @@ def test_producer_states_stored_before_epochs_read_as_epoch_0(tmp_path: Path) ->
     backend, stream = _open(tmp_path)
     assert stream.producers == {"p": ProducerState(0, 42)}
     stream.record_producer("p", 2, 50)
-    _flush(backend)
+    flush(backend)
     stored = cbor2.loads((directory / STATE_FILE).read_bytes())
     assert stored["producers"] == {"p": [2, 50]}
     backend.close()
@@ -151,7 +146,7 @@ def test_a_search_by_time_over_a_damaged_frame_fails_the_stream(tmp_path: Path) 
     for n in range(20):
         stream.append(Message("", "k", b"", b"body-%02d" % n, timestamp_ms=1_000 + n))
         stream.seal()
-    _flush(backend)
+    flush(backend)
     (path,) = sorted(stream.directory.glob("*.log"))
     raw = bytearray(path.read_bytes())
     raw[raw.index(b"body-05") + 3] ^= 1
