@@ -58,10 +58,17 @@ SETTLEMENT = (
     "tests/interop/test_aio_pika.py",
     "tests/interop/test_queue_features.py",
 )
+_DEAD_LETTER_FIELDS = "tests/interop/test_dead_letter_fields.py::"  # not its oracle tests
+X_DEATH_FIELDS = (
+    _DEAD_LETTER_FIELDS + "test_x_death_names_the_exchange_the_message_was_published_to"
+)
+DROP_HEAD = _DEAD_LETTER_FIELDS + "test_drop_head_drops_every_head_a_publish_needs"
 DEAD_LETTERS = (
     "tests/broker/test_settlement_guards.py",
     "tests/broker/test_queue_semantics.py",
     "tests/interop/test_queue_features.py",
+    X_DEATH_FIELDS,
+    DROP_HEAD,
 )
 HTTP_AUTH = (
     "tests/http/test_http_guards.py",
@@ -127,6 +134,22 @@ def mutants() -> list[Mutant]:
             'headers.setdefault(f"x-first-death-{key}", value)',
             'headers[f"x-first-death-{key}"] = value',
             DEAD_LETTERS,
+        ),
+        Mutant(
+            "deadletter-x-death-names-the-dead-letter-exchange",
+            "deadletter",
+            "broker/deadletter.py",
+            '"exchange": message.exchange,',
+            '"exchange": exchange,',
+            (X_DEATH_FIELDS, *DEAD_LETTERS),
+        ),
+        Mutant(
+            "drop-head-drops-one-head-per-publish",
+            "deadletter",
+            "broker/classic.py",
+            'self._discard(entry[0], entry[1], "maxlen")',
+            'self._discard(entry[0], entry[1], "maxlen")\n            break',
+            (DROP_HEAD, *DEAD_LETTERS),
         ),
         Mutant(
             "deadletter-cc-kept-with-routing-key",
@@ -392,6 +415,14 @@ def mutants() -> list[Mutant]:
             "if clean or (next_base is not None and next_base < recovery_point):",
             "if True:",
             LOG_STORE,
+        ),
+        Mutant(
+            "retention-deletes-a-segment-exactly-max-age-old",
+            "storage",
+            "backends/log/retention.py",
+            "oldest.max_timestamp < now_ms - max_age_ms",
+            "oldest.max_timestamp <= now_ms - max_age_ms",
+            ("tests/storage/test_log_policies.py", "tests/broker/test_stream_queue.py"),
         ),
         Mutant(
             "stream-durable-end-before-the-fsync",

@@ -60,6 +60,27 @@ def test_age_retention_uses_each_segments_newest_timestamp(tmp_path: Path) -> No
     assert log.segments_past_retention(max_age_ms=30_000, now_ms=now_ms) == []
 
 
+def test_age_retention_keeps_a_segment_exactly_max_age_old(tmp_path: Path) -> None:
+    """A segment goes once its newest record is OLDER than max-age, not when it is exactly
+    max-age old: RabbitMQ streams delete the oldest segment in osiris' ``eval_age`` when
+    ``Ts < Now - Age`` (Ts the last timestamp in its index; rabbitmq/osiris
+    src/osiris_log.erl, 1.10.3), as Kafka does (``startMs - segment.largestTimestamp >
+    retentionMs``, UnifiedLog.deleteRetentionMsBreachedSegments)."""
+    max_age_ms, old_ms = 30_000, 1_000_000
+    log = Log(tmp_path, segment_bytes=8 * 1024, index_interval_bytes=512)
+    log.open()
+    for i in range(40):  # a few segments whose every record is old_ms, then newer ones
+        log.append(MESSAGE, 1, timestamp_ms=old_ms if i < 20 else old_ms + 60_000)
+    log.write_out()
+    old = [s for s in log.segments if s.max_timestamp == old_ms]
+    assert len(old) >= 2  # 20 records of ~1 kB: two whole segments at least
+    assert old == log.segments[: len(old)]
+    assert log.segments_past_retention(max_age_ms=max_age_ms, now_ms=old_ms + max_age_ms) == []
+    removed = log.segments_past_retention(max_age_ms=max_age_ms, now_ms=old_ms + max_age_ms + 1)
+    assert removed == old
+    assert log.segments[0].max_timestamp == old_ms + 60_000
+
+
 @pytest.mark.parametrize(
     ("policy", "seconds"),
     [("batch", 0.0), ("never", None), ("interval:250", 0.25)],
