@@ -1,7 +1,9 @@
 """The curated mutants of ``tools/mutants.py``: one-line (or one-statement) breakages of the
-storage, flusher, settlement, dead-lettering, auth and stream-offset code, each with the tests
-that must catch it. The first of each area are the breakages issue 14 (item 10) found the suite
-blind to. ``survives`` marks a known survivor and says why it is tolerated."""
+storage, flusher, settlement, dead-lettering, auth, stream-offset, routing, cross-site, accept
+loop, data-directory lock and field-table timestamp code, each with the tests that must catch
+it. The first of each area are the breakages issue 14 (item 10) found the suite blind to.
+``survives`` marks a known survivor and says why it is tolerated. ``tests/mutation/
+test_mutant_list.py`` (the default suite) checks each snippet is still found exactly once."""
 
 from __future__ import annotations
 
@@ -75,6 +77,34 @@ HTTP_AUTH = (
     "tests/http/test_topics_api.py",
     "tests/http/test_bulk_records.py",
 )
+LOGINS = (
+    "tests/auth/test_login_flood_one_address.py",
+    "tests/auth/test_auth_model.py",
+    "tests/auth/test_logins.py",
+)
+CROSS_SITE = (
+    "tests/http/test_cross_site.py",
+    "tests/ui/test_cross_site_page.py",
+    "tests/http/test_definitions_api.py",
+)
+DEFINITIONS_ADMIN = (
+    "tests/http/test_definitions_api.py",
+    "tests/http/test_http_authorization.py",
+    "tests/auth/test_runtime_api.py",
+)
+PARTITION = (
+    "tests/broker/test_partition.py",
+    "tests/storage/test_stream_durable_reads.py",
+    *STREAMS,
+)
+ROUTING = (
+    "tests/broker/test_publish.py",
+    "tests/interop/test_routing_extras.py",
+    "tests/interop/test_pika_blocking.py",
+)
+DATA_DIR_LOCK = ("tests/server/test_data_dir_lock.py",)
+TIMESTAMPS = ("tests/protocol/test_timestamps.py", "tests/protocol/test_codec.py")
+ACCEPTING = ("tests/server/test_accept_exhausted.py", "tests/storage/test_out_of_descriptors.py")
 _BAD_INPUT = "tests/interop/test_bad_input.py::"
 AMQP_AUTH = (
     _BAD_INPUT + "test_r04_wrong_credentials_with_capability_get_403",
@@ -508,6 +538,22 @@ def mutants() -> list[Mutant]:
             (*SETTLEMENT, *STREAMS),
         ),
         Mutant(
+            "partition-high-watermark-is-the-log-end",
+            "streams",
+            "broker/streams/partition.py",
+            '(see the module doc)."""\n        return self._log.durable_end',
+            '(see the module doc)."""\n        return self._log.next_offset',
+            PARTITION,
+        ),
+        Mutant(
+            "partition-reads-past-the-high-watermark",
+            "streams",
+            "broker/streams/partition.py",
+            "if record is None or record.offset >= self._log.durable_end:",
+            "if record is None:",
+            PARTITION,
+        ),
+        Mutant(
             "topics-idempotent-producer-never-skips",
             "streams",
             "broker/streams/topics.py",
@@ -571,5 +617,200 @@ def mutants() -> list[Mutant]:
             "return hmac.compare_digest(_digest(algorithm, salt + password.encode()), expected)",
             "return True",
             (*HTTP_AUTH, *AMQP_AUTH),
+        ),
+        Mutant(
+            "login-allowance-keyed-by-address-only",
+            "auth",
+            "auth/authenticator.py",
+            'source = self._digest(f"{peer.host}\\0{username}")',
+            "source = self._digest(peer.host)",
+            LOGINS,
+        ),
+        Mutant(
+            "login-allowance-refuses-a-cached-success",
+            "auth",
+            "auth/authenticator.py",
+            "if user is None:  # not a recent success: the allowance applies",
+            "if True:  # not a recent success: the allowance applies",
+            LOGINS,
+        ),
+        Mutant(
+            "login-allowance-never-spent",
+            "auth",
+            "auth/authenticator.py",
+            "if not self.buckets.allows(source):",
+            "if False:",
+            LOGINS,
+        ),
+        Mutant(
+            "login-backend-outage-spends-the-allowance",
+            "auth",
+            "auth/authenticator.py",
+            "await self._refuse(username, BACKEND_UNAVAILABLE, peer, source, count=False)",
+            "await self._refuse(username, BACKEND_UNAVAILABLE, peer, source, count=True)",
+            LOGINS,
+        ),
+        Mutant(
+            "definitions-export-for-any-user",
+            "auth",
+            "server/http/definitions_routes.py",
+            "    await _authorised(request)\n    broker = broker_of(request)\n"
+            "    if vhost is not None and vhost not in broker.vhosts:\n        raise ApiError(400",
+            "    broker = broker_of(request)\n"
+            "    if vhost is not None and vhost not in broker.vhosts:\n        raise ApiError(400",
+            DEFINITIONS_ADMIN,
+        ),
+        Mutant(
+            "definitions-import-for-any-user",
+            "auth",
+            "server/http/definitions_routes.py",
+            "    await _authorised(request)\n    broker = broker_of(request)\n"
+            "    if vhost is not None and vhost not in broker.vhosts:\n        raise ApiError(404",
+            "    broker = broker_of(request)\n"
+            "    if vhost is not None and vhost not in broker.vhosts:\n        raise ApiError(404",
+            DEFINITIONS_ADMIN,
+        ),
+        # -- cross-site requests (server/http/cross_site.py) -----------------------------------
+        Mutant(
+            "cross-site-origin-unchecked",
+            "http",
+            "server/http/cross_site.py",
+            "if origin is None:\n        return True",
+            "if True:\n        return True",
+            CROSS_SITE,
+        ),
+        Mutant(
+            "cross-site-sec-fetch-site-ignored",
+            "http",
+            "server/http/cross_site.py",
+            "if site is not None:\n        return site.lower() in SAME_ORIGIN",
+            "if False:\n        return site.lower() in SAME_ORIGIN",
+            CROSS_SITE,
+        ),
+        Mutant(
+            "cross-site-same-site-port-taken-as-same-origin",
+            "http",
+            "server/http/cross_site.py",
+            "same = (sent.hostname, _port(sent)) == (own.hostname, _port(own))",
+            "same = sent.hostname == own.hostname",
+            CROSS_SITE,
+        ),
+        Mutant(
+            "cross-site-api-content-type-unchecked",
+            "http",
+            "server/http/cross_site.py",
+            'if api and kind != JSON_TYPE and (kind or method == "POST"):',
+            "if False:",
+            CROSS_SITE,
+        ),
+        Mutant(
+            "cross-site-topic-form-body-taken",
+            "http",
+            "server/http/cross_site.py",
+            "if not api and kind in FORM_TYPES:",
+            "if False:",
+            CROSS_SITE,
+        ),
+        # -- publishing (broker/routing.py) ----------------------------------------------------
+        Mutant(
+            "routing-mandatory-never-returned",
+            "routing",
+            "broker/routing.py",
+            "            stats.return_unroutable += 1\n"
+            "            return waits, refused, message, destinations",
+            "            stats.return_unroutable += 1\n"
+            "            return waits, refused, None, destinations",
+            ROUTING,
+        ),
+        Mutant(
+            "routing-cc-keys-ignored",
+            "routing",
+            "broker/routing.py",
+            "exchange, message.routing_keys(bcc=True), message.properties",
+            "exchange, [message.routing_key], message.properties",
+            ROUTING,
+        ),
+        Mutant(
+            "routing-bcc-delivered",
+            "routing",
+            "broker/routing.py",
+            'message = message.with_headers({k: v for k, v in headers.items() if k != "BCC"})',
+            "pass",
+            ROUTING,
+        ),
+        # -- the data-directory lock (dirlock.py) ----------------------------------------------
+        Mutant(
+            "dirlock-not-taken",
+            "server",
+            "dirlock.py",
+            "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+            "pass",
+            DATA_DIR_LOCK,
+        ),
+        Mutant(
+            "dirlock-pid-not-written",
+            "server",
+            "dirlock.py",
+            'os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)',
+            "pass",
+            DATA_DIR_LOCK,
+        ),
+        Mutant(
+            "dirlock-release-leaves-the-pid",
+            "server",
+            "dirlock.py",
+            "os.ftruncate(fd, 0)\n        except OSError:\n            pass  # the lock goes",
+            "pass\n        except OSError:\n            pass  # the lock goes",
+            DATA_DIR_LOCK,
+        ),
+        # -- the accept loop (server/accepting.py) ---------------------------------------------
+        Mutant(
+            "accept-exhausted-warns-every-failure",
+            "server",
+            "server/accepting.py",
+            "if now - self._warned_at < WARN_EVERY_S:",
+            "if False:",
+            ACCEPTING,
+        ),
+        Mutant(
+            "accept-exhausted-left-out-not-counted",
+            "server",
+            "server/accepting.py",
+            "            self.left_out += 1\n",
+            "            pass\n",
+            ACCEPTING,
+        ),
+        Mutant(
+            "accept-exhausted-retries-without-a-pause",
+            "server",
+            "server/accepting.py",
+            "await trio.sleep(RETRY_S)",
+            "await trio.sleep(0)",
+            ACCEPTING,
+        ),
+        # -- field-table timestamps (protocol/codec.py) ----------------------------------------
+        Mutant(
+            "timestamp-past-9999-read-as-datetime",
+            "protocol",
+            "protocol/codec.py",
+            "if 0 <= seconds <= _LAST_DATETIME:",
+            "if 0 <= seconds:",
+            TIMESTAMPS,
+        ),
+        Mutant(
+            "timestamp-last-datetime-second-off-by-one",
+            "protocol",
+            "protocol/codec.py",
+            "(_LAST_DAY - _EPOCH).days * 86400 + 86399",
+            "(_LAST_DAY - _EPOCH).days * 86400 + 86398",
+            TIMESTAMPS,
+        ),
+        Mutant(
+            "timestamp-beyond-datetime-written-as-another",
+            "protocol",
+            "protocol/codec.py",
+            'out += b"T" + U64.pack(value.seconds)',
+            'out += b"T" + U64.pack(value.seconds & 0xFFFFFFFF)',
+            TIMESTAMPS,
         ),
     ]

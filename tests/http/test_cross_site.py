@@ -40,6 +40,7 @@ CROSS_SITE: list[dict[str, str]] = [
     {"sec-fetch-site": "cross-site", "sec-fetch-mode": "no-cors"},
     {"sec-fetch-site": "same-site", "sec-fetch-mode": "no-cors"},  # another port, same host
     {"origin": "http://127.0.0.2:8000"},  # a browser without Sec-Fetch-*
+    {"origin": "http://127.0.0.1:1"},  # without Sec-Fetch-*: this host, another port
     {"origin": "null"},  # a sandboxed frame, a redirect
 ]
 
