@@ -3,7 +3,7 @@ another client sees meanwhile.
 
     python benchmarks/consumer_crowd.py [--url amqp://...] [--crowds 1,10000,100000]
                                         [--channels 100] [--prefetch 1000] [--messages 200000]
-                                        [--seconds 10]
+                                        [--seconds 10] [--json PATH]
 
 Without ``--url`` a broker is started here (``python -m tqbroker`` on loopback, a temporary data
 directory; it imports tqbroker from ``PYTHONPATH``, so pointing that at another tree measures
@@ -23,16 +23,20 @@ that tree). For each crowd size N:
   during the close is the longest stall another client saw.
 
 The report: per crowd size, deliveries/s, the canary's longest round trip during the deliveries
-and during the close, the close's duration; then the ratio of the largest crowd's rate to one
-consumer's. A probe, not a test: it asserts nothing. The issue's figures (one channel):
-1 consumer 100k deliveries/s, 10k 4.5k/s, 100k 410/s with another client stalled 2.3 s; a close
-of a connection with 100k consumers stalled other clients 1.74 s.
+and during the close, the close's duration; then the ratio of the last crowd's rate to the
+first's (``--json``: the same as a JSON document). A probe: it asserts nothing
+(``tests/benchmarks/test_consumer_crowd.py`` runs it and checks the ratio).
+
+The issue's figures: 1 consumer 100k deliveries/s, 10k 4.5k/s, 100k 410/s with another client
+stalled 2.3 s; a close of a connection with 100k consumers stalled other clients 1.74 s.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import json
 import multiprocessing
 import multiprocessing.connection
 import socket
@@ -280,6 +284,7 @@ def main() -> int:
     parser.add_argument("--prefetch", type=int, default=1000, help="per consumer")
     parser.add_argument("--messages", type=int, default=200_000, help="published per crowd")
     parser.add_argument("--seconds", type=float, default=10.0, help="longest delivery phase")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     crowds = [int(n) for n in args.crowds.split(",")]
     with tempfile.TemporaryDirectory(prefix="tqbroker-crowd-") as tmp:
@@ -300,13 +305,13 @@ def main() -> int:
                 f"| close | canary longest (closing) |   prefetch {args.prefetch}"
             )
             print("|---|---|---|---|---|---|---|")
-            rates: dict[int, float] = {}
+            rows: list[Figures] = []
             for consumers in crowds:
                 plan = CrowdPlan(
                     endpoint, consumers, args.channels, args.prefetch, args.messages, args.seconds
                 )
                 figures = measure(plan, ours)
-                rates[consumers] = figures.rate
+                rows.append(figures)
                 print(
                     f"| {consumers} | {max(1, min(args.channels, consumers))} "
                     f"| {figures.delivered} | {figures.rate:,.0f} "
@@ -314,12 +319,12 @@ def main() -> int:
                     f"| {_ms(figures.stall_closing)} |",
                     flush=True,
                 )
-            if len(crowds) > 1 and rates[crowds[0]]:
-                largest = crowds[-1]
-                print(
-                    f"ratio {largest} consumers / {crowds[0]}: "
-                    f"{rates[largest] / rates[crowds[0]]:.2f}"
-                )
+            ratio = rows[-1].rate / rows[0].rate if rows[0].rate else 0.0
+            if len(rows) > 1:
+                print(f"ratio {rows[-1].consumers} consumers / {rows[0].consumers}: {ratio:.2f}")
+            if args.json is not None:
+                document = {"crowds": [dataclasses.asdict(row) for row in rows], "ratio": ratio}
+                args.json.write_text(json.dumps(document, indent=2))
             ours.send("stop")
         finally:
             watcher.join(10)
