@@ -20,9 +20,6 @@ class RecordingChannel:
     def bodies(self) -> list[bytes]:
         return [message.body for _, message, _ in self.deliveries]
 
-    def can_deliver(self) -> bool:
-        return True
-
     def credit(self) -> int:
         return UNLIMITED
 

@@ -4,8 +4,9 @@ Responsibilities:
 - accept messages (``publish``: a plain call that wakes the actor, no message passing per
   message), enforcing ``x-max-length`` / ``x-max-length-bytes`` with ``x-overflow``;
 - the actor task: deliver ready messages to consumers with prefetch credit (the delivery pass
-  is the queue's ``Dispatcher``, ``classic_dispatch.py``: batches to a lone consumer, consumer
-  priorities, round-robin among equals, single active consumer); expire messages at the head
+  is the queue's ``Dispatcher``, ``classic_dispatch.py``: batches to a lone consumer or the
+  single active one, else to the consumer whose turn it is in the queue's ``ConsumerRing``,
+  ``consumer_ring.py``, told of every settlement); expire messages at the head
   (``x-message-ttl``, per-message ``expiration``) and the queue itself (``x-expires``);
 - basic.get, ack, reject and requeue through the queue's ``QueueStore``; the returns of each
   message against ``x-delivery-limit`` (``x-delivery-count`` on redeliveries);
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Collection
 from typing import Final
 
 import trio
@@ -33,7 +35,8 @@ from ..model import Message
 from ..plugins.spec import Durability
 from .arguments import QueueArguments
 from .classic_dispatch import EXPIRE_BATCH, Dispatcher
-from .consumer import Consumer
+from .consumer import Consumer, DeliveryChannel
+from .consumer_ring import ConsumerRing
 from .deadletter import Reason, message_ttl
 from .flusher import Flusher
 from .queue import Queue, QueueFull, QueueHost
@@ -77,6 +80,7 @@ class ClassicQueue(Queue):
         )
         self.store = store
         self._dispatcher = Dispatcher()
+        self.candidates = ConsumerRing()  # the consumers in delivery order
         # The arguments the publish and delivery paths read, as plain attributes.
         self.single_active_consumer = arguments.single_active_consumer
         # x-expires: delete the queue after this many seconds unused (no consumer, no
@@ -234,9 +238,7 @@ class ClassicQueue(Queue):
             self._may_expire = True
         # TTL 0: delivered now if a consumer can take it at once, else expired.
         deliver_now = self.message_ttl == 0 or ttl == 0
-        if deliver_now and (
-            self.store.ready_count or not any(c.has_capacity() for c in self.consumers)
-        ):
+        if deliver_now and (self.store.ready_count or self._dispatcher.taker(self) is None):
             self._discard_new(message, "expired")
             return None
         flusher = self.flusher
@@ -317,6 +319,7 @@ class ClassicQueue(Queue):
         self.settle(message_id)
         if consumer is not None:
             consumer.unacked -= 1
+            self.candidates.credit_returned(consumer)
             self._wakeup.set()
 
     def ack_many(self, message_ids: list[int], consumer: Consumer | None) -> None:
@@ -324,6 +327,7 @@ class ClassicQueue(Queue):
             self.settle(message_id)
         if consumer is not None:
             consumer.unacked -= len(message_ids)
+            self.candidates.credit_returned(consumer)
             self._wakeup.set()
 
     def reject(self, message_id: int, consumer: Consumer | None) -> None:
@@ -339,6 +343,7 @@ class ClassicQueue(Queue):
         without a dead-letter exchange, dropped and counted in the log."""
         if consumer is not None:
             consumer.unacked -= 1
+            self.candidates.credit_returned(consumer)
         self._wakeup.set()
         if self.delivery_limit is not None:
             returns = self._returns.get(message_id, 0) + 1
@@ -376,3 +381,21 @@ class ClassicQueue(Queue):
     @property
     def message_count(self) -> int:
         return self.store.ready_count
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.candidates.add(consumer)
+        super().add_consumer(consumer)
+
+    def remove_consumers(self, gone: Collection[Consumer]) -> None:
+        self.candidates.remove_all(gone)
+        super().remove_consumers(gone)
+
+    def cancel_consumers(self) -> None:
+        self.candidates.clear()
+        super().cancel_consumers()
+
+    def channel_ready(self, channel: DeliveryChannel) -> None:
+        self.candidates.channel_ready(channel)
+        super().channel_ready(channel)

@@ -2,12 +2,16 @@
 wake-up: ready messages go to consumers with prefetch credit.
 
 - A queue with one consumer to ask (the commonest case, and every queue of a fanout with a
-  consumer each; with ``x-single-active-consumer``, the active one) hands it a batch: as many
-  messages as its ``credit`` allows, at most ``DELIVER_BATCH`` (or about
+  consumer each; with ``x-single-active-consumer``, the active one: the roster's first) hands it
+  a batch: as many messages as its ``credit`` allows, at most ``DELIVER_BATCH`` (or about
   ``DELIVER_BATCH_BYTES``), in one ``DeliveryChannel.deliver_many``, so that asking for
   capacity, the channel's counters and tags and the writer's wake-up cost once per batch.
-- Otherwise message by message: consumers by priority (``x-priority``, highest first), round-
-  robin among equals, skipping those without credit.
+- Otherwise message by message, each to the consumer whose turn it is in the queue's
+  ``ConsumerRing`` (``x-priority`` highest first, round robin among equals, only consumers that
+  can take a message): O(log n) a message, however many consumers the queue has.
+
+A pass gives way to other tasks once it has run for a slice (``pacing.Slice``): it wakes its
+queue again and returns, and the actor goes on after a checkpoint.
 
 The queue owns its ``Dispatcher`` and passes itself to each pass (``DeliverySource``: what a
 pass reads and calls of it), so the dispatcher holds no reference back to its queue.
@@ -21,6 +25,9 @@ from typing import Final, Protocol
 
 from ..backends.base import FLUSH_FIRST, FlushFirst, Popped, QueueStore
 from .consumer import DELIVER_BATCH_BYTES, Consumer
+from .consumer_ring import ConsumerRing
+from .consumer_roster import ConsumerRoster
+from .pacing import Slice
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +52,11 @@ class DeliverySource(Protocol):
         ...
 
     @property
-    def consumers(self) -> list[Consumer]:
-        """By priority, highest first."""
+    def consumers(self) -> ConsumerRoster: ...
+
+    @property
+    def candidates(self) -> ConsumerRing:
+        """The consumers in delivery order."""
         ...
 
     @property
@@ -64,14 +74,17 @@ class DeliverySource(Protocol):
         """The store must flush before it hands out more: run the pass again after it."""
         ...
 
+    def wake(self) -> None:
+        """Run the pass again, after other tasks had their turn."""
+        ...
+
 
 class Dispatcher:
-    """One classic queue's delivery pass, and what it remembers between passes."""
+    """One classic queue's delivery pass, and when it last ran."""
 
-    __slots__ = ("_next_consumer", "dispatched_at")
+    __slots__ = ("dispatched_at",)
 
     def __init__(self) -> None:
-        self._next_consumer: dict[int, int] = {}  # round-robin position per consumer priority
         # The last pass (perf_counter_ns; never, at first): ``ClassicQueue.publish`` reads it.
         self.dispatched_at = -(2**63)
 
@@ -79,42 +92,63 @@ class Dispatcher:
         self.dispatched_at = time.perf_counter_ns()
         store = queue.store
         consumers = queue.consumers
+        candidates = queue.candidates
+        work = Slice()
         while consumers and store.ready_count:
             if len(consumers) == 1 or queue.single_active_consumer:  # one consumer to ask
-                if not self._deliver_batch(queue, consumers[0]):
+                active = consumers.first()
+                assert active is not None
+                delivered = self._deliver_batch(queue, active)
+                if delivered < 0:
                     return
-                continue
-            consumer = self._pick_consumer(queue)
-            if consumer is None:
-                return
-            try:
-                entry = queue.take(EXPIRE_BATCH)
-            except OSError as exc:  # storage trouble: deliver again on the next wake-up
-                log.error(
-                    "queue %r in vhost %r: cannot read a message: %s", queue.name, queue.vhost, exc
-                )
-                return
-            if entry is None:
-                return
-            if entry is FLUSH_FIRST:
-                queue.wake_after_flush()
-                return
-            message_id, message, redelivered = entry
-            if consumer.no_ack:
-                queue.settle(message_id)
             else:
-                consumer.unacked += 1
-            consumer.channel.deliver(consumer, message_id, message, redelivered)
+                consumer = candidates.next()
+                if consumer is None:
+                    return
+                try:
+                    entry = queue.take(EXPIRE_BATCH)
+                except OSError as exc:  # storage trouble: deliver again on the next wake-up
+                    log.error(
+                        "queue %r in vhost %r: cannot read a message: %s",
+                        queue.name,
+                        queue.vhost,
+                        exc,
+                    )
+                    return
+                if entry is None:
+                    return
+                if entry is FLUSH_FIRST:
+                    queue.wake_after_flush()
+                    return
+                message_id, message, redelivered = entry
+                if consumer.no_ack:
+                    queue.settle(message_id)
+                else:
+                    consumer.unacked += 1
+                consumer.channel.deliver(consumer, message_id, message, redelivered)
+                candidates.served(consumer)
+                delivered = 1
+            if work.used(delivered):  # give way: the next pass goes on
+                queue.wake()
+                return
 
-    def _deliver_batch(self, queue: DeliverySource, consumer: Consumer) -> bool:
+    def taker(self, queue: DeliverySource) -> Consumer | None:
+        """The consumer a message published now would go to at once (None: none can take it)."""
+        consumers = queue.consumers
+        if len(consumers) == 1 or queue.single_active_consumer:
+            active = consumers.first()
+            return active if active is not None and active.credit() > 0 else None
+        return queue.candidates.next()
+
+    def _deliver_batch(self, queue: DeliverySource, consumer: Consumer) -> int:
         """Deliver to ``consumer`` as many messages as it takes now (``Consumer.credit``, at
         most ``DELIVER_BATCH`` or about ``DELIVER_BATCH_BYTES``) in one ``deliver_many``: the
         per-message work of the round-robin pass (asking for capacity, the channel's counters
-        and tag, waking the writer) paid once per batch. False: the pass ends here (no credit,
-        no live message, the store must flush first, storage trouble)."""
+        and tag, waking the writer) paid once per batch. How many it delivered; -1: the pass
+        ends here (no credit, no live message, the store must flush first, storage trouble)."""
         credit = consumer.credit()
         if credit <= 0:
-            return False
+            return -1
         credit = min(credit, DELIVER_BATCH)
         batch: list[Popped] = []
         size = 0
@@ -145,31 +179,4 @@ class Dispatcher:
             else:
                 consumer.unacked += len(batch)
             consumer.channel.deliver_many(consumer, batch)
-        return go_on
-
-    def _pick_consumer(self, queue: DeliverySource) -> Consumer | None:
-        """The consumer for the next message. With ``x-single-active-consumer`` only the
-        earliest registered consumer receives. Otherwise consumers are tried by priority
-        (``x-priority``, highest first; the list is kept in that order) and round-robin among
-        equals, skipping those without prefetch credit."""
-        consumers = queue.consumers
-        n = len(consumers)
-        if n == 1 or queue.single_active_consumer:  # one to ask (the commonest case)
-            active = consumers[0]
-            return active if active.has_capacity() else None
-        group_start = 0
-        while group_start < n:
-            priority = consumers[group_start].priority
-            group_end = group_start
-            while group_end < n and consumers[group_end].priority == priority:
-                group_end += 1
-            size = group_end - group_start
-            start = self._next_consumer.get(priority, 0)
-            for i in range(size):
-                index = group_start + (start + i) % size
-                consumer = consumers[index]
-                if consumer.has_capacity():
-                    self._next_consumer[priority] = (start + i + 1) % size
-                    return consumer
-            group_start = group_end
-        return None
+        return len(batch) if go_on else -1

@@ -36,10 +36,6 @@ EncodedDelivery = tuple[int, bytes, bytes, bytes | memoryview]
 
 
 class DeliveryChannel(Protocol):
-    def can_deliver(self) -> bool:
-        """False while the channel's shared prefetch is used up or its socket is backed up."""
-        ...
-
     def deliver(
         self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
     ) -> None:
@@ -47,8 +43,10 @@ class DeliveryChannel(Protocol):
         ...
 
     def credit(self) -> int:
-        """How many deliveries the channel takes now: 0 while ``can_deliver`` is False, what
-        is left of its shared prefetch, else ``UNLIMITED``."""
+        """How many deliveries the channel takes now: 0 while its socket is backed up, else
+        what is left of its shared prefetch (``basic.qos`` global), else ``UNLIMITED``. A
+        channel that goes from 0 to more tells the queues it consumes from
+        (``Queue.channel_ready``)."""
         ...
 
     def deliver_many(self, consumer: Consumer, entries: list[Popped]) -> None:
@@ -104,12 +102,10 @@ class Consumer:
         self.timeout_ms = parsed.timeout_ms
         self.unacked = 0
 
-    def has_capacity(self) -> bool:
-        if self.no_ack:
-            return self.channel.can_deliver()
-        return (
-            not self.prefetch_count or self.unacked < self.prefetch_count
-        ) and self.channel.can_deliver()
+    def prefetch_full(self) -> bool:
+        """Its own prefetch (``basic.qos`` global=false) is used up: it takes nothing until one
+        of its messages is settled (whatever its channel takes)."""
+        return not self.no_ack and 0 < self.prefetch_count <= self.unacked
 
     def credit(self) -> int:
         """How many deliveries it takes now: what is left of its prefetch (or ``UNLIMITED``),

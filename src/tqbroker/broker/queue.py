@@ -2,7 +2,8 @@
 
 Responsibilities:
 - ``Queue``: identity, lifetime (exclusive, auto-delete), bindings, consumers in priority order
-  (exclusive consumers, auto-delete once the last consumer leaves), the actor's wake-up; the
+  (a ``ConsumerRoster``; exclusive consumers, auto-delete once the last consumer leaves), the
+  actor's wake-up (``wake``, and ``channel_ready`` from a consumer's channel); the
   kinds are ``ClassicQueue`` (``broker/classic.py``) and ``StreamQueue``
   (``broker/streams/queue.py``);
 - ``QueueHost``: the vhost's side, passed in at construction: dead-lettering, and deleting an
@@ -28,7 +29,8 @@ from ..plugins.spec import Durability
 from ..protocol.codec import FieldTable
 from ..protocol.errors import AMQPError, ReplyCode
 from .arguments import QueueArguments
-from .consumer import Consumer
+from .consumer import Consumer, DeliveryChannel
+from .consumer_roster import ConsumerRoster
 from .deadletter import Reason
 from .flusher import Flusher
 from .stats import MessageStats
@@ -85,7 +87,7 @@ class Queue(abc.ABC):
         self.arguments = arguments
         # Set for queues on a durable backend: persistent messages wait for its flushes.
         self.flusher = flusher
-        self.consumers: list[Consumer] = []
+        self.consumers = ConsumerRoster()
         self.bound_by: set[BindingRef] = set()
         self.deleted = False
         # Why the queue failed (its actor or its store raised); None while it works.
@@ -172,6 +174,11 @@ class Queue(abc.ABC):
     def wake(self) -> None:
         self._wakeup.set()
 
+    def channel_ready(self, channel: DeliveryChannel) -> None:
+        """``channel`` may take deliveries again (its socket drained, its shared prefetch freed,
+        its ``basic.qos`` changed): deliver to its consumers again."""
+        self._wakeup.set()
+
     def stop(self) -> None:
         self._cancel_scope.cancel()
 
@@ -216,28 +223,23 @@ class Queue(abc.ABC):
         # An exclusive consumer is its queue's only consumer (checked in constant time: a queue
         # may have 100k consumers).
         consumers = self.consumers
-        return len(consumers) == 1 and consumers[0].exclusive
+        if len(consumers) != 1:
+            return False
+        first = consumers.first()
+        return first is not None and first.exclusive
 
     def add_consumer(self, consumer: Consumer) -> None:
-        # Keep the list ordered by priority, highest first, registration order among equals.
-        index = len(self.consumers)
-        while index and self.consumers[index - 1].priority < consumer.priority:
-            index -= 1
-        self.consumers.insert(index, consumer)
-        self.touch()
+        self.consumers.add(consumer)
+        self.touch()  # also wakes the actor
         self._had_consumer = True
-        self._wakeup.set()
 
     def remove_consumer(self, consumer: Consumer) -> None:
         self.remove_consumers((consumer,))
 
     def remove_consumers(self, gone: Collection[Consumer]) -> None:
-        """Drop consumers (cancelled, or their channel closed), in one pass over the list
-        however many go: a channel with 100k consumers closes in linear time."""
-        before = len(self.consumers)
-        leaving = set(gone)
-        self.consumers[:] = [c for c in self.consumers if c not in leaving]
-        if len(self.consumers) == before:
+        """Drop consumers (cancelled, or their channel closed), each in constant time: a
+        channel with 100k consumers closes in milliseconds (``ConsumerRoster.remove_all``)."""
+        if not self.consumers.remove_all(gone):
             return
         self.touch()  # also wakes the actor: e.g. the next single active consumer takes over
         if not self.consumers and self.auto_delete and self._had_consumer:
@@ -246,8 +248,7 @@ class Queue(abc.ABC):
     def cancel_consumers(self) -> None:
         """The queue is deleted or failed: drop its consumers and tell their channels
         (``basic.cancel``)."""
-        consumers, self.consumers[:] = list(self.consumers), []
-        for consumer in consumers:
+        for consumer in self.consumers.clear():
             consumer.channel.consumer_cancelled(consumer)
 
     def __repr__(self) -> str:

@@ -53,7 +53,7 @@ def _server_name(prefix: str) -> str:
 
 class Channel:
     """One open channel: the ``DeliveryChannel`` of its consumers (queue actors call
-    ``can_deliver``, ``deliver``, ``consumer_cancelled``)."""
+    ``credit``, ``deliver``, ``consumer_cancelled``)."""
 
     def __init__(
         self, host: ChannelHost, number: int, vhost: VirtualHost, access: ChannelAccess
@@ -65,6 +65,9 @@ class Channel:
         self.topology = Topology(vhost, host)
         self.deliveries = Deliveries(host)
         self.consumers: dict[str, Consumer] = {}
+        # The same consumers by queue: whom to tell that the channel takes deliveries again,
+        # and what leaves each queue when the channel closes, without a pass over them all.
+        self._consumers_by_queue: dict[Queue, dict[str, Consumer]] = {}
         self.prefetch_count = 0  # for consumers created from now on
         self.global_prefetch = 0  # shared by the channel's deliveries
         self.confirms: PublisherConfirms | None = None  # after confirm.select
@@ -87,9 +90,17 @@ class Channel:
             self._send(method)
 
     def wake_queues(self) -> None:
-        """Let the queues the channel consumes from deliver again."""
-        for consumer in self.consumers.values():
-            consumer.queue.wake()
+        """The channel may take deliveries again: tell the queues it consumes from."""
+        for queue in self._consumers_by_queue:
+            queue.channel_ready(self)
+
+    def _forget_consumer(self, consumer: Consumer) -> None:
+        """``consumer`` is no longer the channel's (cancelled, or its queue went away)."""
+        del self.consumers[consumer.tag]
+        of_queue = self._consumers_by_queue[consumer.queue]
+        del of_queue[consumer.tag]
+        if not of_queue:
+            del self._consumers_by_queue[consumer.queue]
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -253,14 +264,16 @@ class Channel:
         # consume-ok goes out before the first delivery: the queue actor runs after this.
         self._reply(method.nowait, m.BasicConsumeOk(tag))
         self.consumers[tag] = consumer
+        self._consumers_by_queue.setdefault(queue, {})[tag] = consumer
         queue.add_consumer(consumer)
 
     def basic_cancel(self, method: m.BasicCancel) -> None:
         tag = method.consumer_tag
         self._tag_cache.pop(tag, None)
         if not self.reply_to.cancel(tag):
-            consumer = self.consumers.pop(tag, None)
+            consumer = self.consumers.get(tag)
             if consumer is not None:
+                self._forget_consumer(consumer)
                 consumer.queue.remove_consumer(consumer)
         self._reply(method.nowait, m.BasicCancelOk(tag))
 
@@ -339,11 +352,6 @@ class Channel:
             self._send(m.BasicRecoverOk())
 
     # -- DeliveryChannel (called by queue actors) --------------------------------------------
-
-    def can_deliver(self) -> bool:
-        if self.global_prefetch and len(self.deliveries.unacked) >= self.global_prefetch:
-            return False
-        return self.host.can_write()
 
     def deliver(
         self, consumer: Consumer, message_id: int, message: Message, redelivered: bool
@@ -428,8 +436,9 @@ class Channel:
             self.host.internal_error(exc, "basic.deliver")
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
-        if self.consumers.pop(consumer.tag, None) is None:
+        if self.consumers.get(consumer.tag) is not consumer:
             return
+        self._forget_consumer(consumer)
         if self.host.notifies_cancel:
             try:
                 self._send(m.BasicCancel(consumer.tag, True))
@@ -441,11 +450,9 @@ class Channel:
     def close(self) -> None:
         """The channel is gone: cancel its consumers and requeue what it left unacked."""
         self.closed = True
-        by_queue: dict[Queue, list[Consumer]] = {}
-        for consumer in self.consumers.values():
-            by_queue.setdefault(consumer.queue, []).append(consumer)
-        for queue, consumers in by_queue.items():  # one pass per queue, however many
-            queue.remove_consumers(consumers)
+        for queue, consumers in self._consumers_by_queue.items():  # one call per queue
+            queue.remove_consumers(consumers.values())
+        self._consumers_by_queue.clear()
         self.consumers.clear()
         taken = self.deliveries.take_all()
         if self.tx is not None:
