@@ -194,8 +194,10 @@ def mutants() -> list[Mutant]:
             "classic-requeue-keeps-prefetch-credit",
             "settlement",
             "broker/classic.py",
-            "        if consumer is not None:\n            consumer.unacked -= 1\n"
+            "            consumer.unacked -= 1\n"
+            "            self.candidates.credit_returned(consumer)\n"
             "        self._wakeup.set()\n        if self.delivery_limit is not None:",
+            "            self.candidates.credit_returned(consumer)\n"
             "        self._wakeup.set()\n        if self.delivery_limit is not None:",
             SETTLEMENT,
         ),
@@ -203,8 +205,11 @@ def mutants() -> list[Mutant]:
             "classic-ack-keeps-prefetch-credit",
             "settlement",
             "broker/classic.py",
-            "            consumer.unacked -= 1\n            self._wakeup.set()",
-            "            self._wakeup.set()",
+            "            consumer.unacked -= 1\n"
+            "            self.candidates.credit_returned(consumer)\n"
+            "            self._wakeup.set()\n\n    def ack_many",
+            "            self.candidates.credit_returned(consumer)\n"
+            "            self._wakeup.set()\n\n    def ack_many",
             SETTLEMENT,
         ),
         Mutant(

@@ -86,7 +86,8 @@ def consume_settling(
     ch: BlockingChannel, queue: str, settle: list[str], arguments: dict[str, Any] | None = None
 ) -> list[tuple[bytes, bool]]:
     """Consume with prefetch 1, settling the n-th delivery as ``settle[n]`` says ("nack",
-    "reject": both with requeue; "ack"); the (body, redelivered) of each delivery."""
+    "reject": both with requeue; "drop": reject without requeue; "ack"); the (body,
+    redelivered) of each delivery."""
     ch.basic_qos(prefetch_count=1)
     got: list[tuple[bytes, bool]] = []
     for method, _properties, body in ch.consume(
@@ -99,6 +100,8 @@ def consume_settling(
             ch.basic_nack(method.delivery_tag, requeue=True)
         elif action == "reject":
             ch.basic_reject(method.delivery_tag, requeue=True)
+        elif action == "drop":
+            ch.basic_reject(method.delivery_tag, requeue=False)
         else:
             ch.basic_ack(method.delivery_tag)
         if len(got) == len(settle):
@@ -116,6 +119,16 @@ def test_a_requeue_gives_the_prefetch_credit_back(channel: BlockingChannel, dura
         channel.basic_publish("", "credit", body, PERSISTENT if durable else None)
     got = consume_settling(channel, "credit", ["nack", "reject", "ack", "nack", "ack"])
     assert got == [(b"a", False), (b"a", True), (b"a", True), (b"b", False), (b"b", True)]
+
+
+def test_a_reject_without_requeue_gives_the_prefetch_credit_back(channel: BlockingChannel) -> None:
+    """A message rejected for good (dropped or dead-lettered) settles its delivery: with
+    prefetch 1 the next message comes."""
+    channel.queue_declare("drop-credit")
+    for body in (b"a", b"b", b"c"):
+        channel.basic_publish("", "drop-credit", body)
+    got = consume_settling(channel, "drop-credit", ["drop", "drop", "ack"])
+    assert got == [(b"a", False), (b"b", False), (b"c", False)]
 
 
 def test_a_stream_nack_gives_the_prefetch_credit_back(channel: BlockingChannel) -> None:
