@@ -7,11 +7,11 @@ Responsibilities:
   returns — ``b"TQR1"``, ``u32 count``, ``i64 next_offset``, ``i64 offsets[count]``,
   ``i64 timestamps_ms[count]``, then the keys, the values and (when asked for) the headers as
   binary columns: ``i32 ends_offsets[count + 1]`` followed by the bytes;
-- ``encode_frames``: the same read as the log's frames as they lie on disk (``format=frames``)
-  — ``b"TQF1"``, ``u32 frame_count``, ``i64 next_offset``, then the frames
-  (``docs/storage-format.md``: records and record batches, big-endian, CRC-checked by the
-  broker); the reader walks them (``spark._arrow_read`` does, into Arrow columns) and skips the
-  records outside the range it asked for;
+- ``encode_frames`` (``frames_head``: its start): the same read as the log's frames as they
+  lie on disk (``format=frames``) — ``b"TQF1"``, ``u32 frame_count``, ``i64 next_offset``,
+  then the frames (``docs/storage-format.md``: records and record batches, big-endian,
+  CRC-checked by the broker); the reader walks them (``spark._arrow_read`` does, into Arrow
+  columns) and skips the records outside the range it asked for;
 - ``WriteBatch`` / ``encode_write`` / ``decode_write``: what ``POST /topics/{t}/records`` takes —
   ``b"TQW1"``, ``u32 count``, ``i32 partitions[count]`` (-1: the key decides), then the keys, the
   values and the headers (a UTF-8 JSON object per record, empty for none) as binary columns;
@@ -174,9 +174,15 @@ def decode_read(body: bytes, *, headers: bool) -> ReadBatch:
 
 def encode_frames(next_offset: int, frames: Sequence[tuple[bytes, bytes]]) -> bytes:
     """A ``TQF1`` body: the frames given as (head, rest) pairs, copied once into it."""
-    parts = [_READ_HEAD.pack(FRAMES_MAGIC, len(frames), next_offset)]
+    parts = [frames_head(len(frames), next_offset)]
     parts.extend(itertools.chain.from_iterable(frames))
     return b"".join(parts)
+
+
+def frames_head(count: int, next_offset: int) -> bytes:
+    """The start of a ``TQF1`` body of ``count`` frames (they follow it: a body streamed a
+    piece at a time sends this first)."""
+    return _READ_HEAD.pack(FRAMES_MAGIC, count, next_offset)
 
 
 @attrs.frozen

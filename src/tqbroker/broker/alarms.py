@@ -43,8 +43,7 @@ class ResourceAlarms:
 
     def __init__(self) -> None:
         self.active: dict[str, str] = {}  # resource -> what was measured, for logs and health
-        self._cleared = trio.Event()
-        self._cleared.set()
+        self._a_clear = trio.Event()  # set (and replaced) whenever an alarm clears
 
     @property
     def reason(self) -> str:
@@ -56,8 +55,6 @@ class ResourceAlarms:
             self.active[resource] = measured
             return
         self.active[resource] = measured
-        if self._cleared.is_set():
-            self._cleared = trio.Event()
         log.warning(
             "%s resource limit alarm set: %s; publishers will be blocked until this alarm clears",
             resource,
@@ -68,13 +65,13 @@ class ResourceAlarms:
         if self.active.pop(resource, None) is None:
             return
         log.warning("%s resource limit alarm cleared: %s", resource, measured)
-        if not self.active:
-            self._cleared.set()
+        cleared, self._a_clear = self._a_clear, trio.Event()
+        cleared.set()
 
-    async def wait_cleared(self) -> None:
-        """Return once no alarm is set."""
-        while self.active:
-            await self._cleared.wait()
+    async def wait_cleared(self, resource: str | None = None) -> None:
+        """Return once no alarm is set (with ``resource``: once its alarm is not)."""
+        while resource in self.active if resource is not None else self.active:
+            await self._a_clear.wait()
 
 
 class MemoryMonitor:

@@ -9,7 +9,8 @@ Responsibilities:
   commit (``broker/definitions_file.py``, a flusher of their own) before the declaring client
   gets its ``*-ok``, and restored at startup (``broker/definitions.py``), refusing to start when
   that would lose messages; the stored queues are recovered in a worker thread first;
-- the resource alarms (``alarms.py``): the memory and disk monitors run in its nursery;
+- the resource alarms (``alarms.py``): the memory and disk monitors run in its nursery; the
+  read budget (``read_budget.py``), which every vhost's stream reads share;
 - own the nursery in which every queue actor and flusher runs (``run`` follows the Trio start
   protocol); close the backends cleanly when it ends.
 """
@@ -54,6 +55,7 @@ from .definitions_snapshot import encode_snapshot
 from .flusher import Flusher
 from .limits import Limits
 from .pacing import Pacer
+from .read_budget import ReadBudget, budget_for
 from .stats import MessageStats, StatsSampler, StatsTotal
 from .supervisor import FailureHandler, Supervisor
 from .users import build_authenticator, grant_default_user, open_user_db
@@ -122,6 +124,10 @@ class Broker:
         self.incomplete_bodies = BodyBudget(
             max(self.memory_monitor.limit // 10, config.max_message_size), "the broker"
         )
+        # Bytes held by read responses (HTTP record and frame reads; the Kafka Fetch): a tenth
+        # of the memory high watermark, so that reads never set the alarm that blocks
+        # publishers; new reads wait while it is set (``read_budget.py``).
+        self.read_budget = ReadBudget(budget_for(self.memory_monitor.limit), self.alarms)
         self.disk_monitor = DiskMonitor(
             self.alarms, config.data_dir, parse_limit(config.disk_free_limit, "disk_free_limit")
         )
@@ -135,6 +141,7 @@ class Broker:
             durable_backend=self.config.durable_backend,
             spawn=self._spawn,
             definitions=self.definitions,
+            read_budget=self.read_budget,
         )
         vhost.queue_limit = functools.partial(self.limits.max_queues, name)
         self.stats.add(vhost.stats)

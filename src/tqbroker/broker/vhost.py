@@ -42,6 +42,7 @@ from .flusher import Flusher
 from .holding import HoldingExchange
 from .pacing import Pacer
 from .queue import Queue
+from .read_budget import MIN_BUDGET, ReadBudget
 from .reply_to import ReplyTo
 from .routing import Routing
 from .stats import MessageStats, StatsTotal, fold
@@ -67,6 +68,7 @@ class VirtualHost:
         durable_backend: str,
         spawn: Spawn,
         definitions: TopologyChanges | None = None,
+        read_budget: ReadBudget | None = None,
     ) -> None:
         self.name = name
         self.exchange_types = exchange_types
@@ -78,6 +80,9 @@ class VirtualHost:
         # Told of changes to durable definitions (exchanges, queues, bindings).
         self.definitions = definitions or Unwritten()
         self._on_change = self.definitions.changed
+        # The bytes its stream reads may hold: the broker's, shared by every vhost (a vhost
+        # made alone has one of its own).
+        self.read_budget = read_budget or ReadBudget(MIN_BUDGET)
         self.opening: dict[str, trio.Event] = {}  # queues whose stores open in a thread
         self.prepared_stores: set[str] = set()  # holding exchanges' (holding.open_holding_store)
         self.queues: dict[str, Queue] = {}

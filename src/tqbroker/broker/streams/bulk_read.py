@@ -7,24 +7,33 @@ Responsibilities:
   could take back), within a byte and a record budget;
 - collect the columns with as little work a record as the storage allows (the keys and
   values as they lie in the log's frames, no message built, copied once, into the body),
-  giving way to other clients every slice;
-- or take the frames as they lie on disk (``StreamLog.read_frames``: nothing decoded or
-  re-encoded, each frame's CRC checked), a chunk at a time between slices.
+  giving way to other clients every slice; the body is built whole (every key comes before
+  the first value), under a reservation of the read budget (``columns_estimate``);
+- or stream the frames as they lie on disk (``StreamLog.read_frames``: nothing decoded or
+  re-encoded, each frame's CRC checked): ``plan_frames`` walks them a chunk at a time between
+  slices, keeping only where each chunk lies; the body (``FramesPlan.pieces``) reads each chunk
+  again as it is sent, one at a time under the read budget, and checks it is the chunk
+  planned (its frames' lengths and CRCs), else cuts the response short (``ReadCut``).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
 from itertools import accumulate
 from operator import add, attrgetter
+from typing import Self
 
+import attrs
 import trio.lowlevel
 
-from ...recordbatch import encode_frames, encode_headers, encode_read_parts
+from ...recordbatch import encode_headers, encode_read_parts, frames_head
 from ..pacing import SLICE_SECONDS
+from ..read_budget import Piece, ReadCut
 from ..vhost import VirtualHost
 from .partition import Partition
 from .queue import StreamQueue
@@ -36,8 +45,8 @@ READ_MANY = 256
 _OFFSET = attrgetter("offset")
 _TIMESTAMP = attrgetter("timestamp_ms")
 _KEY_AND_VALUE = attrgetter("key_and_value")
-# The frames taken between two looks at the clock, in bytes.
-FRAMES_CHUNK = 4 * 1024 * 1024
+# The frames taken between two looks at the clock, in bytes: a piece of a streamed body.
+FRAMES_CHUNK = 1024 * 1024
 
 
 async def read_body(
@@ -82,21 +91,46 @@ async def read_frames_body(
     end: int | None,
     max_bytes: int,
 ) -> bytes:
-    """The ``TQF1`` body of the same read as ``read_body``: the frames that hold the records
-    of ``[offset, end)`` as they lie in the log, about ``max_bytes`` of them (at least one
-    frame when there is a record); the reader skips the records outside its range. Taken
+    """The ``TQF1`` body of ``plan_frames``'s read, whole (each piece built in turn, outside
+    the read budget: for callers that want the body in one piece, small ones)."""
+    plan = await plan_frames(
+        vhost, topic, partition_index, offset=offset, end=end, max_bytes=max_bytes
+    )
+    return b"".join([await piece.build() for piece in plan.pieces()])
+
+
+async def plan_frames(
+    vhost: VirtualHost,
+    topic: str,
+    partition_index: int,
+    *,
+    offset: int,
+    end: int | None,
+    max_bytes: int,
+) -> FramesPlan:
+    """Where the ``TQF1`` body of the same read as ``read_body`` lies: the frames that hold the
+    records of ``[offset, end)`` as they lie in the log, about ``max_bytes`` of them (at least
+    one frame when there is a record); the reader skips the records outside its range. Walked
     ``FRAMES_CHUNK`` bytes at a time, giving way to other clients between chunks (and then
-    stopping early, as ``read_body`` does, if the partition went away or retention came)."""
+    stopping early, as ``read_body`` does, if the partition went away or retention came); each
+    chunk is read (its CRCs checked) and let go at once: the body reads it again when it is sent
+    (``FramesPlan.pieces``), so that a read holds one chunk at a time, not its whole body."""
     queue, stop = _range(vhost, topic, partition_index, end, max_bytes)
     found = queue.partition
-    frames: list[tuple[bytes, bytes]] = []
+    chunks: list[_FramesChunk] = []
     size = 0
     position = max(offset, found.log_start_offset)
     while position < stop and size < max_bytes:
-        taken, position = found.read_frames(position, stop, min(max_bytes - size, FRAMES_CHUNK))
-        frames += taken
-        size += sum(len(head) + len(rest) for head, rest in taken)
-        if not taken or position >= stop or size >= max_bytes:
+        room = min(max_bytes - size, FRAMES_CHUNK)
+        taken, after = found.read_frames(position, stop, room)
+        got = bool(taken)
+        if got:
+            chunk = _FramesChunk.of(position, room, taken, after)
+            chunks.append(chunk)
+            size += chunk.size
+        del taken  # read again when sent
+        position = after
+        if not got or position >= stop or size >= max_bytes:
             break
         await trio.lowlevel.checkpoint()
         if (
@@ -104,7 +138,88 @@ async def read_frames_body(
             or found.log_start_offset > position
         ):
             break
-    return encode_frames(max(position, offset), frames)
+    return FramesPlan(vhost, topic, partition_index, queue, stop, chunks, max(position, offset))
+
+
+@attrs.frozen
+class _FramesChunk:
+    """Frames taken at once by ``Partition.read_frames(start, stop, room)``: how many, their
+    bytes, where the next read starts, and a digest of their heads (lengths and CRCs: a chunk
+    read again gives the same frames, or the log changed under the read)."""
+
+    start: int
+    room: int
+    count: int
+    size: int
+    resume: int
+    heads: int
+
+    @classmethod
+    def of(cls, start: int, room: int, frames: list[tuple[bytes, bytes]], resume: int) -> Self:
+        size = sum(len(head) + len(rest) for head, rest in frames)
+        return cls(start, room, len(frames), size, resume, _digest(frames))
+
+
+def _digest(frames: list[tuple[bytes, bytes]]) -> int:
+    return hash(b"".join(head for head, _rest in frames))
+
+
+@attrs.frozen
+class FramesPlan:
+    """A ``TQF1`` body planned (``plan_frames``): its length and its pieces."""
+
+    vhost: VirtualHost
+    topic: str
+    partition_index: int
+    queue: StreamQueue
+    stop: int
+    chunks: list[_FramesChunk]
+    next_offset: int
+
+    @property
+    def length(self) -> int:
+        return len(frames_head(0, 0)) + sum(chunk.size for chunk in self.chunks)
+
+    def pieces(self) -> Iterator[Piece]:
+        """The head, then each chunk of frames (the head goes with the first): each piece
+        reads its frames from the log again when it is built and checks they are the ones
+        planned (``ReadCut`` if the partition went away or its log changed)."""
+        head = frames_head(sum(chunk.count for chunk in self.chunks), self.next_offset)
+        if not self.chunks:
+            yield Piece(len(head), partial(_constant, head))
+        for i, chunk in enumerate(self.chunks):
+            prefix = head if i == 0 else b""
+            yield Piece(len(prefix) + chunk.size, partial(self._build, prefix, chunk))
+
+    async def _build(self, prefix: bytes, chunk: _FramesChunk) -> bytes:
+        if not _still_there(self.vhost, self.topic, self.partition_index, self.queue):
+            raise ReadCut(f"partition {self.partition_index} of topic '{self.topic}' went away")
+        frames, resume = self.queue.partition.read_frames(chunk.start, self.stop, chunk.room)
+        if _FramesChunk.of(chunk.start, chunk.room, frames, resume) != chunk:
+            raise ReadCut(
+                f"the log of partition {self.partition_index} of topic '{self.topic}' changed "
+                f"under the read (retention or compaction) at offset {chunk.start}"
+            )
+        return b"".join([prefix, *itertools.chain.from_iterable(frames)])
+
+
+async def _constant(data: bytes) -> bytes:
+    return data
+
+
+def columns_estimate(
+    vhost: VirtualHost, topic: str, partition_index: int, *, offset: int, max_bytes: int
+) -> int:
+    """What a ``read_body`` is expected to take, to reserve before it is built: ``max_bytes``
+    of keys and values (at most what the partition stores), and 24 bytes a record of offsets,
+    timestamps and column ends; headers, and a last record past ``max_bytes``, not counted
+    (a body that comes out bigger is built again under its size: ``ReadBody``)."""
+    queue, stop = _range(vhost, topic, partition_index, None, max_bytes)  # checks max_bytes
+    found = queue.partition
+    stored = found.storage_info().bytes
+    records = min(max(stop - max(offset, found.log_start_offset), 1), MAX_BATCH_RECORDS)
+    data = max_bytes if stored is None else min(max_bytes, stored)
+    return len(frames_head(0, 0)) + data + 24 * records + 12
 
 
 def _range(

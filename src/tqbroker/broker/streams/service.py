@@ -14,14 +14,13 @@ status, a Kafka error code) is its business.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import trio
 
-from ...backends.streams import CorruptLogError
 from ...protocol.codec import FieldTable
 from ..queue import Queue
+from ..read_budget import Piece, ReadBody, ReadBudget
 from ..vhost import VirtualHost
 from . import admin, bulk_read, reading, topics
 from .admin import (
@@ -35,6 +34,7 @@ from .admin import (
 )
 from .partition import Partition, StorageInfo
 from .queue import StreamQueue
+from .reading import RecordRead
 from .topics import (
     Conflict,
     ConsumerRecord,
@@ -43,6 +43,7 @@ from .topics import (
     ProducerRecord,
     TopicError,
     Unavailable,
+    failed_log,
 )
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "PartitionInfo",
     "PartitionOffsets",
     "ProducerRecord",
+    "RecordRead",
     "StorageInfo",
     "StreamService",
     "TopicError",
@@ -65,15 +67,6 @@ __all__ = [
     "Unavailable",
     "partition_of",
 ]
-
-
-@contextlib.contextmanager
-def _failed_log(topic: str, partition: int) -> Iterator[None]:
-    """A read of a partition whose log failed (a damaged frame) is ``Unavailable``."""
-    try:
-        yield
-    except CorruptLogError as exc:
-        raise Unavailable(f"partition {partition} of topic '{topic}' failed: {exc}") from None
 
 
 def partition_of(queue: Queue) -> Partition | None:
@@ -126,7 +119,7 @@ class StreamService:
         max_bytes: int = 1024 * 1024,
     ) -> list[ConsumerRecord]:
         """Records of a partition one by one, below its high watermark (``reading.read``)."""
-        with _failed_log(topic, partition):
+        with failed_log(topic, partition):
             return reading.read(
                 self.vhost,
                 topic,
@@ -137,7 +130,36 @@ class StreamService:
                 max_bytes=max_bytes,
             )
 
-    async def read_columns(
+    def record_read(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        offset: int | None = None,
+        timestamp_ms: int | None = None,
+        limit: int = 100,
+        max_bytes: int = 1024 * 1024,
+    ) -> RecordRead:
+        """``read`` taken a run at a time (``reading.RecordRead``), for a body that streams
+        under the read budget (admitted first: ``ReadBudget.admit``)."""
+        with failed_log(topic, partition):
+            return reading.RecordRead(
+                self.vhost,
+                topic,
+                partition,
+                offset=offset,
+                timestamp_ms=timestamp_ms,
+                limit=limit,
+                max_bytes=max_bytes,
+            )
+
+    @property
+    def read_budget(self) -> ReadBudget:
+        """The bytes reads may hold (the broker's; ``read_budget.py``): a read is admitted
+        (``ReadBudget.admit``) before it takes anything from the log."""
+        return self.vhost.read_budget
+
+    async def columns_body(
         self,
         topic: str,
         partition: int,
@@ -146,18 +168,56 @@ class StreamService:
         end: int | None,
         max_bytes: int,
         headers: bool,
-    ) -> bytes:
-        """A ``TQR1`` body: the records from ``offset`` in columns (``bulk_read.read_body``)."""
-        with _failed_log(topic, partition):
-            return await bulk_read.read_body(
-                self.vhost,
-                topic,
-                partition,
-                offset=offset,
-                end=end,
-                max_bytes=max_bytes,
-                headers=headers,
+    ) -> ReadBody:
+        """A ``TQR1`` body: the records from ``offset`` in columns (``bulk_read.read_body``),
+        built whole under a reservation of the read budget (its start, ``ReadBody.start``,
+        builds it)."""
+        await self.read_budget.admit()
+        with failed_log(topic, partition):
+            estimate = bulk_read.columns_estimate(
+                self.vhost, topic, partition, offset=offset, max_bytes=max_bytes
             )
+
+        async def build() -> bytes:
+            with failed_log(topic, partition):
+                return await bulk_read.read_body(
+                    self.vhost,
+                    topic,
+                    partition,
+                    offset=offset,
+                    end=end,
+                    max_bytes=max_bytes,
+                    headers=headers,
+                )
+
+        return ReadBody(self.read_budget, [Piece(estimate, build)], None)
+
+    async def fetch_body(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        offset: int,
+        end: int | None = None,
+        max_bytes: int,
+        wait_until: float | None = None,
+    ) -> ReadBody:
+        """A ``TQF1`` body: the log's frames holding the records from ``offset`` on, as they
+        lie on disk (``bulk_read.plan_frames``), streamed a chunk at a time under the read
+        budget. With ``wait_until`` (Trio's clock), a fetch at the high watermark first waits
+        for records until then (Kafka's ``fetch.max.wait.ms``) and answers empty if none
+        came."""
+        await self.read_budget.admit()
+        if wait_until is not None:
+            found = self.partition(topic, partition)
+            if offset >= found.high_watermark and offset >= found.log_start_offset:
+                await found.wait_beyond(offset, wait_until)
+            await trio.lowlevel.checkpoint()
+        with failed_log(topic, partition):
+            plan = await bulk_read.plan_frames(
+                self.vhost, topic, partition, offset=offset, end=end, max_bytes=max_bytes
+            )
+        return ReadBody(self.read_budget, plan.pieces(), plan.length)
 
     async def fetch(
         self,
@@ -169,19 +229,11 @@ class StreamService:
         max_bytes: int,
         wait_until: float | None = None,
     ) -> bytes:
-        """A ``TQF1`` body: the log's frames holding the records from ``offset`` on, as they
-        lie on disk (``bulk_read.read_frames_body``). With ``wait_until`` (Trio's clock), a
-        fetch at the high watermark first waits for records until then (Kafka's
-        ``fetch.max.wait.ms``) and answers empty if none came."""
-        if wait_until is not None:
-            found = self.partition(topic, partition)
-            if offset >= found.high_watermark and offset >= found.log_start_offset:
-                await found.wait_beyond(offset, wait_until)
-            await trio.lowlevel.checkpoint()
-        with _failed_log(topic, partition):
-            return await bulk_read.read_frames_body(
-                self.vhost, topic, partition, offset=offset, end=end, max_bytes=max_bytes
-            )
+        """``fetch_body``'s body, whole (for callers that want it in one piece)."""
+        body = await self.fetch_body(
+            topic, partition, offset=offset, end=end, max_bytes=max_bytes, wait_until=wait_until
+        )
+        return await body.read_all()
 
     # -- offsets -------------------------------------------------------------------------------
 

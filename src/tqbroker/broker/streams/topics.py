@@ -29,13 +29,15 @@ cannot write). What a caller makes of them (an HTTP status, an exit code) is its
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 import attrs
 
 from ... import clock
+from ...backends.streams import CorruptLogError
 from ...model import Message
 from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, DecodeError, ReplyCode
@@ -80,7 +82,17 @@ class Conflict(TopicError):
 
 
 class Unavailable(TopicError):
-    """Storage that cannot write, or cannot make a write durable."""
+    """Storage that cannot write, or cannot make a write durable; a partition whose log
+    failed (a damaged frame: ``failed_log``)."""
+
+
+@contextlib.contextmanager
+def failed_log(topic: str, partition: int) -> Iterator[None]:
+    """A read of a partition whose log failed (a damaged frame) is ``Unavailable``."""
+    try:
+        yield
+    except CorruptLogError as exc:
+        raise Unavailable(f"partition {partition} of topic '{topic}' failed: {exc}") from None
 
 
 @attrs.frozen

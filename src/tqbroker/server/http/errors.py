@@ -7,7 +7,8 @@ Responsibilities:
 - ``RequestError``: a request the HTTP layer itself refuses (credentials, permissions, a body
   too large or malformed), with its status;
 - the status of each stream service failure (``TopicError``): ``NotFound`` 404,
-  ``InvalidRequest`` 400, ``Conflict`` 409, ``Unavailable`` 503;
+  ``InvalidRequest`` 400, ``Conflict`` 409, ``Unavailable`` 503; a read refused while the
+  memory alarm is set (``LowOnMemory``): 503 with ``Retry-After``;
 - a 401 asks for HTTP Basic credentials (``WWW-Authenticate``) unless a browser asked
   (``challenges``);
 - ``EXCEPTION_HANDLERS``: the app's handlers for those, for Starlette's own ``HTTPException``
@@ -24,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from ...broker.read_budget import LowOnMemory
 from ...broker.streams.service import Conflict, InvalidRequest, NotFound, TopicError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,14 @@ async def _disconnect(request: Request, exc: Exception) -> Response:
     return error(408, f"{request.method} {request.url.path}: the request body did not arrive")
 
 
+async def _low_on_memory(request: Request, exc: Exception) -> Response:
+    """A read refused while the memory alarm is set: 503, and when to ask again."""
+    assert isinstance(exc, LowOnMemory)
+    response = error(503, exc.message)
+    response.headers["retry-after"] = str(exc.retry_after)
+    return response
+
+
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.exception("HTTP %s %s failed", request.method, request.url.path, exc_info=exc)
     return error(500, f"{request.method} {request.url.path}: internal error (in the log)")
@@ -145,6 +155,7 @@ EXCEPTION_HANDLERS: Mapping[Any, Callable[[Request, Exception], Awaitable[Respon
     ApiError: _api_error,
     RequestError: _request_error,
     TopicError: _topic_error,
+    LowOnMemory: _low_on_memory,
     HTTPException: _http_error,
     ClientDisconnect: _disconnect,
     Exception: _internal_error,

@@ -3,7 +3,9 @@
 
 Responsibilities:
 - ``GET /topics/{topic}/partitions/{p}/records``: a ``ReadBatch`` of one partition from an
-  offset up to an optional end, at most ``max_bytes`` of keys and values, headers on request;
+  offset up to an optional end, at most ``max_bytes`` of keys and values, headers on request
+  (built whole, within the broker's read budget), or the log's frames (streamed a chunk at a
+  time under it: ``read_response.py``);
 - ``POST /topics/{topic}/records``: a ``WriteBatch`` produced in one go, each record checked
   as a JSON produce checks it (value size 413, key and header names of at most 255 bytes,
   headers a JSON object); idempotent with an ``x-producer-id`` and the
@@ -24,6 +26,7 @@ from ...recordbatch import WriteBatch, decode_write
 from . import inputs, jsonbody, topic_access
 from .auth import broker_of, vhost_of
 from .errors import RequestError
+from .read_response import read_response
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +53,13 @@ async def read_records(request: Request) -> Response:
     if kind == "frames":
         if headers:
             raise RequestError(400, "frames carry the headers: drop headers=true")
-        body = await StreamService(vhost).fetch(
+        frames = await StreamService(vhost).fetch_body(
             topic, index, offset=offset, end=end, max_bytes=inputs.max_bytes(query)
         )
-        return Response(body, media_type=FRAMES_MEDIA_TYPE)
+        return await read_response(frames, FRAMES_MEDIA_TYPE)
     if kind != "columns":
         raise RequestError(400, f"format must be columns or frames (got {kind})")
-    body = await StreamService(vhost).read_columns(
+    columns = await StreamService(vhost).columns_body(
         topic,
         index,
         offset=offset,
@@ -64,7 +67,7 @@ async def read_records(request: Request) -> Response:
         max_bytes=inputs.max_bytes(query),
         headers=headers,
     )
-    return Response(body, media_type=RECORDS_MEDIA_TYPE)
+    return await read_response(columns, RECORDS_MEDIA_TYPE)
 
 
 async def write_records(request: Request) -> Response:

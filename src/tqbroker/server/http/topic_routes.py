@@ -11,20 +11,42 @@ else as base64, and its header values as ``recordbatch.json_value`` renders them
 from __future__ import annotations
 
 import base64
+import functools
+import json
 import logging
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Final
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...broker.pacing import Pacer
-from ...broker.streams.service import ConsumerRecord, StreamService
+from ...broker.read_budget import Piece, ReadBody
+from ...broker.streams.service import (
+    ConsumerRecord,
+    NotFound,
+    RecordRead,
+    StreamService,
+    TopicError,
+)
 from ...recordbatch import json_value
 from . import inputs, topic_access
 from .auth import broker_of, vhost_of
 from .errors import RequestError
+from .read_response import read_response
 
 log = logging.getLogger(__name__)
+
+# A piece of a JSON read (``_Messages``): at most this many records, about this many bytes of
+# values; this much of the read budget is reserved before one is built (or the size of the one
+# before, when that was more).
+PIECE_RECORDS: Final = 1000
+PIECE_VALUES: Final = 512 * 1024
+PIECE_BYTES: Final = 1024 * 1024
+# As ``JSONResponse`` renders.
+_dumps = functools.partial(
+    json.dumps, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+)
 
 
 async def declare_topic(request: Request) -> Response:
@@ -66,7 +88,8 @@ async def produce(request: Request) -> Response:
 
 async def consume(request: Request) -> Response:
     """``GET /topics/{topic}/messages``: records of one partition from an offset (a number,
-    ``earliest`` or ``latest``) or a timestamp, and the offset to read next."""
+    ``earliest`` or ``latest``) or a timestamp, and the offset to read next; streamed a piece
+    at a time under the broker's read budget (``_Messages``)."""
     query = request.query_params
     partition = inputs.integer(query.get("partition", "0"), "partition")
     limit = inputs.integer(query.get("limit", "100"), "limit")
@@ -79,9 +102,10 @@ async def consume(request: Request) -> Response:
     await topic_access.check_read(request, vhost, partition)
     topic = request.path_params["topic"]
     streams = StreamService(vhost)
+    await streams.read_budget.admit()
     if offset == "latest":
         offset = streams.high_watermark(topic, partition)
-    records = streams.read(
+    read = streams.record_read(
         topic,
         partition,
         offset=offset if isinstance(offset, int) else None,
@@ -89,15 +113,66 @@ async def consume(request: Request) -> Response:
         limit=limit,
         max_bytes=max_bytes,
     )
-    next_offset = records[-1].offset + 1 if records else streams.high_watermark(topic, partition)
-    return JSONResponse(
-        {
-            "topic": topic,
-            "partition": partition,
-            "messages": [_record_json(r) for r in records],
-            "next_offset": next_offset,
-        }
-    )
+    messages = _Messages(topic, partition, read)
+    body = ReadBody(streams.read_budget, messages.pieces(), None)
+    return await read_response(body, "application/json")
+
+
+class _Messages:
+    """The JSON of a read, a piece at a time, byte for byte what ``JSONResponse`` would render
+    of ``{"topic", "partition", "messages": [...], "next_offset"}``: each piece is a run of
+    the read (at most ``PIECE_RECORDS`` records, about ``PIECE_VALUES`` bytes of values), the
+    first opens the object, the last closes it. A run that fails after the first piece (the
+    partition failed or went away meanwhile) ends the answer there: its ``next_offset`` is
+    where the next read starts, and meets the failure."""
+
+    def __init__(self, topic: str, partition: int, read: RecordRead) -> None:
+        self._read = read
+        self._head = f'{{"topic":{_dumps(topic)},"partition":{partition},"messages":['.encode()
+        self._opening = True  # no piece sent yet
+        self._written = 0  # records sent
+        self._estimate = PIECE_BYTES
+        self._built = (0, False)  # the last piece built: its records, whether it ends
+        self._finished = False
+
+    def pieces(self) -> Iterator[Piece]:
+        while not self._finished:
+            yield Piece(self._estimate, self._build)
+            count, ends = self._built
+            self._read.advance()
+            self._opening = False
+            self._written += count
+            self._finished = ends
+
+    async def _build(self) -> bytes:
+        read = self._read
+        parts = [self._head] if self._opening else []
+        try:
+            if not self._opening and read.partition.closed:  # deleted (or failed) meanwhile
+                raise NotFound(f"partition {read.partition_index} went away")
+            records = read.take(PIECE_RECORDS, PIECE_VALUES)
+            ends = read.run_ends_read
+        except TopicError:
+            if self._opening:
+                raise  # before anything is sent: its status
+            records, ends = [], True
+        if records:
+            listed = _dumps([_record_json(r) for r in records])
+            parts.append(
+                listed[1:-1].encode() if not self._written else b"," + listed[1:-1].encode()
+            )
+        if ends:
+            if records:
+                next_offset = records[-1].offset + 1
+            elif read.last_offset is not None:
+                next_offset = read.last_offset + 1
+            else:
+                next_offset = read.partition.high_watermark
+            parts.append(b'],"next_offset":%d}' % next_offset)
+        self._built = (len(records), ends)
+        piece = b"".join(parts)
+        self._estimate = max(PIECE_BYTES, len(piece))
+        return piece
 
 
 async def offsets(request: Request) -> Response:
