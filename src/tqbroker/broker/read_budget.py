@@ -111,9 +111,10 @@ class ReadBudget:
     async def reserve(self, size: int) -> None:
         """Take ``size`` bytes, waiting (behind earlier reservations) until they fit. Call it
         only while holding nothing else of the budget."""
+        await trio.lowlevel.checkpoint_if_cancelled()
         if not self._waiters and self._fits(size):
-            self._take(size)
-            await trio.lowlevel.checkpoint()
+            self._take(size)  # then a checkpoint that cannot raise: taken means returned
+            await trio.lowlevel.cancel_shielded_checkpoint()
             return
         waiter = _Waiter(size)
         self._waiters.append(waiter)
