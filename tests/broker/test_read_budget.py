@@ -154,19 +154,44 @@ async def test_a_body_holds_one_piece_at_a_time() -> None:
 
 
 async def test_a_piece_that_outgrew_its_reservation_is_built_again_under_its_size() -> None:
-    budget = ReadBudget(100 * MIB)
+    """When the budget has no room for the difference now: here a read waits for room."""
+    budget = ReadBudget(4 * MIB)
     builds: list[int] = []
+    going_on = trio.Event()
 
     async def build() -> bytes:
         builds.append(budget.in_use)
+        await going_on.wait()
+        return b"y" * (3 * MIB)
+
+    async def other_read() -> None:
+        await budget.reserve(4 * MIB)
+        budget.release(4 * MIB)
+
+    body = ReadBody(budget, [Piece(MIB, build)], None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(body.start)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(other_read)  # waits behind the piece being built
+        await trio.testing.wait_all_tasks_blocked()
+        going_on.set()
+    assert builds == [MIB, 3 * MIB]  # dropped, waited behind the other read, built again
+    assert body.length == 3 * MIB  # one piece: its length is known once built
+    assert (budget.in_use, budget.peak) == (3 * MIB, 4 * MIB)
+    assert len(await body.read_all()) == 3 * MIB
+    assert budget.in_use == 0
+
+
+async def test_a_piece_that_outgrew_its_reservation_keeps_what_there_is_room_for() -> None:
+    budget = ReadBudget(100 * MIB)
+
+    async def build() -> bytes:
         return b"y" * (3 * MIB)
 
     body = ReadBody(budget, [Piece(MIB, build)], None)
     await body.start()
-    assert builds == [MIB, 3 * MIB]
-    assert body.length == 3 * MIB  # one piece: its length is known once built
-    assert budget.in_use == 3 * MIB
-    assert len(await body.read_all()) == 3 * MIB
+    assert budget.in_use == 3 * MIB  # built once
+    body.close()
     assert budget.in_use == 0
 
 

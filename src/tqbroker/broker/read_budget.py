@@ -20,8 +20,9 @@ Responsibilities:
 - ``ReadBody``: an answer as a series of ``Piece``s (the bytes to reserve and how to build
   them), each reserved, built, handed out in slices of at most ``SLICE_BYTES`` and released
   when the next is asked for (its slices have been written out by then) or the body is closed.
-  A piece that comes out bigger than its reservation is dropped and built again once its size
-  is reserved (the second build is kept whatever its size).
+  A piece that comes out bigger than its reservation keeps the difference if the budget has
+  room for it now, else it is dropped and built again once its size is reserved (the second
+  build is kept whatever its size).
 """
 
 from __future__ import annotations
@@ -134,6 +135,14 @@ class ReadBudget:
         assert self.in_use >= 0, "released more than was reserved"
         self._grant()
 
+    def try_reserve(self, size: int) -> bool:
+        """Take ``size`` bytes if they fit now and nobody waits (no waiting: a read may call
+        it while it holds some); True if taken."""
+        if self._waiters or self.in_use + size > self.limit:
+            return False
+        self._take(size)
+        return True
+
     def charge(self, size: int) -> None:
         """Count ``size`` bytes more without waiting (bytes already built: a piece that grew
         between its two builds); ``release`` them as the others."""
@@ -227,7 +236,9 @@ class ReadBody:
         if piece is None:
             return False
         data = await self._built(piece.size, piece)
-        if len(data) > self._held:  # dropped, and built again under its size
+        if len(data) > self._held and self.budget.try_reserve(len(data) - self._held):
+            self._held = len(data)  # bigger than reserved, but there was room: kept
+        elif len(data) > self._held:  # dropped, and built again under its size
             size = len(data)
             del data
             self._give_back()
