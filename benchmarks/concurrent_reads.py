@@ -5,13 +5,14 @@ the broker's peak RSS and the worst gap between an AMQP publisher's confirms whi
                                           [--format frames|columns|json] [--fill 80MiB]
 
 Starts ``python -m tqbroker`` (log backend, ``--memory-high-watermark``), fills a one-partition
-topic with ``--fill`` bytes of 64 KiB records through the bulk write, starts a pika publisher
-(publisher confirms, one message at a time, on a connection of its own) and a sampler of the
-broker's resident set (every 20 ms, from ``/proc``), then issues ``--reads`` concurrent reads of
-``--max-bytes`` each (a thread and an HTTP connection each, the response streamed and counted,
-not kept) and prints one line: the reads' bytes and time, the broker's RSS before and at its
-peak, whether it passed the watermark, and the publisher's confirms and worst confirm gap. A
-probe, not a test: it asserts nothing (``tests/http/test_read_budget.py`` does).
+topic with ``--fill`` bytes of 64 KiB records through the bulk write (4 MiB a request), starts a
+pika publisher (publisher confirms, one message at a time, on a connection of its own) and a
+sampler of the broker's resident set (every 20 ms, from ``/proc``), then issues ``--reads``
+concurrent reads of ``--max-bytes`` each (a thread and an HTTP connection each, the response
+streamed and counted, not kept) and prints one line: the reads' bytes and time, the broker's RSS
+before and at its peak, whether it passed the watermark, and the publisher's confirms and worst
+confirm gap. A probe, not a test: it asserts nothing (``tests/http/test_read_budget.py`` does).
+Before/after figures: ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ def rss_bytes(pid: int) -> int:
 
 
 def fill(http: httpx.Client, total: int) -> None:
-    """``total`` bytes of ``RECORD``-byte text records, 16 MiB a request."""
+    """``total`` bytes of ``RECORD``-byte text records, 4 MiB a request."""
     http.put(f"/topics/{TOPIC}", json={"partitions": 1}).raise_for_status()
-    per_request = 16 * MIB // RECORD
+    per_request = 4 * MIB // RECORD
     written = 0
     while written < total:
         n = min(per_request, (total - written + RECORD - 1) // RECORD)

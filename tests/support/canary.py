@@ -7,6 +7,7 @@ Usage::
         canary.mark()                    # (optional) start a new observation window
         ...                              # abuse the broker
         canary.check()                   # more round trips since the mark, no error, no stall
+        canary.blocked                   # connection.blocked notifications so far (alarms)
 
 One canary may watch many tests in turn (``mark`` / ``check`` per test).
 
@@ -34,6 +35,7 @@ class Canary:
         self.pause = pause
         self.round_trips = 0
         self.max_latency = 0.0
+        self.blocked = 0  # connection.blocked notifications (a resource alarm) received
         self._baseline = 0
         self.errors: list[BaseException] = []
         self._started = threading.Event()
@@ -75,9 +77,11 @@ class Canary:
         self._baseline = self.round_trips
         self.max_latency = 0.0
 
-    def check(self, min_round_trips: int = 3, timeout: float = 5.0) -> None:
+    def check(
+        self, min_round_trips: int = 3, timeout: float = 5.0, max_latency: float = MAX_LATENCY
+    ) -> None:
         """At least ``min_round_trips`` more round trips since the last ``mark``, no error and no
-        round trip slower than ``MAX_LATENCY``. The canary keeps running."""
+        round trip slower than ``max_latency``. The canary keeps running."""
         deadline = time.monotonic() + timeout
         want = self._baseline + min_round_trips
         while self.round_trips < want and not self.errors and time.monotonic() < deadline:
@@ -87,7 +91,7 @@ class Canary:
             f"the canary made only {self.round_trips - self._baseline} round trips during the "
             f"test (wanted {min_round_trips})"
         )
-        assert self.max_latency < MAX_LATENCY, (
+        assert self.max_latency < max_latency, (
             f"a canary round trip took {self.max_latency:.2f}s: the broker stalled"
         )
 
@@ -104,6 +108,7 @@ class Canary:
                 blocked_connection_timeout=5,
             )
             connection = pika.BlockingConnection(params)
+            connection.add_on_connection_blocked_callback(self._on_blocked)
             try:
                 self._loop(connection)
             finally:
@@ -113,6 +118,9 @@ class Canary:
             self.errors.append(exc)
         finally:
             self._started.set()
+
+    def _on_blocked(self, _connection: object, _frame: object) -> None:
+        self.blocked += 1
 
     def _loop(self, connection: pika.BlockingConnection) -> None:
         channel = connection.channel()

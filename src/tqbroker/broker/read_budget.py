@@ -20,8 +20,9 @@ Responsibilities:
 - ``ReadBody``: an answer as a series of ``Piece``s (the bytes to reserve and how to build
   them), each reserved, built, handed out in slices of at most ``SLICE_BYTES`` and released
   when the next is asked for (its slices have been written out by then) or the body is closed.
-  A piece that comes out bigger than its reservation is dropped and built again once its size
-  is reserved (the second build is kept whatever its size).
+  A piece that comes out bigger than its reservation keeps the difference if the budget has
+  room for it now, else it is dropped and built again once its size is reserved (the second
+  build is kept whatever its size).
 """
 
 from __future__ import annotations
@@ -111,9 +112,10 @@ class ReadBudget:
     async def reserve(self, size: int) -> None:
         """Take ``size`` bytes, waiting (behind earlier reservations) until they fit. Call it
         only while holding nothing else of the budget."""
+        await trio.lowlevel.checkpoint_if_cancelled()
         if not self._waiters and self._fits(size):
-            self._take(size)
-            await trio.lowlevel.checkpoint()
+            self._take(size)  # then a checkpoint that cannot raise: taken means returned
+            await trio.lowlevel.cancel_shielded_checkpoint()
             return
         waiter = _Waiter(size)
         self._waiters.append(waiter)
@@ -132,6 +134,14 @@ class ReadBudget:
         self.in_use -= size
         assert self.in_use >= 0, "released more than was reserved"
         self._grant()
+
+    def try_reserve(self, size: int) -> bool:
+        """Take ``size`` bytes if they fit now and nobody waits (no waiting: a read may call
+        it while it holds some); True if taken."""
+        if self._waiters or self.in_use + size > self.limit:
+            return False
+        self._take(size)
+        return True
 
     def charge(self, size: int) -> None:
         """Count ``size`` bytes more without waiting (bytes already built: a piece that grew
@@ -226,7 +236,9 @@ class ReadBody:
         if piece is None:
             return False
         data = await self._built(piece.size, piece)
-        if len(data) > self._held:  # dropped, and built again under its size
+        if len(data) > self._held and self.budget.try_reserve(len(data) - self._held):
+            self._held = len(data)  # bigger than reserved, but there was room: kept
+        elif len(data) > self._held:  # dropped, and built again under its size
             size = len(data)
             del data
             self._give_back()

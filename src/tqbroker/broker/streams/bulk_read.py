@@ -213,7 +213,7 @@ def columns_estimate(
     """What a ``read_body`` is expected to take, to reserve before it is built: ``max_bytes``
     of keys and values (at most what the partition stores), and 24 bytes a record of offsets,
     timestamps and column ends; headers, and a last record past ``max_bytes``, not counted
-    (a body that comes out bigger is built again under its size: ``ReadBody``)."""
+    (a body that comes out bigger takes the difference, or is built again: ``ReadBody``)."""
     queue, stop = _range(vhost, topic, partition_index, None, max_bytes)  # checks max_bytes
     found = queue.partition
     stored = found.storage_info().bytes

@@ -11,6 +11,7 @@ inside the broker's nursery. The management API will extend this same app.
 - HTTP Basic authentication against the broker's users and their vhost permissions
   (``auth.py``); request bodies, parameters and records read and checked (``inputs.py``);
 - every error is JSON with its status (``errors.py``);
+- reads answered as streams under the broker's read budget (``read_response.py``);
 - Prometheus' ``/metrics``, ``/metrics/per-object``, ``/metrics/detailed`` (``metrics.py``,
   ``metrics_routes.py``), on their own port (``serve_metrics``);
 - requests from other sites' pages refused in front of every route (``cross_site.py``);

@@ -6,10 +6,11 @@ that reads hold bounded memory however many run and however slowly their clients
 The first piece is built before the response begins: a read that is refused (``LowOnMemory``:
 503 with ``Retry-After``) or fails (404, 400, 503) answers its status. A body whose length is
 known (the frames; a body of one piece) is sent with ``Content-Length``, another chunked. A body
-that cannot go on once begun (``ReadCut``: the log changed under a streamed frame read) is cut
-short: the connection is closed before the promised length, which the client sees as an
-incomplete response, never as a shorter one. The body is closed (its reservation given back)
-however the response ends, a client that goes away included.
+that cannot go on once begun (``ReadCut``: the log changed under a streamed frame read, or a
+storage error) is cut short: the app returns without ending the body, so hypercorn closes the
+connection before the promised length (or the last chunk), which the client sees as an
+incomplete response, never as a shorter one; one warning line says why. The body is closed
+(its reservation given back) however the response ends, a client that goes away included.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ...broker.read_budget import ReadBody, ReadCut
+from ...broker.streams.service import TopicError
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,7 @@ class _ReadResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
-        except ReadCut as exc:
+        except (ReadCut, TopicError, OSError) as exc:  # the client sees a response cut short
             log.warning("%s: the response was cut short: %s", scope.get("path"), exc)
-            raise
         finally:
             self.read_body.close()
