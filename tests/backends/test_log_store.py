@@ -85,7 +85,7 @@ def test_records_carry_the_message_timestamp(tmp_path: Path, cache_bytes: int) -
         log.append(message(3, timestamp_ms=T0), 1, timestamp_ms=T0 + 9),  # explicit: wins
     ]
     after = time.time_ns() // 1_000_000
-    records = [log.read(offset) for offset in offsets]
+    records = [log.reader.read(offset) for offset in offsets]
     stamps = [record.timestamp_ms for record in records if record is not None]
     assert stamps[:2] == [T0 + 5, T0]
     assert before <= stamps[2] <= after
@@ -97,7 +97,7 @@ def test_records_carry_the_message_timestamp(tmp_path: Path, cache_bytes: int) -
     log.close(clean=True)
     log = Log(tmp_path)
     log.open()
-    assert [r.timestamp_ms for r in map(log.read, offsets) if r is not None] == stamps
+    assert [r.timestamp_ms for r in map(log.reader.read, offsets) if r is not None] == stamps
     log.close(clean=True)
 
 
@@ -119,7 +119,7 @@ def test_time_index_finds_the_first_record_at_or_after_with_timestamps_out_of_or
     assert len(log.segments) > 5
     for t in range(T0 - 1, T0 + 2002, 7):
         expected = next((n for n, stamp in enumerate(stamps) if stamp >= t), len(stamps))
-        assert log.offset_for_timestamp(t) == expected, t
+        assert log.reader.offset_for_timestamp(t) == expected, t
     for segment in log.segments:  # the time index is strictly increasing
         assert list(segment.time_index.keys) == sorted(set(segment.time_index.keys))
     log.close(clean=True)
@@ -203,7 +203,7 @@ def test_a_damaged_record_leaves_ready_bytes_exact(
     store.requeue(popped[0])
     got = drain(backend, store)
     assert [m.body for _, m, _ in got] == [m.body for n, m in enumerate(messages) if n != victim]
-    assert store.log.corrupt_records >= 1
+    assert store.log.reader.corrupt_records >= 1
     for message_id, _, _ in got:
         store.ack(message_id)
     assert (store.ready_count, store.unacked_count, store.ready_bytes) == (0, 0, 0)

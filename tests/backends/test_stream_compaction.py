@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tqbroker.backends.log.cache import RecordCache
+from tqbroker.backends.log.compaction import COMPACTION_DIR
 from tqbroker.backends.log.format import Record
-from tqbroker.backends.log.log import COMPACTION_DIR, Log
+from tqbroker.backends.log.log import Log
 from tqbroker.backends.log.stream import LogStream
 from tqbroker.backends.streams import CompactionPolicy, CorruptLogError
 from tqbroker.broker.streams.compaction import compaction_policy

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tqbroker.backends.log import segment_reads
 from tqbroker.backends.log.compaction import read_file_records
 from tqbroker.backends.log.format import RecordError, decode_frame, encode_record
 from tqbroker.backends.log.recovery import load_segment, scan_segment
@@ -85,9 +86,11 @@ def fuzz_log(data: bytes) -> None:
         _check(segment, log_raw, base, rescanned=not mode & 1, active=end_offset is None)
         if not mode & 1 and truncate:
             # What a truncating scan leaves is a valid segment: a second scan keeps it all.
-            before = [(r.offset, r.message.body) for r in segment.records(base)]
+            before = [(r.offset, r.message.body) for r in segment_reads.records(segment, base)]
             assert scan_segment(segment, truncate=True), "a scanned segment is not intact"
-            assert [(r.offset, r.message.body) for r in segment.records(base)] == before
+            assert [
+                (r.offset, r.message.body) for r in segment_reads.records(segment, base)
+            ] == before
             assert segment.size == os.path.getsize(paths[0])
             listed = [r.offset for r, _ in read_file_records(paths[0], segment.size)]
             assert listed == [offset for offset, _ in before]
@@ -96,7 +99,7 @@ def fuzz_log(data: bytes) -> None:
 
 
 def _check(segment: Segment, raw: bytes, base: int, *, rescanned: bool, active: bool) -> None:
-    records = list(segment.records(base))
+    records = list(segment_reads.records(segment, base))
     offsets = [r.offset for r in records]
     assert offsets == sorted(set(offsets)), f"offsets not increasing: {offsets}"
     assert all(base <= o < segment.next_offset for o in offsets), (offsets, segment.next_offset)
@@ -105,12 +108,12 @@ def _check(segment: Segment, raw: bytes, base: int, *, rescanned: bool, active: 
         assert kept.get(offset) == body, f"intact record {offset} lost"
     if rescanned:  # indexes rebuilt from the records (loaded ones may be garbage)
         for record in records:
-            found = segment.read(record.offset)
+            found = segment_reads.read(segment, record.offset)
             assert found is not None
             assert found.message.body == record.message.body
     for offset in range(base, min(segment.next_offset, base + 64)):
         with contextlib.suppress(RecordError):
-            segment.read(offset)
+            segment_reads.read(segment, offset)
     if not active:
         return  # a sealed segment (another follows it) is never appended to
     # The log goes on from there: a record appended now reads back, after every other one.
@@ -118,7 +121,7 @@ def _check(segment: Segment, raw: bytes, base: int, *, rescanned: bool, active: 
     message = Message("", "appended", b"\x00\x00", b"after recovery")
     segment.append(offset, 1, encode_record(offset, 1, 0, message))
     segment.write_out()
-    found = segment.read(offset)
+    found = segment_reads.read(segment, offset)
     assert found is not None, "a record appended after recovery cannot be read"
     assert found.message.body == b"after recovery"
-    assert [r.offset for r in segment.records(base)][-1] == offset
+    assert [r.offset for r in segment_reads.records(segment, base)][-1] == offset

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.rawamqp import RawAMQP
 from tqbroker.auth.sasl import parse_response
+from tqbroker.backends.log import segment_reads
 from tqbroker.backends.log.format import encode_record
 from tqbroker.backends.log.recovery import scan_segment
 from tqbroker.backends.log.segment import Segment, segment_name
@@ -157,11 +158,14 @@ def test_append_after_untruncated_scan_reads_back(tmp_path: Path) -> None:
     try:
         assert not scan_segment(segment, truncate=False)
         assert segment.next_offset == 2
-        assert [r.message.body for r in segment.records(0)] == [b"m0", b"m1"]  # cache filled
+        assert [r.message.body for r in segment_reads.records(segment, 0)] == [
+            b"m0",
+            b"m1",
+        ]  # cache filled
         message = Message("", "q", b"\x00\x00", b"after")
         segment.append(2, 2000, encode_record(2, 2000, 1, message))
         segment.write_out()
-        found = segment.read(2)
+        found = segment_reads.read(segment, 2)
         assert found is not None
         assert found.message.body == b"after"
     finally:

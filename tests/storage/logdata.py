@@ -110,9 +110,9 @@ def assert_log_holds(log: Log, expected: list[Expected]) -> None:
     assert log.start_offset == 0
     assert log.next_offset == len(expected)
     for want in expected:
-        assert as_expected(log.read(want.offset)) == want, want.offset
-    assert log.read(len(expected)) is None
-    assert log.corrupt_records == 0
+        assert as_expected(log.reader.read(want.offset)) == want, want.offset
+    assert log.reader.read(len(expected)) is None
+    assert log.reader.corrupt_records == 0
 
 
 def first_at_or_after(expected: list[Expected], ts: int) -> int:

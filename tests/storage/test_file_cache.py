@@ -214,7 +214,7 @@ def test_a_log_reopens_its_files_after_eviction_and_a_move(
     logs[0].move(tmp_path / "trash")
     work = logs[0].sync_work()  # nothing new: the directory only, if anything
     for n, log in enumerate(logs):
-        record = log.read(7)
+        record = log.reader.read(7)
         assert record is not None
         assert record.message.body == b"%d-7" % n * 20
     logs[0].append(Message("", "q", b"", b"after the move"), flags=0)

@@ -163,7 +163,7 @@ def test_a_damaged_frame_fails_the_stream_with_one_clear_log_line(
     # On the log's own logger: a fuzz target imported in this test process quiets its parent
     # (``tests/fuzz/log_targets.py``).
     with (
-        caplog.at_level(logging.ERROR, logger="tqbroker.backends.log.log"),
+        caplog.at_level(logging.ERROR, logger="tqbroker.backends.log.reader"),
         pytest.raises(CorruptLogError) as raised,
     ):
         _read_in_frames(stream, 3, 300, 1 << 20)

@@ -171,14 +171,14 @@ def test_a_crash_after_append_only_commits_recovers_every_committed_record(
     backend.open(tmp_path)
     store = opener(backend)
     log = segment_log(store)
-    bodies = [record.message.body[:6] for record in log.records(0)]
+    bodies = [record.message.body[:6] for record in log.reader.records(0)]
     assert bodies == [b"%06d" % n for n in range(300)]
     assert log.next_offset == 300
     for n in range(300):
-        record = log.read(n)
+        record = log.reader.read(n)
         assert record is not None
         assert record.message.body[:6] == b"%06d" % n
-    assert log.offset_for_timestamp(1_700_000_000_000) == 0
+    assert log.reader.offset_for_timestamp(1_700_000_000_000) == 0
     append(store, 300)
     flush(backend)
     backend.close()
@@ -213,7 +213,7 @@ def test_a_segment_ending_at_the_recovery_point_is_rescanned_not_trusted(tmp_pat
     backend.open(tmp_path)
     log = segment_log(backend.open_stream("/", "s"))
     assert log.segments[0].max_timestamp == t0 + 20_000
-    assert log.offset_for_timestamp(t0 + 20_000) == 5
+    assert log.reader.offset_for_timestamp(t0 + 20_000) == 5
     backend.close()
 
 

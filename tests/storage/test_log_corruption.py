@@ -1,5 +1,5 @@
 """Bit rot in a sealed segment: one flipped bit anywhere in a record (its length, CRC, header
-fields or body) makes that record unreadable, and only that one. ``Log.read`` returns None for
+fields or body) makes that record unreadable, and only that one. ``LogReader.read`` returns None for
 it (logged with the file and offset, counted in ``corrupt_records``) and never a corrupted body;
 every other record still reads back byte for byte, before and after a restart; a consumer of a
 queue on the ``log`` backend gets every other message and never the corrupted one."""
@@ -112,25 +112,25 @@ def test_flipped_bit_in_a_sealed_segment_loses_only_that_record(
     caplog.clear()
     with caplog.at_level(logging.ERROR, logger="tqbroker.backends.log"):
         for want in expected:
-            got = as_expected(log.read(want.offset))
+            got = as_expected(log.reader.read(want.offset))
             if want.offset == victim:
                 assert got is None
             else:
                 assert got == want, f"offset {want.offset} (victim {victim})"
-    assert log.corrupt_records == 1
+    assert log.reader.corrupt_records == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1
     assert str(path) in errors[0]
     assert f"offset {victim}" in errors[0]
 
     # Reading it again logs and counts again; it never comes back.
-    assert log.read(victim) is None
-    assert log.corrupt_records == 2
+    assert log.reader.read(victim) is None
+    assert log.reader.corrupt_records == 2
 
     # Timestamp lookups step over the damaged record.
     for want in expected[::3]:
         for t in (want.timestamp_ms, want.timestamp_ms + 1):
-            found = log.offset_for_timestamp(t)
+            found = log.reader.offset_for_timestamp(t)
             without = [e for e in expected if e.offset != victim]
             assert found in (first_at_or_after(expected, t), first_at_or_after(without, t))
 
@@ -143,7 +143,7 @@ def test_flipped_bit_in_a_sealed_segment_loses_only_that_record(
     assert clean
     assert path.stat().st_size == size_before
     for want in expected + more:
-        got = as_expected(log.read(want.offset))
+        got = as_expected(log.reader.read(want.offset))
         assert got == (None if want.offset == victim else want)
     log.close(clean=True)
 
@@ -217,7 +217,7 @@ def test_consumer_gets_every_message_but_the_corrupt_one(
     with caplog.at_level(logging.ERROR, logger="tqbroker.backends.log"):
         got = drain(backend, store, requeue_every=7)
     assert got == bodies[:victim] + bodies[victim + 1 :]
-    assert store.log.corrupt_records == 1
+    assert store.log.reader.corrupt_records == 1
     assert any(str(path) in r.getMessage() for r in caplog.records)
     assert (store.ready_count, store.unacked_count) == (0, 0)
 

@@ -42,8 +42,8 @@ def test_size_retention_deletes_whole_oldest_segments_and_keeps_the_active(
         segment.delete()
         assert not segment.log_path.exists()
     # The surviving records read back; the deleted ones are gone.
-    assert log.read(log.start_offset) is not None
-    assert log.read(log.start_offset - 1) is None
+    assert log.reader.read(log.start_offset) is not None
+    assert log.reader.read(log.start_offset - 1) is None
     # Even a tiny limit keeps the active segment.
     for segment in log.segments_past_retention(max_bytes=1):
         segment.delete()

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tqbroker.backends.log.format import INDEX_ENTRY, TIME_ENTRY
-from tqbroker.backends.log.log import CLEAN_MARKER, Log
+from tqbroker.backends.log.log import Log
+from tqbroker.backends.log.recovery import CLEAN_MARKER
 from tqbroker.backends.log.segment import segment_name
 
 from .logdata import (
@@ -41,7 +42,7 @@ def timestamp_samples(expected: list[Expected], rng: random.Random) -> list[int]
 
 
 def assert_timestamps(log: Log, expected: list[Expected], samples: list[int]) -> None:
-    got = {t: log.offset_for_timestamp(t) for t in samples}
+    got = {t: log.reader.offset_for_timestamp(t) for t in samples}
     assert got == {t: first_at_or_after(expected, t) for t in samples}
 
 
@@ -234,8 +235,8 @@ def test_missing_garbage_or_orphan_indexes_are_rebuilt(
     assert all(len(s.offset_index.keys) >= 3 for s in log.segments[:-1])
     samples = timestamp_samples(expected, rng)
     assert_log_holds(log, expected)
-    reads_before = [as_expected(log.read(offset)) for offset in range(-1, len(expected) + 2)]
-    times_before = [log.offset_for_timestamp(t) for t in samples]
+    reads_before = [as_expected(log.reader.read(offset)) for offset in range(-1, len(expected) + 2)]
+    times_before = [log.reader.offset_for_timestamp(t) for t in samples]
     assert_timestamps(log, expected, samples)
     before = segment_files(tmp_path)
     log.close(clean=shutdown == "clean")
@@ -249,7 +250,7 @@ def test_missing_garbage_or_orphan_indexes_are_rebuilt(
     assert not (tmp_path / CLEAN_MARKER).exists()
     # Orphans are gone, every index is back exactly as it was written.
     assert segment_files(tmp_path) == before
-    assert [as_expected(log.read(o)) for o in range(-1, len(expected) + 2)] == reads_before
-    assert [log.offset_for_timestamp(t) for t in samples] == times_before
-    assert log.corrupt_records == 0
+    assert [as_expected(log.reader.read(o)) for o in range(-1, len(expected) + 2)] == reads_before
+    assert [log.reader.offset_for_timestamp(t) for t in samples] == times_before
+    assert log.reader.corrupt_records == 0
     continue_appending(log, rng, expected, ts)

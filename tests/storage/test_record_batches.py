@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from tests.support.storage import flush
 from tqbroker.backends.log import LogBackend
+from tqbroker.backends.log.batching import MAX_BATCH_BYTES, MAX_BATCH_RECORDS
 from tqbroker.backends.log.format import (
     FLAG_BATCH,
     HEAD_SIZE,
@@ -27,7 +28,7 @@ from tqbroker.backends.log.format import (
     parse_frame,
 )
 from tqbroker.backends.log.log import Log
-from tqbroker.backends.log.stream import MAX_BATCH_BYTES, MAX_BATCH_RECORDS, LogStream
+from tqbroker.backends.log.stream import LogStream
 from tqbroker.broker.arguments import QueueArguments
 from tqbroker.broker.flusher import Flusher
 from tqbroker.broker.streams.queue import StreamQueue

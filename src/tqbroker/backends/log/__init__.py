@@ -215,8 +215,8 @@ class LogBackend:
         """Move the queue's directory to the trash at once; the next flush makes that durable
         (a queue redeclared after it never sees the old messages) and removes it. An
         ``OSError`` leaves the queue as it was, open. A flush in
-        flight for the old queue writes nothing more (its store is abandoned under its state
-        lock)."""
+        flight for the old queue writes nothing more (its store is abandoned under its flush
+        lock: ``LogFlush.abandon``)."""
         with self._lock:
             store: LogQueueStore | LogStream | None = self._queues.get((vhost, queue))
             if store is None:
@@ -254,7 +254,7 @@ class LogBackend:
 
     def begin_flush(self) -> Callable[[], None] | None:
         dirty = self._take_changed()
-        stores = [store for store in dirty if not store.abandoned]
+        stores = [store for store in dirty if not store.flush.abandoned]
         if self._sync_failed or any(store.log.sync_failed for store in stores):
             self._sync_failed = True
             self._healthy = False

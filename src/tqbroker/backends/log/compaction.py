@@ -1,21 +1,28 @@
-"""Compaction of a stream's log (Kafka's ``cleanup.policy=compact``), the blocking part.
+"""Compaction of a stream's log (Kafka's ``cleanup.policy=compact``).
 
-``compact`` is a pass's work, run in a worker thread: find the latest record of every key across
-the segments as the pass planned them, then write, in a scratch directory, a copy of each closed
-segment that holds records to remove (offsets unchanged, fsync'd). ``LogStream`` plans the pass
-and installs the copies (``stream.py``). ``read_file_records`` reads a snapshot of a record file
-(through a descriptor of its own), a batch's records as records of their own.
+Responsibilities:
+- ``Compactor`` (the Trio thread): plan a pass (``plan``: nothing to do unless a segment closed
+  since the last pass with the same policy, or a tombstone's grace is over) and put the copies
+  it wrote in place (``install``, renames only, oldest first); each segment is swapped by one
+  atomic rename, so a crash leaves every segment whole in its old or its compacted form, and
+  never a dropped tombstone with an older record of its key still on disk;
+- ``compact``, a pass's work (a worker thread): find the latest record of every key across the
+  segments as the pass planned them, then write, in a scratch directory (``COMPACTION_DIR``), a
+  copy of each closed segment that holds records to remove (offsets unchanged, fsync'd);
+- ``read_file_records``: a snapshot of a record file (through a descriptor of its own), a
+  batch's records as records of their own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import attrs
 
@@ -25,10 +32,15 @@ from ..streams import CompactionPolicy
 from .format import Batch, Record, RecordError, decode_frame, encode_record
 from .segment import Segment
 
+if TYPE_CHECKING:
+    from .log import Log  # which opens a log through ``recovery.py``, which imports this
+
 log = logging.getLogger(__name__)
 
 # A compacted copy is written out in chunks of this many bytes.
 WRITE_CHUNK = 1024 * 1024
+# Where compacted copies of segments are written before they are moved over the originals.
+COMPACTION_DIR = "compaction.tmp"
 
 
 @attrs.frozen
@@ -59,6 +71,79 @@ class Source(NamedTuple):
     path: Path
     size: int
     rewritable: bool
+
+
+class Compactor:
+    """A stream's compaction passes, on the Trio thread: planning one and putting its copies
+    in place, and what the last pass did (so the next is planned only when it has work)."""
+
+    def __init__(self, log: Log, directory: Path) -> None:
+        self.log = log
+        self.directory = directory
+        self._policy: CompactionPolicy | None = None
+        self._compacted_upto = -1
+        self._tombstone_due_ms: int | None = None
+
+    def plan(self, policy: CompactionPolicy, now_ms: int) -> Callable[[], CompactionResult] | None:
+        """``LogStream.compaction_work`` for a stream with nothing buffered: None when there
+        is nothing to do, else the work (``compact``) over the bytes written out now."""
+        segments = self.log.segments
+        active = segments[-1]
+        if len(segments) < 2:
+            return None
+        tombstone_due = self._tombstone_due_ms is not None and self._tombstone_due_ms <= now_ms
+        if not (
+            policy != self._policy or active.base_offset > self._compacted_upto or tombstone_due
+        ):
+            return None
+        with contextlib.suppress(OSError):  # what cannot be written out now is left out
+            self.log.write_out()
+        sources = [Source(s, s.log_path, s.written, not s.pending) for s in segments]
+        compacted_upto = min(
+            [s.base_offset for s in segments[:-1] if s.pending] + [active.base_offset]
+        )
+        scratch = self.directory / COMPACTION_DIR
+        interval = self.log.index_interval_bytes
+        env = self.log.env
+
+        def work() -> CompactionResult:
+            return compact(env, policy, now_ms, sources, scratch, interval, compacted_upto)
+
+        return work
+
+    def install(self, result: CompactionResult, retired: list[Segment]) -> int:
+        """``LogStream.finish_compaction`` for a stream still open: swap the copies in, the
+        replaced segments added to ``retired`` (closed by the next flush, which makes the
+        renames durable); return how many records they removed. The segments that retention
+        took meanwhile are skipped, and their files removed now rather than at the next flush:
+        a crash must not bring back records that a copy's dropped tombstone deleted."""
+        log = self.log
+        present = {id(segment) for segment in log.segments}
+        for segment in result.planned:
+            if id(segment) not in present:
+                segment.unlink()
+        removed = 0
+        for swap in result.swaps:
+            old, new = swap.old, swap.new
+            if id(old) not in present:
+                if new is not None:
+                    new.delete()
+                continue
+            if new is None:
+                old.unlink()
+            else:  # a flush in flight may still sync the old files: they stay open
+                old.keep_open()
+                log.install(new)
+            log.replace_segment(old, new)
+            retired.append(old)
+            log.changed()
+            removed += swap.removed
+        with contextlib.suppress(OSError):
+            log.env.fs.rmdir(self.directory / COMPACTION_DIR)
+        self._policy = result.policy
+        self._compacted_upto = result.compacted_upto
+        self._tombstone_due_ms = result.tombstone_due_ms
+        return removed
 
 
 def compact(

@@ -1,36 +1,30 @@
 """An append-only log: an ordered list of segments in one directory, Kafka style.
 
-Responsibilities:
-- append records with increasing offsets, rolling to a new segment by size and by age;
-- read a record by offset (segment by binary search, then the segment's sparse index), the first
-  record at or after an offset (segments compacted by a stream have gaps), or every record from
-  an offset on;
-- find the first offset at or after a timestamp (the time index);
-- recovery: a clean-shutdown marker means the files are trusted; otherwise every segment from the
-  recovery point on is scanned, the torn tail truncated at the first bad record and later
-  segments discarded, and indexes rebuilt; orphan index files and the leftovers of an unfinished
-  compaction (``COMPACTION_DIR``) are removed;
-- durability work for the flusher (``sync_work``), deleting whole segments below an offset;
-- putting a compacted copy in place of a closed segment (``replace_segment``);
-- replication's side (``replication.py`` checks the frames and finds where to cut): appending
-  frames verbatim (``append_frames``) and cutting the log back (``truncate``);
-- ``strict`` (streams): a damaged frame a read meets fails the log (``failure``) and raises
-  ``CorruptLogError`` instead of being stepped over; and recovery drops an empty last segment
-  that would leave a hole at the end of the log.
+Responsibilities (``Log``: the segment list, and the operations that must keep it, its base
+offsets and the record cache consistent):
+- opening: recovery (``recovery.py``) gives the segments, an empty log gets its first one;
+- appending records with increasing offsets (one at a time, as a record batch, or a leader's
+  frames verbatim: replication), rolling to a new segment by size and by age, and continuing
+  past offsets that are never used (``roll_to``);
+- cutting the log back (``truncate``; ``replication.py`` finds where);
+- durability work for the flusher (``sync_work``): the record files written since, the indexes
+  of sealed segments, the directory when segments were created or deleted; a failed fdatasync
+  is final (``sync_failed``);
+- segments leaving the list: below an offset (settled), past retention, replaced by a
+  compacted copy (``replace_segment``), the directory moved (``move``) when the store is
+  deleted; the clean-shutdown marker at ``close``.
 
-Over 400 lines, as one job: the segment list and the operations that must keep it, its
-offset bisection and the record cache consistent.
+Reads go through ``reader`` (``reader.py``), over the same segment list. Just over 400 lines,
+as one job: every operation that changes the segment list is here, so that the list, its base
+offsets and the record cache change together.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import time
-from bisect import bisect_right
-from collections.abc import Callable, Iterator
-from functools import partial
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 from operator import itemgetter
 from pathlib import Path
@@ -39,26 +33,12 @@ from typing import Final
 from ...model import Message
 from ...storage_env import StorageEnv
 from ...storage_env.filecache import Directory
-from ..streams import CorruptLogError
 from .cache import RecordCache
-from .format import (
-    Batch,
-    Frame,
-    Record,
-    RecordError,
-    encode_batch,
-    encode_record,
-    first_at_or_after,
-    parse_frame,
-    records_after,
-)
-from .frames import read_frames
-from .recovery import load_segment, scan_segment
+from .format import encode_batch, encode_record
+from .reader import LogReader
+from .recovery import CLEAN_MARKER, recover_segments, scan_segment
 from .replication import CheckedFrame, cut_position
-from .retention import past_retention
 from .segment import Segment
-
-log = logging.getLogger(__name__)
 
 # Opening a directory to fsync it can fail for want of descriptors: nothing was synced, nothing
 # lost, and the next flush tries again (a failed fsync itself is final: ``sync_failed``).
@@ -66,10 +46,6 @@ OPEN_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE})
 # Reading a file can fail for want of descriptors or memory: the file is fine, the caller fails.
 RESOURCE_ERRNOS: Final = OPEN_ERRNOS | {errno.ENOMEM}
 
-CLEAN_MARKER = "clean-shutdown"
-_NO_FRAME: Final[Frame] = Batch(-1, -1, [], 0)
-# Where compacted copies of segments are written before they are moved over the originals.
-COMPACTION_DIR = "compaction.tmp"
 _first = itemgetter(0)
 
 
@@ -96,18 +72,10 @@ class Log:
         self.cache = cache if cache is not None else RecordCache(0)
         self._cache_id, self._cached = self.cache.register()
         self._segment_created_ms = 0
-        self.corrupt_records = 0
-        # Strict (streams): a damaged frame fails the log (``failure``) and every read raises
-        # ``CorruptLogError``; otherwise (queues) reads step over it, losing only it.
-        self.strict = False
-        self.failure: str | None = None
         self.sync_failed = False  # an fdatasync failed: nothing written since can be trusted
         self._directory_dirty = False  # a segment was created since the last sync
-        self._reading: Segment | None = None  # the segment read last (it keeps a frame)
-        # The last two frames decoded from the cache, newest first (see ``_from_cache``).
-        self._cache_frames: list[tuple[bytes, Frame]] = [(b"", _NO_FRAME), (b"", _NO_FRAME)]
-        self._cache_hit = 0  # which of them the last cached read came from
-        self._source: Segment | None = None  # where the last read_from found its record
+        # Reads (with ``strict``, ``failure``, ``corrupt_records``), over these segments.
+        self.reader = LogReader(self._directory, self.segments, self._bases, self._cached)
         # Called whenever the log (or its store) gets something for the next flush to do: the
         # backend flushes only the stores that called it (see ``LogBackend``).
         self.changed: Callable[[], None] = _nothing
@@ -119,36 +87,18 @@ class Log:
     # -- opening -----------------------------------------------------------------------------
 
     def open(self, *, recovery_point: int = 0) -> bool:
-        """Open (creating if needed) and recover. Returns True when the previous run closed
-        cleanly. Segments at or after ``recovery_point`` (the first offset not known to be
-        fsync'd) are scanned when the shutdown was not clean."""
-        self.env.fs.mkdir(self.directory, parents=True, exist_ok=True)
-        marker = self.directory / CLEAN_MARKER
-        clean = marker.exists()
-        self.env.fs.rmtree(self.directory / COMPACTION_DIR)
-        bases = sorted(
-            int(p.name[:20]) for p in self.directory.glob("*.log") if p.name[:20].isdigit()
+        """Open (creating if needed) and recover (``recovery.recover_segments``). Returns True
+        when the previous run closed cleanly. Segments at or after ``recovery_point`` (the
+        first offset not known to be fsync'd) are scanned when the shutdown was not clean."""
+        segments, clean = recover_segments(
+            self.env,
+            self._directory,
+            self.index_interval_bytes,
+            recovery_point=recovery_point,
+            strict=self.reader.strict,
         )
-        self._remove_orphans(set(bases))
-        for i, base in enumerate(bases):
-            segment = Segment(self.env.files, self._directory, base, self.index_interval_bytes)
-            self._add(segment)  # closed with the log if what follows fails
-            next_base = bases[i + 1] if i + 1 < len(bases) else None
-            # Trusted: the segments a recovery point passed. One that ends exactly at it may
-            # have been the active segment when that checkpoint was written, its indexes not
-            # synced yet: rescanned.
-            if clean or (next_base is not None and next_base < recovery_point):
-                load_segment(segment, next_base)
-            elif not scan_segment(segment):
-                segment.forget_frame()
-                self._drop_after(i, bases)
-                break
-            segment.forget_frame()  # what the load decoded last
-        if self.strict and not clean:
-            self._drop_empty_tail()
-        if marker.exists():
-            self.env.fs.unlink(marker)
-            self.env.fsync_dir(self.directory)
+        for segment in segments:
+            self._add(segment)
         if not self.segments:
             self._roll(0)
         # After a crash recovery may have truncated or removed files: the first sync makes
@@ -156,38 +106,6 @@ class Log:
         self._directory_dirty = self._directory_dirty or not clean
         self._segment_created_ms = _now_ms()
         return clean
-
-    def _remove_orphans(self, bases: set[int]) -> None:
-        for path in self.directory.iterdir():
-            base = path.name[:20]
-            orphan = base.isdigit() and int(base) not in bases
-            if path.suffix in (".index", ".timeindex") and orphan:
-                log.info("removing orphan index file %s", path)
-                self.env.fs.unlink(path)
-
-    def _drop_empty_tail(self) -> None:
-        """A crash kept a segment rolled to but not the records buffered in the one before
-        (written out after the roll): the empty segment would leave the offsets in between a
-        hole that no record fills (a follower fetching from the end would never copy them).
-        It goes, and the log ends where its records do (none of those offsets was durable,
-        so no reader saw one)."""
-        while (
-            len(self.segments) > 1
-            and self.segments[-1].size == 0
-            and self.segments[-2].next_offset < self.segments[-1].base_offset
-        ):
-            segment = self.segments.pop()
-            self._bases.pop()
-            log.warning(
-                "%s: removing empty segment %d after a hole", self.directory, segment.base_offset
-            )
-            segment.delete()
-
-    def _drop_after(self, i: int, bases: list[int]) -> None:
-        """A segment was truncated: every later segment is unreachable garbage."""
-        for base in bases[i + 1 :]:
-            log.warning("%s: discarding segment %d after a truncated one", self.directory, base)
-            Segment(self.env.files, self._directory, base, self.index_interval_bytes).delete()
 
     def _add(self, segment: Segment) -> None:
         self.segments.append(segment)
@@ -208,7 +126,7 @@ class Log:
         self._directory_dirty = True
         self.changed()
 
-    # -- appending and reading ---------------------------------------------------------------
+    # -- appending ---------------------------------------------------------------------------
 
     @property
     def start_offset(self) -> int:
@@ -329,134 +247,9 @@ class Log:
         # Nothing read or cached before may be served again: the offsets may be reused.
         self.cache.unregister(self._cache_id)
         self._cache_id, self._cached = self.cache.register()
-        self._cache_frames = [(b"", _NO_FRAME), (b"", _NO_FRAME)]
-        self._reading = self._source = None
+        self.reader.reset(self._cached)
         self.changed()
         return end, removed
-
-    def read(self, offset: int) -> Record | None:
-        """The record at ``offset``; None if it is not in the log. A record that fails its
-        CRC is logged and counted, then treated as absent, or with ``strict`` raises
-        ``CorruptLogError``: a corrupt body is never returned."""
-        i = bisect_right(self._bases, offset) - 1
-        if i < 0:
-            return None
-        segment = self.segments[i]
-        if i == len(self.segments) - 1:
-            cached = self._cached.find(offset)
-            if cached is not None:
-                record = self._from_cache(cached, offset)
-                return record if record is not None and record.offset == offset else None
-        self._reading_in(segment)
-        try:
-            return segment.read(offset)
-        except RecordError as exc:
-            if self.strict:
-                self._damaged(segment, exc)  # raises
-            self.corrupt_records += 1
-            log.error("%s: offset %d is corrupt (%s); skipping it", segment.log_path, offset, exc)
-            return None
-
-    def read_from(self, offset: int) -> Record | None:
-        """The first intact record at or after ``offset`` (None: none yet). Damaged records on
-        the way are logged, counted and stepped over, or with ``strict`` raise, as ``read``
-        does."""
-        self._source = None
-        i = max(bisect_right(self._bases, offset) - 1, 0)
-        last = len(self.segments) - 1
-        for j in range(i, last + 1):
-            segment = self.segments[j]
-            if j == last:  # the active segment: no gaps, so the wanted offset may be cached
-                cached = self._cached.find(max(offset, segment.base_offset))
-                if cached is not None:
-                    return self._from_cache(cached, offset)
-            self._reading_in(segment)
-            record = segment.read_next(offset) or segment.read_from(
-                offset, partial(self._damaged, segment)
-            )
-            if record is not None:
-                self._source = segment
-                return record
-        return None
-
-    def read_many(self, offset: int, end: int, limit: int) -> list[Record]:
-        """Up to ``limit`` intact records from the first at or after ``offset``, all below
-        ``end``: the rest of each batch is taken at once (decoded once: the cache and the
-        segments keep the last frames they decoded)."""
-        found: list[Record] = []
-        while len(found) < limit and offset < end:
-            record = self.read_from(offset)
-            if record is None or record.offset >= end:
-                break
-            found.append(record)
-            room = limit - len(found)
-            if room:
-                source = self._source
-                if source is not None:
-                    found += source.take_after(record, end, room)
-                else:
-                    found += self._cached_after(record, end, room)
-            offset = found[-1].offset + 1
-        return found
-
-    def read_frames(
-        self, offset: int, end: int, max_bytes: int
-    ) -> tuple[list[tuple[bytes, bytes]], int]:
-        """``frames.read_frames``: a damaged frame on the way raises ``CorruptLogError``."""
-        i = max(bisect_right(self._bases, offset) - 1, 0)
-        return read_frames(self.segments[i:], offset, end, max_bytes, self._damaged)
-
-    def _cached_after(self, record: Record, end: int, limit: int) -> list[Record]:
-        """``Segment.take_after`` for a record the cache gave (its frame the newest kept)."""
-        return records_after(self._cache_frames[self._cache_hit][1], record, end, limit)
-
-    def _from_cache(self, frame_bytes: bytes, offset: int) -> Record | None:
-        """The first record at or after ``offset`` of a cached frame, decoded once: the last
-        two frames decoded from the cache are kept (a reader that read ahead into the next
-        batch and goes back to where it stopped finds both)."""
-        kept = self._cache_frames
-        if kept[0][0] is frame_bytes:
-            frame, self._cache_hit = kept[0][1], 0
-        elif kept[1][0] is frame_bytes:
-            frame, self._cache_hit = kept[1][1], 1
-        else:
-            frame = parse_frame(frame_bytes)  # our own bytes: no CRC to check
-            kept[1] = kept[0]
-            kept[0] = (frame_bytes, frame)
-            self._cache_hit = 0
-        i = first_at_or_after(frame, offset)
-        return frame.records[i] if i is not None else None
-
-    def _reading_in(self, segment: Segment) -> None:
-        """Reads go to ``segment`` now: the frame kept by the segment read before is let go
-        (each segment keeps the last frame it decoded)."""
-        if self._reading is not segment:
-            if self._reading is not None:
-                self._reading.forget_frame()
-            self._reading = segment
-
-    def _damaged(self, segment: Segment, exc: RecordError) -> None:
-        """A read met a damaged frame: counted and logged; with ``strict`` the log is failed
-        (``failure``) and the read raises ``CorruptLogError``, else it steps over it."""
-        self.corrupt_records += 1
-        if not self.strict:
-            log.error("%s: a record is corrupt (%s); skipping it", segment.log_path, exc)
-            return
-        if self.failure is None:
-            self.failure = f"damaged frame in {segment.log_path}: {exc}"
-            log.error(
-                "%s: FAILED: a damaged frame below the durable end, in segment %s (%s); the "
-                "stream serves no more reads until it is repaired",
-                self.directory,
-                segment.log_path.name,
-                exc,
-            )
-        raise CorruptLogError(errno.EIO, self.failure)
-
-    def check_failed(self) -> None:
-        """Raise ``CorruptLogError`` if the log is failed (a read met damage before)."""
-        if self.failure is not None:
-            raise CorruptLogError(errno.EIO, self.failure)
 
     def gaps(self) -> list[tuple[int, int]]:
         """The ``[start, end)`` offset ranges between segments, which hold no record: a crash
@@ -467,23 +260,6 @@ class Log:
             for segment, later in pairwise(self.segments)
             if segment.next_offset < later.base_offset
         ]
-
-    def records(self, start: int) -> Iterator[Record]:
-        """The intact records from offset ``start`` to the end of the log, in order (read from
-        the segments, not the cache; damaged records are stepped over without a report)."""
-        i = max(bisect_right(self._bases, start) - 1, 0)
-        for segment in self.segments[i:]:
-            yield from segment.records(start)
-
-    def offset_for_timestamp(self, timestamp_ms: int) -> int:
-        """The first offset whose timestamp is >= ``timestamp_ms`` (the log end if none); with
-        ``strict``, a damaged frame on the way raises ``CorruptLogError``."""
-        for segment in self.segments:
-            on_damage = partial(self._damaged, segment) if self.strict else None
-            found = segment.offset_for_timestamp(timestamp_ms, on_damage)
-            if found is not None:
-                return found
-        return self.next_offset
 
     # -- durability --------------------------------------------------------------------------
 
@@ -579,8 +355,8 @@ class Log:
         max_age_ms: int | None = None,
         now_ms: int | None = None,
     ) -> list[Segment]:
-        """Detach the oldest segments that retention removes (``retention.past_retention``;
-        never the active one). The caller deletes them (``Segment.delete``)."""
+        """Detach the oldest segments that retention removes (``past_retention``; never the
+        active one). The caller deletes them (``Segment.delete``)."""
         now_ms = _now_ms() if now_ms is None else now_ms
         count = past_retention(self.segments, max_bytes, max_age_ms, now_ms)
         removed = self.segments[:count]
@@ -614,3 +390,22 @@ def _nothing() -> None:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def past_retention(
+    segments: Sequence[Segment], max_bytes: int | None, max_age_ms: int | None, now_ms: int
+) -> int:
+    """How many of the oldest segments retention removes, Kafka's way (per whole segment):
+    while dropping the oldest still leaves at least ``max_bytes``, or while the oldest's newest
+    record is older than ``max_age_ms``. The last (active) segment always stays."""
+    total = sum(s.size for s in segments)
+    count = 0
+    while count < len(segments) - 1:
+        oldest = segments[count]
+        too_big = max_bytes is not None and total - oldest.size >= max_bytes
+        too_old = max_age_ms is not None and oldest.max_timestamp < now_ms - max_age_ms
+        if not (too_big or too_old):
+            break
+        total -= oldest.size
+        count += 1
+    return count

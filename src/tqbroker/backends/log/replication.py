@@ -9,11 +9,14 @@ Responsibilities:
   frame boundary: a frame holding records on both sides goes whole);
 - the truncation intent (``truncate.cbor``): written durably before a truncation touches a
   file and removed once it is durable, so that recovery finishes a truncation a power cut
-  interrupted (``pending_truncation``): the log is then the old one or the truncated one.
+  interrupted (``pending_truncation``): the log is then the old one or the truncated one;
+- the replica id (``replica-id``): a replica's UUID, written when its directory is first opened
+  (``load_replica_id``).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -26,6 +29,7 @@ from .format import HEAD_SIZE, RECORD_HEAD, RecordError, decode_frame
 from .segment import Segment
 
 TRUNCATE_FILE = "truncate.cbor"
+REPLICA_FILE = "replica-id"  # the replica's UUID, written when the directory is created
 
 
 class CheckedFrame(NamedTuple):
@@ -109,3 +113,17 @@ def pending_truncation(directory: Path) -> int | None:
     if not isinstance(intent, dict) or not isinstance(intent.get("offset"), int):
         return None
     return int(intent["offset"])
+
+
+def load_replica_id(env: StorageEnv, directory: Path) -> str:
+    """The replica's id, written (atomically) the first time the directory is opened."""
+    path = directory / REPLICA_FILE
+    try:
+        return str(uuid.UUID(path.read_text().strip()))
+    except FileNotFoundError:
+        pass
+    except ValueError:  # a torn write of a new one: nothing relied on it yet
+        pass
+    replica_id = str(uuid.uuid4())
+    env.atomic_write(path, replica_id.encode())
+    return replica_id

@@ -9,10 +9,12 @@ Responsibilities:
 - its two ``SparseIndex``es (``index.py``): the offset index (one entry per
   ``index_interval_bytes`` of records) and the time index (the greatest timestamp so far at those
   entries, so monotonic whatever the record timestamps);
-- reads by offset: index lookup, then a forward scan of the frames (those not yet written out
-  are read from the buffer; the last frame decoded is kept, so reading a batch record by record
-  decodes it once); a damaged frame (a flipped bit) is stepped over, so only it is lost; every
-  intact record from an offset on, in order; and the bytes of frames (``raw``, for ``frames``);
+- frames by byte position (``read_at``: from the file through a read-ahead buffer, or from the
+  append buffer; the last two decoded are kept, so reading a batch record by record decodes it
+  once), the index entry at or before an offset, and the bytes of frames (``raw``, for
+  ``frames.py``); finding records by offset is ``segment_reads.py``'s, over these, with the
+  position where the last walk stopped (``hint``) and the frame read last (``current``) kept
+  here;
 - the primitives recovery (``recovery.py``) rebuilds a segment with;
 - compaction's side: ``install`` moves a compacted copy, written as a segment of its own
   elsewhere, over the files of the segment it replaces.
@@ -28,8 +30,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-from bisect import bisect_right
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ...storage_env.filecache import CachedFile, Directory, FileCache
@@ -39,19 +39,14 @@ from .format import (
     RECORD_HEAD,
     TIME_ENTRY,
     Frame,
-    Record,
     RecordError,
     decode_frame,
-    first_at_or_after,
-    records_after,
 )
 from .index import SparseIndex
 
 log = logging.getLogger(__name__)
 
 READ_AHEAD = 64 * 1024
-# Past a damaged record, how many offsets ahead the search for the next intact one looks.
-RESYNC_RECORDS = 16
 
 
 def segment_name(base_offset: int, suffix: str) -> str:
@@ -93,8 +88,9 @@ class Segment:
         # The last two frames decoded, newest first, by position (see ``read_at``).
         self._kept: list[tuple[int, Frame | None]] = [(-1, None), (-1, None)]
         # Where the last walk stopped: (least offset, file position) of the next record.
-        self._hint = (-1, 0)
-        # The frame (and its position) of the record read last: ``take_after`` goes on in it.
+        self.hint = (-1, 0)
+        # The frame (and its position) of the record read last: ``segment_reads.take_after``
+        # goes on in it.
         self.current: tuple[Frame, int] | None = None
 
     @property
@@ -174,7 +170,7 @@ class Segment:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _entry(self, i: int) -> tuple[int, int]:
+    def entry(self, i: int) -> tuple[int, int]:
         """File position and offset of index entry ``i`` (-1: the start of the segment)."""
         if i < 0:
             return 0, self.base_offset
@@ -183,7 +179,7 @@ class Segment:
 
     def position_at_or_before(self, offset: int) -> tuple[int, int]:
         """Position and offset of the last index entry at or before ``offset`` (or the start)."""
-        return self._entry(self.offset_index.find(offset - self.base_offset))
+        return self.entry(self.offset_index.find(offset - self.base_offset))
 
     def raw(self, pos: int, size: int) -> bytes:
         """Up to ``size`` bytes of frames from byte ``pos``: the file's, then the buffer's."""
@@ -192,161 +188,6 @@ class Segment:
             return data
         start = max(pos - self.written, 0)
         return data + self._buffer[start : start + size - len(data)]
-
-    def read(self, offset: int) -> Record | None:
-        """The record with ``offset``, or None if the segment does not hold it. Raises
-        ``RecordError`` if that record is damaged; damaged records before it are stepped over."""
-        if not self.base_offset <= offset < self.next_offset:
-            return None
-        damaged: list[RecordError] = []
-        record = self.read_from(offset, damaged.append)
-        if record is not None and record.offset == offset:
-            return record
-        if damaged:
-            raise damaged[0]
-        return None
-
-    def read_next(self, offset: int) -> Record | None:
-        """``read_from`` for a sequential reader, cheaply: the intact record where the last read
-        stopped if ``offset`` is where it stopped; None otherwise (or if that record is damaged:
-        ``read_from`` then finds it again and reports it)."""
-        hint_least, pos = self._hint
-        if offset != hint_least or pos >= self.size:
-            return None
-        try:
-            frame = self.read_at(pos)
-        except RecordError:
-            return None
-        records = frame.records
-        i = first_at_or_after(frame, offset)
-        if i is None:
-            return None
-        record = records[i]
-        self._hint = (record.offset + 1, pos + frame.size if i == len(records) - 1 else pos)
-        self.current = (frame, pos)
-        return record
-
-    def take_after(self, record: Record, end: int, limit: int) -> list[Record]:
-        """The records after ``record`` (the one read last) in its frame, below ``end``, at
-        most ``limit``; a sequential read goes on after the last of them."""
-        if self.current is None:
-            return []
-        frame, pos = self.current
-        taken = records_after(frame, record, end, limit)
-        if taken:
-            last = taken[-1]
-            whole = last is frame.records[-1]
-            self._hint = (last.offset + 1, pos + frame.size if whole else pos)
-        return taken
-
-    def read_from(self, offset: int, on_damage: Callable[[RecordError], None]) -> Record | None:
-        """The first intact record at or after ``offset`` (None: none in this segment). A
-        damaged record met on the way, after every record below ``offset``, goes to
-        ``on_damage`` and is stepped over."""
-        record = self.read_next(offset)
-        if record is not None:
-            return record
-        damage: RecordError | None = None
-        for item in self._walk_from(offset):
-            if isinstance(item, RecordError):
-                damage = item
-            elif item.offset < offset:
-                damage = None
-            else:
-                if damage is not None:
-                    on_damage(damage)
-                return item
-        if damage is not None:
-            on_damage(damage)
-        return None
-
-    def records(self, offset: int) -> Iterator[Record]:
-        """The intact records from ``offset`` to the end, in order; damaged ones are stepped
-        over silently (``read`` is what reports them)."""
-        for item in self._walk_from(offset):
-            if isinstance(item, Record) and item.offset >= offset:
-                yield item
-
-    def _walk_from(self, offset: int) -> Iterator[Record | RecordError]:
-        """``_walk`` from the last index entry at or before ``offset``, or from where the last
-        walk stopped if that is closer (sequential reads then decode each record once)."""
-        pos, least = self.position_at_or_before(offset)
-        hint_least, hint_pos = self._hint
-        if least <= hint_least <= offset:
-            pos, least = hint_pos, hint_least
-        return self._walk(pos, least)
-
-    def _walk(self, pos: int, least: int) -> Iterator[Record | RecordError]:
-        """The records from byte ``pos`` (where a frame with an offset of ``least`` or more
-        starts, or the batch that holds ``least``) to the end, the append buffer included. A
-        damaged frame (or one whose offsets are not above the one before) yields a
-        ``RecordError`` instead, and the walk goes on at the next intact frame (see
-        ``resync``)."""
-        while pos < self.size:
-            try:
-                frame = self.read_at(pos)
-                if frame.last_offset < least:
-                    raise RecordError(f"offset {frame.offset} where {least} or more belongs")
-            except RecordError as exc:
-                yield RecordError(f"byte {pos}: {exc}")
-                resume = self.resync(pos, least)
-                if resume is None:
-                    return
-                pos, least = resume
-                continue
-            end = pos + frame.size
-            records = frame.records
-            last = len(records) - 1
-            for i, record in enumerate(records):
-                if record.offset < least:
-                    continue
-                self._hint = (record.offset + 1, end if i == last else pos)
-                self.current = (frame, pos)
-                yield record
-            pos, least = end, frame.last_offset + 1
-
-    def resync(self, pos: int, least: int) -> tuple[int, int] | None:
-        """After a damaged record at byte ``pos`` (whose offset is ``least`` or more): the
-        position and offset of the next intact record. That is where the damaged record's
-        length says, unless the length field is what was damaged: then the next records are
-        searched for by their offset field (a match counts only with a valid CRC), the next
-        ``RESYNC_RECORDS`` offsets up to the next index entry, a known record start (so in a
-        compacted segment, whose offsets have gaps, the records up to that entry may be lost);
-        None if the file ends first."""
-        if pos >= self.written:
-            return None  # the append buffer is never damaged
-        positions = self.offset_index.values
-        j = bisect_right(positions, pos)
-        limit, limit_offset = self._entry(j) if j < len(positions) else (self.written, None)
-        end = min(limit, self.written)
-        head = self.file.pread(4, pos)
-        if len(head) == 4:
-            candidate = pos + 4 + int.from_bytes(head, "big")
-            found = self._intact_at(candidate, least + 1) if candidate < end else None
-            if found is not None:
-                return candidate, found
-        last = least + 1 + RESYNC_RECORDS
-        if limit_offset is not None:
-            last = min(last, limit_offset)
-        with self.file.map(end) as view:
-            for offset in range(least + 1, last):
-                needle = offset.to_bytes(8, "big")
-                at = view.find(needle, pos + 1 + HEAD_SIZE, end)
-                while at >= 0:
-                    if self._intact_at(at - HEAD_SIZE, offset) is not None:
-                        return at - HEAD_SIZE, offset
-                    at = view.find(needle, at + 1, end)
-        if limit_offset is not None:
-            return limit, limit_offset
-        return None
-
-    def _intact_at(self, pos: int, least: int) -> int | None:
-        """The offset of the intact record at byte ``pos`` if it is ``least`` or more."""
-        try:
-            offset = self.read_at(pos).offset
-        except RecordError:
-            return None
-        return offset if offset >= least else None
 
     def read_at(self, pos: int) -> Frame:
         """The frame at byte ``pos``. The last two decoded are kept: reading a batch record by
@@ -392,23 +233,6 @@ class Segment:
         if frame is None:
             raise RecordError(f"record at {self.log_path}:{pos} is cut short")
         return frame
-
-    def offset_for_timestamp(
-        self, timestamp_ms: int, on_damage: Callable[[RecordError], None] | None = None
-    ) -> int | None:
-        """The first offset whose record has a timestamp >= ``timestamp_ms`` (None: none here).
-        Damaged records on the way go to ``on_damage`` if given, and are stepped over."""
-        if self.max_timestamp < timestamp_ms:
-            return None
-        i = self.time_index.find(timestamp_ms - 1)
-        j = self.offset_index.find(self.time_index.values[i]) if i >= 0 else -1
-        for item in self._walk(*self._entry(j)):
-            if isinstance(item, RecordError):
-                if on_damage is not None:
-                    on_damage(item)
-            elif item.timestamp_ms >= timestamp_ms:
-                return item.offset
-        return None
 
     # -- recovery's side (``recovery.py``) --------------------------------------------------
 
@@ -456,7 +280,7 @@ class Segment:
         self.size = self.written = end
         self._read_pos, self._read_buf = -1, b""
         self.forget_frame()
-        self._hint = (-1, 0)
+        self.hint = (-1, 0)
         self.offset_index.rewrite()
         self.time_index.rewrite()
         self.write_out()
@@ -468,7 +292,7 @@ class Segment:
         self.size = self.written = pos
         self._read_pos, self._read_buf = -1, b""
         self.forget_frame()
-        self._hint = (-1, 0)
+        self.hint = (-1, 0)
         self.current = None
         self.dirty = True
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import errno
 import heapq
 import logging
-import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +32,10 @@ import cbor2
 
 from ...model import Message
 from ..base import FLUSH_FIRST, FlushFirst, Popped
-from .changeflag import ChangeFlag
+from .flush import ChangeFlag, Checkpoint, LogFlush
 from .format import FLAG_PERSISTENT, Record
 from .log import RESOURCE_ERRNOS, Log
 from .ranges import RangeSet
-from .segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +51,9 @@ class LogQueueStore:
         self.directory = directory
         self.log = log
         self.env = log.env
-        self._synced_upto = 0  # offsets below are fsync'd (the recovery point)
-        self._recovery_written = 0  # the recovery point of the checkpoint on disk
+        # The synced mark, the recovery point on disk, the segments to delete, the lock a
+        # delete takes: ``flush.py``.
+        self.flush = LogFlush(log)
         self.head = 0
         self.settled = RangeSet()
         self.transient = RangeSet()  # offsets of transient messages (dropped at restart)
@@ -68,12 +68,9 @@ class LogQueueStore:
         self.delivered_reserved = 0  # durable: we may deliver offsets below this
         self._reserve_target = 0
         self._state_dirty = False
-        self._obsolete: list[Segment] = []
         self._recovered_end = 0  # offsets below this predate this run (transient ones are stale)
         self._state_seq = 0  # snapshots taken
         self._state_written = 0  # the newest snapshot on disk
-        self._state_lock = threading.Lock()
-        self.abandoned = False  # the queue was deleted: write nothing more
 
     # -- recovery ----------------------------------------------------------------------------
 
@@ -123,7 +120,8 @@ class LogQueueStore:
         self._recovered_end = end
         # Reserve a first delivery window now, durably, so delivery starts without a flush.
         self._reserve_target = max(self.cursor, self.delivered_reserved) + RESERVE_WINDOW
-        self._synced_upto = recovery_point if not clean else end
+        flush = self.flush
+        flush.synced_upto = recovery_point if not clean else end
         try:
             self._write_state(self._state(self._reserve_target), fsync=True)
         except OSError as exc:
@@ -132,9 +130,9 @@ class LogQueueStore:
             # A full disk: open anyway (the broker starts, with its disk alarm set); the first
             # deliveries wait for a flush that can write their reservation.
             log.warning("%s: cannot reserve a delivery window yet: %s", self.directory, exc)
-            self._recovery_written = recovery_point
+            flush.recovery_written = recovery_point
         else:
-            self._recovery_written = self._synced_upto
+            flush.recovery_written = flush.synced_upto
             self.delivered_reserved = self._reserve_target
         self._ready = (end - self.head) - sum(
             min(b, end) - max(a, self.head) for a, b in self.settled.as_list() if a < end
@@ -212,7 +210,7 @@ class LogQueueStore:
         records met on the way (logged by the log) are settled."""
         while self._requeued:
             offset, size = self._requeued[0]
-            record = self.log.read(offset)
+            record = self.log.reader.read(offset)
             if record is not None:
                 return offset, record, True
             heapq.heappop(self._requeued)
@@ -231,7 +229,7 @@ class LogQueueStore:
                 return FLUSH_FIRST
             if offset >= self.delivered_reserved - RESERVE_WINDOW // 2:
                 self._request_reservation(offset)
-            record = self.log.read(offset)
+            record = self.log.reader.read(offset)
             if record is not None:
                 return offset, record, False
             self.cursor += 1
@@ -253,7 +251,7 @@ class LogQueueStore:
         are settled."""
         self._recount_due = False
         fresh = transient = 0
-        for record in self.log.records(max(self.cursor, self.head)):
+        for record in self.log.reader.records(max(self.cursor, self.head)):
             offset = record.offset
             if offset < self.head or offset in self.settled:
                 continue
@@ -337,62 +335,37 @@ class LogQueueStore:
         return self._state_dirty or self.log.needs_sync
 
     def begin_flush(self, *, fsync: bool = True) -> Callable[[], None] | None:
-        """Write out buffered records (may raise OSError) and return the blocking work: fsync
-        the log (unless ``fsync`` is false: the records then stay marked for a later fsync),
-        then write the checkpoint atomically, then delete fully settled segments."""
-        if fsync:
-            sync = self.log.sync_work()
-        else:
-            self.log.write_out()
-            sync = None
-        self._obsolete.extend(self.log.delete_segments_below(self.head))
-        # A commit that only appended leaves the checkpoint alone (one fdatasync per group
-        # commit) until the recovery point would pass a sealed segment: only then does it
-        # spare the rescan of that segment after a crash.
-        sealed_past = (
-            sync is not None and self.log.segments[-1].base_offset > self._recovery_written
-        )
-        if not (self._state_dirty or self._obsolete or sealed_past):
-            return None if sync is None else self._sync_only(sync)
+        """Write out buffered records (may raise OSError) and return the blocking work
+        (``LogFlush.work``): fsync the log (unless ``fsync`` is false: the records then stay
+        marked for a later fsync), then write the checkpoint atomically, then delete fully
+        settled segments."""
+        flush = self.flush
+        sync = flush.sync_work(fsync)
+        flush.obsolete.extend(self.log.delete_segments_below(self.head))
+        return flush.work(sync, due=self._state_dirty, checkpoint=partial(self._checkpoint, fsync))
+
+    def _checkpoint(self, fsync: bool, synced_upto: int) -> Checkpoint:
+        """A full flush's checkpoint, taken now: the ack state, the delivery reservation asked
+        for, the recovery point ``synced_upto``. A queue's log is never truncated: always
+        current."""
         self._state_dirty = False
         target = self._reserve_target
-        synced_upto = self.log.next_offset if sync is not None else self._synced_upto
         state = self._state(target, recovery_point=synced_upto)
-        obsolete, self._obsolete = self._obsolete, []
+        flush = self.flush
 
-        def work() -> None:
-            try:
-                if sync is not None:
-                    sync()
-                    self._synced_upto = max(self._synced_upto, synced_upto)
-                # A wider delivery window is only valid once it is on disk, whatever the policy.
-                self._write_state(state, fsync=fsync or target > self.delivered_reserved)
-                self._recovery_written = max(self._recovery_written, synced_upto)
-            except OSError:
-                # Nothing of this flush is durable: the next one must write the checkpoint
-                # (and delete the segments) again, so the backend keeps asking for a flush.
-                self._state_dirty = True
-                self._obsolete[:0] = obsolete
-                raise
-            with self._state_lock:
-                if not self.abandoned:  # the queue was deleted meanwhile: its files are gone
-                    for segment in obsolete:
-                        segment.delete()
-                    if obsolete:
-                        self.log.segments_deleted()
+        def write(_current: bool) -> None:
+            flush.synced_upto = max(flush.synced_upto, synced_upto)
+            # A wider delivery window is only valid once it is on disk, whatever the policy.
+            self._put_state(state, fsync=fsync or target > self.delivered_reserved)
+            flush.recovery_written = max(flush.recovery_written, synced_upto)
             # Publish the reservation only once it is on disk.
             self.delivered_reserved = max(self.delivered_reserved, target)
 
-        return work
+        def failed() -> None:
+            # The checkpoint must be written again: the backend keeps asking for a flush.
+            self._state_dirty = True
 
-    def _sync_only(self, sync: Callable[[], None]) -> Callable[[], None]:
-        synced_upto = self.log.next_offset
-
-        def work() -> None:
-            sync()
-            self._synced_upto = max(self._synced_upto, synced_upto)
-
-        return work
+        return Checkpoint(write, failed)
 
     def _state(self, delivered: int, *, recovery_point: int | None = None) -> dict[str, Any]:
         self._state_seq += 1
@@ -404,7 +377,7 @@ class LogQueueStore:
             "transient": self.transient.as_list(),
             "delivered": delivered,
             # Segments that end before this were fsync'd: not rescanned after a crash.
-            "recovery_point": self._synced_upto if recovery_point is None else recovery_point,
+            "recovery_point": self.flush.synced_upto if recovery_point is None else recovery_point,
         }
 
     @property
@@ -412,14 +385,21 @@ class LogQueueStore:
         return self._reserve_target > self.delivered_reserved
 
     def _write_state(self, state: dict[str, Any], *, fsync: bool) -> None:
-        """Replace the checkpoint atomically. The open-time write (Trio thread) and a flush
-        (worker thread) may meet, and a deleted queue must not be written: the lock, the
-        snapshot number and the ``abandoned`` flag see to it."""
-        with self._state_lock:
-            if state["seq"] <= self._state_written or self.abandoned:
-                return
-            self.env.atomic_write(self.directory / STATE_FILE, cbor2.dumps(state), fsync=fsync)
-            self._state_written = state["seq"]
+        """Replace the checkpoint atomically (open and close; a flush writes it under the
+        flush lock already). The open-time write (Trio thread) and a flush (worker thread) may
+        meet, and a deleted queue must not be written: the lock, the snapshot number and the
+        ``abandoned`` flag see to it."""
+        with self.flush.lock:
+            if not self.flush.abandoned:
+                self._put_state(state, fsync=fsync)
+
+    def _put_state(self, state: dict[str, Any], *, fsync: bool) -> None:
+        """Replace the checkpoint atomically, unless a later snapshot is on disk already
+        (under the flush lock)."""
+        if state["seq"] <= self._state_written:
+            return
+        self.env.atomic_write(self.directory / STATE_FILE, cbor2.dumps(state), fsync=fsync)
+        self._state_written = state["seq"]
 
     def close(self) -> None:
         """Clean shutdown: write out, fsync, exact checkpoint, clean marker."""
@@ -429,7 +409,7 @@ class LogQueueStore:
             work()
         for segment in self.log.segments:
             segment.sync()
-        self._synced_upto = self.log.next_offset
+        self.flush.synced_upto = self.log.next_offset
         ready_bytes = self._surviving_bytes()
         state = self._state(self.delivered_reserved)
         state["delivered_exact"] = max(self.cursor, self.redelivered_below)
@@ -438,12 +418,9 @@ class LogQueueStore:
         self.log.close(clean=True)
 
     def abandon(self, move_to: Path) -> None:
-        """The queue is being deleted: from now on a flush in flight writes nothing more here,
-        and the directory moves to ``move_to`` (atomically with respect to those writes). The
-        files stay open until ``close_abandoned`` (after any flush in flight has finished)."""
-        with self._state_lock:
-            self.log.move(move_to)  # OSError: nothing changed, the queue stays
-            self.abandoned = True
+        """The queue is being deleted (``LogFlush.abandon``). The files stay open until
+        ``close_abandoned`` (after any flush in flight has finished)."""
+        self.flush.abandon(move_to)
 
     def close_abandoned(self) -> None:
         self.log.close(clean=False)

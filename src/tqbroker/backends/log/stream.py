@@ -1,74 +1,58 @@
 """A stream's storage: one segmented log, read by offset or timestamp, never consumed.
 
-Responsibilities:
-- ``LogStream``: append (every record persistent: a stream keeps what it is given), read a
-  record by offset or the first one at or after an offset, find the first offset at or after a
-  timestamp, the first and next offsets;
-- record batches: appends collect in an open batch, written as one frame (one header, one
-  CRC, one index entry, one cache entry) when anything reads or flushes the log, or when it
-  reaches ``MAX_BATCH_RECORDS`` / ``MAX_BATCH_BYTES``: so the publishes of one read buffer (and
-  of every connection served before the next flush) become one batch;
+Responsibilities (``LogStream``, the ``StreamLog`` contract over one log):
+- append (every record persistent: a stream keeps what it is given) through the open record
+  batch (``batching.py``), read a record by offset or the first one at or after an offset, find
+  the first offset at or after a timestamp, the first and next offsets;
+- strict reads: the log is opened ``strict``, so a damaged frame fails the stream
+  (``failure``) and every read raises ``CorruptLogError``;
 - retention per whole segment, Kafka's way (``x-max-length-bytes``, ``x-max-age``), never the
   active segment; removed segments are deleted at the next flush;
-- the flush protocol the log backend's flushes drive (``begin_flush`` / ``close`` / ``abandon``),
-  like ``LogQueueStore``'s, without ack state: readers keep their own positions;
+- the flush protocol the log backend's flushes drive (``begin_flush`` / ``close`` / ``abandon``,
+  the skeleton in ``flush.py``), like ``LogQueueStore``'s, without ack state: readers keep
+  their own positions; ``durable_end``, where readers stop;
 - stored positions and producer states (``streamstate.py``), made durable by the next flush;
 - replication (``replication.py``, ``epochs.py``): ``append_frames`` (a leader's frames,
   verbatim), the leader epoch history (its checkpoint written before the call that changes it
   returns), ``truncate_to`` (blocking, durable, finished at the next open if a crash cut it
-  short), the replica id (``replica-id``, written when the directory is first opened);
-- strict reads: the log is opened ``strict``, so a damaged frame fails the stream
-  (``failure``) and every read raises ``CorruptLogError``;
-- compaction, Kafka's ``cleanup.policy=compact`` (``CompactionPolicy``): ``compaction_work`` plans a
-  pass and returns the blocking work, which writes compacted copies of the closed segments
-  (the latest record of each key kept, offsets unchanged, so segments get gaps) in a scratch
-  directory; ``finish_compaction`` moves them over the originals on the Trio thread. Each
-  segment is swapped by one atomic rename, oldest first, so a crash leaves every segment whole
-  in its old or its compacted form, and never a dropped tombstone with an older record of its
-  key still on disk.
+  short), the replica id;
+- compaction, Kafka's ``cleanup.policy=compact`` (``compaction.py``): a pass planned here and
+  run in a worker thread, its copies swapped in on the Trio thread.
 
 Recovery after a crash rescans the segments written since the last flush (``recovery_point`` in
-``stream.cbor``), as queue logs do.
-
-Over 400 lines, as one job: ``LogStream`` is the ``StreamLog`` contract over one log, and each
-part above is the few lines that tie a piece (the log, compaction, the epochs, the stored
-state) to the flush protocol they share; the pieces themselves live in their own modules.
+``stream.cbor``), as queue logs do. Just over 400 lines, as one job: the ``StreamLog`` contract,
+each part the few lines that tie a piece (the batch, the log, the epochs, compaction, the stored
+state) to the flush protocol they share; the pieces live in their own modules.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from itertools import repeat
-from operator import attrgetter
+from functools import partial
 from pathlib import Path
 
 import cbor2
 
 from ...model import Message
 from ..streams import CompactionPolicy, ProducerState
-from .changeflag import ChangeFlag
-from .compaction import CompactionResult, Source, compact
+from .batching import OpenBatch
+from .compaction import CompactionResult, Compactor
 from .epochs import EpochHistory
-from .format import BATCH_OVERHEAD, ENTRY_OVERHEAD, FLAG_PERSISTENT, Record
-from .log import COMPACTION_DIR, RESOURCE_ERRNOS, Log
-from .replication import check_frames, clear_intent, pending_truncation, write_intent
-from .segment import Segment
+from .flush import ChangeFlag, Checkpoint, LogFlush
+from .format import Record
+from .log import RESOURCE_ERRNOS, Log
+from .replication import (
+    check_frames,
+    clear_intent,
+    load_replica_id,
+    pending_truncation,
+    write_intent,
+)
 from .streamstate import STATE_FILE, StreamState
 
 log = logging.getLogger(__name__)
-
-REPLICA_FILE = "replica-id"  # the replica's UUID, written when the directory is created
-_exchange = attrgetter("exchange")
-_routing_key = attrgetter("routing_key")
-_properties_raw = attrgetter("properties_raw")
-_body = attrgetter("body")
-_timestamp = attrgetter("timestamp_ms")
-MAX_BATCH_RECORDS = 4096
-MAX_BATCH_BYTES = 1024 * 1024
 
 
 class LogStream:
@@ -78,37 +62,21 @@ class LogStream:
         self.directory = directory
         self.log = log
         self.env = log.env
-        self._synced_upto = 0
         self._durable_end = 0  # readers stop here: see ``durable_end``
-        self._recovery_written = 0  # the recovery point in stream.cbor on disk
-        self._obsolete: list[Segment] = []
+        # The synced mark, the recovery point in stream.cbor on disk, the segments to delete
+        # or close, truncations, the lock a delete takes: ``flush.py``.
+        self.flush = LogFlush(log, on_synced=self._synced)
         # Stored offsets, group offsets and producer states: ``stream.cbor``.
         self.state = StreamState()
         self.epochs = EpochHistory()
         self._replica_id = ""
-        log.strict = True  # a damaged frame fails the stream: never stepped over
-        # Counts truncations: a flush that began before one must not write its (higher)
-        # recovery point or durable end after it.
-        self._truncations = 0
+        log.reader.strict = True  # a damaged frame fails the stream: never stepped over
         # Held by ``begin_flush`` and by a truncation (worker thread): no flush begins while
         # the log is being cut back.
         self._flush_gate = threading.Lock()
         self._offsets_dirty = False
-        self._lock = threading.Lock()
-        self.abandoned = False
-        # Segments replaced by compacted copies: closed by the next flush's work (a sync of
-        # theirs may be in flight until then).
-        self._retired: list[Segment] = []
-        self._compaction_policy: CompactionPolicy | None = None
-        self._compacted_upto = -1
-        self._tombstone_due_ms: int | None = None
-        # The open batch: appended records not yet in the log, (timestamp_ms, flags, message);
-        # a message never stamped (0) gets the time of the seal.
-        self._batch: list[tuple[int, int, Message]] = []
-        self._batch_bytes = 0
-        # Changes each time the open batch is sealed and each time a flush begins: appends
-        # under one generation are made durable by the same flush (``StreamLog``).
-        self.batch_generation = 0
+        self._compactor = Compactor(log, directory)
+        self._batch = OpenBatch(log)
 
     def open(self) -> None:
         try:
@@ -122,10 +90,10 @@ class LogStream:
         self.state = StreamState(stored)
         recovery_point = self.state.recovery_point
         self.log.open(recovery_point=recovery_point)
-        self._synced_upto = self._recovery_written = recovery_point
+        self.flush.synced_upto = self.flush.recovery_written = recovery_point
         self._durable_end = self.log.next_offset  # what recovery found is on disk
         self.epochs = EpochHistory.load(self.directory)
-        self._replica_id = self._load_replica_id()
+        self._replica_id = load_replica_id(self.env, self.directory)
         pending = pending_truncation(self.directory)
         if pending is not None:  # a power cut interrupted it: finish it
             self._truncate(pending)
@@ -138,25 +106,13 @@ class LogStream:
                 fsync=True,
             )
 
-    def _load_replica_id(self) -> str:
-        path = self.directory / REPLICA_FILE
-        try:
-            return str(uuid.UUID(path.read_text().strip()))
-        except FileNotFoundError:
-            pass
-        except ValueError:  # a torn write of a new one: nothing relied on it yet
-            pass
-        replica_id = str(uuid.uuid4())
-        self.env.atomic_write(path, replica_id.encode())
-        return replica_id
-
     @property
     def replica_id(self) -> str:
         return self._replica_id
 
     @property
     def failure(self) -> str | None:
-        return self.log.failure
+        return self.log.reader.failure
 
     @property
     def offsets(self) -> Mapping[str, int]:
@@ -184,113 +140,49 @@ class LogStream:
         return offset
 
     def append_many(self, messages: Sequence[Message]) -> tuple[int, OSError | None]:
-        """Add records to the open batch, in order: how many were, and the ``OSError`` that
-        refused the next one (the open batch would overflow the active segment and could not
-        be written out to make room), else None."""
-        log = self.log
-        segment_bytes = log.segment_bytes
-        batch, total = self._batch, self._batch_bytes
-        left = segment_bytes - log.segments[-1].size  # in the active segment
-        # Most runs fit in the open batch and the active segment: added at once (C-level
-        # loops), with the outcome of the loop below, which would seal nothing.
-        count = len(messages)
-        if not count:
-            return 0, None
-        grown = (total if batch else BATCH_OVERHEAD) + ENTRY_OVERHEAD * count
-        grown += sum(map(len, map(_exchange, messages)))
-        grown += sum(map(len, map(_routing_key, messages)))
-        grown += sum(map(len, map(_properties_raw, messages)))
-        grown += sum(map(len, map(_body, messages)))
-        if grown <= left and grown < MAX_BATCH_BYTES and len(batch) + count < MAX_BATCH_RECORDS:
-            if not batch:
-                log.changed()  # the next flush seals and writes the batch
-            batch.extend(zip(map(_timestamp, messages), repeat(FLAG_PERSISTENT), messages))
-            self._batch_bytes = grown
-            return count, None
-        appended = 0
-        try:
-            for message in messages:
-                size = (
-                    ENTRY_OVERHEAD
-                    + len(message.exchange)
-                    + len(message.routing_key)
-                    + len(message.properties_raw)
-                    + len(message.body)
-                )
-                # A batch fills a segment at most (unless one record is bigger), or a whole
-                # segment if it would roll anyway; and ``MAX_BATCH_BYTES`` at most, unless one
-                # record is bigger: then it is a frame of its own (a batch of a near-1 MiB and
-                # a 512 MiB message would be longer than any frame a reader accepts).
-                if batch and (
-                    total + size > (left if left >= total else segment_bytes)
-                    or total + size > MAX_BATCH_BYTES
-                ):
-                    self._batch_bytes = total
-                    self.seal()
-                    batch, total = self._batch, 0
-                    left = segment_bytes - log.segments[-1].size
-                if not batch:
-                    total = BATCH_OVERHEAD
-                    log.changed()  # the next flush seals and writes the batch
-                batch.append((message.timestamp_ms, FLAG_PERSISTENT, message))
-                total += size
-                appended += 1
-                if len(batch) >= MAX_BATCH_RECORDS or total >= MAX_BATCH_BYTES:
-                    # The record is in the batch now: a failure to write it out (no descriptor
-                    # for a new segment) is the next flush's to retry and report, not this
-                    # publish's.
-                    self._batch_bytes = total
-                    with contextlib.suppress(OSError):
-                        self.seal()
-                    batch, total = self._batch, self._batch_bytes
-                    left = segment_bytes - log.segments[-1].size
-        except OSError as exc:
-            return appended, exc
-        finally:
-            self._batch_bytes = total
-        return appended, None
+        """Add records to the open batch (``OpenBatch.add``)."""
+        return self._batch.add(messages)
 
     def seal(self) -> None:
-        """Write the open batch into the log (buffered, as one frame). Raises OSError when
-        the log cannot take it (a segment to roll to cannot be created): the batch then stays
-        open, its offsets kept, and the next seal tries again."""
-        if self._batch:
-            self.log.append_batch(self._batch)  # all or nothing
-            self._batch, self._batch_bytes = [], 0
-            self.batch_generation += 1
+        """Write the open batch into the log (``OpenBatch.seal``)."""
+        self._batch.seal()
+
+    @property
+    def batch_generation(self) -> int:
+        return self._batch.generation
 
     def read(self, offset: int) -> Record | None:
         """The record at ``offset``; None below the first offset, at the end, for an offset
         that compaction removed, or for a record that is damaged (logged by the log)."""
         self.seal()
-        self.log.check_failed()
+        self.log.reader.check_failed()
         if offset < self.first_offset:
             return None
-        return self.log.read(offset)
+        return self.log.reader.read(offset)
 
     def read_from(self, offset: int) -> Record | None:
         """The first record at or after ``offset`` (or the first offset); None when there is
         none yet. A reader goes on from the record's offset + 1: this steps over the gaps that
         compaction leaves (and damaged records, logged by the log)."""
         self.seal()
-        self.log.check_failed()
-        return self.log.read_from(max(offset, self.first_offset))
+        self.log.reader.check_failed()
+        return self.log.reader.read_from(max(offset, self.first_offset))
 
     def read_many(self, offset: int, end: int, limit: int) -> list[Record]:
         """Up to ``limit`` records from the first at or after ``offset``, all below ``end``:
         ``read_from`` for a reader that takes many (a whole batch is taken at once)."""
         self.seal()
-        self.log.check_failed()
-        return self.log.read_many(max(offset, self.first_offset), end, limit)
+        self.log.reader.check_failed()
+        return self.log.reader.read_many(max(offset, self.first_offset), end, limit)
 
     def read_frames(
         self, offset: int, end: int, max_bytes: int
     ) -> tuple[list[tuple[bytes, bytes]], int]:
         """The log's frames that hold the records from ``offset`` on, below ``end`` (at most
         the durable end: those are all written out), as they lie on disk."""
-        self.log.check_failed()
+        self.log.reader.check_failed()
         end = min(end, self._durable_end)
-        return self.log.read_frames(max(offset, self.first_offset), end, max_bytes)
+        return self.log.reader.read_frames(max(offset, self.first_offset), end, max_bytes)
 
     # -- replication (``replication.py``, ``epochs.py``) ---------------------------------------
 
@@ -337,21 +229,20 @@ class LogStream:
         """The truncation's steps: the intent first (from then on a power cut is finished by
         the next open), the files cut and fsync'd, the epoch history trimmed, ``stream.cbor``
         with the recovery point moved down, and the intent removed."""
-        with self._lock:
+        flush = self.flush
+        with flush.lock:
             write_intent(self.env, self.directory, offset)
             end, removed = self.log.truncate(offset)
-            self._retired.extend(removed)  # closed by the next flush: one in flight may sync them
+            flush.retired.extend(removed)  # closed by the next flush: one in flight may sync them
             sync = self.log.sync_work()
             if sync is not None:
                 sync()
             self.epochs.save(self.env, self.directory, self.epochs.truncated(end), fsync=True)
-            self._truncations += 1
-            self._synced_upto = min(self._synced_upto, end)
-            self._recovery_written = min(self._recovery_written, end)
+            flush.truncated(end)
             self._durable_end = min(self._durable_end, end)
             self.state.clamp(end)
             self._offsets_dirty = False
-            self.env.atomic_write(self.directory / STATE_FILE, self.state.encode(self._synced_upto))
+            self.env.atomic_write(self.directory / STATE_FILE, self.state.encode(flush.synced_upto))
             clear_intent(self.env, self.directory)
 
     @property
@@ -361,7 +252,7 @@ class LogStream:
 
     @property
     def next_offset(self) -> int:
-        return self.log.next_offset + len(self._batch)
+        return self.log.next_offset + len(self._batch.entries)
 
     @property
     def durable_end(self) -> int:
@@ -387,8 +278,8 @@ class LogStream:
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         self.seal()
-        self.log.check_failed()
-        return max(self.log.offset_for_timestamp(timestamp_ms), self.first_offset)
+        self.log.reader.check_failed()
+        return max(self.log.reader.offset_for_timestamp(timestamp_ms), self.first_offset)
 
     def apply_retention(self, *, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:
         """Detach whole segments past retention (deleted at the next flush); return how many."""
@@ -396,7 +287,7 @@ class LogStream:
         removed = self.log.segments_past_retention(
             max_bytes=max_bytes, max_age_ms=max_age_ms, now_ms=now_ms
         )
-        self._obsolete.extend(removed)
+        self.flush.obsolete.extend(removed)
         if removed:
             self.log.changed()
         return len(removed)
@@ -416,83 +307,35 @@ class LogStream:
         ``timestamp_ms + tombstone_grace_ms <= now_ms``. It fsyncs the records it goes by
         first, so a copy never drops a record for the sake of a later one a crash can lose."""
         self.seal()
-        segments = self.log.segments
-        active = segments[-1]
-        if len(segments) < 2 or self.abandoned:
+        if self.flush.abandoned:
             return None
-        tombstone_due = self._tombstone_due_ms is not None and self._tombstone_due_ms <= now_ms
-        if not (
-            policy != self._compaction_policy
-            or active.base_offset > self._compacted_upto
-            or tombstone_due
-        ):
-            return None
-        with contextlib.suppress(OSError):  # what cannot be written out now is left out
-            self.log.write_out()
-        sources = [Source(s, s.log_path, s.written, not s.pending) for s in segments]
-        compacted_upto = min(
-            [s.base_offset for s in segments[:-1] if s.pending] + [active.base_offset]
-        )
-        scratch = self.directory / COMPACTION_DIR
-        interval = self.log.index_interval_bytes
-        env = self.env
-
-        def work() -> CompactionResult:
-            return compact(env, policy, now_ms, sources, scratch, interval, compacted_upto)
-
-        return work
+        return self._compactor.plan(policy, now_ms)
 
     def finish_compaction(self, result: CompactionResult) -> int:
-        """Swap the compacted copies in (renames only, oldest first); return how many records
-        they removed. The segments that retention took meanwhile are skipped, and their files
-        removed now rather than at the next flush: a crash must not bring back records that a
-        copy's dropped tombstone deleted. The replaced segments are closed, and the renames
-        made durable, by the next flush."""
-        if self.abandoned or not self.log.segments:  # deleted or closed meanwhile
+        """Swap the compacted copies in (``Compactor.install``: renames only, oldest first);
+        return how many records they removed. The replaced segments are closed, and the
+        renames made durable, by the next flush."""
+        if self.flush.abandoned or not self.log.segments:  # deleted or closed meanwhile
             for swap in result.swaps:
                 if swap.new is not None:
                     swap.new.close()  # its files go with the directory, or at the next open
             return 0
-        present = {id(segment) for segment in self.log.segments}
-        for segment in result.planned:
-            if id(segment) not in present:
-                segment.unlink()
-        removed = 0
-        for swap in result.swaps:
-            old, new = swap.old, swap.new
-            if id(old) not in present:
-                if new is not None:
-                    new.delete()
-                continue
-            if new is None:
-                old.unlink()
-            else:  # a flush in flight may still sync the old files: they stay open
-                old.keep_open()
-                self.log.install(new)
-            self.log.replace_segment(old, new)
-            self._retired.append(old)
-            self.log.changed()
-            removed += swap.removed
-        with contextlib.suppress(OSError):
-            self.env.fs.rmdir(self.directory / COMPACTION_DIR)
-        self._compaction_policy = result.policy
-        self._compacted_upto = result.compacted_upto
-        self._tombstone_due_ms = result.tombstone_due_ms
-        return removed
+        return self._compactor.install(result, self.flush.retired)
 
     # -- the flush protocol ------------------------------------------------------------------
 
     @property
     def needs_flush(self) -> bool:
+        flush = self.flush
         return self.log.needs_sync or bool(
-            self._batch or self._obsolete or self._offsets_dirty or self._retired
+            self._batch.entries or flush.obsolete or self._offsets_dirty or flush.retired
         )
 
     def begin_flush(self, *, fsync: bool = True) -> Callable[[], None] | None:
-        """Write out buffered records; return the blocking work: fsync (unless ``fsync`` is
-        false), record the recovery point, delete segments past retention, close the segments
-        compaction replaced and make its renames durable. Nothing while a truncation runs
-        (``needs_flush`` stays true: a later flush does it)."""
+        """Write out buffered records; return the blocking work (``LogFlush.work``): fsync
+        (unless ``fsync`` is false), record the recovery point, delete segments past retention,
+        close the segments compaction replaced and make its renames durable. Nothing while a
+        truncation runs (``needs_flush`` stays true: a later flush does it)."""
         if not self._flush_gate.acquire(blocking=False):
             return None
         try:
@@ -502,80 +345,47 @@ class LogStream:
 
     def _begin_flush(self, fsync: bool) -> Callable[[], None] | None:
         self.seal()
-        truncations = self._truncations
         # A flush begins: a flush ticket taken before now is covered by it, so appends from
         # now on need a later one (even when no batch was open: the last may have been sealed
         # by an append that filled it).
-        self.batch_generation += 1
+        self._batch.generation += 1
         written = self.log.next_offset
-        if fsync:
-            sync = self.log.sync_work()
-        else:
-            self.log.write_out()
-            sync = None
+        sync = self.flush.sync_work(fsync)
+        if not fsync:
             self._durable_end = written  # in the page cache: all that this policy promises
-        synced_upto = written if sync is not None else self._synced_upto
-        # A commit that only appended leaves stream.cbor alone (one fdatasync per group commit)
-        # until the recovery point would pass a sealed segment (sparing its rescan after a
-        # crash).
-        sealed_past = (
-            sync is not None and self.log.segments[-1].base_offset > self._recovery_written
-        )
-        if not (self._obsolete or self._offsets_dirty or self._retired or sealed_past):
-            if sync is None:
-                return None
+        checkpoint = partial(self._checkpoint, fsync, sync is not None)
+        return self.flush.work(sync, due=self._offsets_dirty, checkpoint=checkpoint)
 
-            def sync_only() -> None:
-                sync()
-                with self._lock:
-                    if self._truncations == truncations:
-                        self._synced_upto = max(self._synced_upto, synced_upto)
-                        self._durable_end = max(self._durable_end, synced_upto)
-
-            return sync_only
-        obsolete, self._obsolete = self._obsolete, []
+    def _checkpoint(self, fsync: bool, synced: bool, synced_upto: int) -> Checkpoint:
+        """A full flush's ``stream.cbor``, taken now: the stored positions and producer states,
+        the recovery point ``synced_upto`` (fsync'd by this flush if ``synced``)."""
         state = self.state.encode(synced_upto)
         offsets_dirty, self._offsets_dirty = self._offsets_dirty, False
-        retired, self._retired = self._retired, []
+        flush = self.flush
 
-        def work() -> None:
-            for segment in retired:  # the previous flush, the last that could use them, is over
-                segment.close()
-            try:
-                if sync is not None:
-                    sync()
-                with self._lock:
-                    if self.abandoned:
-                        return
-                    # A truncation since it began wrote stream.cbor with a lower recovery
-                    # point and durable end: this flush's are stale.
-                    current = self._truncations == truncations
-                    # Synced whenever the policy syncs this flush (not only when records
-                    # were): an unsynced checkpoint renamed over the durable one can reach the
-                    # disk as the rename without its bytes, and an unreadable stream.cbor loses
-                    # every stored offset (a retention-only flush did that).
-                    if current:
-                        self.env.atomic_write(
-                            self.directory / STATE_FILE,
-                            state,
-                            fsync=fsync or offsets_dirty,
-                        )
-                        self._recovery_written = max(self._recovery_written, synced_upto)
-                        self._synced_upto = max(self._synced_upto, synced_upto)
-                        if sync is not None:
-                            self._durable_end = max(self._durable_end, synced_upto)
-                    if retired:
-                        self.env.fsync_dir(self.directory)
-                    for segment in obsolete:
-                        segment.delete()
-                    if obsolete:
-                        self.log.segments_deleted()
-            except OSError:
-                self._obsolete[:0] = obsolete
-                self._offsets_dirty = self._offsets_dirty or offsets_dirty
-                raise
+        def write(current: bool) -> None:
+            # A truncation since it began wrote stream.cbor with a lower recovery point and
+            # durable end: this flush's are stale.
+            if not current:
+                return
+            # Synced whenever the policy syncs this flush (not only when records were): an
+            # unsynced checkpoint renamed over the durable one can reach the disk as the
+            # rename without its bytes, and an unreadable stream.cbor loses every stored offset
+            # (a retention-only flush did that).
+            self.env.atomic_write(self.directory / STATE_FILE, state, fsync=fsync or offsets_dirty)
+            flush.recovery_written = max(flush.recovery_written, synced_upto)
+            flush.synced_upto = max(flush.synced_upto, synced_upto)
+            if synced:
+                self._durable_end = max(self._durable_end, synced_upto)
 
-        return work
+        def failed() -> None:
+            self._offsets_dirty = self._offsets_dirty or offsets_dirty
+
+        return Checkpoint(write, failed)
+
+    def _synced(self, synced_upto: int) -> None:
+        """A flush that wrote no checkpoint made the records below ``synced_upto`` durable."""
+        self._durable_end = max(self._durable_end, synced_upto)
 
     def close(self) -> None:
         work = self.begin_flush()
@@ -586,12 +396,12 @@ class LogStream:
         self.log.close(clean=True)
 
     def abandon(self, move_to: Path) -> None:
-        with self._lock:
-            self.log.move(move_to)  # OSError: nothing changed, the queue stays
-            self.abandoned = True
+        """The stream is being deleted (``LogFlush.abandon``)."""
+        self.flush.abandon(move_to)
 
     def close_abandoned(self) -> None:
-        for segment in self._retired:
+        flush = self.flush
+        for segment in flush.retired:
             segment.close()
-        self._retired.clear()
+        flush.retired.clear()
         self.log.close(clean=False)
