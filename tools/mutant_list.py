@@ -454,7 +454,7 @@ def mutants() -> list[Mutant]:
         Mutant(
             "retention-deletes-a-segment-exactly-max-age-old",
             "storage",
-            "backends/log/retention.py",
+            "backends/log/log.py",
             "oldest.max_timestamp < now_ms - max_age_ms",
             "oldest.max_timestamp <= now_ms - max_age_ms",
             ("tests/storage/test_log_policies.py", "tests/broker/test_stream_queue.py"),

@@ -13,14 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import mutants as runner  # tools/mutants.py (tools/ is not a package)
 from mutant_list import Mutant
 
-# Being moved by the log split; re-pointed at merge.
-TOLERATED_STALE = frozenset(
-    {
-        "backend-forgets-a-failed-fdatasync",
-        "recovery-accepts-offsets-going-back",
-        "stream-producers-never-persisted",
-    }
-)
+# Mutants whose code a change in progress is moving (tolerated until re-pointed): none now.
+TOLERATED_STALE: frozenset[str] = frozenset()
 
 
 def _params() -> list[object]:
