@@ -280,6 +280,38 @@ async def test_a_frame_read_whose_partition_goes_away_is_cut_short() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_a_read_that_waited_past_the_body_timeout_is_answered_whole(
+    tmp_path: Path,
+) -> None:
+    """A GET has no body to wait for: a read that waits for room in the budget longer than
+    ``http_body_timeout`` is still answered (the body deadline once took the late first
+    ``receive`` of a streamed response for a client gone away: 0 bytes of a 64 MiB body)."""
+    config = BrokerConfig(port=0, http_port=0, data_dir=tmp_path, http_body_timeout=0.2)
+    async with trio.open_nursery() as nursery:
+        running = await start_broker(nursery, config)
+        assert running.broker is not None
+        budget = running.broker.read_budget
+        streams = StreamService(running.broker.vhosts["/"])
+        await streams.declare("t", 1, {})
+        await streams.produce("t", [ProducerRecord(b"x" * MIB)])
+        await budget.reserve(budget.limit)  # no room for anyone
+        answers: list[httpx.Response] = []
+
+        async def read(query: dict[str, str]) -> None:
+            async with httpx.AsyncClient(base_url=running.http_url, auth=GUEST) as http:
+                answers.append(await http.get("/topics/t/partitions/0/records", params=query))
+
+        for query in [{"format": "frames"}, {}]:
+            nursery.start_soon(read, query)
+        await eventually_async(lambda: budget.waiting == 2)
+        await trio.sleep(0.5)  # past the body timeout
+        budget.release(budget.limit)
+        await eventually_async(lambda: len(answers) == 2)
+        assert [a.status_code for a in answers] == [200, 200]
+        assert all(len(a.content) > MIB for a in answers)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_client_that_goes_away_gives_back_what_its_read_held() -> None:
     async with trio.open_nursery() as nursery:
         running = await start_broker(nursery)

@@ -18,13 +18,12 @@ Responsibilities:
 
 from __future__ import annotations
 
-import itertools
 import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
-from itertools import accumulate
+from itertools import accumulate, chain
 from operator import add, attrgetter
 from typing import Self
 
@@ -47,6 +46,8 @@ _TIMESTAMP = attrgetter("timestamp_ms")
 _KEY_AND_VALUE = attrgetter("key_and_value")
 # The frames taken between two looks at the clock, in bytes: a piece of a streamed body.
 FRAMES_CHUNK = 1024 * 1024
+# A body's head (either format): magic, count, next offset.
+HEAD_BYTES = len(frames_head(0, 0))
 
 
 async def read_body(
@@ -178,7 +179,7 @@ class FramesPlan:
 
     @property
     def length(self) -> int:
-        return len(frames_head(0, 0)) + sum(chunk.size for chunk in self.chunks)
+        return HEAD_BYTES + sum(chunk.size for chunk in self.chunks)
 
     def pieces(self) -> Iterator[Piece]:
         """The head, then each chunk of frames (the head goes with the first): each piece
@@ -200,7 +201,7 @@ class FramesPlan:
                 f"the log of partition {self.partition_index} of topic '{self.topic}' changed "
                 f"under the read (retention or compaction) at offset {chunk.start}"
             )
-        return b"".join([prefix, *itertools.chain.from_iterable(frames)])
+        return b"".join([prefix, *chain.from_iterable(frames)])
 
 
 async def _constant(data: bytes) -> bytes:
@@ -208,18 +209,24 @@ async def _constant(data: bytes) -> bytes:
 
 
 def columns_estimate(
-    vhost: VirtualHost, topic: str, partition_index: int, *, offset: int, max_bytes: int
+    vhost: VirtualHost,
+    topic: str,
+    partition_index: int,
+    *,
+    offset: int,
+    end: int | None,
+    max_bytes: int,
 ) -> int:
     """What a ``read_body`` is expected to take, to reserve before it is built: ``max_bytes``
     of keys and values (at most what the partition stores), and 24 bytes a record of offsets,
     timestamps and column ends; headers, and a last record past ``max_bytes``, not counted
     (a body that comes out bigger takes the difference, or is built again: ``ReadBody``)."""
-    queue, stop = _range(vhost, topic, partition_index, None, max_bytes)  # checks max_bytes
+    queue, stop = _range(vhost, topic, partition_index, end, max_bytes)  # checks max_bytes
     found = queue.partition
     stored = found.storage_info().bytes
     records = min(max(stop - max(offset, found.log_start_offset), 1), MAX_BATCH_RECORDS)
     data = max_bytes if stored is None else min(max_bytes, stored)
-    return len(frames_head(0, 0)) + data + 24 * records + 12
+    return HEAD_BYTES + data + 24 * records + 12
 
 
 def _range(

@@ -130,7 +130,7 @@ class StreamService:
                 max_bytes=max_bytes,
             )
 
-    def record_read(
+    async def record_read(
         self,
         topic: str,
         partition: int,
@@ -141,7 +141,8 @@ class StreamService:
         max_bytes: int = 1024 * 1024,
     ) -> RecordRead:
         """``read`` taken a run at a time (``reading.RecordRead``), for a body that streams
-        under the read budget (admitted first: ``ReadBudget.admit``)."""
+        under the read budget; admitted first (``ReadBudget.admit``)."""
+        await self.read_budget.admit()
         with failed_log(topic, partition):
             return reading.RecordRead(
                 self.vhost,
@@ -155,8 +156,8 @@ class StreamService:
 
     @property
     def read_budget(self) -> ReadBudget:
-        """The bytes reads may hold (the broker's; ``read_budget.py``): a read is admitted
-        (``ReadBudget.admit``) before it takes anything from the log."""
+        """The bytes reads may hold (the broker's; ``read_budget.py``): the reads below are
+        admitted (``ReadBudget.admit``) before they take anything from the log."""
         return self.vhost.read_budget
 
     async def columns_body(
@@ -175,7 +176,7 @@ class StreamService:
         await self.read_budget.admit()
         with failed_log(topic, partition):
             estimate = bulk_read.columns_estimate(
-                self.vhost, topic, partition, offset=offset, max_bytes=max_bytes
+                self.vhost, topic, partition, offset=offset, end=end, max_bytes=max_bytes
             )
 
         async def build() -> bytes:

@@ -11,8 +11,8 @@ Responsibilities:
   hypercorn's ``keep_alive_timeout`` closes a connection that has not sent a complete request
   head within the idle timeout of opening or of its previous response (slow headers, idle
   keep-alive);
-- ``BodyDeadline``: an ASGI middleware bounding the wait for a request body: it must arrive
-  within ``body_timeout`` seconds, plus one second per ``BODY_RATE`` bytes received (a slow
+- ``BodyDeadline``: an ASGI middleware bounding the wait for a request body (a request that
+  has one): it must arrive within ``body_timeout`` seconds, plus one second per ``BODY_RATE`` bytes received (a slow
   but steady upload goes on; a client that sends headers and then nothing, or a trickle, is
   answered 408 and its connection closed); and a response sent before the request's body is
   all in says ``connection: close`` (hypercorn closes such a connection after the response, and
@@ -194,8 +194,15 @@ class BodyDeadline:
             await self.app(scope, receive, send)
             return
         deadline = trio.current_time() + self.timeout
+        has_body = any(
+            (name == b"content-length" and value.strip() != b"0") or name == b"transfer-encoding"
+            for name, value in scope["headers"]
+        )
         received = 0
-        complete = False
+        # A request without a body has nothing to wait for: a response that streams long after
+        # the deadline (a read that waited for the read budget) still listens for the client
+        # going away, which is not a body that came late.
+        complete = not has_body
         body_in = False  # the whole body arrived (not: the wait for it was given up)
 
         async def bounded() -> Message:
@@ -213,11 +220,6 @@ class BodyDeadline:
             scope.setdefault("state", {})["tqbroker.body_timeout"] = True
             complete = True
             return {"type": "http.disconnect"}
-
-        has_body = any(
-            (name == b"content-length" and value.strip() != b"0") or name == b"transfer-encoding"
-            for name, value in scope["headers"]
-        )
 
         async def closing_if_unread(message: Message) -> None:
             if message["type"] == "http.response.start" and has_body and not body_in:

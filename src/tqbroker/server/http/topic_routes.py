@@ -102,10 +102,9 @@ async def consume(request: Request) -> Response:
     await topic_access.check_read(request, vhost, partition)
     topic = request.path_params["topic"]
     streams = StreamService(vhost)
-    await streams.read_budget.admit()
     if offset == "latest":
         offset = streams.high_watermark(topic, partition)
-    read = streams.record_read(
+    read = await streams.record_read(
         topic,
         partition,
         offset=offset if isinstance(offset, int) else None,
