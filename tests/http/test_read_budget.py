@@ -31,10 +31,11 @@ import trio
 from tests.support.canary import Canary
 from tests.support.polling import eventually_async
 from tqbroker.broker.alarms import MEMORY
+from tqbroker.broker.read_budget import ReadBudget
 from tqbroker.broker.streams.service import ProducerRecord, StreamService
 from tqbroker.config import BrokerConfig
 from tqbroker.recordbatch import BinaryColumn, WriteBatch, decode_read, encode_write
-from tqbroker.testing import BrokerProcess, start_broker, start_broker_process
+from tqbroker.testing import BrokerProcess, RunningBroker, start_broker, start_broker_process
 
 MIB = 1024 * 1024
 RECORD = 64 * 1024
@@ -163,12 +164,18 @@ def render(content: object) -> bytes:
     ).encode()
 
 
+async def topic_t(running: RunningBroker) -> tuple[ReadBudget, StreamService]:
+    """The broker's read budget and its stream service, with topic "t" (one partition)."""
+    assert running.broker is not None
+    streams = StreamService(running.broker.vhosts["/"])
+    await streams.declare("t", 1, {})
+    return running.broker.read_budget, streams
+
+
 async def test_a_streamed_json_read_is_what_json_response_renders() -> None:
     async with trio.open_nursery() as nursery:
         running = await start_broker(nursery)
-        assert running.broker is not None
-        streams = StreamService(running.broker.vhosts["/"])
-        await streams.declare("t", 1, {})
+        _budget, streams = await topic_t(running)
         records = [
             ProducerRecord(
                 b"\xff\xfe%d" % n if n % 3 == 0 else f"v-é-{n}".encode() * (n % 50),
@@ -253,10 +260,7 @@ async def test_reads_wait_while_the_memory_alarm_is_set_and_are_refused_past_pat
 async def test_a_frame_read_whose_partition_goes_away_is_cut_short() -> None:
     async with trio.open_nursery() as nursery:
         running = await start_broker(nursery)
-        assert running.broker is not None
-        budget = running.broker.read_budget
-        streams = StreamService(running.broker.vhosts["/"])
-        await streams.declare("t", 1, {})
+        budget, streams = await topic_t(running)
         for n in range(48):  # a frame each, 48 MiB: more than socket buffers hold
             await streams.produce("t", [ProducerRecord(b"%02d" % n + b"x" * MIB)])
         async with (
@@ -289,10 +293,7 @@ async def test_a_read_that_waited_past_the_body_timeout_is_answered_whole(
     config = BrokerConfig(port=0, http_port=0, data_dir=tmp_path, http_body_timeout=0.2)
     async with trio.open_nursery() as nursery:
         running = await start_broker(nursery, config)
-        assert running.broker is not None
-        budget = running.broker.read_budget
-        streams = StreamService(running.broker.vhosts["/"])
-        await streams.declare("t", 1, {})
+        budget, streams = await topic_t(running)
         await streams.produce("t", [ProducerRecord(b"x" * MIB)])
         await budget.reserve(budget.limit)  # no room for anyone
         answers: list[httpx.Response] = []
@@ -315,10 +316,7 @@ async def test_a_read_that_waited_past_the_body_timeout_is_answered_whole(
 async def test_a_client_that_goes_away_gives_back_what_its_read_held() -> None:
     async with trio.open_nursery() as nursery:
         running = await start_broker(nursery)
-        assert running.broker is not None
-        budget = running.broker.read_budget
-        streams = StreamService(running.broker.vhosts["/"])
-        await streams.declare("t", 1, {})
+        budget, streams = await topic_t(running)
         for _ in range(32):
             await streams.produce("t", [ProducerRecord(b"x" * MIB)])
         for query in [{"format": "frames"}, {}]:  # streamed; built whole

@@ -83,23 +83,6 @@ async def read_body(
     return columns.body(max(position, offset))
 
 
-async def read_frames_body(
-    vhost: VirtualHost,
-    topic: str,
-    partition_index: int,
-    *,
-    offset: int,
-    end: int | None,
-    max_bytes: int,
-) -> bytes:
-    """The ``TQF1`` body of ``plan_frames``'s read, whole (each piece built in turn, outside
-    the read budget: for callers that want the body in one piece, small ones)."""
-    plan = await plan_frames(
-        vhost, topic, partition_index, offset=offset, end=end, max_bytes=max_bytes
-    )
-    return b"".join([await piece.build() for piece in plan.pieces()])
-
-
 async def plan_frames(
     vhost: VirtualHost,
     topic: str,
