@@ -12,11 +12,12 @@ Responsibilities:
   head within the idle timeout of opening or of its previous response (slow headers, idle
   keep-alive);
 - ``BodyDeadline``: an ASGI middleware bounding the wait for a request body (a request that
-  has one): it must arrive within ``body_timeout`` seconds, plus one second per ``BODY_RATE`` bytes received (a slow
-  but steady upload goes on; a client that sends headers and then nothing, or a trickle, is
-  answered 408 and its connection closed); and a response sent before the request's body is
-  all in says ``connection: close`` (hypercorn closes such a connection after the response, and
-  a client told nothing would send its next request on it and find it gone);
+  has one): it must arrive within ``body_timeout`` seconds, plus one second per
+  ``BODY_RATE`` bytes received (a slow but steady upload goes on; a client that sends
+  headers and then nothing, or a trickle, is answered 408 and its connection closed); and a
+  response sent before the request's body is all in says ``connection: close`` (hypercorn
+  closes such a connection after the response, and a client told nothing would send its next
+  request on it and find it gone);
 - ``ValidPaths``: an ASGI middleware refusing (400) a request path whose percent-encoding is
   malformed or does not decode to UTF-8 text (``%FF``, ``%ED%A0%80``): such names would
   otherwise all decode to U+FFFD and name the same topic.
