@@ -15,6 +15,9 @@ durable definitions ``broker/definitions.py``'s, where messages are stored
 All on the broker's Trio thread; queue actors start through ``spawn``. A new queue's stores are
 opened (recovered) in a worker thread by ``declaring.open_and_declare_queue``; a change to durable
 topology is told to ``definitions`` (deferred after a backend flush for a store's delete).
+
+Over 400 lines as one job: every change to the vhost's topology passes RabbitMQ's checks
+here, in one place, so that AMQP, HTTP and definitions imports apply the same rules.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ Responsibilities:
 - the exchange and queue methods (``topology.py``).
 
 A channel reaches its connection only through ``ChannelHost``.
+
+Over 400 lines as one job: each method handler is a few lines over the parts named above;
+the handlers are kept together so that ``dispatch.py``'s table points into one class.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ validate a frame from a buffer (``decode_frame``: ``RecordError`` for a bad leng
 ``None`` when the buffer holds only part of one), or a frame known to be sound without its CRC
 (``parse_frame``); the index entry layouts (offset index ``relative_offset u32 | position
 u32``, time index ``timestamp_ms u64 | relative_offset u32``).
+
+Over 400 lines as one job: the byte layout, encoder and decoder side by side, so that a change
+to a field is made once for writing and reading.
 """
 
 from __future__ import annotations

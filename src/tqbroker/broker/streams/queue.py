@@ -31,6 +31,9 @@ Responsibilities:
   step over what compaction removed).
 
 The stream's arguments are read from its typed ``QueueArguments`` (``broker/arguments.py``).
+
+Over 400 lines as one job: the AMQP face of a stream (its consumers, their positions and
+groups); the log is the ``Partition``'s, the offsets' parsing ``consumer_arguments.py``'s.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Conformance cases: the flush protocol, clean restarts and simulated crashes."""
+"""Conformance cases: the flush protocol, clean restarts and simulated crashes.
+
+Over 400 lines as one job: the durability cases of the conformance suite, each a short
+function; they share the recovery assertions at the top.
+"""
 
 from __future__ import annotations
 
