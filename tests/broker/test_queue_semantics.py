@@ -484,3 +484,36 @@ async def test_repeated_death_counts_in_the_first_entry(
 )
 def test_expiration_parsed_as_rabbitmq_does(value: str, parsed: int | str) -> None:
     assert parse_expiration(value) == parsed
+
+
+def _message(queue: Queue, body: bytes, **properties: Any) -> Message:
+    props = BasicProperties(**properties)
+    return Message("", queue.name, props.encode(), body, props, timestamp_ms=clock.now_ms())
+
+
+async def test_a_run_of_publishes_keeps_each_message_s_rules(
+    vhost: VirtualHost, autojump_clock: trio.testing.MockClock
+) -> None:
+    """``ClassicQueue.publish_run`` pushes a run at once, but a message with its own TTL in
+    the run still expires (and is dead-lettered) as ``publish`` would have it, in order."""
+    dead = declare_queue(vhost, "dead")
+    queue = declare_queue(
+        vhost, "run", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"}
+    )
+    assert isinstance(queue, ClassicQueue)
+    run = [
+        _message(queue, b"a"),
+        _message(queue, b"b", expiration="1000"),
+        _message(queue, b"c"),
+        _message(queue, b"d", expiration="0"),  # no consumer waits: expired at once
+        _message(queue, b"e"),
+    ]
+    published = queue.stats.publish
+    durabilities, error = queue.publish_run(run)
+    assert error is None
+    assert durabilities == [None] * 5  # one a message; none to wait for
+    assert queue.stats.publish - published == 4
+    assert queue.message_count == 4
+    await trio.sleep(2)
+    assert [m.body for m in get_all(queue)] == [b"a", b"c", b"e"]
+    assert [m.body for m in get_all(dead)] == [b"d", b"b"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Final
 
 import trio
@@ -270,6 +270,45 @@ class ClassicQueue(Queue):
             assert flusher is not None
             return flusher, flusher.request()
         return None
+
+    def publish_run(self, messages: Sequence[Message]) -> tuple[list[Durability], Exception | None]:
+        """``publish`` of each of ``messages``, with the checks that hold for the whole run
+        made once: the first goes through ``publish`` (an idle queue delivers it at once), the
+        rest are pushed one after another and the actor is woken once, unless a length limit,
+        a queue TTL of 0 or a message's own TTL asks for ``publish``'s per-message rules."""
+        if len(messages) == 1 or self.max_length is not None or self.max_length_bytes is not None:
+            return super().publish_run(messages)
+        if self.message_ttl == 0:
+            return super().publish_run(messages)
+        durabilities: list[Durability] = []
+        try:
+            durabilities.append(self.publish(messages[0]))
+        except Exception as exc:  # the caller refuses this one, as for ``publish``
+            return durabilities, exc
+        flusher = self.flusher
+        durable = self.durable and flusher is not None
+        push, publish, taken = self.store.push, self.publish, durabilities.append
+        pushed = 0
+        error: Exception | None = None
+        try:
+            for message in messages[1:]:
+                if message_ttl(message) is not None:  # its own TTL: the full rules
+                    taken(publish(message))
+                    continue
+                persistent = durable and message.properties.delivery_mode == 2
+                push(message, persistent)  # OSError: the caller refuses this one
+                pushed += 1
+                if persistent:
+                    assert flusher is not None
+                    taken((flusher, flusher.request()))
+                else:
+                    taken(None)
+        except Exception as exc:
+            error = exc
+        self.stats.publish += pushed
+        if pushed and (self.consumers or self._may_expire):
+            self._wakeup.set()
+        return durabilities, error
 
     def _over_limit(self, extra_messages: int = 0, extra_bytes: int = 0) -> bool:
         store = self.store
