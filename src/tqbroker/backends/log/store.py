@@ -14,7 +14,8 @@ Responsibilities:
   point; at a clean stop also the exact delivery mark and ready bytes), written atomically during
   flushes;
 - the delivered reservation: offsets below it may have been delivered, so after a crash they come
-  back flagged redelivered; the queue never delivers past it until a flush has extended it;
+  back flagged redelivered; the queue never delivers past it until a flush has extended it (a
+  new queue opens with none and writes nothing: the flush after its first push reserves one);
 - segments whose every record is settled are deleted.
 """
 
@@ -118,10 +119,29 @@ class LogQueueStore:
         self.redelivered_below = min(delivered, end)
         self.cursor = self.head
         self._recovered_end = end
-        # Reserve a first delivery window now, durably, so delivery starts without a flush.
-        self._reserve_target = max(self.cursor, self.delivered_reserved) + RESERVE_WINDOW
         flush = self.flush
         flush.synced_upto = recovery_point if not clean else end
+        if self.log.created and not state and not state_lost:
+            # A new queue: nothing is written now; its first message asks the next flush to
+            # reserve a window (a delivery before that flush waits for it, as any delivery
+            # past a window does). A power cut before its first flush leaves an empty
+            # directory or none: recovery takes either for a new queue.
+            flush.recovery_written = recovery_point
+        else:
+            self._reserve_window(recovery_point)
+        self._ready = (end - self.head) - sum(
+            min(b, end) - max(a, self.head) for a, b in self.settled.as_list() if a < end
+        )
+        recorded = state.get("ready_bytes") if clean else None
+        if recorded is not None:  # exact: written by the clean stop
+            self._ready_bytes = int(recorded)
+        else:
+            self._recount()
+
+    def _reserve_window(self, recovery_point: int) -> None:
+        """Reserve a first delivery window now, durably, so delivery starts without a flush."""
+        flush = self.flush
+        self._reserve_target = max(self.cursor, self.delivered_reserved) + RESERVE_WINDOW
         try:
             self._write_state(self._state(self._reserve_target), fsync=True)
         except OSError as exc:
@@ -134,14 +154,6 @@ class LogQueueStore:
         else:
             flush.recovery_written = flush.synced_upto
             self.delivered_reserved = self._reserve_target
-        self._ready = (end - self.head) - sum(
-            min(b, end) - max(a, self.head) for a, b in self.settled.as_list() if a < end
-        )
-        recorded = state.get("ready_bytes") if clean else None
-        if recorded is not None:  # exact: written by the clean stop
-            self._ready_bytes = int(recorded)
-        else:
-            self._recount()
 
     def _read_state(self) -> tuple[dict[str, Any], bool]:
         """The checkpoint, and whether one existed but could not be read (then the queue
@@ -171,6 +183,8 @@ class LogQueueStore:
         # end of a long backlog will not be read soon, and caching it would only cost.
         hot = self.log.next_offset - self.cursor < HOT_BACKLOG
         offset = self.log.append(message, FLAG_PERSISTENT if persistent else 0, hot=hot)
+        if not self._reserve_target:  # a new queue's first message: the flush that makes it
+            self._request_reservation(offset)  # durable reserves a first window too
         size = len(message.body)
         if not persistent:
             self.transient.add(offset, offset + 1)
@@ -340,6 +354,8 @@ class LogQueueStore:
         marked for a later fsync), then write the checkpoint atomically, then delete fully
         settled segments."""
         flush = self.flush
+        if self._state_dirty:
+            self.log.materialize()  # here (may raise OSError), not in the flush's thread
         sync = flush.sync_work(fsync)
         flush.obsolete.extend(self.log.delete_segments_below(self.head))
         return flush.work(sync, due=self._state_dirty, checkpoint=partial(self._checkpoint, fsync))
@@ -398,6 +414,7 @@ class LogQueueStore:
         (under the flush lock)."""
         if state["seq"] <= self._state_written:
             return
+        self.log.materialize()
         self.env.atomic_write(self.directory / STATE_FILE, cbor2.dumps(state), fsync=fsync)
         self._state_written = state["seq"]
 
@@ -407,6 +424,9 @@ class LogQueueStore:
         work = self.begin_flush()
         if work is not None:
             work()
+        if self.log.absent:  # nothing was ever written: it opens as a new queue again
+            self.log.close(clean=False)
+            return
         for segment in self.log.segments:
             segment.sync()
         self.flush.synced_upto = self.log.next_offset
