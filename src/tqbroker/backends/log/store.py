@@ -15,7 +15,8 @@ Responsibilities:
   flushes;
 - the delivered reservation: offsets below it may have been delivered, so after a crash they come
   back flagged redelivered; the queue never delivers past it until a flush has extended it (a
-  new queue opens with none and writes nothing: the flush after its first push reserves one);
+  new queue writes nothing at open: its first window is reserved by having no checkpoint, a
+  recovery then flagging every record redelivered; the flush after its first push writes one);
 - segments whose every record is settled are deleted.
 """
 
@@ -69,6 +70,8 @@ class LogQueueStore:
         self.delivered_reserved = 0  # durable: we may deliver offsets below this
         self._reserve_target = 0
         self._state_dirty = False
+        # A new queue has no checkpoint on disk yet: its first push asks for one.
+        self._unwritten = False
         self._recovered_end = 0  # offsets below this predate this run (transient ones are stale)
         self._state_seq = 0  # snapshots taken
         self._state_written = 0  # the newest snapshot on disk
@@ -111,8 +114,10 @@ class LogQueueStore:
         delivered = int(state.get("delivered", 0))
         if clean:
             delivered = int(state.get("delivered_exact", delivered))
-        if state_lost:
-            delivered = end  # nothing is known: flag every surviving message redelivered
+        if state_lost or not (state or self.log.created):
+            # Nothing is known (a new queue's records, its first checkpoint lost to a power
+            # cut: see ``_unwritten``): flag every surviving message redelivered.
+            delivered = end
         self.delivered_reserved = self._reserve_target = delivered
         # The reservation may reach past the recovered end: offsets from the end on are new
         # messages (never delivered), not redeliveries.
@@ -122,10 +127,13 @@ class LogQueueStore:
         flush = self.flush
         flush.synced_upto = recovery_point if not clean else end
         if self.log.created and not state and not state_lost:
-            # A new queue: nothing is written now; its first message asks the next flush to
-            # reserve a window (a delivery before that flush waits for it, as any delivery
-            # past a window does). A power cut before its first flush leaves an empty
-            # directory or none: recovery takes either for a new queue.
+            # A new queue: nothing is written now (a declare creates nothing on disk), and its
+            # first window is taken as reserved: until a checkpoint is on disk a recovery
+            # takes every record found for delivered (see above). Its first message asks the
+            # next flush for that checkpoint. A power cut before leaves an empty directory or
+            # none: recovery takes either for a new queue.
+            self.delivered_reserved = self._reserve_target = RESERVE_WINDOW
+            self._unwritten = True
             flush.recovery_written = recovery_point
         else:
             self._reserve_window(recovery_point)
@@ -183,8 +191,9 @@ class LogQueueStore:
         # end of a long backlog will not be read soon, and caching it would only cost.
         hot = self.log.next_offset - self.cursor < HOT_BACKLOG
         offset = self.log.append(message, FLAG_PERSISTENT if persistent else 0, hot=hot)
-        if not self._reserve_target:  # a new queue's first message: the flush that makes it
-            self._request_reservation(offset)  # durable reserves a first window too
+        if self._unwritten:  # a new queue's first message: the flush that makes it durable
+            self._unwritten = False  # writes its first checkpoint too
+            self._state_dirty = True
         size = len(message.body)
         if not persistent:
             self.transient.add(offset, offset + 1)
