@@ -103,9 +103,10 @@ class Log:
     # -- opening -----------------------------------------------------------------------------
 
     def open(self, *, recovery_point: int = 0) -> bool:
-        """Open (creating if needed) and recover (``recovery.recover_segments``). Returns True
-        when the previous run closed cleanly. Segments at or after ``recovery_point`` (the
-        first offset not known to be fsync'd) are scanned when the shutdown was not clean."""
+        """Open (creating if needed; a ``lazy`` log without a directory opens ``absent``) and
+        recover (``recovery.recover_segments``). Returns True when the previous run closed
+        cleanly. Segments at or after ``recovery_point`` (the first offset not known to be
+        fsync'd) are scanned when the shutdown was not clean."""
         if self._lazy and not self.directory.is_dir():
             # A new log (or one a power cut took before anything in it was confirmed): its
             # first segment, its files and its directory are made by its first write.
