@@ -370,6 +370,22 @@ def mutants() -> list[Mutant]:
             ("tests/powercut/test_powercut.py", *LOG_STORE),
         ),
         Mutant(
+            "log-new-queue-directory-entry-never-synced",
+            "storage",
+            "backends/log/__init__.py",
+            "                self._unsynced_dirs.add(self.root)",
+            "                pass",
+            ("tests/powercut/test_new_queues.py", "tests/powercut/test_regressions.py"),
+        ),
+        Mutant(
+            "store-new-queue-records-without-checkpoint-not-redelivered",
+            "storage",
+            "backends/log/store.py",
+            "if state_lost or not (state or self.log.created):",
+            "if state_lost:",
+            ("tests/powercut/test_new_queues.py",),
+        ),
+        Mutant(
             "store-ack-never-settles",
             "storage",
             "backends/log/store.py",

@@ -73,7 +73,7 @@ def test_power_cuts_do_not_lose_a_data_directory_the_broker_created(tmp_path: Pa
     message (and the creates would not be in the trace at all without the facade)."""
     logging.disable(logging.WARNING)
     try:
-        report = explore(NestedDataDirectory(messages=4), tmp_path, points=3, seed=1)
+        report = explore(NestedDataDirectory(messages=4), tmp_path, points=4, seed=1)
     finally:
         logging.disable(logging.NOTSET)
     assert report.ok, f"{report}\n" + "\n".join(report.examples)

@@ -1,7 +1,8 @@
 """Storage errors other than a failed fdatasync fail only the operation that met them, with a
-clear reply: running out of file descriptors closes the declaring channel with 506, never
-poisons the backend (persistent publishes elsewhere are still confirmed), and leaks no
-descriptor; a delete that storage refuses leaves the queue whole, in memory and on disk.
+clear reply: running out of file descriptors nacks the publish that met it (a declare creates
+no file: a new queue's first write does), never poisons the backend (persistent publishes are
+confirmed again once descriptors are back), and leaks no descriptor; a delete that storage
+refuses leaves the queue whole, in memory and on disk.
 
 Probe of the issue: one user declaring durable queues until descriptors ran out made every
 persistent publish in the broker nacked until a restart, and each failed declare leaked 2-3
@@ -18,6 +19,7 @@ import httpx
 import pika
 import pytest
 
+from tests.support.polling import eventually
 from tqbroker.backends.log import LogBackend
 from tqbroker.config import BrokerConfig
 from tqbroker.storage_env import FileSystem, StorageEnv
@@ -52,7 +54,9 @@ class OutOfDescriptors(FileSystem):
 
 def test_running_out_of_descriptors_fails_the_declare_alone(tmp_path: Path) -> None:
     """(The file-handle cache makes this rare: its own idle descriptors are closed first, see
-    ``test_file_cache.py``; here nothing it holds could help.)"""
+    ``test_file_cache.py``; here nothing it holds could help.) A declare creates no file (a new
+    queue's are created by its first write): what meets EMFILE is the first publish to it,
+    nacked; once descriptors are back the backend is not poisoned."""
     facade = OutOfDescriptors()
     config = BrokerConfig(port=0, http_port=0, data_dir=tmp_path)
     with running_broker(config, env=StorageEnv.default(facade)) as broker:
@@ -64,17 +68,20 @@ def test_running_out_of_descriptors_fails_the_declare_alone(tmp_path: Path) -> N
 
         facade.failing = True
         before = fds_under(tmp_path)
-        for n in range(20):  # each fails alone, with 506; none leaks a descriptor
-            failing = connection.channel()
-            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
-                failing.queue_declare(f"more{n}", durable=True, arguments=ON_LOG)
-            assert refused.value.reply_code == 506
-            assert "Too many open files" in refused.value.reply_text
+        for n in range(20):  # none leaks a descriptor
+            channel.queue_declare(f"more{n}", durable=True, arguments=ON_LOG)
+        with pytest.raises(pika.exceptions.NackError):
+            channel.basic_publish("", "more0", b"refused", PERSISTENT)
         assert fds_under(tmp_path) == before
         facade.failing = False
 
-        # The backend is not poisoned: a persistent publish to another queue is
-        # confirmed, a declare works again, and /health is 200.
+        # The backend is not poisoned: once the flusher's retry has written the new queue's
+        # message, persistent publishes to it and to another are confirmed, a declare works
+        # again, and /health is 200.
+        eventually(
+            lambda: channel.basic_publish("", "more0", b"after", PERSISTENT) or True,
+            ignoring=(pika.exceptions.NackError,),
+        )
         channel.basic_publish("", "kept", b"after", PERSISTENT)
         channel.queue_declare("fits-again", durable=True, arguments=ON_LOG)
         assert httpx.get(f"{broker.http_url}/health").status_code == 200

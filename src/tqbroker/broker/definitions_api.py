@@ -236,8 +236,9 @@ async def _declare_queues(
     refused: Callable[[QueueDef, bool, AMQPError], None],
 ) -> None:
     """Declare ``queues`` in their order (``refused`` says what a refusal does). The stores of
-    new ones open ``OPEN_AT_ONCE`` at a time in worker threads: an open creates and fsyncs
-    files, and one after another 10,000 durable queues took a minute."""
+    new ones open ``OPEN_AT_ONCE`` at a time in worker threads: an open may block (a backend's
+    recovery of what a queue of that name left; the log backend creates nothing for a new
+    queue), and one after another 10,000 durable queues took minutes."""
     batch: list[_Opening] = []
     for q in queues:
         if q.name == "" or q.name.startswith("amq."):

@@ -158,6 +158,17 @@ class FileCache:
                 self._idle[file] = None
         return file
 
+    def create(self, file: CachedFile) -> None:
+        """Create a file ``file(create=False)`` gave (if missing) and open it: until then it
+        has no descriptor and any use of it fails, as with a file removed meanwhile."""
+        with self._lock:
+            if file._closed:
+                raise ValueError(f"{file.path} is closed")
+            if file._fd < 0:
+                file._fd = self._open(file.path, os.O_RDWR | os.O_CREAT)
+                if file._pins == 0:
+                    self._idle[file] = None
+
     def current_limit(self) -> int:
         if self.limit is not None:
             return max(self.limit, 1)

@@ -9,6 +9,10 @@ Responsibilities:
   renames into the trash) and empties the trash. A flush visits only the stores that changed
   since the last one (each says so through ``Log.changed``): with 100k idle durable queues a
   flush costs what changed, not 100k checks;
+- a new queue costs nothing on disk: its directory and files are created by its first write
+  (``Log.materialize``), their entries made durable by the first flush that syncs (one fsync of
+  ``log/`` for every queue created since), before any record in it is confirmed; the queue's
+  existence is the definitions file's, and a queue without a directory opens as a new one;
 - threads: ``open_queue``/``open_stream`` (recovery) and ``delete_queue`` may run in a worker
   thread while the Trio thread flushes; the registry of open stores is guarded by a lock, and a
   store enters it only once open;
@@ -114,7 +118,10 @@ class LogBackend:
         # Hot records of all queues, served from memory while they are in an active segment.
         self.cache = RecordCache(cache_bytes)
         self._healthy = True
-        self._created_in: Path | None = None  # log/ was created there, its entry not synced
+        # Directories with new entries not yet synced (the data directory once log/ is created
+        # in it, log/ once a queue's directory is): the next flush that syncs anything syncs
+        # them first, before anything written below them is confirmed. Under _lock.
+        self._unsynced_dirs: set[Path] = set()
 
     def open(self, data_dir: Path, env: StorageEnv | None = None) -> None:
         if env is not None:
@@ -122,9 +129,10 @@ class LogBackend:
         self.root = data_dir / "log"
         if not self.root.is_dir():
             self.env.fs.mkdir(self.root, parents=True, exist_ok=True)
-            # Its entry: made durable by the first flush (a worker thread; this is the Trio
-            # thread), before anything written in it is confirmed.
-            self._created_in = data_dir
+            # Its entry: made durable by the first flush that syncs (a worker thread; this is
+            # the Trio thread), before anything written in it is confirmed.
+            with self._lock:
+                self._unsynced_dirs.add(data_dir)
         trash = self.root / ".trash"
         if trash.exists():
             self.env.fs.rmtree(trash)
@@ -137,8 +145,12 @@ class LogBackend:
                 return store
             if key in self._streams:
                 raise ValueError(f"{queue!r} in vhost {vhost!r} is a stream")
-        directory = self._directory(vhost, queue)
-        store = LogQueueStore(directory, self._log(directory, self.segment_bytes))
+        # A new queue's log is absent until its first write (``Log.materialize``): a declare
+        # creates nothing on disk.
+        directory = self.root / _queue_dir_name(vhost, queue)
+        queue_log = self._log(directory, self.segment_bytes, lazy=True)
+        queue_log.on_materialize = functools.partial(self._created, directory, vhost, queue)
+        store = LogQueueStore(directory, queue_log)
         _recover(store)
         with self._lock:
             found = self._queues.setdefault(key, store)
@@ -193,22 +205,30 @@ class LogBackend:
         directory = self.root / _queue_dir_name(vhost, queue)
         if not directory.is_dir():
             self.env.fs.mkdir(directory, exist_ok=True)
-            # A new directory's entry is durable only once its parent is fsync'd: without this
-            # a power cut could lose the whole queue with every message confirmed in it (its
-            # segments' entries are made durable by the first flush, the directory's never).
-            self.env.fsync_dir(self.root)
+        self._created(directory, vhost, queue)
+        return directory
+
+    def _created(self, directory: Path, vhost: str, queue: str) -> None:
+        """A store's directory exists: it names its queue. Its entry in ``log/`` is durable
+        only once ``log/`` is fsync'd, or a power cut could lose the queue with every message
+        confirmed in it: not now, but by the next flush that syncs anything, once for every
+        queue created since (a definitions import of 10,000 queues paid an fsync each). Until
+        something in it is confirmed the directory holds nothing to lose: the queue's existence
+        is the definitions file's, and a start recreates a directory lost to a power cut."""
         names = directory / "queue.cbor"
         if not names.exists():
             self.env.fs.write_file(names, cbor2.dumps({"vhost": vhost, "queue": queue}))
-        return directory
+            with self._lock:
+                self._unsynced_dirs.add(self.root)
 
-    def _log(self, directory: Path, segment_bytes: int) -> Log:
+    def _log(self, directory: Path, segment_bytes: int, *, lazy: bool = False) -> Log:
         return Log(
             directory,
             segment_bytes=segment_bytes,
             index_interval_bytes=self.index_interval_bytes,
             cache=self.cache,
             env=self.env,
+            lazy=lazy,
         )
 
     def delete_queue(self, vhost: str, queue: str) -> None:
@@ -290,23 +310,25 @@ class LogBackend:
         with self._lock:
             trash, self._trash = self._trash, []
             abandoned, self._abandoned = self._abandoned, []
-        created_in, self._created_in = self._created_in, None
         if not works and not trash and not abandoned and write_error is None:
-            self._created_in = created_in
-            return None
+            return None  # new directories' entries wait for a flush that syncs something
+        with self._lock:
+            unsynced, self._unsynced_dirs = self._unsynced_dirs, set()
+        if trash:
+            unsynced.discard(self.root)  # the trash's sync below covers it
 
         def flush() -> None:
             try:
-                if created_in is not None:
-                    self.env.fsync_dir(created_in)
+                for directory in sorted(unsynced):  # the data directory before log/
+                    self.env.fsync_dir(directory)
                 if trash:
                     self.env.fsync_dir(self.root)  # the deletes' renames, durable
                 for work in works:
                     work()
             except OSError as exc:
                 self._healthy = False
-                self._created_in = self._created_in or created_in
                 with self._lock:
+                    self._unsynced_dirs |= unsynced
                     self._trash.extend(trash)
                     self._abandoned.extend(abandoned)
                     for store in stores:  # each tries again (or refuses: ``sync_failed``)
@@ -328,9 +350,10 @@ class LogBackend:
         return flush
 
     def close(self) -> None:
-        if self._created_in is not None:
-            self.env.fsync_dir(self._created_in)
-            self._created_in = None
+        with self._lock:
+            unsynced, self._unsynced_dirs = self._unsynced_dirs, set()
+        for directory in sorted(unsynced):
+            self.env.fsync_dir(directory)
         for abandoned in self._abandoned:
             abandoned.close_abandoned()
         self._abandoned.clear()

@@ -2,7 +2,8 @@
 
 Responsibilities (``Log``: the segment list, and the operations that must keep it, its base
 offsets and the record cache consistent):
-- opening: recovery (``recovery.py``) gives the segments, an empty log gets its first one;
+- opening: recovery (``recovery.py``) gives the segments, an empty log gets its first one
+  (a new log's: its entries made durable with its first records, not before);
 - appending records with increasing offsets (one at a time, as a record batch, or a leader's
   frames verbatim: replication), rolling to a new segment by size and by age, and continuing
   past offsets that are never used (``roll_to``);
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import threading
 import time
 from collections.abc import Callable, Sequence
 from itertools import pairwise
@@ -59,6 +61,7 @@ class Log:
         index_interval_bytes: int = 4096,
         cache: RecordCache | None = None,
         env: StorageEnv | None = None,
+        lazy: bool = False,
     ) -> None:
         # The file system and file-handle cache it works through (None: a new real one).
         self.env = StorageEnv.default() if env is None else env
@@ -74,6 +77,19 @@ class Log:
         self._segment_created_ms = 0
         self.sync_failed = False  # an fdatasync failed: nothing written since can be trusted
         self._directory_dirty = False  # a segment was created since the last sync
+        # The first segment of a new log: its entries become durable with its first records
+        # (a directory fsync per new queue at declare would cost 10,000 for an import).
+        self._entries_unsynced = False
+        self.created = False  # ``open`` found no segment: a new log (or one lost whole)
+        # ``lazy``: a log whose directory does not exist opens ``absent``, nothing created on
+        # disk until something is written (``materialize``; a new queue's: an import of
+        # 10,000 durable queues paid ~0.5 ms a file create). Under _absent_lock.
+        self._lazy = lazy
+        self.absent = False
+        self._moved_absent = False  # ``move``d while absent: nothing may be written any more
+        self._absent_lock = threading.Lock()
+        # Called once the directory of an absent log is created, before its files are.
+        self.on_materialize: Callable[[], None] = _nothing
         # Reads (with ``strict``, ``failure``, ``corrupt_records``), over these segments.
         self.reader = LogReader(self._directory, self.segments, self._bases, self._cached)
         # Called whenever the log (or its store) gets something for the next flush to do: the
@@ -87,9 +103,17 @@ class Log:
     # -- opening -----------------------------------------------------------------------------
 
     def open(self, *, recovery_point: int = 0) -> bool:
-        """Open (creating if needed) and recover (``recovery.recover_segments``). Returns True
-        when the previous run closed cleanly. Segments at or after ``recovery_point`` (the
-        first offset not known to be fsync'd) are scanned when the shutdown was not clean."""
+        """Open (creating if needed; a ``lazy`` log without a directory opens ``absent``) and
+        recover (``recovery.recover_segments``). Returns True when the previous run closed
+        cleanly. Segments at or after ``recovery_point`` (the first offset not known to be
+        fsync'd) are scanned when the shutdown was not clean."""
+        if self._lazy and not self.directory.is_dir():
+            # A new log (or one a power cut took before anything in it was confirmed): its
+            # first segment, its files and its directory are made by its first write.
+            self.created = self.absent = True
+            self._roll(0)
+            self._directory_dirty = False
+            return False
         segments, clean = recover_segments(
             self.env,
             self._directory,
@@ -99,11 +123,16 @@ class Log:
         )
         for segment in segments:
             self._add(segment)
-        if not self.segments:
+        self.created = not segments
+        if self.created:
+            # Nothing recovered, nothing to make durable: the new segment's entries can wait
+            # for its first records (``sync_work``); a power cut before leaves an empty log.
             self._roll(0)
-        # After a crash recovery may have truncated or removed files: the first sync makes
-        # that durable before anything appended since is confirmed.
-        self._directory_dirty = self._directory_dirty or not clean
+            self._directory_dirty, self._entries_unsynced = False, True
+        elif not clean:
+            # Recovery may have truncated or removed files: the first sync makes that durable
+            # before anything appended since is confirmed.
+            self._directory_dirty = True
         self._segment_created_ms = _now_ms()
         return clean
 
@@ -121,10 +150,31 @@ class Log:
     def _roll(self, base_offset: int) -> None:
         # The old segment's buffered records are written out by the next ``write_out``; the
         # next sync makes the new files' directory entries durable.
-        self._add(Segment(self.env.files, self._directory, base_offset, self.index_interval_bytes))
+        with self._absent_lock:  # an absent log's files are created by ``materialize``
+            files, interval = self.env.files, self.index_interval_bytes
+            self._add(
+                Segment(files, self._directory, base_offset, interval, create=not self.absent)
+            )
         self._segment_created_ms = _now_ms()
         self._directory_dirty = True
         self.changed()
+
+    def materialize(self) -> None:
+        """Create the directory and the files of an ``absent`` log (any thread; OSError: as it
+        was, the next write tries again). Its entries are made durable by the first sync."""
+        if not self.absent:
+            return
+        with self._absent_lock:
+            if not self.absent:
+                return
+            if self._moved_absent:
+                raise FileNotFoundError(errno.ENOENT, "the log was deleted", str(self.directory))
+            self.env.fs.mkdir(self.directory, exist_ok=True)
+            self.on_materialize()
+            for segment in self.segments:
+                segment.create_files()
+            self._entries_unsynced = True
+            self.absent = False
 
     # -- appending ---------------------------------------------------------------------------
 
@@ -161,7 +211,7 @@ class Log:
             # On failure the record stays buffered: the next flush retries the write and
             # reports the error (the broker nacks); raising here would fail the publish path.
             with contextlib.suppress(OSError):
-                active.write_out()
+                self.write_out()
         return offset
 
     def append_batch(self, entries: list[tuple[int, int, Message]]) -> int:
@@ -193,7 +243,7 @@ class Log:
             self.cache.put(self._cache_id, offset, frame, last)
         if active.pending >= 256 * 1024:
             with contextlib.suppress(OSError):  # as in ``append``
-                active.write_out()
+                self.write_out()
         return offset
 
     def append_frames(self, frames: list[CheckedFrame]) -> None:
@@ -217,7 +267,7 @@ class Log:
             self.changed()
         if self.segments[-1].pending >= 256 * 1024:
             with contextlib.suppress(OSError):  # as in ``append``
-                self.segments[-1].write_out()
+                self.write_out()
 
     def truncate(self, offset: int) -> tuple[int, list[Segment]]:
         """Cut the log back so that no record at or past ``offset`` is left (blocking: it
@@ -265,9 +315,10 @@ class Log:
 
     def write_out(self) -> None:
         """Push buffered bytes to the page cache (may raise OSError): the active segment's and
-        those of segments rolled since the last call."""
+        those of segments rolled since the last call (an absent log's files created first)."""
         for segment in self.segments:
             if segment.pending:
+                self.materialize()
                 segment.write_out()
 
     @property
@@ -294,7 +345,13 @@ class Log:
                 segment.dirty = False
                 if indexes:
                     segment.index_dirty = False
-        directory, self._directory_dirty = self._directory_dirty, False
+        # A new log's first segment: its entries wait for records to sync (``open``).
+        directory = not self.absent and (
+            self._directory_dirty or (self._entries_unsynced and bool(work))
+        )
+        self._directory_dirty = False
+        if directory:
+            self._entries_unsynced = False
         if not work and not directory:
             return None
 
@@ -365,7 +422,13 @@ class Log:
 
     def move(self, target: Path) -> None:
         """Rename the log's directory to ``target`` (the queue is being deleted): every segment,
-        detached ones included, reopens its files there from now on."""
+        detached ones included, reopens its files there from now on. An absent log has none:
+        nothing is written for it any more."""
+        with self._absent_lock:
+            if self.absent:
+                self._directory.path = target
+                self._moved_absent = True
+                return
         self.env.files.move(self._directory, target)
 
     def install(self, segment: Segment) -> None:
@@ -373,8 +436,9 @@ class Log:
         segment.install(self._directory)
 
     def close(self, *, clean: bool) -> None:
-        """Close every file; with ``clean`` (after a final sync) leave the clean marker."""
-        if clean:
+        """Close every file; with ``clean`` (after a final sync) leave the clean marker (an
+        absent log leaves nothing: it opens as a new one)."""
+        if clean and not self.absent:
             self.env.fs.write_file(self.directory / CLEAN_MARKER, b"")
             self.env.fsync_dir(self.directory)
         for segment in self.segments:

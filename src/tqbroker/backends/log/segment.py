@@ -55,15 +55,23 @@ def segment_name(base_offset: int, suffix: str) -> str:
 
 class Segment:
     def __init__(
-        self, cache: FileCache, directory: Directory, base_offset: int, index_interval_bytes: int
+        self,
+        cache: FileCache,
+        directory: Directory,
+        base_offset: int,
+        index_interval_bytes: int,
+        *,
+        create: bool = True,
     ) -> None:
         self._cache = cache
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         files: list[CachedFile] = []
-        try:  # creates the three files (a failure leaves no descriptor open)
+        try:  # creates the three files unless not ``create`` (a failure leaves no descriptor)
             for suffix in (".log", ".index", ".timeindex"):
-                files.append(cache.file(directory, segment_name(base_offset, suffix)))
+                files.append(
+                    cache.file(directory, segment_name(base_offset, suffix), create=create)
+                )
         except BaseException:
             for file in files:
                 file.close()
@@ -92,6 +100,12 @@ class Segment:
         # The frame (and its position) of the record read last: ``segment_reads.take_after``
         # goes on in it.
         self.current: tuple[Frame, int] | None = None
+
+    def create_files(self) -> None:
+        """Create the files of a segment made without (``create=False``: in a log that has no
+        directory yet)."""
+        for file in self.files:
+            self._cache.create(file)
 
     @property
     def files(self) -> tuple[CachedFile, CachedFile, CachedFile]:

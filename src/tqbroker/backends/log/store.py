@@ -14,7 +14,9 @@ Responsibilities:
   point; at a clean stop also the exact delivery mark and ready bytes), written atomically during
   flushes;
 - the delivered reservation: offsets below it may have been delivered, so after a crash they come
-  back flagged redelivered; the queue never delivers past it until a flush has extended it;
+  back flagged redelivered; the queue never delivers past it until a flush has extended it (a
+  new queue writes nothing at open: its first window is reserved by having no checkpoint, a
+  recovery then flagging every record redelivered; the flush after its first push writes one);
 - segments whose every record is settled are deleted.
 
 Over 400 lines as one job: the ack state and the checkpoint that records it are changed
@@ -71,6 +73,8 @@ class LogQueueStore:
         self.delivered_reserved = 0  # durable: we may deliver offsets below this
         self._reserve_target = 0
         self._state_dirty = False
+        # A new queue has no checkpoint on disk yet: its first push asks for one.
+        self._unwritten = False
         self._recovered_end = 0  # offsets below this predate this run (transient ones are stale)
         self._state_seq = 0  # snapshots taken
         self._state_written = 0  # the newest snapshot on disk
@@ -113,18 +117,42 @@ class LogQueueStore:
         delivered = int(state.get("delivered", 0))
         if clean:
             delivered = int(state.get("delivered_exact", delivered))
-        if state_lost:
-            delivered = end  # nothing is known: flag every surviving message redelivered
+        if state_lost or not (state or self.log.created):
+            # Nothing is known (a new queue's records, its first checkpoint lost to a power
+            # cut: see ``_unwritten``): flag every surviving message redelivered.
+            delivered = end
         self.delivered_reserved = self._reserve_target = delivered
         # The reservation may reach past the recovered end: offsets from the end on are new
         # messages (never delivered), not redeliveries.
         self.redelivered_below = min(delivered, end)
         self.cursor = self.head
         self._recovered_end = end
-        # Reserve a first delivery window now, durably, so delivery starts without a flush.
-        self._reserve_target = max(self.cursor, self.delivered_reserved) + RESERVE_WINDOW
         flush = self.flush
         flush.synced_upto = recovery_point if not clean else end
+        if self.log.created and not state and not state_lost:
+            # A new queue: nothing is written now (a declare creates nothing on disk), and its
+            # first window is taken as reserved: until a checkpoint is on disk a recovery
+            # takes every record found for delivered (see above). Its first message asks the
+            # next flush for that checkpoint. A power cut before leaves an empty directory or
+            # none: recovery takes either for a new queue.
+            self.delivered_reserved = self._reserve_target = RESERVE_WINDOW
+            self._unwritten = True
+            flush.recovery_written = recovery_point
+        else:
+            self._reserve_window(recovery_point)
+        self._ready = (end - self.head) - sum(
+            min(b, end) - max(a, self.head) for a, b in self.settled.as_list() if a < end
+        )
+        recorded = state.get("ready_bytes") if clean else None
+        if recorded is not None:  # exact: written by the clean stop
+            self._ready_bytes = int(recorded)
+        else:
+            self._recount()
+
+    def _reserve_window(self, recovery_point: int) -> None:
+        """Reserve a first delivery window now, durably, so delivery starts without a flush."""
+        flush = self.flush
+        self._reserve_target = max(self.cursor, self.delivered_reserved) + RESERVE_WINDOW
         try:
             self._write_state(self._state(self._reserve_target), fsync=True)
         except OSError as exc:
@@ -137,14 +165,6 @@ class LogQueueStore:
         else:
             flush.recovery_written = flush.synced_upto
             self.delivered_reserved = self._reserve_target
-        self._ready = (end - self.head) - sum(
-            min(b, end) - max(a, self.head) for a, b in self.settled.as_list() if a < end
-        )
-        recorded = state.get("ready_bytes") if clean else None
-        if recorded is not None:  # exact: written by the clean stop
-            self._ready_bytes = int(recorded)
-        else:
-            self._recount()
 
     def _read_state(self) -> tuple[dict[str, Any], bool]:
         """The checkpoint, and whether one existed but could not be read (then the queue
@@ -174,6 +194,9 @@ class LogQueueStore:
         # end of a long backlog will not be read soon, and caching it would only cost.
         hot = self.log.next_offset - self.cursor < HOT_BACKLOG
         offset = self.log.append(message, FLAG_PERSISTENT if persistent else 0, hot=hot)
+        if self._unwritten:  # a new queue's first message: the flush that makes it durable
+            self._unwritten = False  # writes its first checkpoint too
+            self._state_dirty = True
         size = len(message.body)
         if not persistent:
             self.transient.add(offset, offset + 1)
@@ -343,6 +366,8 @@ class LogQueueStore:
         marked for a later fsync), then write the checkpoint atomically, then delete fully
         settled segments."""
         flush = self.flush
+        if self._state_dirty:
+            self.log.materialize()  # here (may raise OSError), not in the flush's thread
         sync = flush.sync_work(fsync)
         flush.obsolete.extend(self.log.delete_segments_below(self.head))
         return flush.work(sync, due=self._state_dirty, checkpoint=partial(self._checkpoint, fsync))
@@ -401,6 +426,7 @@ class LogQueueStore:
         (under the flush lock)."""
         if state["seq"] <= self._state_written:
             return
+        self.log.materialize()
         self.env.atomic_write(self.directory / STATE_FILE, cbor2.dumps(state), fsync=fsync)
         self._state_written = state["seq"]
 
@@ -410,6 +436,9 @@ class LogQueueStore:
         work = self.begin_flush()
         if work is not None:
             work()
+        if self.log.absent:  # nothing was ever written: it opens as a new queue again
+            self.log.close(clean=False)
+            return
         for segment in self.log.segments:
             segment.sync()
         self.flush.synced_upto = self.log.next_offset
