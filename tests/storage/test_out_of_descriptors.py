@@ -1,7 +1,7 @@
 """Storage errors other than a failed fdatasync fail only the operation that met them, with a
-clear reply: running out of file descriptors nacks the publish that met it (a declare creates
-no file: a new queue's first write does), never poisons the backend (persistent publishes are
-confirmed again once descriptors are back), and leaks no descriptor; a delete that storage
+clear reply: running out of file descriptors nacks the publish that met it alone (a declare
+creates no file: a new queue's first write does), never poisons the backend, and leaks no
+descriptor; a delete that storage
 refuses leaves the queue whole, in memory and on disk.
 
 Probe of the issue: one user declaring durable queues until descriptors ran out made every
@@ -19,7 +19,6 @@ import httpx
 import pika
 import pytest
 
-from tests.support.polling import eventually
 from tqbroker.backends.log import LogBackend
 from tqbroker.config import BrokerConfig
 from tqbroker.storage_env import FileSystem, StorageEnv
@@ -52,11 +51,12 @@ class OutOfDescriptors(FileSystem):
         return super().open(path, flags, mode)
 
 
-def test_running_out_of_descriptors_fails_the_declare_alone(tmp_path: Path) -> None:
+def test_running_out_of_descriptors_fails_the_first_publish_alone(tmp_path: Path) -> None:
     """(The file-handle cache makes this rare: its own idle descriptors are closed first, see
     ``test_file_cache.py``; here nothing it holds could help.) A declare creates no file (a new
-    queue's are created by its first write): what meets EMFILE is the first publish to it,
-    nacked; once descriptors are back the backend is not poisoned."""
+    queue's are created by its first write, on the publish path): what meets EMFILE is the first
+    publish to it, refused (nacked) alone; the backend is never poisoned, so /health stays 200
+    and the next publish, once descriptors are back, is confirmed at once."""
     facade = OutOfDescriptors()
     config = BrokerConfig(port=0, http_port=0, data_dir=tmp_path)
     with running_broker(config, env=StorageEnv.default(facade)) as broker:
@@ -70,20 +70,16 @@ def test_running_out_of_descriptors_fails_the_declare_alone(tmp_path: Path) -> N
         before = fds_under(tmp_path)
         for n in range(20):  # none leaks a descriptor
             channel.queue_declare(f"more{n}", durable=True, arguments=ON_LOG)
-        with pytest.raises(pika.exceptions.NackError):
-            channel.basic_publish("", "more0", b"refused", PERSISTENT)
+            with pytest.raises(pika.exceptions.NackError):
+                channel.basic_publish("", f"more{n}", b"refused", PERSISTENT)
         assert fds_under(tmp_path) == before
+        assert httpx.get(f"{broker.http_url}/health").status_code == 200
         facade.failing = False
 
-        # The backend is not poisoned: once the flusher's retry has written the new queue's
-        # message, persistent publishes to it and to another are confirmed, a declare works
-        # again, and /health is 200.
-        eventually(
-            lambda: channel.basic_publish("", "more0", b"after", PERSISTENT) or True,
-            ignoring=(pika.exceptions.NackError,),
-        )
+        channel.basic_publish("", "more0", b"after", PERSISTENT)
         channel.basic_publish("", "kept", b"after", PERSISTENT)
         channel.queue_declare("fits-again", durable=True, arguments=ON_LOG)
+        assert channel.queue_declare("more0", passive=True).method.message_count == 1
         assert httpx.get(f"{broker.http_url}/health").status_code == 200
         connection.close()
 

@@ -192,6 +192,8 @@ class Log:
         """Append a record (buffered); return its offset. Its timestamp is ``timestamp_ms``,
         else the message's, else (a message never stamped) now. ``hot`` records (about to be
         read) go to the record cache too."""
+        if self.absent:  # a new log's first record: its files first, or the append fails
+            self.materialize()  # OSError: nothing appended (the publish alone is refused)
         if timestamp_ms is None:
             timestamp_ms = message.timestamp_ms or _now_ms()
         active = self.segments[-1]
@@ -219,6 +221,8 @@ class Log:
         one record batch (buffered; one entry is written as a record); return the first
         offset. The batch goes to the record cache too. All or nothing: OSError (a segment to
         roll to cannot be created) leaves the log as it was."""
+        if self.absent:  # as in ``append``
+            self.materialize()
         if 0 in map(_first, entries):  # C-level loops: a batch has thousands of entries
             now = _now_ms()
             entries = [(stamp or now, flags, message) for stamp, flags, message in entries]
