@@ -325,9 +325,24 @@ class VirtualHost:
         )
         if isinstance(found, Queue):
             return found
-        name, backend_name, parsed = found
         if not prepared:
-            empty_transient(self, name, backend_name, parsed, durable=durable)
+            empty_transient(self, *found, durable=durable)
+        return self.create_declared(
+            found, durable=durable, exclusive=exclusive, auto_delete=auto_delete, owner=owner
+        )
+
+    def create_declared(
+        self,
+        found: tuple[str, str, QueueArguments],
+        *,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        owner: object,
+    ) -> Queue:
+        """Create the queue a declare's checks found to create (``check_queue_declare``: its
+        name, backend and arguments), its stores open or opening at once."""
+        name, backend_name, parsed = found
         queue = self.create_queue(
             name,
             backend_name,
@@ -383,7 +398,7 @@ class VirtualHost:
             raise storage_error(exc, doing) from None
         self.queues[name] = queue
         self.routing.changed()  # the default exchange (an alternate exchange, maybe) routes to it
-        self.spawn(queue.run, on_failure=queue.fail)
+        queue.begin(self.spawn)
         return queue
 
     def bind_queue(
