@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 import trio
+import trio.lowlevel
 
 from ..backends.base import Backend
 from ..model import Message
@@ -40,7 +41,7 @@ from .exchange import PREDECLARED, DefaultExchange, Exchange
 from .exchange_types import new_exchange
 from .flusher import Flusher
 from .holding import HoldingExchange
-from .pacing import Pacer
+from .pacing import Pacer, Slice
 from .queue import Queue
 from .read_budget import MIN_BUDGET, ReadBudget
 from .reply_to import ReplyTo
@@ -477,9 +478,15 @@ class VirtualHost:
     async def connection_closed(self, owner: object) -> None:
         """Delete the exclusive queues ``owner`` declared (giving way to other tasks now and
         then: there may be many)."""
-        pacer = Pacer(max_items=QUEUES_PER_SLICE)
-        doomed = [q for q in self.queues.values() if q.exclusive_owner is owner]
+        work = Slice()
+        doomed: list[Queue] = []
+        for queue in list(self.queues.values()):  # a pass over 100k queues: ~25 ms
+            if queue.exclusive_owner is owner:
+                doomed.append(queue)
+            if work.used():
+                await trio.lowlevel.checkpoint()
         doomed.reverse()
+        pacer = Pacer(max_items=QUEUES_PER_SLICE)
         while doomed:
             # Popped, not iterated: the list would hold the last reference to every deleted
             # queue, and freeing 100k of them in one go when it is dropped took ~350 ms.
