@@ -23,6 +23,7 @@ import trio
 from ..protocol.codec import FieldTable
 from ..protocol.errors import AMQPError, ReplyCode
 from .arguments import (
+    CLASSIC,
     STREAM,
     QueueArguments,
     check_declaration,
@@ -60,14 +61,17 @@ def check_queue_declare(
             f"queue name '{name}' contains reserved prefix 'amq.*'",
         )
     name = name or server_name()
-    kind = check_declaration(
-        name,
-        vhost.name,
-        durable=durable,
-        exclusive=exclusive,
-        auto_delete=auto_delete,
-        arguments=arguments,
-    )
+    # No arguments: a classic queue, nothing to check (the commonest declare, made cheap).
+    kind = CLASSIC
+    if arguments:
+        kind = check_declaration(
+            name,
+            vhost.name,
+            durable=durable,
+            exclusive=exclusive,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
     if kind == STREAM:
         vhost.storage.stream_backend(name, QueueArguments.parse(arguments))
     vhost.dormant.check_declare("queue", name)
