@@ -2,8 +2,9 @@
 
 Reference counting frees nearly everything the broker allocates; what the collector adds is
 cycles. But a broker holds millions of long-lived objects (100k queues with a consumer each are
-~3M), and CPython's full collections walk them all whenever the heap grew by a quarter: pauses
-of 0.5-2 s for every client while 100k queues were declared. The policy:
+~3M), and CPython's full collections walk them all whenever the heap grew by a quarter: with
+(20000, 5, 10), 24 s of pauses while 100k queues were declared and consumed, one of 7.9 s. The
+policy:
 
 - ``take_over``: the objects of the imported modules frozen (never walked again); a young
   collection every ``YOUNG`` allocations, a middle one after ``MIDDLE`` young ones (100k

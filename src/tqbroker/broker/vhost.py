@@ -12,9 +12,10 @@ Responsibilities:
 Routing and publishing are ``broker/routing.py``'s, direct reply-to ``broker/reply_to.py``'s,
 durable definitions ``broker/definitions.py``'s, where messages are stored
 ``broker/storage.py``'s; exchange types make exchanges in ``broker/exchange_types.py``.
-All on the broker's Trio thread; queue actors start through ``spawn``. A new queue's stores are
-opened (recovered) in a worker thread by ``declaring.open_and_declare_queue``; a change to durable
-topology is told to ``definitions`` (deferred after a backend flush for a store's delete).
+All on the broker's Trio thread; queue actors start through ``spawn`` (``Queue.begin``). A new
+queue's stores are opened (recovered) in a worker thread by
+``declaring.open_and_declare_queue`` (in memory: at once); a change to durable topology is told
+to ``definitions`` (deferred after a backend flush for a store's delete).
 """
 
 from __future__ import annotations
