@@ -196,9 +196,9 @@ def mutants() -> list[Mutant]:
             "broker/classic.py",
             "            consumer.unacked -= 1\n"
             "            self.candidates.credit_returned(consumer)\n"
-            "        self._wakeup.set()\n        if self.delivery_limit is not None:",
+            "        self.wake()\n        if self.delivery_limit is not None:",
             "            self.candidates.credit_returned(consumer)\n"
-            "        self._wakeup.set()\n        if self.delivery_limit is not None:",
+            "        self.wake()\n        if self.delivery_limit is not None:",
             SETTLEMENT,
         ),
         Mutant(
@@ -207,9 +207,9 @@ def mutants() -> list[Mutant]:
             "broker/classic.py",
             "            consumer.unacked -= 1\n"
             "            self.candidates.credit_returned(consumer)\n"
-            "            self._wakeup.set()\n\n    def ack_many",
+            "            self.wake()\n\n    def ack_many",
             "            self.candidates.credit_returned(consumer)\n"
-            "            self._wakeup.set()\n\n    def ack_many",
+            "            self.wake()\n\n    def ack_many",
             SETTLEMENT,
         ),
         Mutant(

@@ -19,7 +19,6 @@ Responsibilities:
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import resource
@@ -33,6 +32,7 @@ import trio
 
 from ._version import __version__
 from .backends.log import parse_fsync_policy
+from .broker import garbage
 from .broker.definitions import StartupError
 from .config import BrokerConfig, ConfigError, SettingError
 from .dirlock import DataDirInUse
@@ -42,9 +42,6 @@ from .server.listener import serve
 from .server.tls import server_context
 from .settings import parse_setting, resolve, to_toml
 from .storage_env import StorageEnv
-
-GC_THRESHOLDS = (20_000, 5, 10)
-
 
 # Flags that set a BrokerConfig key: (flag, key); each is parsed and range-checked as the
 # key's environment variable is (settings.parse_setting), its error naming the flag.
@@ -241,17 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tqbroker: {exc}", file=sys.stderr)
         return CONFIG_ERROR
     _raise_open_file_limit()
-    # The ~35,000 objects of the imported modules are never garbage: leaving them out of the
-    # garbage collector's full collections shortens each pause by ~4 ms.
-    gc.freeze()
-    # Nearly everything the broker allocates per message is freed by reference counting, but
-    # the default thresholds (700, 10, 10) run a collection every 700 allocations, walking the
-    # queued messages again and again: 15-21% of the broker's CPU under publish load. Rarer
-    # young collections (cycles still found, a little later) cut that to a few percent. Not
-    # too rare: a pause walks what survived since, so (100000, 50) paused every client for
-    # 20-65 ms (young) and up to 1.8 s (middle generation) while 100k queues were declared;
-    # (20000, 5) bounds those to what 20k and 100k allocations leave, at the same CPU.
-    gc.set_threshold(*GC_THRESHOLDS)
+    # Frozen imports, small young collections, no automatic full one (``broker/garbage.py``).
+    garbage.take_over()
     try:
         trio.run(run, config)
     except (OSError, StartupError, DataDirInUse, BaseExceptionGroup) as exc:

@@ -69,14 +69,14 @@ def logged_tracebacks(caplog: pytest.LogCaptureFixture, exc_type: type[BaseExcep
 
 def fail_declaring(monkeypatch: pytest.MonkeyPatch, name: str, exc: Exception) -> None:
     """Make queue.declare of ``name`` raise ``exc`` (a bug in the method's handling)."""
-    original = VirtualHost.declare_queue
+    original = VirtualHost.create_declared  # every declare that creates a queue calls it
 
-    def declare_queue(self: VirtualHost, queue: str, **kwargs: Any) -> Any:
-        if queue == name:
+    def create_declared(self: VirtualHost, found: tuple[str, str, Any], **kwargs: Any) -> Any:
+        if found[0] == name:
             raise exc
-        return original(self, queue, **kwargs)
+        return original(self, found, **kwargs)
 
-    monkeypatch.setattr(VirtualHost, "declare_queue", declare_queue)
+    monkeypatch.setattr(VirtualHost, "create_declared", create_declared)
 
 
 def test_storage_trouble_in_a_channel_method_closes_only_its_channel(

@@ -334,6 +334,8 @@ class QueueArguments:
     def parse(cls, arguments: FieldTable) -> QueueArguments:
         """Type the arguments. A value its row's check refuses is left out (declare refused it
         already; restore and tests may hand in anything)."""
+        if not arguments:  # most declares: one shared instance, nothing to type
+            return NO_ARGUMENTS
         fields: dict[str, Any] = {}
         for key, value in arguments.items():
             row = _BY_NAME.get(key)
@@ -351,6 +353,9 @@ class QueueArguments:
     def priority_levels(self) -> int:
         """``x-max-priority`` when it asks for priorities (above 0), else 0."""
         return self.max_priority if self.max_priority is not None else 0
+
+
+NO_ARGUMENTS: Final = QueueArguments()  # a queue declared without arguments (shared)
 
 
 # -- consumer arguments ---------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from ..plugins.loader import load_backends, load_exchange_types
 from ..protocol.connection import BodyBudget
 from ..resources import parse_limit
 from ..storage_env import StorageEnv
+from . import garbage
 from .alarms import DiskMonitor, MemoryMonitor, ResourceAlarms
 from .definitions import (
     StartupError,
@@ -228,6 +229,9 @@ class Broker:
                 await nursery.start(self.supervisor.run)
                 self._spawn(self.memory_monitor.run)
                 self._spawn(self.disk_monitor.run)
+                if garbage.taken_over():  # the process is ours (``python -m tqbroker``)
+                    full = garbage.FullCollections(lambda: self.memory_monitor.pressed)
+                    self._spawn(full.run)
                 self._spawn(self.stats_sampler.run)
                 recovery_started = time.monotonic()
                 # Recovery (scanning segments, cutting a torn tail) in a worker thread: the

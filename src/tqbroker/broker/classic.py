@@ -43,6 +43,7 @@ from .consumer_ring import ConsumerRing
 from .deadletter import Reason, message_ttl
 from .flusher import Flusher
 from .queue import Queue, QueueFull, QueueHost
+from .supervisor import Spawn
 
 log = logging.getLogger(__name__)
 
@@ -113,17 +114,33 @@ class ClassicQueue(Queue):
 
     # -- the actor ---------------------------------------------------------------------------
 
+    def begin(self, spawn: Spawn) -> None:
+        """The actor starts now if it has time to keep (``x-expires``, messages that may
+        expire), else at the first wake-up that gives it work (a consumer with messages
+        ready, a publish to a consumed queue...): 100k queues declared and never used cost
+        no task each."""
+        if self.expires is not None or self._may_expire:
+            super().begin(spawn)
+        else:
+            self._start = spawn
+
     async def run(self) -> None:
         """Deliver until the queue is deleted; expire it when ``x-expires`` says so. Time is
         Trio's clock, so tests drive it with ``trio.testing.MockClock``."""
-        with self._cancel_scope:
+        if self._stopped:
+            return
+        with trio.CancelScope() as self._cancel_scope:
             while True:
                 unused_deadline = math.inf
                 if self.expires is not None and not self.consumers:
                     unused_deadline = self._last_used + self.expires
                 head_deadline = self._expire_head() if self._may_expire else math.inf
-                with trio.move_on_at(min(unused_deadline, head_deadline)):
+                deadline = min(unused_deadline, head_deadline)
+                if deadline == math.inf:  # no timer: no cancel scope to make either
                     await self._wakeup.wait()
+                else:
+                    with trio.move_on_at(deadline):
+                        await self._wakeup.wait()
                 if self._wakeup.is_set():
                     self._wakeup = trio.Event()
                     self._dispatcher.dispatch(self)
@@ -155,7 +172,7 @@ class ClassicQueue(Queue):
                 self._discard(message_id, message, "expired")
                 expired += 1
                 if expired >= expire_at_most:
-                    self._wakeup.set()
+                    self.wake()
                     return None
                 continue
             if self._keep_unacked:
@@ -265,7 +282,7 @@ class ClassicQueue(Queue):
             ):
                 dispatcher.dispatch(self)
             else:
-                self._wakeup.set()
+                self.wake()
         if persistent:
             assert flusher is not None
             return flusher, flusher.request()
@@ -307,7 +324,7 @@ class ClassicQueue(Queue):
             error = exc
         self.stats.publish += pushed
         if pushed and (self.consumers or self._may_expire):
-            self._wakeup.set()
+            self.wake()
         return durabilities, error
 
     def _over_limit(self, extra_messages: int = 0, extra_bytes: int = 0) -> bool:
@@ -362,7 +379,7 @@ class ClassicQueue(Queue):
         if consumer is not None:
             consumer.unacked -= 1
             self.candidates.credit_returned(consumer)
-            self._wakeup.set()
+            self.wake()
 
     def ack_many(self, message_ids: list[int], consumer: Consumer | None) -> None:
         for message_id in message_ids:
@@ -370,7 +387,7 @@ class ClassicQueue(Queue):
         if consumer is not None:
             consumer.unacked -= len(message_ids)
             self.candidates.credit_returned(consumer)
-            self._wakeup.set()
+            self.wake()
 
     def reject(self, message_id: int, consumer: Consumer | None) -> None:
         """basic.reject / basic.nack without requeue: remove and dead-letter (``rejected``)."""
@@ -386,7 +403,7 @@ class ClassicQueue(Queue):
         if consumer is not None:
             consumer.unacked -= 1
             self.candidates.credit_returned(consumer)
-        self._wakeup.set()
+        self.wake()
         if self.delivery_limit is not None:
             returns = self._returns.get(message_id, 0) + 1
             message = self._unacked_messages.pop(message_id, None)
@@ -426,6 +443,13 @@ class ClassicQueue(Queue):
 
     # -- consumers ---------------------------------------------------------------------------
 
+    def touch(self) -> None:
+        """``Queue.touch``; the actor is woken only if it has something to do: a countdown
+        to restart, or messages for the consumers (100k consumes on idle queues wake none)."""
+        self._last_used = trio.current_time()
+        if self.expires is not None or self.store.ready_count:
+            self.wake()
+
     def add_consumer(self, consumer: Consumer) -> None:
         self.candidates.add(consumer)
         super().add_consumer(consumer)
@@ -440,4 +464,5 @@ class ClassicQueue(Queue):
 
     def channel_ready(self, channel: DeliveryChannel) -> None:
         self.candidates.channel_ready(channel)
-        super().channel_ready(channel)
+        if self.store.ready_count:  # else nothing to deliver: the next publish wakes it
+            self.wake()

@@ -34,6 +34,7 @@ from .consumer_roster import ConsumerRoster
 from .deadletter import Reason
 from .flusher import Flusher
 from .stats import MessageStats
+from .supervisor import Spawn
 
 if TYPE_CHECKING:
     from .exchange import BindingRef
@@ -98,13 +99,22 @@ class Queue(abc.ABC):
         self._had_consumer = False
         self._last_used = trio.current_time()
         self._wakeup = trio.Event()
-        self._cancel_scope = trio.CancelScope()
+        # The actor's, while it runs (``stop`` cancels it); set once ``stop`` was called.
+        self._cancel_scope: trio.CancelScope | None = None
+        self._stopped = False
+        # Starts the actor at the first wake-up, for a kind that starts it late (``begin``).
+        self._start: Spawn | None = None
 
     # -- what each kind defines ----------------------------------------------------------------
 
     @abc.abstractmethod
     async def run(self) -> None:
         """The actor: deliver until the queue is deleted."""
+
+    def begin(self, spawn: Spawn) -> None:
+        """Start the actor (``spawn``: in the broker's nursery); a kind whose actor has nothing
+        to do yet may start it at its first wake-up instead."""
+        spawn(self.run, on_failure=self.fail)
 
     @abc.abstractmethod
     def publish(self, message: Message) -> Durability:
@@ -169,18 +179,26 @@ class Queue(abc.ABC):
         """The queue was used (basic.get, redeclare, a consumer came or went): restart the
         ``x-expires`` countdown."""
         self._last_used = trio.current_time()
-        self._wakeup.set()
+        self.wake()
 
     def wake(self) -> None:
+        """Let the actor run (started now if it starts late, ``begin``)."""
         self._wakeup.set()
+        if self._start is not None:
+            start, self._start = self._start, None
+            start(self.run, on_failure=self.fail)
 
     def channel_ready(self, channel: DeliveryChannel) -> None:
         """``channel`` may take deliveries again (its socket drained, its shared prefetch freed,
         its ``basic.qos`` changed): deliver to its consumers again."""
-        self._wakeup.set()
+        self.wake()
 
     def stop(self) -> None:
-        self._cancel_scope.cancel()
+        """End the actor (one not started yet never starts)."""
+        self._stopped = True
+        self._start = None
+        if self._cancel_scope is not None:
+            self._cancel_scope.cancel()
 
     @property
     def dead_letters_on_publish(self) -> bool:
@@ -230,7 +248,7 @@ class Queue(abc.ABC):
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.add(consumer)
-        self.touch()  # also wakes the actor
+        self.touch()  # also wakes the actor (if it has something to do: ``ClassicQueue``)
         self._had_consumer = True
 
     def remove_consumer(self, consumer: Consumer) -> None:

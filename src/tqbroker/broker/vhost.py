@@ -12,9 +12,10 @@ Responsibilities:
 Routing and publishing are ``broker/routing.py``'s, direct reply-to ``broker/reply_to.py``'s,
 durable definitions ``broker/definitions.py``'s, where messages are stored
 ``broker/storage.py``'s; exchange types make exchanges in ``broker/exchange_types.py``.
-All on the broker's Trio thread; queue actors start through ``spawn``. A new queue's stores are
-opened (recovered) in a worker thread by ``declaring.open_and_declare_queue``; a change to durable
-topology is told to ``definitions`` (deferred after a backend flush for a store's delete).
+All on the broker's Trio thread; queue actors start through ``spawn`` (``Queue.begin``). A new
+queue's stores are opened (recovered) in a worker thread by
+``declaring.open_and_declare_queue`` (in memory: at once); a change to durable topology is told
+to ``definitions`` (deferred after a backend flush for a store's delete).
 
 Over 400 lines as one job: every change to the vhost's topology passes RabbitMQ's checks
 here, in one place, so that AMQP, HTTP and definitions imports apply the same rules.
@@ -27,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 import trio
+import trio.lowlevel
 
 from ..backends.base import Backend
 from ..model import Message
@@ -43,7 +45,7 @@ from .exchange import PREDECLARED, DefaultExchange, Exchange
 from .exchange_types import new_exchange
 from .flusher import Flusher
 from .holding import HoldingExchange
-from .pacing import Pacer
+from .pacing import Pacer, Slice
 from .queue import Queue
 from .read_budget import MIN_BUDGET, ReadBudget
 from .reply_to import ReplyTo
@@ -328,9 +330,24 @@ class VirtualHost:
         )
         if isinstance(found, Queue):
             return found
-        name, backend_name, parsed = found
         if not prepared:
-            empty_transient(self, name, backend_name, parsed, durable=durable)
+            empty_transient(self, *found, durable=durable)
+        return self.create_declared(
+            found, durable=durable, exclusive=exclusive, auto_delete=auto_delete, owner=owner
+        )
+
+    def create_declared(
+        self,
+        found: tuple[str, str, QueueArguments],
+        *,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        owner: object,
+    ) -> Queue:
+        """Create the queue a declare's checks found to create (``check_queue_declare``: its
+        name, backend and arguments), its stores open or opening at once."""
+        name, backend_name, parsed = found
         queue = self.create_queue(
             name,
             backend_name,
@@ -386,7 +403,7 @@ class VirtualHost:
             raise storage_error(exc, doing) from None
         self.queues[name] = queue
         self.routing.changed()  # the default exchange (an alternate exchange, maybe) routes to it
-        self.spawn(queue.run, on_failure=queue.fail)
+        queue.begin(self.spawn)
         return queue
 
     def bind_queue(
@@ -465,9 +482,15 @@ class VirtualHost:
     async def connection_closed(self, owner: object) -> None:
         """Delete the exclusive queues ``owner`` declared (giving way to other tasks now and
         then: there may be many)."""
-        pacer = Pacer(max_items=QUEUES_PER_SLICE)
-        doomed = [q for q in self.queues.values() if q.exclusive_owner is owner]
+        work = Slice()
+        doomed: list[Queue] = []
+        for queue in list(self.queues.values()):  # a pass over 100k queues: ~25 ms
+            if queue.exclusive_owner is owner:
+                doomed.append(queue)
+            if work.used():
+                await trio.lowlevel.checkpoint()
         doomed.reverse()
+        pacer = Pacer(max_items=QUEUES_PER_SLICE)
         while doomed:
             # Popped, not iterated: the list would hold the last reference to every deleted
             # queue, and freeing 100k of them in one go when it is dropped took ~350 ms.

@@ -58,6 +58,13 @@ class OpenChannels:
             channel.close()
             self._confirming.pop(number, None)
 
+    async def close_paced(self, number: int) -> None:
+        """``close``, giving way to other tasks (``Channel.close_paced``: 100k consumers)."""
+        channel = self._by_number.pop(number, None)
+        if channel is not None:
+            self._confirming.pop(number, None)
+            await channel.close_paced()
+
     def close_all(self) -> None:
         channels = list(self._by_number.values())
         self._by_number.clear()
@@ -72,7 +79,7 @@ class OpenChannels:
         self._confirming.clear()
         pacer = Pacer()
         for channel in channels:
-            channel.close()
+            await channel.close_paced()
             await pacer.step()
 
     def confirms_pending(self, channel: Channel) -> None:

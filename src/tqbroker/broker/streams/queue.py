@@ -112,7 +112,9 @@ class StreamQueue(Queue):
     # -- the actor ---------------------------------------------------------------------------
 
     async def run(self) -> None:
-        with self._cancel_scope:
+        if self._stopped:
+            return
+        with trio.CancelScope() as self._cancel_scope:
             async with trio.open_nursery() as nursery:
                 if self.compaction is not None:
                     nursery.start_soon(self._compact, self.compaction)
