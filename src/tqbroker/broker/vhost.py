@@ -35,8 +35,7 @@ from ..model import Message
 from ..plugins.spec import ExchangeType
 from ..protocol.codec import FieldTable, encode_table
 from ..protocol.errors import AMQPError, ReplyCode
-from .arguments import STREAM, QueueArguments, check_equivalent
-from .classic import ClassicQueue
+from .arguments import QueueArguments, check_equivalent
 from .deadletter import Reason, dead_letter
 from .declaring import check_queue_declare, empty_transient
 from .definitions_file import TopologyChanges, Unwritten
@@ -47,6 +46,7 @@ from .flusher import Flusher
 from .holding import HoldingExchange
 from .pacing import Pacer, Slice
 from .queue import Queue
+from .queue_kinds import new_queue
 from .read_budget import MIN_BUDGET, ReadBudget
 from .reply_to import ReplyTo
 from .routing import Routing
@@ -370,37 +370,17 @@ class VirtualHost:
         auto_delete: bool,
         arguments: QueueArguments,
     ) -> Queue:
-        """Create (or recover) a queue without the AMQP checks; starts its actor."""
-        flusher = self.flushers.get(backend_name)
-        queue: Queue
-        try:
-            if arguments.kind == STREAM:
-                queue = StreamQueue(
-                    self.name,
-                    name,
-                    self.storage.open_stream(backend_name, name, arguments),
-                    host=self,
-                    backend_name=backend_name,
-                    arguments=arguments,
-                    flusher=flusher,
-                    groups=self.consumer_groups,
-                )
-            else:
-                queue = ClassicQueue(
-                    self.name,
-                    name,
-                    self.storage.open_store(backend_name, name, arguments),
-                    host=self,
-                    backend_name=backend_name,
-                    durable=durable,
-                    exclusive_owner=exclusive_owner,
-                    auto_delete=auto_delete,
-                    arguments=arguments,
-                    flusher=flusher,
-                )
-        except OSError as exc:  # e.g. out of file descriptors or disk space
-            doing = f"open the storage of queue '{name}' in vhost '{self.name}'"
-            raise storage_error(exc, doing) from None
+        """Create (or recover) a queue without the AMQP checks (``queue_kinds.new_queue``);
+        starts its actor."""
+        queue = new_queue(
+            self,
+            name,
+            backend_name,
+            durable=durable,
+            exclusive_owner=exclusive_owner,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
         self.queues[name] = queue
         self.routing.changed()  # the default exchange (an alternate exchange, maybe) routes to it
         queue.begin(self.spawn)

@@ -6,8 +6,9 @@ Responsibilities:
 - publishing (checked and made by ``publishing.py``, published by the broker's
   ``Routing.publish_run``) into the transaction (``transactions.py``) or the queues, with
   publisher confirms (``confirms.py``) and ``mandatory`` returns;
-- consumers and their prefetch, ``basic.get``, ack / nack / reject / recover over the channel's
-  deliveries (``deliveries.py``), and requeueing everything unacked when the channel goes away;
+- consumers (kept by tag and by queue, ``channel_consumers.py``) and their prefetch,
+  ``basic.get``, ack / nack / reject / recover over the channel's deliveries
+  (``deliveries.py``), and requeueing everything unacked when the channel goes away;
 - deliveries from queue actors (``DeliveryChannel``); direct reply-to (``reply_to.py``);
 - the exchange and queue methods (``topology.py``).
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from typing import Final
 
 import trio
@@ -41,6 +42,7 @@ from ..protocol import frames
 from ..protocol import methods as m
 from ..protocol.errors import AMQPError, ReplyCode
 from .access import TOPIC, ChannelAccess
+from .channel_consumers import ChannelConsumers
 from .channel_host import ChannelHost
 from .confirms import PublisherConfirms, Wait
 from .deliveries import Deliveries, Delivery, Settlement, Taken, settle
@@ -51,10 +53,9 @@ from .transactions import Transaction, commit_error
 
 log = logging.getLogger(__name__)
 
-# A closing channel's consumers leave their queues this many queues, or consumers, at a time
-# between two yields (``close_paced``).
+# A closing channel's consumers leave this many queues at a time between two yields
+# (``close_paced``; at most ``CONSUMERS_PER_STEP`` consumers of one queue a step).
 QUEUES_PER_STEP: Final = 100
-CONSUMERS_PER_STEP: Final = 5000
 
 
 def _server_name(prefix: str) -> str:
@@ -74,10 +75,7 @@ class Channel:
         self.access = access  # the user's permission checks (``access.py``)
         self.topology = Topology(vhost, host)
         self.deliveries = Deliveries(host)
-        self.consumers: dict[str, Consumer] = {}
-        # The same consumers by queue: whom to tell that the channel takes deliveries again,
-        # and what leaves each queue when the channel closes, without a pass over them all.
-        self._consumers_by_queue: dict[Queue, dict[str, Consumer]] = {}
+        self.consumers = ChannelConsumers()
         self.prefetch_count = 0  # for consumers created from now on
         self.global_prefetch = 0  # shared by the channel's deliveries
         self.confirms: PublisherConfirms | None = None  # after confirm.select
@@ -101,16 +99,8 @@ class Channel:
 
     def wake_queues(self) -> None:
         """The channel may take deliveries again: tell the queues it consumes from."""
-        for queue in self._consumers_by_queue:
+        for queue in self.consumers.queues():
             queue.channel_ready(self)
-
-    def _forget_consumer(self, consumer: Consumer) -> None:
-        """``consumer`` is no longer the channel's (cancelled, or its queue went away)."""
-        del self.consumers[consumer.tag]
-        of_queue = self._consumers_by_queue[consumer.queue]
-        del of_queue[consumer.tag]
-        if not of_queue:
-            del self._consumers_by_queue[consumer.queue]
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -273,8 +263,7 @@ class Channel:
         )
         # consume-ok goes out before the first delivery: the queue actor runs after this.
         self._reply(method.nowait, m.BasicConsumeOk(tag))
-        self.consumers[tag] = consumer
-        self._consumers_by_queue.setdefault(queue, {})[tag] = consumer
+        self.consumers.add(consumer)
         queue.add_consumer(consumer)
 
     def basic_cancel(self, method: m.BasicCancel) -> None:
@@ -283,7 +272,7 @@ class Channel:
         if not self.reply_to.cancel(tag):
             consumer = self.consumers.get(tag)
             if consumer is not None:
-                self._forget_consumer(consumer)
+                self.consumers.forget(consumer)
                 consumer.queue.remove_consumer(consumer)
         self._reply(method.nowait, m.BasicCancelOk(tag))
 
@@ -448,7 +437,7 @@ class Channel:
     def consumer_cancelled(self, consumer: Consumer) -> None:
         if self.consumers.get(consumer.tag) is not consumer:
             return
-        self._forget_consumer(consumer)
+        self.consumers.forget(consumer)
         if self.host.notifies_cancel:
             try:
                 self._send(m.BasicCancel(consumer.tag, True))
@@ -460,7 +449,7 @@ class Channel:
     def close(self) -> None:
         """The channel is gone: cancel its consumers and requeue what it left unacked."""
         self.closed = True
-        for queue, consumers in self._take_consumers():
+        for queue, consumers in self.consumers.take_all():
             queue.remove_consumers(consumers)
         self._release()
 
@@ -472,7 +461,7 @@ class Channel:
         it finishes at once."""
         self.closed = True
         pacer = Pacer(max_items=QUEUES_PER_STEP)
-        steps = self._take_consumers()
+        steps = self.consumers.take_all()
         try:
             for queue, consumers in steps:
                 queue.remove_consumers(consumers)
@@ -481,20 +470,6 @@ class Channel:
             for queue, consumers in steps:
                 queue.remove_consumers(consumers)
             self._release()
-
-    def _take_consumers(self) -> Iterator[tuple[Queue, list[Consumer]]]:
-        """The channel's consumers by queue, at most ``CONSUMERS_PER_STEP`` at a time, the
-        channel forgetting them."""
-        by_queue, self._consumers_by_queue = self._consumers_by_queue, {}
-        self.consumers = {}
-        while by_queue:
-            # Popped, not iterated: the map would hold the last reference to every consumer,
-            # and freeing 100k at once when it is dropped holds the loop for ~50 ms.
-            queue, consumers = by_queue.popitem()
-            gone = list(consumers.values())
-            del consumers
-            for start in range(0, len(gone), CONSUMERS_PER_STEP):
-                yield queue, gone[start : start + CONSUMERS_PER_STEP]
 
     def _release(self) -> None:
         """What ``close`` does once the consumers are gone: requeue what the channel left
