@@ -48,9 +48,9 @@ from pathlib import Path
 
 from consumer_crowd import canary
 from procstats import cpu_seconds, profiling
-from rawclient import _FATAL, _U32, Endpoint, RawClient
+from rawclient import Endpoint, RawClient
 
-from tqbroker.protocol.frames import FRAME_HEAD, FRAME_METHOD, encode_method
+from tqbroker.protocol.frames import FRAME_METHOD, encode_method
 from tqbroker.protocol.methods import (
     BasicConsume,
     BasicConsumeOk,
@@ -85,7 +85,7 @@ def _pipelined(client: RawClient, frames: list[bytes], reply_index: int) -> None
     sender = threading.Thread(target=_send_all, args=(client, chunks))
     sender.start()
     try:
-        _read_replies(client, len(frames), reply_index)
+        client.read_replies(len(frames), reply_index)
     finally:
         sender.join()
 
@@ -93,29 +93,6 @@ def _pipelined(client: RawClient, frames: list[bytes], reply_index: int) -> None
 def _send_all(client: RawClient, chunks: list[bytes]) -> None:
     for chunk in chunks:
         client.sock.sendall(chunk)
-
-
-def _read_replies(client: RawClient, count: int, reply_index: int) -> None:
-    sock, buf, head, u32 = client.sock, client.buf, FRAME_HEAD, _U32
-    seen = 0
-    while seen < count:
-        chunk = sock.recv(1 << 18)
-        if not chunk:
-            raise ConnectionError("the broker closed the connection")
-        buf += chunk
-        pos, end = 0, len(buf)
-        while pos + 7 <= end:
-            frame_type, _channel, length = head.unpack_from(buf, pos)
-            if pos + 8 + length > end:
-                break
-            if frame_type == FRAME_METHOD:
-                ids = u32.unpack_from(buf, pos + 7)[0]
-                if ids == reply_index:
-                    seen += 1
-                elif ids in _FATAL:
-                    client._refused(pos)
-            pos += 8 + length
-        del buf[:pos]
 
 
 # -- phases ----------------------------------------------------------------------------------

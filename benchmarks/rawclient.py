@@ -195,6 +195,27 @@ class RawClient:
         self.read_method()  # raises for a close
         raise BrokerError("the broker nacked a publish")
 
+    def read_replies(self, count: int, reply_index: int) -> None:
+        """Read until ``count`` method frames whose class and method ids are ``reply_index``
+        arrived (the replies to pipelined calls); a close or a nack raises ``BrokerError``."""
+        buf, head, u32 = self.buf, FRAME_HEAD, _U32
+        seen = 0
+        while seen < count:
+            buf += self._receive()
+            pos, end = 0, len(buf)
+            while pos + 7 <= end:
+                frame_type, _channel, length = head.unpack_from(buf, pos)
+                if pos + 8 + length > end:
+                    break
+                if frame_type == FRAME_METHOD:
+                    ids = u32.unpack_from(buf, pos + 7)[0]
+                    if ids == reply_index:
+                        seen += 1
+                    elif ids in _FATAL:
+                        self._refused(pos)
+                pos += 8 + length
+            del buf[:pos]
+
     def read_frame(self) -> tuple[int, bytes]:
         """The next frame: its type and payload."""
         buf = self.buf

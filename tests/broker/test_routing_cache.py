@@ -17,6 +17,7 @@ import pytest
 import trio
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.pikaqueue import drain
 from tests.support.polling import eventually
 from tests.support.vhosts import (
     declare_exchange,
@@ -49,15 +50,6 @@ def ch(channel: BlockingChannel) -> BlockingChannel:
 
 def queue(ch: BlockingChannel, name: str, **arguments: Any) -> str:
     return str(ch.queue_declare(name, arguments=arguments or None).method.queue)
-
-
-def drain(ch: BlockingChannel, name: str) -> list[bytes]:
-    bodies: list[bytes] = []
-    while True:
-        _method, _props, body = ch.basic_get(name, auto_ack=True)
-        if body is None:
-            return bodies
-        bodies.append(body)
 
 
 def unroutable(ch: BlockingChannel, exchange: str, key: str, **properties: Any) -> bool:

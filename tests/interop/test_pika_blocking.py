@@ -22,6 +22,7 @@ import pytest
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 from pika.spec import Basic, BasicProperties
 
+from tests.support.pikaqueue import drain
 from tests.support.polling import eventually
 from tqbroker.testing import RunningBroker
 
@@ -72,16 +73,6 @@ def pump_for(*conns: BlockingConnection, seconds: float) -> None:
     while time.monotonic() < deadline:
         for conn in conns:
             conn.process_data_events(time_limit=0.01)
-
-
-def drain(channel: BlockingChannel, queue: str) -> list[bytes]:
-    """Every message now in ``queue`` (basic.get with auto-ack until empty)."""
-    bodies: list[bytes] = []
-    while True:
-        method, _props, body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            return bodies
-        bodies.append(body)
 
 
 def message_count(channel: BlockingChannel, queue: str) -> int:

@@ -9,16 +9,9 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.pikaqueue import drain
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def drain(ch: BlockingChannel, queue: str) -> list[bytes]:
-    bodies: list[bytes] = []
-    while True:
-        method, _props, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            return bodies
-        bodies.append(body)
 
 
 @pytest.mark.parametrize("durable", [False, True], ids=["transient", "durable"])

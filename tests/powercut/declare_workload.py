@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pika
 import pika.exceptions
-from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.pikaqueue import drain
 from tqbroker.config import BrokerConfig
 from tqbroker.storage_env import FileSystem, StorageEnv
 from tqbroker.testing import running_broker
@@ -130,7 +130,7 @@ class DeclareWorkload:
                 except pika.exceptions.ChannelClosedByBroker:
                     found["lost"] += 1  # the imported exchange is gone
                     continue
-                got = _drain(channel, queue)
+                got = drain(channel, queue)
                 channel.close()
                 seen = Counter(ident(data) for data in got)
                 found["corrupt"] += seen.pop(None, 0)
@@ -140,12 +140,3 @@ class DeclareWorkload:
                 found["unexpected"] += sum(1 for who in seen if who and who[0] != queue)
             connection.close()
         return found
-
-
-def _drain(channel: BlockingChannel, queue: str) -> list[bytes]:
-    bodies: list[bytes] = []
-    while True:
-        method, _properties, data = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            return bodies
-        bodies.append(data)

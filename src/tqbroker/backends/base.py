@@ -38,6 +38,10 @@ backend reports ``healthy`` false until it can write again, and the broker refus
 (nack) meanwhile.
 
 The in-memory backend (``durable`` false) keeps nothing across a restart.
+
+Opening: ``open_queue`` may block (recovery), so the broker calls it in a worker thread; a
+backend whose stores open without touching the disk says so with a true ``opens_at_once``
+attribute (optional; the memory backend's), and a declare then opens them on the Trio thread.
 """
 
 from __future__ import annotations

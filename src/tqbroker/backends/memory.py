@@ -159,6 +159,7 @@ class MemoryBackend:
     durable = False
     needs_flush = False
     healthy = True
+    opens_at_once = True  # ``open_queue`` touches no file: a declare calls it on the loop
 
     def __init__(self, page_window: int = PAGE_WINDOW) -> None:
         self._stores: dict[tuple[str, str], MemoryQueueStore] = {}

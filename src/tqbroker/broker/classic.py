@@ -293,9 +293,12 @@ class ClassicQueue(Queue):
         made once: the first goes through ``publish`` (an idle queue delivers it at once), the
         rest are pushed one after another and the actor is woken once, unless a length limit,
         a queue TTL of 0 or a message's own TTL asks for ``publish``'s per-message rules."""
-        if len(messages) == 1 or self.max_length is not None or self.max_length_bytes is not None:
-            return super().publish_run(messages)
-        if self.message_ttl == 0:
+        if (
+            len(messages) == 1
+            or self.max_length is not None
+            or self.max_length_bytes is not None
+            or self.message_ttl == 0
+        ):
             return super().publish_run(messages)
         durabilities: list[Durability] = []
         try:

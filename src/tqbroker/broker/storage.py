@@ -7,8 +7,8 @@ Responsibilities:
   else the first installed one that can (the built-in ``log`` backend does);
 - the stores behind a queue: one backend store, or one per priority level for an
   ``x-max-priority`` queue (``PriorityStore``); a stream's log; opening and deleting them
-  (``open``, which recovers them, may run in a worker thread; not for the memory backend,
-  ``opens_at_once``).
+  (``open``, which recovers them, may run in a worker thread; not for a backend that
+  ``opens_at_once``, as the memory backend).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from collections.abc import Iterator, Mapping
 from typing import Final
 
 from ..backends.base import Backend, QueueStore
-from ..backends.memory import MemoryBackend
 from ..backends.streams import StreamBackend, StreamLog
 from ..protocol.errors import AMQPError, ReplyCode
 from .arguments import STREAM, QueueArguments
@@ -87,10 +86,10 @@ class QueueStorage:
             return backend.open_stream(self.vhost, name, segment_bytes=arguments.segment_bytes)
 
     def opens_at_once(self, backend_name: str) -> bool:
-        """Whether the backend's stores open without blocking work (the built-in memory
-        backend's: no file is touched before a store pages out), so that a declare opens them
-        on the Trio thread rather than in a worker thread."""
-        return isinstance(self.backends[backend_name], MemoryBackend)
+        """Whether the backend's stores open without blocking work (its ``opens_at_once``, as
+        the memory backend's: no file is touched before a store pages out), so that a declare
+        opens them on the Trio thread rather than in a worker thread."""
+        return getattr(self.backends[backend_name], "opens_at_once", False) is True
 
     def open(self, name: str, backend_name: str, arguments: QueueArguments) -> None:
         """Open (recover) the queue's stores, so that creating the queue finds them open (a
