@@ -45,6 +45,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,6 +172,25 @@ def _receive(client: RawClient, count: int, deadline: float) -> tuple[int, float
 # -- the canary ------------------------------------------------------------------------------
 
 
+@contextmanager
+def canary_process(endpoint: Endpoint) -> Iterator[multiprocessing.connection.Connection]:
+    """``canary`` in a process of its own, started and ready: this side's end of its pipe
+    (send ``mark``, ``report``; ``stop`` is sent on leaving)."""
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    watcher = context.Process(target=canary, args=(endpoint, theirs), daemon=True)
+    watcher.start()
+    try:
+        if not ours.poll(30) or ours.recv() != "ready":
+            raise RuntimeError("the canary did not start")
+        yield ours
+        ours.send("stop")
+    finally:
+        watcher.join(10)
+        if watcher.is_alive():
+            watcher.kill()
+
+
 def canary(endpoint: Endpoint, pipe: multiprocessing.connection.Connection) -> None:
     """Round trips on a connection of its own (publish one message to its queue, receive it
     back, ack), a couple of milliseconds apart. Commands: ``mark`` starts a window, ``report``
@@ -292,48 +313,50 @@ def main() -> int:
         url = args.url
         if url is None:
             broker, url = _start(Path(tmp))
-        context = multiprocessing.get_context("spawn")
-        ours, theirs = context.Pipe()
         endpoint = Endpoint.from_url(url)
-        watcher = context.Process(target=canary, args=(endpoint, theirs), daemon=True)
-        watcher.start()
         try:
-            if not ours.poll(30) or ours.recv() != "ready":
-                raise RuntimeError("the canary did not start")
-            print(
-                f"| consumers | channels | delivered | deliveries/s | canary longest (delivering) "
-                f"| close | canary longest (closing) |   prefetch {args.prefetch}"
-            )
-            print("|---|---|---|---|---|---|---|")
-            rows: list[Figures] = []
-            for consumers in crowds:
-                plan = CrowdPlan(
-                    endpoint, consumers, args.channels, args.prefetch, args.messages, args.seconds
-                )
-                figures = measure(plan, ours)
-                rows.append(figures)
-                print(
-                    f"| {consumers} | {max(1, min(args.channels, consumers))} "
-                    f"| {figures.delivered} | {figures.rate:,.0f} "
-                    f"| {_ms(figures.stall_delivering)} | {figures.close_seconds:.2f} s "
-                    f"| {_ms(figures.stall_closing)} |",
-                    flush=True,
-                )
-            ratio = rows[-1].rate / rows[0].rate if rows[0].rate else 0.0
-            if len(rows) > 1:
-                print(f"ratio {rows[-1].consumers} consumers / {rows[0].consumers}: {ratio:.2f}")
-            if args.json is not None:
-                document = {"crowds": [dataclasses.asdict(row) for row in rows], "ratio": ratio}
-                args.json.write_text(json.dumps(document, indent=2))
-            ours.send("stop")
+            with canary_process(endpoint) as ours:
+                _measure_crowds(args, crowds, endpoint, ours)
         finally:
-            watcher.join(10)
-            if watcher.is_alive():
-                watcher.kill()
             if broker is not None:
                 broker.terminate()
                 broker.wait(60)
     return 0
+
+
+def _measure_crowds(
+    args: argparse.Namespace,
+    crowds: list[int],
+    endpoint: Endpoint,
+    ours: multiprocessing.connection.Connection,
+) -> None:
+    """The table (and ``--json``): each crowd's figures, then the ratio of the last to the
+    first."""
+    print(
+        f"| consumers | channels | delivered | deliveries/s | canary longest (delivering) "
+        f"| close | canary longest (closing) |   prefetch {args.prefetch}"
+    )
+    print("|---|---|---|---|---|---|---|")
+    rows: list[Figures] = []
+    for consumers in crowds:
+        plan = CrowdPlan(
+            endpoint, consumers, args.channels, args.prefetch, args.messages, args.seconds
+        )
+        figures = measure(plan, ours)
+        rows.append(figures)
+        print(
+            f"| {consumers} | {max(1, min(args.channels, consumers))} "
+            f"| {figures.delivered} | {figures.rate:,.0f} "
+            f"| {_ms(figures.stall_delivering)} | {figures.close_seconds:.2f} s "
+            f"| {_ms(figures.stall_closing)} |",
+            flush=True,
+        )
+    ratio = rows[-1].rate / rows[0].rate if rows[0].rate else 0.0
+    if len(rows) > 1:
+        print(f"ratio {rows[-1].consumers} consumers / {rows[0].consumers}: {ratio:.2f}")
+    if args.json is not None:
+        document = {"crowds": [dataclasses.asdict(row) for row in rows], "ratio": ratio}
+        args.json.write_text(json.dumps(document, indent=2))
 
 
 def _start(directory: Path) -> tuple[subprocess.Popen[str], str]:

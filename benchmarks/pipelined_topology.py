@@ -46,7 +46,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from consumer_crowd import canary
+from consumer_crowd import canary_process
 from procstats import cpu_seconds, profiling
 from rawclient import Endpoint, RawClient
 
@@ -194,34 +194,25 @@ def main() -> int:
         args.profile.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tqbroker-topology-") as tmp:
         broker, url = start_broker(Path(tmp), args.tree)
-        context = multiprocessing.get_context("spawn")
-        ours, theirs = context.Pipe()
         endpoint = Endpoint.from_url(url)
-        watcher = context.Process(target=canary, args=(endpoint, theirs), daemon=True)
-        watcher.start()
         try:
-            if not ours.poll(30) or ours.recv() != "ready":
-                raise RuntimeError("the canary did not start")
-            kind = "durable" if args.durable else "transient"
-            tree = args.tree or "this tree"
-            print(f"{args.queues} {kind} queues, broker from {tree}")
-            print("| phase | seconds | broker CPU | canary round trips | canary longest |")
-            print("|---|---|---|---|---|")
-            probe = Probe(broker.pid, ours, args.profile)
-            run_phases(probe, endpoint, args.queues, args.durable, args.idle)
-            if args.json is not None:
-                document = {
-                    "queues": args.queues,
-                    "durable": args.durable,
-                    "tree": str(tree),
-                    "phases": [asdict(phase) for phase in probe.phases],
-                }
-                args.json.write_text(json.dumps(document, indent=2))
-            ours.send("stop")
+            with canary_process(endpoint) as ours:
+                kind = "durable" if args.durable else "transient"
+                tree = args.tree or "this tree"
+                print(f"{args.queues} {kind} queues, broker from {tree}")
+                print("| phase | seconds | broker CPU | canary round trips | canary longest |")
+                print("|---|---|---|---|---|")
+                probe = Probe(broker.pid, ours, args.profile)
+                run_phases(probe, endpoint, args.queues, args.durable, args.idle)
+                if args.json is not None:
+                    document = {
+                        "queues": args.queues,
+                        "durable": args.durable,
+                        "tree": str(tree),
+                        "phases": [asdict(phase) for phase in probe.phases],
+                    }
+                    args.json.write_text(json.dumps(document, indent=2))
         finally:
-            watcher.join(10)
-            if watcher.is_alive():
-                watcher.kill()
             broker.terminate()
             try:
                 broker.wait(120)
