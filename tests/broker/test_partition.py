@@ -205,12 +205,12 @@ async def test_a_follower_partition_copies_its_leader_and_truncates(tmp_path: Pa
     backend.open(tmp_path)
     leader = Partition(backend.open_stream("/", "leader"), Flusher(backend))
     follower = Partition(backend.open_stream("/", "follower"), Flusher(backend))
-    await leader.begin_epoch(3)
+    leader.begin_epoch(3)
     for n in range(10):  # a frame each (a flush closes the open batch)
         leader.append([message(n)])
         flush(backend)
     frames, _next = leader.read_frames(0, None, 1 << 20)
-    end, durability = await follower.append_frames(frames, 3)
+    end, durability = follower.append_frames(frames, 3)
     assert end == 10
     assert durability is not None
     flush(backend)
@@ -220,7 +220,7 @@ async def test_a_follower_partition_copies_its_leader_and_truncates(tmp_path: Pa
     assert follower.read_frames(0, None, 1 << 20)[0] == frames  # byte-identical
     assert follower.replica_id != leader.replica_id
     assert follower.end_offset_for_epoch(3) == 10
-    await follower.truncate_to(4)
+    follower.truncate_to(4)
     assert (follower.log_end_offset, follower.high_watermark) == (4, 4)
     assert [r.offset for r in follower.read_many(0, 100)] == [0, 1, 2, 3]
     backend.close()

@@ -21,21 +21,26 @@ Responsibilities:
   consumer's (server-side offset tracking), durable at the next flush;
 - idempotent producers: the next sequence each producer id expects, kept with the partition
   whose records it wrote, durable with them;
-- retention and compaction, run by the owner's actor.
+- retention and compaction, run by the owner's actor;
+- the gate a cluster puts in front of a replicated partition (``ReplicaGate``, set by
+  ``tqbroker.cluster``): the high watermark its replicas agree on, whether appends are taken
+  here (only a leader with enough in-sync replicas takes them) and what their confirms wait
+  for (every in-sync replica's fsync, not the local flush alone). Without a gate the partition
+  is a single node's: its high watermark is its durable end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
 
 from ...backends.streams import CompactionPolicy, ProducerState, StreamLog, StreamRecord
 from ...model import Message
-from ...plugins.spec import Durability
-from ..flusher import Flusher
+from ...plugins.spec import Durability, GroupCommit
+from ..flusher import Flusher, Wakeable
 
 
 @attrs.frozen
@@ -44,6 +49,26 @@ class StorageInfo:
 
     segments: int | None
     bytes: int | None
+
+
+class ReplicaGate(Protocol):
+    """What a cluster puts in front of a replicated partition (a leader's or a follower's
+    replica state, ``tqbroker.cluster.replica``)."""
+
+    @property
+    def high_watermark(self) -> int:
+        """The offset the replicas agree on: readers stop here (and at the durable end)."""
+        ...
+
+    def refusal(self) -> OSError | None:
+        """Why appends are not taken here now (not the leader, too few in-sync replicas),
+        or None."""
+        ...
+
+    @property
+    def commit(self) -> GroupCommit:
+        """What an append's confirm waits for (``request()`` after the append: its ticket)."""
+        ...
 
 
 class Partition:
@@ -57,6 +82,8 @@ class Partition:
         self._batch_ticket = 0
         self._grown: trio.Event | None = None  # set when the high watermark moves (waiters)
         self.closed = False
+        self.gate: ReplicaGate | None = None  # a cluster's replica state (module doc)
+        self._readers: set[Wakeable] = set()  # told when the high watermark may have moved
 
     # -- the ends --------------------------------------------------------------------------------
 
@@ -67,7 +94,15 @@ class Partition:
 
     @property
     def high_watermark(self) -> int:
-        """Readers stop here: every record below it is durable (see the module doc)."""
+        """Readers stop here: every record below it is durable (see the module doc), on
+        every in-sync replica when the partition is replicated."""
+        gate = self.gate
+        durable_end = self._log.durable_end
+        return durable_end if gate is None else min(durable_end, gate.high_watermark)
+
+    @property
+    def durable_end(self) -> int:
+        """The end of what this replica's log made durable (at least the high watermark)."""
         return self._log.durable_end
 
     @property
@@ -78,7 +113,7 @@ class Partition:
     @property
     def message_count(self) -> int:
         """The records a reader can reach (retention and compaction gaps counted in)."""
-        return self._log.durable_end - self._log.first_offset
+        return self.high_watermark - self._log.first_offset
 
     def storage_info(self) -> StorageInfo:
         """Segments and bytes, when the backend's log says (the built-in one does)."""
@@ -97,20 +132,33 @@ class Partition:
 
     def clamp(self, offset: int) -> int:
         """``offset`` moved into ``[log_start_offset, high_watermark]``."""
-        return min(max(offset, self._log.first_offset), self._log.durable_end)
+        return min(max(offset, self._log.first_offset), self.high_watermark)
 
     # -- appends ---------------------------------------------------------------------------------
 
     def append(self, messages: Sequence[Message]) -> tuple[int, list[Durability], OSError | None]:
         """Append a run of messages in order: the first one's offset, what each appended
         one's confirm waits for (as many as were appended), and why storage refused the one
-        after them (else None)."""
+        after them (else None). A replicated partition takes them only where its gate
+        lets it (the leader), and their confirms wait for its in-sync replicas."""
         log = self._log
         first = log.next_offset
+        gate = self.gate
+        if gate is not None:
+            refusal = gate.refusal()
+            if refusal is not None:
+                return first, [], refusal
         taken, error = log.append_many(messages)
         if not taken:
             return first, [], error
         flusher = self.flusher
+        if gate is not None:
+            if flusher is not None:
+                flusher.request()  # this replica's own fsync, which the high watermark needs
+                if self._grown is not None:  # followers wait in a fetch: wake them after it
+                    flusher.wake_after_flush(self)
+            commit = gate.commit
+            return first, [(commit, commit.request())] * taken, error
         if flusher is None:
             return first, [None] * taken, error
         if self._grown is not None:  # someone waits for these: make them durable soon
@@ -129,7 +177,7 @@ class Partition:
     def read_many(self, offset: int, limit: int, end: int | None = None) -> Sequence[StreamRecord]:
         """Up to ``limit`` records from the first at or after ``offset``, below ``end`` (at most
         the high watermark), in order. Raises ``OSError`` on storage trouble."""
-        high_watermark = self._log.durable_end
+        high_watermark = self.high_watermark
         stop = high_watermark if end is None else min(end, high_watermark)
         if offset >= stop:
             return []
@@ -138,7 +186,7 @@ class Partition:
     def read_from(self, offset: int) -> StreamRecord | None:
         """The first record at or after ``offset`` below the high watermark (None: none)."""
         record = self._log.read_from(offset)
-        if record is None or record.offset >= self._log.durable_end:
+        if record is None or record.offset >= self.high_watermark:
             return None
         return record
 
@@ -148,8 +196,19 @@ class Partition:
         """The log's frames holding the records from ``offset`` below ``end`` (at most the
         high watermark), about ``max_bytes`` of them (``StreamLog.read_frames``), and the
         offset the next read starts at."""
-        high_watermark = self._log.durable_end
+        high_watermark = self.high_watermark
         stop = high_watermark if end is None else min(end, high_watermark)
+        if offset >= stop:
+            return [], stop
+        return self._log.read_frames(offset, stop, max_bytes)
+
+    def replica_frames(
+        self, offset: int, end: int, max_bytes: int
+    ) -> tuple[list[tuple[bytes, bytes]], int]:
+        """``read_frames`` for a follower's fetch: past the high watermark, up to ``end`` and
+        the durable end (a follower copies what its leader made durable, before the high
+        watermark covers it)."""
+        stop = min(end, self._log.durable_end)
         if offset >= stop:
             return [], stop
         return self._log.read_frames(offset, stop, max_bytes)
@@ -157,31 +216,42 @@ class Partition:
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first offset whose record is not older than ``timestamp_ms``, at most the high
         watermark (the high watermark: there is none yet)."""
-        return min(self._log.offset_for_timestamp(timestamp_ms), self._log.durable_end)
+        return min(self._log.offset_for_timestamp(timestamp_ms), self.high_watermark)
 
     # -- the long poll ---------------------------------------------------------------------------
 
-    async def wait_beyond(self, offset: int, deadline: float) -> bool:
-        """Wait until the high watermark is past ``offset`` (True) or Trio's clock reaches
-        ``deadline`` or the partition is closed (False)."""
-        while self._log.durable_end <= offset:
+    async def wait_beyond(self, offset: int, deadline: float, *, durable: bool = False) -> bool:
+        """Wait until the high watermark (with ``durable``: the durable end, for a
+        follower's fetch) is past ``offset`` (True) or Trio's clock reaches ``deadline`` or
+        the partition is closed (False)."""
+        log = self._log
+        while (log.durable_end if durable else self.high_watermark) <= offset:
             if self.closed or trio.current_time() >= deadline:
                 return False
             if self._grown is None:
                 self._grown = trio.Event()
             grown = self._grown
-            if self._log.next_offset > self._log.durable_end and self.flusher is not None:
+            if log.next_offset > log.durable_end and self.flusher is not None:
                 self.flusher.wake_after_flush(self)  # written, not durable yet: flush soon
             with trio.move_on_at(deadline):
                 await grown.wait()
         return True
 
     def wake(self) -> None:
-        """A flush has finished (``Flusher.wake_after_flush``): the high watermark may have
-        moved; waiters look again."""
+        """A flush has finished (``Flusher.wake_after_flush``), records came or the replicas
+        agreed on more: the high watermark may have moved; waiters and readers look again."""
         grown, self._grown = self._grown, None
         if grown is not None:
             grown.set()
+        for reader in self._readers:
+            reader.wake()
+
+    def add_reader(self, reader: Wakeable) -> None:
+        """Wake ``reader`` (a stream queue's actor) whenever ``wake`` is called."""
+        self._readers.add(reader)
+
+    def remove_reader(self, reader: Wakeable) -> None:
+        self._readers.discard(reader)
 
     def close(self) -> None:
         """The partition is gone (its stream deleted): waiters return."""
@@ -242,30 +312,31 @@ class Partition:
         diverges from this log (``StreamLog.end_offset_for_epoch``)."""
         return self._log.end_offset_for_epoch(epoch)
 
-    async def begin_epoch(self, epoch: int) -> None:
-        """Begin leader epoch ``epoch`` at the log end (a leader, before it takes appends);
-        the history is durable when it returns (written in a worker thread)."""
-        await trio.to_thread.run_sync(self._log.begin_epoch, epoch)
+    # Epochs and truncation change the log under its readers and appenders: they run on the
+    # Trio thread, blocking it for their fsyncs (rare: when leadership moves), so that no read
+    # or append ever sees the log halfway through.
 
-    async def append_frames(
+    def begin_epoch(self, epoch: int) -> None:
+        """Begin leader epoch ``epoch`` at the log end (a leader, before it takes appends);
+        the history is durable when it returns."""
+        self._log.begin_epoch(epoch)
+
+    def append_frames(
         self, frames: Sequence[tuple[bytes, bytes]], leader_epoch: int
     ) -> tuple[int, Durability]:
         """Append a leader's frames verbatim at the offsets they carry (a follower's fetch:
         ``StreamLog.append_frames``, which refuses frames that do not continue the log or do
-        not check); a new epoch is begun first, its checkpoint written in a worker thread.
-        One fetcher per partition calls this. Returns the log's new end and what its
-        durability waits for (the next flush)."""
-        if leader_epoch > self._log.leader_epoch:
-            await self.begin_epoch(leader_epoch)
+        not check, and begins a new epoch first, durably). One fetcher per partition calls
+        this. Returns the log's new end and what its durability waits for (the next
+        flush)."""
         end = self._log.append_frames(frames, leader_epoch)
         flusher = self.flusher
         return end, (flusher, flusher.request()) if flusher is not None else None
 
-    async def truncate_to(self, offset: int) -> None:
-        """Remove every record at or past ``offset`` (``StreamLog.truncate_to``), durably, in a
-        worker thread; nothing else may use the partition meanwhile (its owner stops reads
-        and appends first). Waiters look again."""
-        await trio.to_thread.run_sync(self._log.truncate_to, offset)
+    def truncate_to(self, offset: int) -> None:
+        """Remove every record at or past ``offset`` (``StreamLog.truncate_to``), durably.
+        Waiters look again."""
+        self._log.truncate_to(offset)
         self.wake()
 
     # -- retention and compaction ----------------------------------------------------------------

@@ -98,6 +98,7 @@ class StreamQueue(Queue):
             flusher=flusher,
         )
         self.partition = Partition(stream, flusher)
+        self.partition.add_reader(self)  # a cluster's high watermark moving wakes the actor
         self.max_bytes = arguments.max_length_bytes
         self.max_age_ms = arguments.max_age_ms
         self.compaction = _compaction(arguments)
@@ -226,6 +227,7 @@ class StreamQueue(Queue):
 
     def stop(self) -> None:
         super().stop()
+        self.partition.remove_reader(self)
         self.partition.close()  # fetches waiting for more return
 
     # -- messages ----------------------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""A partition's follower replica: it copies its leader's log, frame for frame (Kafka's
+``ReplicaFetcherThread`` for one partition).
+
+Responsibilities:
+- the fetch loop: ask the leader for what follows this log's end, saying what of it is durable
+  and the epoch of its last record; append the frames verbatim (``Partition.append_frames``,
+  which checks every frame's CRC and offsets and copies the leader's epoch history), wait for
+  this node's flusher to make them durable, and ask again (so each fetch reports a durable end
+  the leader's high watermark can count);
+- divergence (KIP-101/KIP-320): when the leader answers that the logs diverged, cut this log
+  back to where they agree (the lesser of the leader's and this log's end of that epoch) and
+  fetch again; never below the high watermark this replica learned (a cut there would remove
+  records the cluster confirmed: the replica stops instead and says why, so it drops out of
+  the ISR and cannot lead);
+- the gate in front of the partition (``broker.streams.ReplicaGate``): readers stop at the high
+  watermark the leader last sent (and this log's durable end); appends are refused (a publish
+  here is the leader's to take).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import trio
+
+from ..broker.streams.partition import Partition
+from ..plugins.spec import GroupCommit
+from .fetch import FetchRequest, FetchResponse
+from .leader import NotLeader
+
+log = logging.getLogger(__name__)
+
+RETRY_SECONDS: Final = 0.2  # after a failed fetch (the leader unreachable, fenced, ...)
+MAX_RETRY_SECONDS: Final = 2.0
+
+Fetch = Callable[[FetchRequest], Awaitable[FetchResponse]]
+
+
+class ReplicaDamaged(Exception):
+    """The leader asked for a cut below the high watermark: this replica's log no longer holds
+    what it acknowledged (a damaged or swapped segment)."""
+
+
+class FollowerReplica:
+    """The follower's side of one replicated partition (see the module doc)."""
+
+    def __init__(
+        self,
+        key: str,
+        partition: Partition,
+        *,
+        node_id: str,
+        leader: str,
+        epoch: int,
+        fetch: Fetch,
+        high_watermark: int = 0,
+        max_bytes: int = 1 << 20,
+        max_wait: float = 0.5,
+    ) -> None:
+        self.key = key
+        self.partition = partition
+        self.node_id = node_id
+        self.leader = leader
+        self.epoch = epoch
+        self._fetch = fetch
+        self._high_watermark = min(high_watermark, partition.durable_end)
+        self.max_bytes = max_bytes
+        self.max_wait = max_wait
+        self.damaged: str | None = None  # why it stopped copying (``ReplicaDamaged``)
+        self.last_error: str | None = None  # the last failed fetch's error (for status)
+        self.fetches = 0  # answered fetches (for tests and metrics)
+
+    # -- the gate ----------------------------------------------------------------------------
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    def refusal(self) -> OSError | None:
+        return NotLeader(f"partition {self.key}: led by node {self.leader}")
+
+    @property
+    def commit(self) -> GroupCommit:
+        raise NotLeader(f"partition {self.key}: a follower takes no appends")
+
+    def begin(self) -> None:
+        self.partition.gate = self
+
+    # -- the fetch loop ----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Copy the leader's log until cancelled (or until this replica is found damaged)."""
+        task_status.started()
+        backoff = RETRY_SECONDS
+        while True:
+            try:
+                response = await self._fetch(self._request())
+            except Exception as exc:  # the link or the leader: try again, slower and slower
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.debug("partition %s: fetch from %s failed: %s", self.key, self.leader, exc)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_RETRY_SECONDS)
+                continue
+            self.fetches += 1
+            if response.error is not None:
+                self.last_error = response.error
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_RETRY_SECONDS)
+                continue
+            backoff = RETRY_SECONDS
+            try:
+                await self._apply(response)
+            except ReplicaDamaged as exc:
+                self.damaged = str(exc)
+                log.error("partition %s: replica damaged, not copying: %s", self.key, exc)
+                return
+            except OSError as exc:  # this node's storage: wait, then fetch from where it ends
+                self.last_error = f"storage: {exc}"
+                log.error("partition %s: cannot append the leader's frames: %s", self.key, exc)
+                await trio.sleep(backoff)
+
+    def _request(self) -> FetchRequest:
+        partition = self.partition
+        return FetchRequest(
+            partition=self.key,
+            follower=self.node_id,
+            replica_id=partition.replica_id,
+            epoch=self.epoch,
+            fetch_offset=partition.log_end_offset,
+            durable_end=partition.durable_end,
+            last_epoch=partition.leader_epoch,
+            max_bytes=self.max_bytes,
+            max_wait=self.max_wait,
+        )
+
+    async def _apply(self, response: FetchResponse) -> None:
+        partition = self.partition
+        if response.diverging is not None:
+            epoch, leader_end = response.diverging
+            end = min(leader_end, partition.end_offset_for_epoch(epoch))
+            if end < self._high_watermark:
+                raise ReplicaDamaged(
+                    f"the leader's log diverges at {end}, below the high watermark "
+                    f"{self._high_watermark}"
+                )
+            log.info(
+                "partition %s: diverged from %s; log cut back to %d", self.key, self.leader, end
+            )
+            partition.truncate_to(end)
+            return
+        if response.frames:
+            _end, durability = partition.append_frames(response.frames, response.frames_epoch)
+            if durability is not None:
+                commit, ticket = durability
+                if not await commit.wait(ticket):
+                    raise OSError("the flush of the copied frames failed")
+        high_watermark = min(response.high_watermark, partition.durable_end)
+        if high_watermark > self._high_watermark:
+            self._high_watermark = high_watermark
+            partition.wake()
