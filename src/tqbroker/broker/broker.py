@@ -58,6 +58,7 @@ from .limits import Limits
 from .pacing import Pacer
 from .read_budget import ReadBudget, budget_for
 from .stats import MessageStats, StatsSampler, StatsTotal
+from .streams.partition import StreamReplication
 from .supervisor import FailureHandler, Supervisor
 from .users import build_authenticator, grant_default_user, open_user_db
 from .vhost import VirtualHost
@@ -104,6 +105,9 @@ class Broker:
             self.definitions_file, self.definitions_flusher, self._spawn
         )
         self._restored = False
+        # A cluster's replica roles (``tqbroker.cluster``), set before ``run``: every stream
+        # partition is gated by them (None: one node, partitions are their own).
+        self.replication: StreamReplication | None = None
         # This node's name, as RabbitMQ's health checks and management API give it.
         self.node_name = f"tqbroker@{socket.gethostname()}"
         self.alarms = ResourceAlarms()
@@ -145,6 +149,7 @@ class Broker:
             read_budget=self.read_budget,
         )
         vhost.queue_limit = functools.partial(self.limits.max_queues, name)
+        vhost.replication = self.replication
         self.stats.add(vhost.stats)
         return vhost
 

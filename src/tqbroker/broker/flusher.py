@@ -10,7 +10,9 @@ Responsibilities:
 - telling whoever waits: channels confirm (or, on failure, nack) their publishes; queues that
   paused for a flush resume;
 - after a failure, retry once a second while the backend has something to flush;
-- for the metrics: each flush's duration and the requests it covered (``Histogram``s).
+- for the metrics: each flush's duration and the requests it covered (``Histogram``s);
+- ``busy_since``: when the running flush began (a cluster node's lease renewals stop when its
+  disk hangs).
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ class Flusher:
         self.completed = 0
         self._wakeup = trio.Event()
         self._listeners: set[FlushListener] = set()
+        # Trio's clock when the flush work now running began (None: none runs): a cluster
+        # node stops renewing its lease when this is too long ago (its disk hangs).
+        self.busy_since: float | None = None
         self._waiting: set[Wakeable] = set()
         self._callbacks: list[Callable[[], None]] = []
         # For the metrics: how long each flush's work took (its fsyncs), and how many requests
@@ -147,7 +152,11 @@ class Flusher:
                 work = self.backend.begin_flush()
                 if work is not None:
                     started = time.perf_counter()
-                    await run_in_thread(work)
+                    self.busy_since = trio.current_time()
+                    try:
+                        await run_in_thread(work)
+                    finally:
+                        self.busy_since = None
                     self.flush_seconds.observe(time.perf_counter() - started)
                     self.batch_sizes.observe(covering - self.completed)
             except Exception as exc:

@@ -53,6 +53,7 @@ from .routing import Routing
 from .stats import MessageStats, StatsTotal, fold
 from .storage import QueueStorage, storage_error
 from .streams.groups import ConsumerGroups
+from .streams.partition import StreamReplication
 from .streams.queue import StreamQueue
 from .supervisor import Spawn
 
@@ -91,6 +92,8 @@ class VirtualHost:
         self.opening: dict[str, trio.Event] = {}  # queues whose stores open in a thread
         self.prepared_stores: set[str] = set()  # holding exchanges' (holding.open_holding_store)
         self.queues: dict[str, Queue] = {}
+        # A cluster's replica roles, told of every stream partition here (None: one node).
+        self.replication: StreamReplication | None = None
         # The vhost's message counters and rates (``broker/stats.py``).
         self.stats = StatsTotal()  # its connections' (and what the HTTP API counts)
         # Deleted queues' counters, by kind ("classic", "stream"): global totals never go back.
@@ -382,6 +385,8 @@ class VirtualHost:
             arguments=arguments,
         )
         self.queues[name] = queue
+        if self.replication is not None and isinstance(queue, StreamQueue):
+            self.replication.opened(self.name, name, queue.partition)  # gated before any use
         self.routing.changed()  # the default exchange (an alternate exchange, maybe) routes to it
         queue.begin(self.spawn)
         return queue
@@ -445,6 +450,8 @@ class VirtualHost:
         self.storage.delete_stores(queue.backend_name, queue.name, queue.arguments)
         del self.queues[queue.name]
         queue.deleted = True
+        if self.replication is not None and isinstance(queue, StreamQueue):
+            self.replication.closed(self.name, queue.name)
         kind = "stream" if isinstance(queue, StreamQueue) else "classic"
         fold(self.deleted_queue_stats.setdefault(kind, MessageStats()), queue.stats)
         for source, key, args_id in list(queue.bound_by):

@@ -191,8 +191,9 @@ class LeaderReplica:
         self.partition = partition
         self.node_id = node_id
         self.epoch = epoch
-        self.isr: dict[str, str] = dict(isr)  # as committed: node id -> replica id
-        self.isr.setdefault(node_id, partition.replica_id)
+        # As committed: node id -> replica id ("": the leader of a new partition, which
+        # writes its own id first).
+        self.isr: dict[str, str] = dict(isr)
         self.min_isr = min_isr
         self.replica_lag = replica_lag
         self.publish_timeout = publish_timeout
@@ -334,6 +335,8 @@ class LeaderReplica:
     def _isr_change(self, now: float) -> dict[str, str] | None:
         """The ISR this leader should propose now (None: keep it)."""
         isr = dict(self.isr)
+        if isr.get(self.node_id) == "":  # a new partition: its leader's id is not written yet
+            isr[self.node_id] = self.partition.replica_id
         for node, replica_id in self.isr.items():
             if node == self.node_id:
                 continue

@@ -36,12 +36,13 @@ class RecordError(ValueError):
     """A stored value is not a record of the kind its key holds."""
 
 
-def _name(part: str) -> str:
+def key_part(part: str) -> str:
+    """A name as one segment of a key."""
     return quote(part, safe="")  # vhost "/" and names with slashes stay one path segment
 
 
 def node_key(prefix: str, node: str) -> str:
-    return f"{prefix}/nodes/{_name(node)}"
+    return f"{prefix}/nodes/{key_part(node)}"
 
 
 def nodes_prefix(prefix: str) -> str:
@@ -56,8 +57,19 @@ def secret_key(prefix: str) -> str:
     return f"{prefix}/secret"
 
 
+def partition_path(vhost: str, queue: str) -> str:
+    """A partition's name across the cluster (in fetches and logs): ``vhost/queue``, each
+    part quoted."""
+    return f"{key_part(vhost)}/{key_part(queue)}"
+
+
+def parse_partition_path(path: str) -> tuple[str, str]:
+    vhost, _, queue = path.partition("/")
+    return unquote(vhost), unquote(queue)
+
+
 def partition_key(prefix: str, vhost: str, queue: str) -> str:
-    return f"{prefix}/partitions/{_name(vhost)}/{_name(queue)}"
+    return f"{prefix}/partitions/{partition_path(vhost, queue)}"
 
 
 def partitions_prefix(prefix: str) -> str:
@@ -66,13 +78,11 @@ def partitions_prefix(prefix: str) -> str:
 
 def partition_name(prefix: str, key: str) -> tuple[str, str]:
     """The (vhost, queue) of a partition key."""
-    rest = key.removeprefix(partitions_prefix(prefix))
-    vhost, _, queue = rest.partition("/")
-    return unquote(vhost), unquote(queue)
+    return parse_partition_path(key.removeprefix(partitions_prefix(prefix)))
 
 
 def replica_key(prefix: str, node: str, vhost: str, queue: str) -> str:
-    return f"{prefix}/replicas/{_name(node)}/{_name(vhost)}/{_name(queue)}"
+    return f"{prefix}/replicas/{key_part(node)}/{key_part(vhost)}/{key_part(queue)}"
 
 
 def replicas_prefix(prefix: str) -> str:

@@ -71,6 +71,15 @@ class ReplicaGate(Protocol):
         ...
 
 
+class StreamReplication(Protocol):
+    """Told by the vhosts when a stream's partition comes and goes on this node (a cluster's
+    replica roles: ``tqbroker.cluster.roles``), which puts a gate in front of it at once."""
+
+    def opened(self, vhost: str, queue: str, partition: Partition) -> None: ...
+
+    def closed(self, vhost: str, queue: str) -> None: ...
+
+
 class Partition:
     """One partition of a stream (see the module doc)."""
 
