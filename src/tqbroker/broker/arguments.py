@@ -160,6 +160,10 @@ QUEUE_ARGUMENTS: Final = (
         "delete_retention_ms",
         as_interval,
     ),
+    # Replication in a cluster (Kafka's replication.factor and min.insync.replicas): how many
+    # nodes hold the stream, and how many must have a publish before it is confirmed.
+    Argument("x-stream-replicas", at_least(1), _STREAM_ONLY, True, "replicas"),
+    Argument("x-stream-min-insync-replicas", at_least(1), _STREAM_ONLY, True, "min_isr"),
     # Checked when the backend is chosen, against the installed backends (new queues only).
     Argument("x-queue-backend", None, _NOT_STREAM, True, "backend"),
 )
@@ -329,6 +333,8 @@ class QueueArguments:
     cleanup_policy: str | None = None
     compaction_key_header: str | None = None
     delete_retention_ms: int | None = None
+    replicas: int | None = None  # a cluster's stream replicas (None: min(3, nodes))
+    min_isr: int | None = None  # and in-sync replicas (None: min(2, replicas))
 
     @classmethod
     def parse(cls, arguments: FieldTable) -> QueueArguments:

@@ -90,7 +90,7 @@ class PartitionRoles:
         *,
         local: Callable[[str, str], Partition | None],
         fetch_from: Callable[[str], Fetch],
-        settings: ReplicationSettings = ReplicationSettings(),
+        settings: ReplicationSettings | None = None,
     ) -> None:
         self.store = store
         self.view = view
@@ -98,7 +98,7 @@ class PartitionRoles:
         self.isr_writes = isr_writes
         self._local = local  # the local partition of a stream queue (None: not declared here)
         self._fetch_from = fetch_from
-        self.settings = settings
+        self.settings = settings or ReplicationSettings()
         self.held: dict[Name, _Held] = {}
         self._reported: dict[Name, ReplicaReport] = {}
         self._reported_incarnation = 0
