@@ -16,7 +16,7 @@ VALUES = [b"1", b"2", None]
 
 @st.composite
 def runs(draw: st.DrawFn) -> list[tuple[int, str, str, bytes | None]]:
-    steps = []
+    steps: list[tuple[int, str, str, bytes | None]] = []
     for _ in range(draw(st.integers(0, 25))):
         node = draw(st.integers(0, 2))
         if draw(st.booleans()):
