@@ -130,7 +130,7 @@ class FrameBuffer:
     def __len__(self) -> int:
         return len(self._buffer) - self._start
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         del self._buffer[: self._start]
         self._start = 0
         self._buffer += data
@@ -224,7 +224,7 @@ class PeerConnection:
         self._outgoing.clear()
         return data
 
-    def receive_data(self, data: bytes) -> list[Event]:
+    def receive_data(self, data: bytes | bytearray) -> list[Event]:
         """The events ``data`` completes; ``b""`` is the end of the peer's stream."""
         if self.state is State.CLOSED:
             raise PeerProtocolError("the connection is closed")

@@ -1,0 +1,316 @@
+"""The node-to-node link over real TCP on 127.0.0.1: requests and replies multiplexed on one
+connection, handler failures as error replies, the handshake refusing a wrong secret (on
+either side) or the wrong node, losing the server and reconnecting, timeouts, bad input closing
+only its own connection, and a follower's fetch carried as binary frames."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from tests.support.polling import eventually_async
+from tqbroker.cluster.fetch import FetchRequest, FetchResponse
+from tqbroker.cluster.peer_link import (
+    HANDLER_FAILED,
+    Connect,
+    Handler,
+    LinkSettings,
+    PeerClient,
+    PeerError,
+    PeerServer,
+    PeerTimeout,
+    PeerUnavailable,
+    connect_tcp,
+    serve_tcp,
+)
+from tqbroker.cluster.peer_protocol import Kind, PeerConnection, Role, encode_frame
+
+SECRET = b"s" * 32
+OTHER_SECRET = b"t" * 32
+SETTINGS = LinkSettings(reconnect_initial=0.01, reconnect_max=0.05, request_timeout=10)
+
+
+async def echo(peer_id: str, op: str, body: Any) -> Any:
+    if op == "fail":
+        raise ValueError(f"boom {body}")
+    if op == "refuse":
+        raise PeerError("not_leader_or_follower", "ask node c")
+    if op == "hang":
+        await trio.sleep_forever()
+    return [peer_id, op, body]
+
+
+@asynccontextmanager
+async def serving(
+    handler: Handler = echo, *, secret: bytes = SECRET, port: int = 0
+) -> AsyncIterator[int]:
+    """Node ``b``'s link served on 127.0.0.1 while the block runs; yields its port."""
+    async with trio.open_nursery() as nursery:
+        server = PeerServer("b", secret, handler, SETTINGS)
+        yield await nursery.start(serve_tcp, server, "127.0.0.1", port)
+        nursery.cancel_scope.cancel()
+
+
+def counting(connect: Connect, attempts: list[int]) -> Connect:
+    async def counted() -> trio.abc.Stream:
+        attempts.append(1)
+        return await connect()
+
+    return counted
+
+
+def client(port: int, *, secret: bytes = SECRET, peer_id: str = "b") -> PeerClient:
+    return PeerClient(
+        "a", secret, connect_tcp("127.0.0.1", port), peer_id=peer_id, settings=SETTINGS
+    )
+
+
+async def test_a_request_gets_its_reply():
+    with trio.fail_after(10):
+        async with serving() as port, client(port) as peer:
+            assert await peer.request("echo", {"n": 1, "b": b"\0\1"}) == [
+                "a",
+                "echo",
+                {"n": 1, "b": b"\0\1"},
+            ]
+
+
+async def test_200_concurrent_requests_share_one_connection_and_are_answered_out_of_order():
+    count = 200
+    released = [trio.Event() for _ in range(count)]
+    arrived: list[int] = []
+    answered: list[int] = []
+
+    async def handler(peer_id: str, op: str, body: Any) -> Any:
+        arrived.append(body)
+        await released[body].wait()
+        answered.append(body)
+        return body * 2
+
+    async def release_in_reverse() -> None:
+        await eventually_async(lambda: len(arrived) == count, what="all requests in flight")
+        for event in reversed(released):
+            event.set()
+            await trio.lowlevel.checkpoint()
+
+    results: dict[int, Any] = {}
+    attempts: list[int] = []
+    with trio.fail_after(20):
+        async with serving(handler) as port:
+            peer = PeerClient(
+                "a",
+                SECRET,
+                counting(connect_tcp("127.0.0.1", port), attempts),
+                peer_id="b",
+                settings=SETTINGS,
+            )
+            async with peer, trio.open_nursery() as nursery:
+
+                async def ask(n: int) -> None:
+                    results[n] = await peer.request("double", n)
+
+                for n in range(count):
+                    nursery.start_soon(ask, n)
+                nursery.start_soon(release_in_reverse)
+    assert results == {n: n * 2 for n in range(count)}
+    assert answered == list(reversed(range(count)))
+    assert len(attempts) == 1
+
+
+async def test_a_handler_exception_is_an_error_reply_and_the_connection_carries_on(caplog):
+    attempts: list[int] = []
+    with trio.fail_after(10):
+        async with serving() as port:
+            connect = counting(connect_tcp("127.0.0.1", port), attempts)
+            async with PeerClient("a", SECRET, connect, peer_id="b", settings=SETTINGS) as peer:
+                with pytest.raises(PeerError) as failed:
+                    await peer.request("fail", 7)
+                assert failed.value.code == HANDLER_FAILED
+                assert failed.value.text == "ValueError: boom 7"
+                with pytest.raises(PeerError) as refused:
+                    await peer.request("refuse", None)
+                assert (refused.value.code, refused.value.text) == (
+                    "not_leader_or_follower",
+                    "ask node c",
+                )
+                assert await peer.request("echo", 1) == ["a", "echo", 1]
+    assert len(attempts) == 1
+    assert "'a': fail failed" in caplog.text
+
+
+async def test_a_client_with_the_wrong_secret_refuses_the_server():
+    called: list[str] = []
+
+    async def handler(peer_id: str, op: str, body: Any) -> Any:
+        called.append(op)
+
+    with trio.fail_after(10):
+        async with serving(handler) as port, client(port, secret=OTHER_SECRET) as peer:
+            with pytest.raises(PeerUnavailable, match="'b' does not hold the cluster secret"):
+                await peer.request("echo", 1)
+            # The failed attempt backs off: the next request fails at once, saying why.
+            with pytest.raises(PeerUnavailable, match=r"cluster secret.*next attempt in"):
+                await peer.request("echo", 1)
+    assert called == []
+
+
+async def test_a_server_refuses_a_client_without_the_secret(caplog):
+    with trio.fail_after(10):
+        async with (
+            serving() as port,
+            await trio.open_tcp_stream("127.0.0.1", port) as stream,
+        ):
+            impostor = PeerConnection(Role.INITIATOR, "a", OTHER_SECRET)
+            await stream.send_all(impostor.data_to_send())
+            assert await stream.receive_some()  # the challenge
+            await stream.send_all(encode_frame([Kind.PROOF, b"\0" * 32]))
+            await stream.send_all(encode_frame([Kind.REQUEST, 1, "echo", None]))
+            assert await until_closed(stream) == b""
+    assert "refused: protocol error: node 'a' does not hold the cluster secret" in caplog.text
+
+
+async def until_closed(stream: trio.SocketStream) -> bytes:
+    """What the stream sends before it closes (a reset counts as closed)."""
+    received = b""
+    try:
+        while data := await stream.receive_some():
+            received += data
+    except trio.BrokenResourceError:
+        pass
+    return received
+
+
+async def test_a_client_refuses_a_server_that_is_not_the_node_it_dialled():
+    with trio.fail_after(10):
+        async with serving() as port, client(port, peer_id="c") as peer:
+            with pytest.raises(PeerUnavailable, match="the peer is node 'b', not 'c'"):
+                await peer.request("echo", 1)
+
+
+async def test_bad_input_closes_only_its_own_connection(caplog):
+    with trio.fail_after(10):
+        async with serving() as port, client(port) as peer:
+            assert await peer.request("echo", 1) == ["a", "echo", 1]
+            async with await trio.open_tcp_stream("127.0.0.1", port) as garbage:
+                await garbage.send_all(b"\0\0\0\3\xff\xff\xff")
+                assert await until_closed(garbage) == b""
+            async with await trio.open_tcp_stream("127.0.0.1", port) as unauthenticated:
+                await unauthenticated.send_all(encode_frame([Kind.REQUEST, 1, "echo", None]))
+                assert await until_closed(unauthenticated) == b""
+            assert await peer.request("echo", 2) == ["a", "echo", 2]
+    assert "undecodable frame" in caplog.text
+    assert "request before the handshake completed" in caplog.text
+
+
+async def test_losing_the_server_fails_requests_in_flight_then_the_client_reconnects():
+    hanging = trio.Event()
+
+    async def handler(peer_id: str, op: str, body: Any) -> Any:
+        hanging.set()
+        await trio.sleep_forever()
+
+    server_scope = trio.CancelScope()
+
+    async def first_server(*, task_status: trio.TaskStatus[int]) -> None:
+        with server_scope:
+            server = PeerServer("b", SECRET, handler, SETTINGS)
+            await serve_tcp(server, "127.0.0.1", 0, task_status=task_status)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(first_server)
+            async with client(port) as peer, trio.open_nursery() as requests:
+
+                async def in_flight() -> None:
+                    with pytest.raises(PeerUnavailable, match="peer closed the connection"):
+                        await peer.request("hang", None)
+
+                requests.start_soon(in_flight)
+                await hanging.wait()
+                server_scope.cancel()
+                await eventually_async(lambda: not requests.child_tasks, what="the failure")
+                with pytest.raises(PeerUnavailable, match="cannot connect"):
+                    await peer.request("echo", 1)
+                async with serving(port=port):
+
+                    async def answered() -> Any:
+                        try:
+                            return await peer.request("echo", 2)
+                        except PeerUnavailable:  # backing off from the failed attempt
+                            return None
+
+                    reply = await eventually_async(answered, what="the client reconnected")
+                    assert reply == ["a", "echo", 2]
+
+
+async def test_a_request_times_out_and_the_link_still_works():
+    with trio.fail_after(10):
+        async with serving() as port, client(port) as peer:
+            with pytest.raises(PeerTimeout, match=r"'hang' within 0\.2 s"):
+                await peer.request("hang", None, timeout=0.2)
+            assert await peer.request("echo", 1) == ["a", "echo", 1]
+
+
+async def test_nothing_listening_is_unavailable():
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    await listeners[0].aclose()
+    with trio.fail_after(10):
+        async with client(port) as peer:
+            with pytest.raises(PeerUnavailable, match="cannot connect to node 'b'"):
+                await peer.request("echo", 1)
+
+
+async def test_closing_the_client_fails_its_requests():
+    hanging = trio.Event()
+
+    async def handler(peer_id: str, op: str, body: Any) -> Any:
+        hanging.set()
+        await trio.sleep_forever()
+
+    with trio.fail_after(10):
+        async with serving(handler) as port:
+            peer = client(port)
+            async with trio.open_nursery() as nursery:
+
+                async def in_flight() -> None:
+                    with pytest.raises(PeerUnavailable, match="the client was closed"):
+                        await peer.request("hang", None)
+
+                nursery.start_soon(in_flight)
+                await hanging.wait()
+                await peer.aclose()
+            with pytest.raises(PeerUnavailable, match="closed"):
+                await peer.request("echo", 1)
+
+
+async def test_a_fetch_travels_the_link_as_binary_frames():
+    frames = [(bytes(range(256)), b"\xff" * 70_000), (b"\0", b"")]
+    response = FetchResponse(
+        epoch=3, high_watermark=10, log_start=2, frames_epoch=3, frames=frames, diverging=None
+    )
+    seen: list[FetchRequest] = []
+
+    async def leader(peer_id: str, op: str, body: Any) -> Any:
+        assert op == "fetch"
+        seen.append(FetchRequest.decode(body))
+        return response.encode()
+
+    request = FetchRequest(
+        partition="/s",
+        follower="a",
+        replica_id="r1",
+        epoch=3,
+        fetch_offset=8,
+        durable_end=8,
+        last_epoch=3,
+    )
+    with trio.fail_after(10):
+        async with serving(leader) as port, client(port) as peer:
+            reply = FetchResponse.decode(await peer.request("fetch", request.encode()))
+    assert seen == [request]
+    assert reply == response
