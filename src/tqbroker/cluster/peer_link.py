@@ -238,14 +238,17 @@ class PeerClient(trio.abc.AsyncResource):
                 raise PeerUnavailable(f"{self._last_failure} (next attempt in {wait:.2f} s)")
             self._attempts += 1
             try:
-                self._link = await self._connect()
+                link = await self._connect()
             except PeerUnavailable as exc:
                 self._failures += 1
                 self._last_failure = str(exc)
                 self._retry_at = trio.current_time() + self.settings.backoff(self._failures)
                 raise
             self._failures = 0
-            return self._link
+            self._link = link
+            if self._closed:  # while it connected
+                link.lose("the client was closed")
+            return link
 
     async def _connect(self) -> _Link:
         peer = f"node {self.peer_id!r}"

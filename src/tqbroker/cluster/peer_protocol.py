@@ -148,7 +148,8 @@ class FrameBuffer:
         if end > len(buffer):
             return None
         self._start = end
-        return bytes(buffer[start + _LENGTH.size : end])
+        with memoryview(buffer) as view, view[start + _LENGTH.size : end] as body:
+            return bytes(body)  # one copy (a bytearray's slice would be a second)
 
 
 def decode_message(body: bytes) -> tuple[Kind, list[Any]]:
