@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -314,3 +316,104 @@ async def test_a_fetch_travels_the_link_as_binary_frames():
             reply = FetchResponse.decode(await peer.request("fetch", request.encode()))
     assert seen == [request]
     assert reply == response
+
+
+async def test_the_server_runs_at_most_max_in_flight_handlers_of_a_connection():
+    running, most = 0, 0
+
+    async def handler(peer_id: str, op: str, body: Any) -> Any:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        for _ in range(5):
+            await trio.lowlevel.checkpoint()
+        running -= 1
+        return body
+
+    settings = attrs.evolve(SETTINGS, max_in_flight=4)
+    results: list[Any] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            server = PeerServer("b", SECRET, handler, settings)
+            port = await nursery.start(serve_tcp, server, "127.0.0.1", 0)
+            async with client(port) as peer, trio.open_nursery() as requests:
+                for n in range(40):
+                    requests.start_soon(ask, peer, n, results)
+            nursery.cancel_scope.cancel()
+    assert sorted(results) == list(range(40))
+    assert most == 4
+
+
+async def ask(peer: PeerClient, n: int, results: list[Any]) -> None:
+    results.append(await peer.request("echo", n))
+
+
+async def test_a_reply_over_the_frame_limit_is_an_error_reply():
+    async def handler(peer_id: str, op: str, body: Any) -> Any:
+        return b"x" * body
+
+    settings = attrs.evolve(SETTINGS, max_frame=10_000)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            server = PeerServer("b", SECRET, handler, settings)
+            port = await nursery.start(serve_tcp, server, "127.0.0.1", 0)
+            async with client(port) as peer:
+                with pytest.raises(PeerError, match="LocalProtocolError: a frame of"):
+                    await peer.request("big", 20_000)
+                assert await peer.request("big", 10) == b"x" * 10
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_timeout_keeps_a_connection_that_answers_other_requests():
+    hanging = trio.Event()
+
+    async def handler(peer_id: str, op: str, body: Any) -> Any:
+        if op == "hang":
+            hanging.set()
+            await trio.sleep_forever()
+        return body
+
+    attempts: list[int] = []
+    with trio.fail_after(10):
+        async with serving(handler) as port:
+            connect = counting(connect_tcp("127.0.0.1", port), attempts)
+            async with PeerClient("a", SECRET, connect, peer_id="b", settings=SETTINGS) as peer:
+                async with trio.open_nursery() as nursery:
+
+                    async def hang() -> None:
+                        with pytest.raises(PeerTimeout):
+                            await peer.request("hang", None, timeout=2)
+
+                    nursery.start_soon(hang)
+                    await hanging.wait()
+                    assert await peer.request("echo", 1) == 1
+                assert await peer.request("echo", 2) == 2
+    assert len(attempts) == 1
+
+
+async def test_a_client_that_never_completes_the_handshake_is_dropped(caplog):
+    settings = attrs.evolve(SETTINGS, handshake_timeout=0.2)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            server = PeerServer("b", SECRET, echo, settings)
+            port = await nursery.start(serve_tcp, server, "127.0.0.1", 0)
+            async with await trio.open_tcp_stream("127.0.0.1", port) as silent:
+                assert await until_closed(silent) == b""
+            nursery.cancel_scope.cancel()
+    assert "refused: the handshake timed out" in caplog.text
+
+
+async def test_a_server_that_never_answers_the_hello_is_unavailable():
+    async def mute(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    settings = attrs.evolve(SETTINGS, handshake_timeout=0.2)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(partial(trio.serve_tcp, host="127.0.0.1"), mute, 0)
+            port = listeners[0].socket.getsockname()[1]
+            connect = connect_tcp("127.0.0.1", port)
+            async with PeerClient("a", SECRET, connect, peer_id="b", settings=settings) as peer:
+                with pytest.raises(PeerUnavailable, match=r"no connection to node 'b' within"):
+                    await peer.request("echo", 1)
+            nursery.cancel_scope.cancel()
