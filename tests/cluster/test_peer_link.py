@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from tests.support.polling import eventually_async
 from tqbroker.cluster.fetch import FetchRequest, FetchResponse
@@ -417,3 +418,17 @@ async def test_a_server_that_never_answers_the_hello_is_unavailable():
                 with pytest.raises(PeerUnavailable, match=r"no connection to node 'b' within"):
                     await peer.request("echo", 1)
             nursery.cancel_scope.cancel()
+
+
+async def test_the_link_runs_over_memory_streams_as_in_the_simulation():
+    server = PeerServer("b", SECRET, echo, SETTINGS)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def connect() -> trio.abc.Stream:
+                ours, theirs = trio.testing.memory_stream_pair()
+                nursery.start_soon(server.serve_stream, theirs)
+                return ours
+
+            async with PeerClient("a", SECRET, connect, peer_id="b", settings=SETTINGS) as peer:
+                assert await peer.request("echo", b"\0") == ["a", "echo", b"\0"]
