@@ -198,7 +198,6 @@ class PeerConnection:
         *,
         expected_peer: str | None = None,
         max_frame: int = DEFAULT_MAX_FRAME,
-        nonce: bytes | None = None,
     ) -> None:
         if not secret:
             raise ValueError("the cluster secret is empty")
@@ -208,7 +207,7 @@ class PeerConnection:
         self.max_frame = max_frame
         self.peer_id: str | None = None
         self._secret = secret
-        self._nonce = nonce if nonce is not None else secrets.token_bytes(NONCE_BYTES)
+        self._nonce = secrets.token_bytes(NONCE_BYTES)
         self._peer_nonce = b""
         self._frames = FrameBuffer()
         self._outgoing = bytearray()
