@@ -17,7 +17,7 @@ field reads as its zero.
   ``InvalidRequest``.
 - **Leases.** One POST per keepalive (the gateway answers a streamed keepalive only when its
   request body ends); a reply without a TTL means the lease is gone.
-- **Watches.** One streaming POST per watch, on its own connection: newline-separated
+- **Watches.** One streaming POST per watch, on a connection of its own: newline-separated
   ``{"result": ...}`` objects, the first ``created``. A watch from a compacted revision is
   cancelled with its ``compact_revision``; a stream that breaks or ends is
   ``MetadataUnavailable``. Leaving the watch closes its connection, which cancels it.
@@ -86,8 +86,14 @@ class EtcdClient:
             raise ValueError("EtcdClient needs at least one endpoint")
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._current = 0
-        self._timeout = timeout
         self._http = httpx.AsyncClient(timeout=timeout)
+        # Watches hold their connections for as long as they last: their own pool, without a
+        # limit (the calls' pool is never exhausted by them) or keep-alive (a connection is
+        # closed with its watch).
+        self._streams = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, read=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+        )
 
     async def get(self, key: str, *, prefix: bool = False, revision: int = 0) -> RangeResult:
         body = _range_body(key, prefix)
@@ -172,6 +178,7 @@ class EtcdClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._streams.aclose()
 
     async def _call(self, path: str, body: Json) -> Json:
         """Post ``body`` to the first endpoint that answers; its reply, or the protocol's
@@ -206,13 +213,10 @@ class EtcdClient:
 
     async def _open_stream(self, path: str, body: Json) -> httpx.Response:
         """A streaming POST to the first endpoint that answers (its status checked)."""
-        timeout = httpx.Timeout(self._timeout, read=None)
         for index in self._rotation():
-            request = self._http.build_request(
-                "POST", self._endpoints[index] + path, json=body, timeout=timeout
-            )
+            request = self._streams.build_request("POST", self._endpoints[index] + path, json=body)
             try:
-                response = await self._http.send(request, stream=True)
+                response = await self._streams.send(request, stream=True)
             except httpx.TransportError:
                 continue
             if response.status_code != 200:
