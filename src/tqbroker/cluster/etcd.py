@@ -32,6 +32,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any, Final
 
 import httpx
+import trio
 
 from .metadata import (
     MAX_TXN_OPS,
@@ -86,6 +87,7 @@ class EtcdClient:
             raise ValueError("EtcdClient needs at least one endpoint")
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._current = 0
+        self._timeout = timeout
         self._http = httpx.AsyncClient(timeout=timeout)
         # Watches hold their connections for as long as they last: their own pool, without a
         # limit (the calls' pool is never exhausted by them) or keep-alive (a connection is
@@ -168,7 +170,11 @@ class EtcdClient:
         response = await self._open_stream("/v3/watch", {"create_request": create})
         try:
             lines = response.aiter_lines()
-            first = await _next_result(lines)
+            first: Json | None = None
+            with trio.move_on_after(self._timeout):
+                first = await _next_result(lines)
+            if first is None:
+                raise MetadataUnavailable("etcd did not answer the watch in time")
             if not first.get("created"):
                 _raise_canceled(first)
                 raise MetadataError(f"etcd did not create the watch: {first}")
@@ -201,13 +207,7 @@ class EtcdClient:
             response = await self._http.post(self._endpoints[index] + path, json=body)
         except httpx.TransportError as exc:
             raise _EndpointDown from exc
-        reply = _decode(response.content)
-        error = _error_of(reply, response.status_code)
-        if error is not None:
-            code, message = error
-            if code in (_UNAVAILABLE, _DEADLINE_EXCEEDED):
-                raise _EndpointDown
-            raise _refusal(code, message)
+        reply = _reply(response.status_code, response.content)
         self._current = index
         return reply
 
@@ -222,10 +222,10 @@ class EtcdClient:
             if response.status_code != 200:
                 content = await response.aread()
                 await response.aclose()
-                code, message = _error_of(_decode(content), response.status_code) or (0, "")
-                if code in (_UNAVAILABLE, _DEADLINE_EXCEEDED):
+                try:
+                    _reply(response.status_code, content)  # raises: not a 200
+                except _EndpointDown:
                     continue
-                raise _refusal(code, message)
             self._current = index
             return response
         raise MetadataUnavailable(f"no etcd endpoint answered ({', '.join(self._endpoints)})")
@@ -316,6 +316,22 @@ def _key_value(kv: Json) -> KeyValue:
 
 def _range_result(reply: Json, revision: int) -> RangeResult:
     return RangeResult([_key_value(kv) for kv in reply.get("kvs", [])], revision)
+
+
+def _reply(status: int, content: bytes) -> Json:
+    """The reply etcd gave; ``_EndpointDown`` if it could not serve the call (unavailable, no
+    leader, timed out, or a proxy's error page instead of etcd's), the protocol's error for a
+    refusal."""
+    if status >= 500 and content.lstrip()[:1] != b"{":
+        raise _EndpointDown
+    reply = _decode(content)
+    error = _error_of(reply, status)
+    if error is not None:
+        code, message = error
+        if code in (_UNAVAILABLE, _DEADLINE_EXCEEDED):
+            raise _EndpointDown
+        raise _refusal(code, message)
+    return reply
 
 
 def _decode(content: bytes) -> Json:
