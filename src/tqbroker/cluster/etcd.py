@@ -85,6 +85,9 @@ class EtcdClient:
     def __init__(self, endpoints: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
         if not endpoints:
             raise ValueError("EtcdClient needs at least one endpoint")
+        for endpoint in endpoints:
+            if not endpoint.startswith(("http://", "https://")):
+                raise ValueError(f"etcd endpoint {endpoint!r}: give a URL, http://host:port")
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._current = 0
         self._timeout = timeout
