@@ -1,6 +1,7 @@
 """``EtcdClient``: the ``MetadataStore`` over etcd's v3 JSON gateway (``/v3/...``), on httpx.
 
-One ``httpx.AsyncClient`` (Trio through anyio) posts each call to one endpoint. The gateway's
+httpx (on Trio through anyio) posts each call to one endpoint, from a pool of connections kept
+alive; each watch has a connection of its own, closed with it. The gateway's
 JSON has keys and values in base64, int64 fields as strings, and leaves out every field that
 is zero, false or empty (a failed txn has no ``succeeded``; a put event no ``type``): a missing
 field reads as its zero.
@@ -14,10 +15,10 @@ field reads as its zero.
   ``LeaseLost``; "required revision has been compacted" ``Compacted`` (its revision is learnt
   from a watch from revision 1, which etcd cancels with the compact revision); malformed
   requests (too many operations, duplicate keys in a txn, an empty key, a future revision)
-  ``InvalidRequest``.
+  ``InvalidRequest``. Compacting at or before the compact revision does nothing.
 - **Leases.** One POST per keepalive (the gateway answers a streamed keepalive only when its
   request body ends); a reply without a TTL means the lease is gone.
-- **Watches.** One streaming POST per watch, on a connection of its own: newline-separated
+- **Watches.** One streaming POST per watch: newline-separated
   ``{"result": ...}`` objects, the first ``created``. A watch from a compacted revision is
   cancelled with its ``compact_revision``; a stream that breaks or ends is
   ``MetadataUnavailable``. Leaving the watch closes its connection, which cancels it.
@@ -85,6 +86,9 @@ class EtcdClient:
     def __init__(self, endpoints: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
         if not endpoints:
             raise ValueError("EtcdClient needs at least one endpoint")
+        for endpoint in endpoints:
+            if not endpoint.startswith(("http://", "https://")):
+                raise ValueError(f"etcd endpoint {endpoint!r}: give a URL, http://host:port")
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._current = 0
         self._timeout = timeout

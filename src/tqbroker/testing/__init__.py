@@ -6,7 +6,9 @@
 - ``start_broker_process(data_dir)``: run ``python -m tqbroker`` in a child process (to kill it,
   restart it, or watch its memory), as a context manager that stops it on exit;
 - the pytest plugin (``tqbroker.testing.pytest_plugin``, loaded automatically when tqbroker is
-  installed) offers the fixtures ``tqbroker_broker`` (pytest-trio) and ``tqbroker_thread``.
+  installed) offers the fixtures ``tqbroker_broker`` (pytest-trio) and ``tqbroker_thread``;
+- ``tqbroker.testing.fake_etcd.FakeEtcd``: the cluster's metadata store (etcd) in memory, on
+  Trio's clock, for cluster simulations.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ keeps what etcd 3.4/3.5 were seen to do (``shared/reference/cluster.md`` A3):
   mod revision and a version; a delete event carries the key and its mod revision only;
 - history back to the compact revision: ``get(revision=)`` and ``watch(start_revision=)``
   before it raise ``Compacted``; a revision past the current one is ``InvalidRequest``;
+  compacting at or before the compact revision does nothing;
 - txns refuse more than ``MAX_TXN_OPS`` operations in a branch, a key put twice (or put and
   deleted) in a branch, an empty key; a value compare on a missing key never holds (etcd
   cannot tell a missing value from an empty one, so it fails every value compare on one);
