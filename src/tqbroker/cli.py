@@ -68,6 +68,10 @@ SETTING_FLAGS = (
     ("--tls-fail-if-no-peer-cert", "tls_fail_if_no_peer_cert"),
     ("--tls-only", "tls_only"),
     ("--http-tls", "tls_http"),
+    ("--cluster-etcd", "cluster_etcd"),
+    ("--node-id", "node_id"),
+    ("--advertise", "advertise"),
+    ("--peer-port", "peer_port"),
 )
 HELP = {
     "--host": "address to listen on (127.0.0.1)",
@@ -96,6 +100,10 @@ HELP = {
     "--tls-fail-if-no-peer-cert": "with --tls-verify-peer: refuse clients without a certificate",
     "--tls-only": "no plaintext AMQP port: amqps only",
     "--http-tls": "the HTTP API and metrics ports serve HTTPS, with the same certificate",
+    "--cluster-etcd": "join a cluster: etcd's client URLs, comma-separated (docs/cluster.md)",
+    "--node-id": "this node's id in the cluster (default: the data directory's, new at first)",
+    "--advertise": "the host other nodes and clients reach this node on (default: --host)",
+    "--peer-port": "the node-to-node link's port, 0 = ephemeral (25672)",
 }
 SWITCHES: tuple[str, ...] = ("--keep-unloadable-definitions", "--http-access-log")
 SWITCHES += ("--tls-verify-peer", "--tls-fail-if-no-peer-cert", "--tls-only", "--http-tls")

@@ -329,6 +329,16 @@ class BrokerConfig:
     http_max_connections: int = attrs.field(default=1000, validator=_between(1))
     http_idle_timeout: float = attrs.field(default=5.0, validator=_between(0.001))
     http_body_timeout: float = attrs.field(default=30.0, validator=_between(0.001))
+    # A cluster (docs/cluster.md): etcd's client URLs (none: one node on its own), this node's
+    # id (None: the data directory's, new on first start), the host other nodes and clients
+    # reach it on (None: ``host``), the node-to-node link's port (RabbitMQ's 25672; 0 =
+    # ephemeral), the cluster's key prefix in etcd and the node's lease TTL in seconds.
+    cluster_etcd: tuple[str, ...] = ()
+    node_id: str | None = None
+    advertise: str | None = None
+    peer_port: int = attrs.field(default=25672, validator=_port)
+    cluster_prefix: str = attrs.field(default="/tqbroker", validator=_not_empty)
+    cluster_lease_ttl: int = attrs.field(default=10, validator=_between(2, 3600))
 
 
 class ConfigError(Exception):

@@ -25,6 +25,8 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # hypercorn's access-log atoms: client, request line, status, bytes, seconds, user agent.
 ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss "%(a)s"'
 ACCESS_LOGGER = "tqbroker.http.access"
+# Libraries whose INFO lines are per request (the etcd client's httpx: several a second).
+CHATTY = ("httpx", "httpcore")
 
 
 def formatter(log_format: str) -> logging.Formatter:
@@ -64,6 +66,9 @@ def configure_logging(config: BrokerConfig) -> None:
         old.close()
     root.addHandler(chosen)
     root.setLevel(config.log_level)
+    quiet = max(logging.WARNING, root.level)
+    for name in CHATTY:
+        logging.getLogger(name).setLevel(quiet)
 
 
 def reopen_log_file() -> None:

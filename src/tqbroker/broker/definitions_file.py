@@ -181,12 +181,22 @@ class DefinitionsCommit:
         self._next = 0
         self._deferred: dict[int, _Deferred] = {}
         self.restoring = False  # while definitions are restored at startup: nothing to write
+        self.generation = 0  # counts the changes (a cluster's catalog follows them)
+        self._changes = trio.Event()
 
     def changed(self) -> None:
         if self.restoring:
             return
         self.file.changed()
         self.flusher.request()  # a write in flight does not cover this change
+        self.generation += 1
+        self._changes.set()
+        self._changes = trio.Event()
+
+    async def wait_change(self, since: int) -> None:
+        """Until ``generation`` has moved past ``since``."""
+        while self.generation == since:
+            await self._changes.wait()
 
     def changed_after(self, flusher: Flusher | None, *, definitions: bool) -> None:
         """A store was deleted on a backend: once the backend's next flush has made that

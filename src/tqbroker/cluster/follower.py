@@ -13,21 +13,24 @@ Responsibilities:
   records the cluster confirmed: the replica stops instead and says why, so it drops out of
   the ISR and cannot lead);
 - the gate in front of the partition (``broker.streams.ReplicaGate``): readers stop at the high
-  watermark the leader last sent (and this log's durable end); appends are refused (a publish
-  here is the leader's to take).
+  watermark the leader last sent (and this log's durable end); appends are the leader's to
+  take: forwarded to it (``forwarding.py``) when the node gave a way to send them, else
+  refused.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 import trio
 
 from ..broker.streams.partition import Partition
-from ..plugins.spec import GroupCommit
+from ..model import Message
+from ..plugins.spec import Durability, GroupCommit
 from .fetch import FetchRequest, FetchResponse
+from .forwarding import Forwarder, Send
 from .leader import NotLeader
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,7 @@ class FollowerReplica:
         high_watermark: int = 0,
         max_bytes: int = 1 << 20,
         max_wait: float = 0.5,
+        forward: Send | None = None,
     ) -> None:
         self.key = key
         self.partition = partition
@@ -71,6 +75,7 @@ class FollowerReplica:
         self.damaged: str | None = None  # why it stopped copying (``ReplicaDamaged``)
         self.last_error: str | None = None  # the last failed fetch's error (for status)
         self.fetches = 0  # answered fetches (for tests and metrics)
+        self.forwarder = Forwarder(key, leader, forward) if forward is not None else None
 
     # -- the gate ----------------------------------------------------------------------------
 
@@ -85,14 +90,25 @@ class FollowerReplica:
     def commit(self) -> GroupCommit:
         raise NotLeader(f"partition {self.key}: a follower takes no appends")
 
+    def forward(self, messages: Sequence[Message]) -> list[Durability] | None:
+        return None if self.forwarder is None else self.forwarder.forward(messages)
+
     def begin(self) -> None:
         self.partition.gate = self
 
     # -- the fetch loop ----------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Copy the leader's log until cancelled (or until this replica is found damaged)."""
-        task_status.started()
+        """Copy the leader's log, and forward publishes to it, until cancelled (or until this
+        replica is found damaged)."""
+        async with trio.open_nursery() as nursery:
+            if self.forwarder is not None:
+                nursery.start_soon(self.forwarder.run)
+            task_status.started()
+            await self._copy()
+            nursery.cancel_scope.cancel()
+
+    async def _copy(self) -> None:
         backoff = RETRY_SECONDS
         while True:
             try:

@@ -25,14 +25,15 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import attrs
 import trio
 
 from ..broker.streams.partition import Partition
-from ..plugins.spec import FlushListener, GroupCommit
+from ..model import Message
+from ..plugins.spec import Durability, FlushListener, GroupCommit
 from .fetch import (
     FENCED_EPOCH,
     OUT_OF_RANGE,
@@ -210,6 +211,9 @@ class LeaderReplica:
     @property
     def high_watermark(self) -> int:
         return self._high_watermark
+
+    def forward(self, messages: Sequence[Message]) -> list[Durability] | None:
+        return None  # a leader takes appends itself: its refusal stands
 
     def refusal(self) -> OSError | None:
         if self.resigned is not None:

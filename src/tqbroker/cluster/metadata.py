@@ -76,7 +76,7 @@ Comparison: TypeAlias = Literal["=", "!=", "<", ">"]
 @attrs.frozen
 class Compare:
     """``key``'s ``target`` compared with ``value`` (a missing key has version, create and mod
-    revision 0, lease 0; its value compares as absent: only ``!=`` holds)."""
+    revision 0, lease 0; every compare of its value fails, ``!=`` too, as etcd's)."""
 
     key: str
     target: Target

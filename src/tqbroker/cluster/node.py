@@ -3,14 +3,16 @@
 
 What runs, in the node's nursery (beside the broker's own tasks):
 - the cluster view (``view.py``), listed before anything else starts;
+- the definitions catalog (``catalog.py``): the node has the cluster's definitions (and the
+  cluster this node's) before ``run`` reports it started;
 - the membership (``membership.py``): registration under a lease, keepalive while the broker's
   flushers keep up;
 - the controller's campaign (``controller.py``), on every node: one of them wins;
 - the node's ISR writes (``isr_writes.py``) and partition roles (``roles.py``), which gate every
   stream partition of the broker (``Broker.replication``, set before the broker starts);
-- the node-to-node link is given as ``fetch_from`` (a follower's fetch from another node) and
-  served by the caller through ``roles.fetch``: the real link (``peer_link.py``) in a process,
-  memory streams in the simulation.
+- the node-to-node link (``peers.py``): a listener other nodes fetch from (``peer_port``),
+  and a client per node; or, in the simulation, the caller's ``fetch_from`` (memory streams,
+  calls it can cut), served through ``roles.fetch``.
 
 Losing the lease makes every leader here step down at once; the node keeps running and
 registers again (it never exits for etcd's sake).
@@ -21,7 +23,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import attrs
 import trio
@@ -29,13 +31,18 @@ import trio
 from ..broker.broker import Broker
 from ..broker.streams.partition import Partition
 from ..broker.streams.service import partition_of
+from .catalog import Catalog
 from .controller import Controller
+from .fetch import FetchRequest
 from .follower import Fetch
+from .forwarding import APPEND, Send, decode_messages, take_forwarded
 from .isr_writes import IsrWrites
 from .membership import Membership, load_node_id
 from .metadata import Compare, Get, MetadataStore, Put, RangeResult
+from .peer_link import LinkSettings, PeerError
+from .peers import FETCH, PeerLinks, join_address
 from .placement import SPREAD, Policy
-from .records import DEFAULT_PREFIX, NodeRecord, secret_key
+from .records import DEFAULT_PREFIX, NodeRecord, parse_partition_path, secret_key
 from .roles import PartitionRoles, ReplicationSettings
 from .view import ClusterView
 
@@ -51,9 +58,12 @@ class ClusterSettings:
     lease_ttl: int = 10  # seconds
     placement: Policy = SPREAD
     replication: ReplicationSettings = attrs.field(factory=ReplicationSettings)
-    amqp: str = ""  # the addresses this node advertises
-    http: str = ""
-    peer: str = ""
+    # The node-to-node listener (None: no listener, the caller links the nodes: the
+    # simulation) and the host other nodes reach it on.
+    peer_host: str = "127.0.0.1"
+    peer_port: int | None = None
+    advertise_host: str = "127.0.0.1"
+    link: LinkSettings = attrs.field(factory=LinkSettings)
 
 
 class ClusterNode:
@@ -65,20 +75,16 @@ class ClusterNode:
         store: MetadataStore,
         settings: ClusterSettings,
         *,
-        fetch_from: Callable[[str], Fetch],
+        fetch_from: Callable[[str], Fetch] | None = None,
+        forward_to: Callable[[str], Send] | None = None,
     ) -> None:
         self.broker = broker
         self.store = store
         self.settings = settings
         self.node_id = load_node_id(broker.config.data_dir, settings.node_id)
         self.view = ClusterView(store, settings.prefix)
-        record = NodeRecord(
-            node=self.node_id,
-            incarnation=0,
-            amqp=settings.amqp,
-            http=settings.http,
-            peer=settings.peer,
-        )
+        self.links = PeerLinks(self.node_id, self.view, settings.link)
+        record = NodeRecord(node=self.node_id, incarnation=0)
         self.membership = Membership(
             store,
             settings.prefix,
@@ -94,23 +100,60 @@ class ClusterNode:
             self.membership,
             self.isr_writes,
             local=self._local_partition,
-            fetch_from=fetch_from,
+            fetch_from=fetch_from or self.links.fetch_from,
+            forward_to=forward_to or self.links.forward_to,
             settings=settings.replication,
         )
         self.controller = Controller(store, self.view, self.membership, policy=settings.placement)
+        self.catalog = Catalog(broker, store, self.view)
         self.secret = b""
+        self._advertised = trio.Event()
         broker.replication = self.roles  # before the broker opens any stream
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Join the cluster and stay in it until cancelled."""
+        """Catch up with the cluster (``task_status.started()`` then: serve clients), register
+        once ``advertise`` has said where clients reach this node, and stay until cancelled."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.view.run)
-            self.secret = await cluster_secret(self.store, self.settings.prefix)
+            self.secret = self.links.secret = await cluster_secret(self.store, self.settings.prefix)
+            if self.settings.peer_port is not None:
+                port = await nursery.start(
+                    self.links.serve,
+                    self.settings.peer_host,
+                    self.settings.peer_port,
+                    {FETCH: self._fetch, APPEND: self.take_forwarded},
+                )
+                self.membership.record = attrs.evolve(
+                    self.membership.record, peer=join_address(self.settings.advertise_host, port)
+                )
+            await nursery.start(self.catalog.run)  # caught up with the cluster's definitions
             await nursery.start(self.roles.run)
             await nursery.start(self.isr_writes.run)
+            task_status.started()
+            await self._advertised.wait()
             await nursery.start(self.membership.run)
             await nursery.start(self.controller.run)
-            task_status.started()
+
+    def advertise(self, *, amqp: str = "", http: str = "") -> None:
+        """Where clients reach this node (``host:port``, the HTTP API's base URL): the node
+        registers, with them in its record."""
+        self.membership.record = attrs.evolve(self.membership.record, amqp=amqp, http=http)
+        self._advertised.set()
+
+    async def _fetch(self, peer: str, body: Any) -> Any:
+        request = FetchRequest.decode(body)
+        if request.follower != peer:
+            raise PeerError("wrong_follower", f"node {peer} fetched as {request.follower}")
+        return (await self.roles.fetch(request)).encode()
+
+    async def take_forwarded(self, peer: str, body: Any) -> Any:
+        """A publish forwarded here by ``peer``: appended if this node leads its partition."""
+        vhost, queue = parse_partition_path(str(body["partition"]))
+        found = self.broker.vhosts.get(vhost)
+        stream = found.queues.get(queue) if found is not None else None
+        if stream is None or partition_of(stream) is None:
+            return {"taken": 0, "error": f"no stream {body['partition']} on node {self.node_id}"}
+        return await take_forwarded(stream.publish_run, decode_messages(body["messages"]))
 
     def _local_partition(self, vhost: str, queue: str) -> Partition | None:
         found = self.broker.vhosts.get(vhost)

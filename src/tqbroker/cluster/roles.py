@@ -20,16 +20,18 @@ Responsibilities:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import attrs
 import trio
 
 from ..broker.streams.partition import Partition
-from ..plugins.spec import GroupCommit
+from ..model import Message
+from ..plugins.spec import Durability, GroupCommit
 from .fetch import NOT_LEADER, FetchRequest, FetchResponse
 from .follower import Fetch, FollowerReplica
+from .forwarding import Send
 from .isr_writes import IsrWrites
 from .leader import LeaderReplica, NotLeader
 from .membership import Membership
@@ -66,6 +68,9 @@ class Standby:
     def commit(self) -> GroupCommit:
         raise NotLeader(f"partition {self.key}: {self.why}")
 
+    def forward(self, messages: Sequence[Message]) -> list[Durability] | None:
+        return None
+
 
 Role = LeaderReplica | FollowerReplica | Standby
 
@@ -90,6 +95,7 @@ class PartitionRoles:
         *,
         local: Callable[[str, str], Partition | None],
         fetch_from: Callable[[str], Fetch],
+        forward_to: Callable[[str], Send] | None = None,
         settings: ReplicationSettings | None = None,
     ) -> None:
         self.store = store
@@ -98,6 +104,7 @@ class PartitionRoles:
         self.isr_writes = isr_writes
         self._local = local  # the local partition of a stream queue (None: not declared here)
         self._fetch_from = fetch_from
+        self._forward_to = forward_to  # None: a follower refuses publishes
         self.settings = settings or ReplicationSettings()
         self.held: dict[Name, _Held] = {}
         self._reported: dict[Name, ReplicaReport] = {}
@@ -215,6 +222,7 @@ class PartitionRoles:
                     high_watermark=high_watermark,
                     max_bytes=self.settings.fetch_max_bytes,
                     max_wait=self.settings.fetch_max_wait,
+                    forward=None if self._forward_to is None else self._forward_to(record.leader),
                 )
             else:
                 role = Standby(path, high_watermark, "no leader now")

@@ -83,6 +83,11 @@ class ClusterView:
         self.partitions: dict[Name, tuple[PartitionRecord, int]] = {}  # with the mod revision
         self.reports: dict[tuple[str, str, str], ReplicaReport] = {}  # (node, vhost, queue)
         self.streams: dict[Name, StreamDefinition] = {}
+        # Every definitions entry, by its key below the prefix (``defs/...``), with its mod
+        # revision (the catalog's compare), and a count of their changes.
+        self.definitions: dict[str, tuple[bytes, int]] = {}
+        self.definitions_generation = 0
+        self._definitions_changed = trio.Event()
         self.revision = 0
         self.changed = trio.Event()
         self._advanced = trio.Event()
@@ -102,6 +107,16 @@ class ClusterView:
         """Until the view has applied the store's ``revision``."""
         while self.revision < revision:
             await self._advanced.wait()
+
+    async def wait_definitions(self, since: int) -> None:
+        """Until ``definitions_generation`` has moved past ``since``."""
+        while self.definitions_generation == since:
+            await self._definitions_changed.wait()
+
+    def _definitions_moved(self) -> None:
+        self.definitions_generation += 1
+        moved, self._definitions_changed = self._definitions_changed, trio.Event()
+        moved.set()
 
     async def wait_changed(self) -> None:
         await self.changed.wait()
@@ -138,6 +153,8 @@ class ClusterView:
         self.partitions.clear()
         self.reports.clear()
         self.streams.clear()
+        self.definitions.clear()
+        self._definitions_moved()
         for kv in kvs:
             self._put(kv)
         self._reached(max(revision, self.revision))
@@ -177,6 +194,8 @@ class ClusterView:
                 node, vhost, queue = self._parts(key, replicas_prefix(self.prefix), 3)
                 self.reports[(node, vhost, queue)] = ReplicaReport.decode(kv.value)
             elif key.startswith(f"{self.prefix}/{DEFS}"):
+                self.definitions[key.removeprefix(f"{self.prefix}/")] = (kv.value, kv.mod_revision)
+                self._definitions_moved()
                 self._put_definition(key, kv.value)
         except (RecordError, ValueError) as exc:
             log.error("cluster view: %s: %s (left out)", key, exc)
@@ -202,6 +221,8 @@ class ClusterView:
             node, vhost, queue = self._parts(key, replicas_prefix(self.prefix), 3)
             self.reports.pop((node, vhost, queue), None)
         elif key.startswith(f"{self.prefix}/{DEFS}"):
+            self.definitions.pop(key.removeprefix(f"{self.prefix}/"), None)
+            self._definitions_moved()
             parts = key.removeprefix(f"{self.prefix}/{DEFS}").split("/")
             if len(parts) == 3 and parts[1] == "queues":
                 self.streams.pop((unquote(parts[0]), unquote(parts[2])), None)

@@ -1,7 +1,8 @@
 """``serve``: run a broker, its AMQP listener and its HTTP API in the caller's nursery.
 
 Responsibilities:
-- start the broker (queue actors), bind the AMQP listeners (plaintext, and amqps when
+- start the broker (queue actors), and in a cluster its node (``clustering.py``: caught up
+  with the cluster before any listener opens), bind the AMQP listeners (plaintext, and amqps when
   ``[tls]`` has a certificate: ``tls.py``; ``tls.only`` leaves out the plaintext one) and start
   the HTTP API (``server/http/``; HTTPS with ``tls.http``), then report the bound addresses
   (``Listening``) through the Trio start protocol;
@@ -34,6 +35,7 @@ from ..storage_env import StorageEnv
 from .accepting import serve_listeners
 from .addresses import peer_address, text
 from .admission import HandshakeAdmission, Ticket
+from .clustering import advertise, cluster_node, run_node
 from .connection import AMQPConnection
 from .http import serve_http, serve_metrics
 from .registry import Connections
@@ -76,10 +78,13 @@ async def serve(
     http_tls = tls if config.tls.http else None
     https = "https" if http_tls is not None else "http"
     broker = Broker(config, env)
+    node = cluster_node(broker, config)  # before the broker opens its streams
     connections = Connections()
     all_closed = trio.Event()
     async with trio.open_nursery() as broker_nursery:
         await broker_nursery.start(broker.run)
+        if node is not None:  # clients only once the node has caught up with the cluster
+            await broker_nursery.start(run_node, node)
         listeners: list[trio.SocketListener] = []
         if not config.tls.only:
             listeners = await open_listeners(config.port, config.host)
@@ -115,6 +120,8 @@ async def serve(
             )
             connections.listeners += [(f"{https}/prometheus", h, p) for h, p in metrics]
 
+        if node is not None:
+            advertise(node, config, addresses or tls_addresses, http)
         admission = HandshakeAdmission(config.max_pending_handshakes_per_address)
 
         async def handle_tls(stream: trio.SocketStream) -> None:

@@ -70,6 +70,11 @@ class ReplicaGate(Protocol):
         """What an append's confirm waits for (``request()`` after the append: its ticket)."""
         ...
 
+    def forward(self, messages: Sequence[Message]) -> list[Durability] | None:
+        """Send refused appends where they are taken (a follower: to its leader): what each
+        one's confirm waits for; None when they are not forwarded (the refusal stands)."""
+        ...
+
 
 class StreamReplication(Protocol):
     """Told by the vhosts when a stream's partition comes and goes on this node (a cluster's
@@ -156,7 +161,8 @@ class Partition:
         if gate is not None:
             refusal = gate.refusal()
             if refusal is not None:
-                return first, [], refusal
+                forwarded = gate.forward(messages)
+                return (first, [], refusal) if forwarded is None else (first, forwarded, None)
         taken, error = log.append_many(messages)
         if not taken:
             return first, [], error

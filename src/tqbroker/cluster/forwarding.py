@@ -1,0 +1,177 @@
+"""Publishes to a partition another node leads, forwarded to its leader over the node-to-node
+link (§4.7 of ``shared/reference/scaleout.md``): any node takes any publish.
+
+Responsibilities:
+- ``Forwarder``, on a follower replica: publishes queue up in order and go to the leader in
+  batches, one request in flight per partition (so one producer's order holds); each message's
+  confirm waits for the leader's answer, which comes once the leader's in-sync replicas have
+  it (``ForwardedCommit``, the ``GroupCommit`` the confirms wait on: a ticket is the count of
+  messages forwarded so far). A refusal, a lost link or a role change nacks what was not
+  answered: the client may send it again (and may then duplicate it: unconfirmed messages
+  carry no guarantee);
+- ``take_forwarded``: the leader's side, a batch appended through the stream queue and
+  answered with how many its ISR confirmed;
+- the messages' encoding on the link (CBOR-ready lists).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
+
+import trio
+
+from ..model import Message
+from ..plugins.spec import Durability, FlushListener
+
+log = logging.getLogger(__name__)
+
+APPEND: Final = "append"  # the link's operation
+MAX_BATCH: Final = 4096  # messages in one forwarded request
+REFUSED_KEPT: Final = 1024  # refused ranges a late ``wait`` can still tell
+
+Send = Callable[[Any], Awaitable[Any]]  # an ``append`` request's body -> its reply's body
+PublishRun = Callable[[Sequence[Message]], tuple[list[Durability], Exception | None]]
+
+
+def encode_messages(messages: Sequence[Message]) -> list[list[Any]]:
+    return [[m.exchange, m.routing_key, m.properties_raw, m.body, m.timestamp_ms] for m in messages]
+
+
+def decode_messages(body: Any) -> list[Message]:
+    if not isinstance(body, list):
+        raise ValueError("forwarded messages: not a list")
+    decoded = []
+    for entry in body:
+        exchange, routing_key, properties_raw, payload, timestamp_ms = entry
+        decoded.append(
+            Message(
+                str(exchange),
+                str(routing_key),
+                bytes(properties_raw),
+                bytes(payload),
+                timestamp_ms=int(timestamp_ms),
+            )
+        )
+    return decoded
+
+
+async def take_forwarded(publish_run: PublishRun, messages: Sequence[Message]) -> dict[str, Any]:
+    """Append forwarded messages here (the leader) and answer once they are confirmed:
+    ``taken`` (the first ones, confirmed) and ``error`` (why the rest were not)."""
+    durabilities, error = publish_run(messages)
+    taken = len(durabilities)
+    waits = [d for d in durabilities if d is not None]
+    if waits:
+        commit, ticket = waits[-1]
+        if not await commit.wait(ticket):
+            return {"taken": 0, "error": "not confirmed by the in-sync replicas"}
+    return {"taken": taken, "error": None if error is None else str(error)}
+
+
+class ForwardedCommit:
+    """The ``GroupCommit`` of one partition's forwarded publishes (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.completed = 0  # messages answered (confirmed or refused)
+        self.forwarded = 0  # messages queued so far
+        self.healthy = True
+        self._listeners: set[FlushListener] = set()
+        self._answered = trio.Event()
+        self._refused: deque[tuple[int, int]] = deque(maxlen=REFUSED_KEPT)  # (after, upto)
+        self._after: list[Callable[[], None]] = []
+
+    def request(self) -> int:
+        return self.forwarded
+
+    def poke(self) -> None:
+        pass  # forwarding never waits to batch
+
+    def call_after_flush(self, callback: Callable[[], None]) -> None:
+        self._after.append(callback)
+
+    async def wait(self, ticket: int) -> bool:
+        while self.completed < ticket:
+            await self._answered.wait()
+        return not any(after < ticket <= upto for after, upto in self._refused)
+
+    def listen(self, listener: FlushListener) -> None:
+        self._listeners.add(listener)
+
+    def unlisten(self, listener: FlushListener) -> None:
+        self._listeners.discard(listener)
+
+    def answered(self, confirmed_upto: int, failed_upto: int) -> None:
+        """Tickets up to ``confirmed_upto`` are confirmed, the next ones up to ``failed_upto``
+        refused."""
+        if confirmed_upto > self.completed:
+            self.completed = confirmed_upto
+            for listener in list(self._listeners):
+                listener.flushed(self)
+        if failed_upto > self.completed:
+            self._refused.append((self.completed, failed_upto))
+            for listener in list(self._listeners):
+                listener.flush_failed(self, failed_upto)
+            self.completed = failed_upto
+        answered, self._answered = self._answered, trio.Event()
+        answered.set()
+        after, self._after = self._after, []
+        for callback in after:
+            callback()
+
+
+class Forwarder:
+    """A follower partition's forwarded publishes (see the module doc)."""
+
+    def __init__(self, key: str, leader: str, send: Send) -> None:
+        self.key = key
+        self.leader = leader
+        self._send = send
+        self.commit = ForwardedCommit()
+        self._queued: list[Message] = []
+        self._start = 0  # the ticket before the first queued message
+        self._queued_any = trio.Event()
+
+    def forward(self, messages: Sequence[Message]) -> list[Durability]:
+        """Queue ``messages`` for the leader: what each one's confirm waits for."""
+        self._queued.extend(messages)
+        commit = self.commit
+        commit.forwarded += len(messages)
+        self._queued_any.set()
+        return [(commit, commit.forwarded)] * len(messages)
+
+    async def run(self) -> None:
+        """Send the queued messages, a batch at a time, until cancelled (then refuse the rest)."""
+        try:
+            while True:
+                await self._queued_any.wait()
+                batch = self._queued[:MAX_BATCH]
+                del self._queued[:MAX_BATCH]
+                if not self._queued:
+                    self._queued_any = trio.Event()
+                start, self._start = self._start, self._start + len(batch)
+                taken = await self._send_batch(batch)
+                self.commit.answered(start + taken, start + len(batch))
+        finally:
+            self.commit.healthy = False
+            self.commit.answered(self.commit.completed, self.commit.forwarded)
+
+    async def _send_batch(self, batch: list[Message]) -> int:
+        body = {"partition": self.key, "messages": encode_messages(batch)}
+        try:
+            reply = await self._send(body)
+            taken = int(reply["taken"])
+            error = reply.get("error")
+        except (Exception, trio.TooSlowError) as exc:  # the link, the leader: nacks
+            taken, error = 0, f"{type(exc).__name__}: {exc}"
+        if error:
+            log.info(
+                "partition %s: %d forwarded publish(es) refused by %s: %s",
+                self.key,
+                len(batch) - taken,
+                self.leader,
+                error,
+            )
+        return max(0, min(taken, len(batch)))
