@@ -103,6 +103,7 @@ ROUTING = (
     "tests/interop/test_pika_blocking.py",
 )
 DATA_DIR_LOCK = ("tests/server/test_data_dir_lock.py",)
+CLUSTER = ("tests/cluster/test_cluster_core.py",)
 TIMESTAMPS = ("tests/protocol/test_timestamps.py", "tests/protocol/test_codec.py")
 ACCEPTING = ("tests/server/test_accept_exhausted.py", "tests/storage/test_out_of_descriptors.py")
 _BAD_INPUT = "tests/interop/test_bad_input.py::"
@@ -832,5 +833,22 @@ def mutants() -> list[Mutant]:
             'out += b"T" + U64.pack(value.seconds)',
             'out += b"T" + U64.pack(value.seconds & 0xFFFFFFFF)',
             TIMESTAMPS,
+        ),
+            # -- the cluster (cluster/) ---------------------------------------------------------
+        Mutant(
+            "catalog-forgets-what-it-agreed",
+            "cluster",
+            "cluster/catalog.py",
+            "self.base: dict[str, bytes] = self._load_base()",
+            "self.base: dict[str, bytes] = {}",
+            CLUSTER,
+        ),
+        Mutant(
+            "forwarded-refusal-confirmed",
+            "cluster",
+            "cluster/forwarding.py",
+            "self.commit.answered(start + taken, start + len(batch))",
+            "self.commit.answered(start + len(batch), start + len(batch))",
+            CLUSTER,
         ),
     ]

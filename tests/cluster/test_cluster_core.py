@@ -217,3 +217,52 @@ async def test_the_leader_s_death_elects_an_isr_member_and_loses_nothing(tmp_pat
         assert [r.message.body for r in records][:50] == [b"m%d" % n for n in range(50)]
         # The remaining two go on (min ISR 2 after the dead node leaves the ISR).
         assert await append(successor, [b"after"])
+
+
+def has_binding(member: Member, exchange: str, queue: str) -> bool:
+    found = member.broker.vhosts["/"].exchanges.get(exchange)
+    return found is not None and any(dest.name == queue for dest, _key, _args in found.bindings)
+
+
+async def test_definitions_reach_every_node_and_a_delete_stays_deleted(tmp_path: Path) -> None:
+    """The catalog: an exchange, a stream and a binding declared on one node exist on every
+    node; a delete on another node removes them everywhere, and a node that was down during
+    the delete does not bring the stream back when it returns (its base says it agreed)."""
+    async with cluster(tmp_path) as made:
+        await declare_stream(made)
+        n0 = made.members["n0"]
+        vhost = n0.broker.vhosts["/"]
+        vhost.declare_exchange(
+            "x",
+            "topic",
+            passive=False,
+            durable=True,
+            auto_delete=False,
+            internal=False,
+            arguments={},
+        )
+        vhost.bind_queue("s", "x", "k.#", {}, None)
+        members = list(made.members.values())
+        await settled(made, lambda: all(has_binding(m, "x", "s") for m in members))
+        # A classic queue stays on its node.
+        await open_and_declare_queue(
+            vhost,
+            "classic",
+            passive=False,
+            durable=True,
+            exclusive=False,
+            auto_delete=False,
+            arguments={},
+            owner=None,
+        )
+        made.kill("n2")
+        made.members["n1"].broker.vhosts["/"].delete_queue(
+            "s", if_unused=False, if_empty=False, owner=None
+        )
+        await settled(made, lambda: "s" not in n0.broker.vhosts["/"].queues)
+        back = await made.start("n2")
+        await settled(made, lambda: "s" not in back.broker.vhosts["/"].queues)
+        assert "x" in back.broker.vhosts["/"].exchanges
+        assert "classic" not in back.broker.vhosts["/"].queues
+        assert "classic" in n0.broker.vhosts["/"].queues
+        assert not any("/queues/s" in key for key in n0.node.view.definitions)

@@ -15,7 +15,8 @@ What runs, in the node's nursery (beside the broker's own tasks):
   calls it can cut), served through ``roles.fetch``.
 
 Losing the lease makes every leader here step down at once; the node keeps running and
-registers again (it never exits for etcd's sake).
+registers again (it never exits for etcd's sake). ``leave`` is the controlled shutdown (on
+SIGTERM): leaders step down and the lease is revoked, so the others take over at once.
 """
 
 from __future__ import annotations
@@ -42,13 +43,21 @@ from .metadata import Compare, Get, MetadataStore, Put, RangeResult
 from .peer_link import LinkSettings, PeerError
 from .peers import FETCH, PeerLinks, join_address
 from .placement import SPREAD, Policy
-from .records import DEFAULT_PREFIX, NodeRecord, parse_partition_path, secret_key
+from .records import (
+    DEFAULT_PREFIX,
+    ONLINE,
+    NodeRecord,
+    parse_partition_path,
+    partition_path,
+    secret_key,
+)
 from .roles import PartitionRoles, ReplicationSettings
 from .view import ClusterView
 
 log = logging.getLogger(__name__)
 
 SECRET_BYTES: Final = 32
+LEAVE_SECONDS: Final = 10.0  # a controlled shutdown waits this long for the new leaders
 
 
 @attrs.frozen
@@ -108,6 +117,7 @@ class ClusterNode:
         self.catalog = Catalog(broker, store, self.view)
         self.secret = b""
         self._advertised = trio.Event()
+        self._registration = trio.CancelScope()  # the membership and the controller's campaign
         broker.replication = self.roles  # before the broker opens any stream
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -131,8 +141,34 @@ class ClusterNode:
             await nursery.start(self.isr_writes.run)
             task_status.started()
             await self._advertised.wait()
-            await nursery.start(self.membership.run)
-            await nursery.start(self.controller.run)
+            with self._registration:
+                async with trio.open_nursery() as registered:
+                    await registered.start(self.membership.run)
+                    await registered.start(self.controller.run)
+
+    async def leave(self) -> None:
+        """A controlled shutdown: this node's leaders step down (their unconfirmed publishes
+        are nacked), its lease goes (the controller elects other in-sync replicas at once, not
+        after a TTL), and it waits up to ``LEAVE_SECONDS`` for the view to show none led here."""
+        self._registration.cancel()
+        self.roles.lost("the node is shutting down")
+        await self.membership.leave()
+        with trio.move_on_after(LEAVE_SECONDS):
+            while self.leading():
+                await self.view.wait_changed()
+        still = self.leading()
+        if still:
+            log.warning("node %s: left still leading %s", self.node_id, ", ".join(still))
+        else:
+            log.info("node %s: left the cluster; its partitions are led elsewhere", self.node_id)
+
+    def leading(self) -> list[str]:
+        """The partitions the view says this node leads (online ones)."""
+        return [
+            partition_path(*name)
+            for name, (record, _revision) in self.view.partitions.items()
+            if record.leader == self.node_id and record.state == ONLINE
+        ]
 
     def advertise(self, *, amqp: str = "", http: str = "") -> None:
         """Where clients reach this node (``host:port``, the HTTP API's base URL): the node

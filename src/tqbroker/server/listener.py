@@ -15,7 +15,8 @@ Responsibilities:
   traceback);
 - a nursery per connection, under a handler nursery owned here; a connection that fails
   (a bug its own boundary did not contain) is logged and closed, and ``serve`` goes on;
-- graceful shutdown when ``shutdown`` is set: stop accepting, ask every client to leave
+- graceful shutdown when ``shutdown`` is set: stop accepting, in a cluster leave it (leaders
+  move first: ``ClusterNode.leave``), ask every client to leave
   (``connection.close`` 320), give them ``shutdown_timeout`` seconds, then cut what remains.
   Cancelling ``serve`` instead stops everything at once.
 """
@@ -196,6 +197,8 @@ async def serve(
                     await trio.sleep_forever()
                 await shutdown.wait()
                 accept_nursery.cancel_scope.cancel()
+            if node is not None:  # its partitions led elsewhere before its clients go
+                await node.leave()
             log.info("shutting down: closing %d connection(s)", len(connections))
             for entry in connections:
                 entry.connection.shutdown()
