@@ -8,32 +8,21 @@ takes new publishes from any node."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pika
 import pika.exceptions
-import pytest
 import trio
 
-from tests.support.etcd import EtcdProcess, running_etcd, system_etcd_binary
+from tests.support.etcd import EtcdProcess
 from tqbroker.cluster.etcd import EtcdClient
 from tqbroker.cluster.records import DEFAULT_PREFIX, PartitionRecord, partition_key
 from tqbroker.testing import BrokerProcess, start_broker_process
 
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 STREAM = {"x-queue-type": "stream"}
-
-pytestmark = pytest.mark.skipif(system_etcd_binary() is None, reason="no etcd (etcd-server)")
-
-
-@pytest.fixture
-def etcd() -> Iterator[EtcdProcess]:
-    binary = system_etcd_binary()
-    assert binary is not None
-    with running_etcd(binary) as process:
-        yield process
 
 
 class Nodes:
