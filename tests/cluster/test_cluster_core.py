@@ -221,7 +221,8 @@ async def test_the_leader_s_death_elects_an_isr_member_and_loses_nothing(tmp_pat
 
 def has_binding(member: Member, exchange: str, queue: str) -> bool:
     found = member.broker.vhosts["/"].exchanges.get(exchange)
-    return found is not None and any(dest.name == queue for dest, _key, _args in found.bindings)
+    bound = [getattr(dest, "name", None) for dest, _key, _args in (found.bindings if found else ())]
+    return queue in bound
 
 
 async def test_definitions_reach_every_node_and_a_delete_stays_deleted(tmp_path: Path) -> None:
