@@ -13,11 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.etcd import dead_endpoint
 from tests.support.polling import eventually
 from tqbroker.recordbatch import BinaryColumn, ReadBatch, decode_write, encode_read
 from tqbroker.spark._arrow_read import decode_fetch, read_schema
 from tqbroker.spark._arrow_write import encode_write
-from tqbroker.spark._client import PartitionInfo, client_for
+from tqbroker.spark._client import BrokerError, Client, PartitionInfo, client_for
 from tqbroker.spark._offsets import (
     DataLossError,
     Range,
@@ -368,3 +369,23 @@ def test_executor_reads_tell_lost_offsets_from_present_ones(topics: Topics) -> N
     assert offsets == list(range(now["earliest"], now["latest"]))
     values = [v[:3] for b in batches for v in b.column("value").to_pylist()]
     assert values == [b"%03d" % o for o in offsets]
+
+
+def test_a_cluster_s_url_list_moves_to_the_next_node_when_one_is_down(topics: Topics) -> None:
+    """``tqbroker.url`` takes a cluster's nodes, comma-separated (Kafka's bootstrap list): a
+    node that does not answer is passed over; when none answers, the error names each."""
+    topics.create("failover", partitions=2)
+    down = dead_endpoint()
+    client = Client(connection({"tqbroker.url": f"{down}, {topics.url}"}))
+    try:
+        assert [p.partition for p in client.partitions("failover")] == [0, 1]
+        assert [p.partition for p in client.partitions("failover")] == [0, 1]  # stays there
+    finally:
+        client.close()
+    other = dead_endpoint()
+    with pytest.raises(BrokerError, match="cannot reach tqbroker") as caught:
+        Client(connection({"tqbroker.url": f"{down},{other}"})).partitions("failover")
+    assert down in str(caught.value)
+    assert other in str(caught.value)
+    with pytest.raises(OptionError, match=r"tqbroker\.url"):
+        connection({"tqbroker.url": f"{topics.url},ftp://x"})

@@ -50,14 +50,20 @@ class Client:
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
-        parts = urllib.parse.urlsplit(connection.url)
+        self._urls = connection.url.split(",")  # a cluster's nodes: the next when one fails
+        self._current = 0
+        self._use(self._urls[0])
+        credentials = f"{connection.user}:{connection.password}".encode()
+        self._auth = "Basic " + base64.b64encode(credentials).decode()
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _use(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self._url = url
         self._https = parts.scheme == "https"
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
-        credentials = f"{connection.user}:{connection.password}".encode()
-        self._auth = "Basic " + base64.b64encode(credentials).decode()
-        self._conn: http.client.HTTPConnection | None = None
 
     def close(self) -> None:
         if self._conn is not None:
@@ -138,8 +144,28 @@ class Client:
         headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
         query = {"vhost": self.connection.vhost, **query}
-        target = f"{self._prefix}{path}?{urllib.parse.urlencode(query)}"
         sent = {"authorization": self._auth, **(headers or {})}
+        failures: list[str] = []
+        for _node in self._urls:  # each node of the list once, from the one in use
+            try:
+                return self._request_here(method, path, query, body, sent)
+            except _Unreachable as exc:
+                failures.append(f"{self._url}: {exc}")
+                self._current = (self._current + 1) % len(self._urls)
+                self._use(self._urls[self._current])
+        raise BrokerError(
+            0, f"cannot reach tqbroker (option 'tqbroker.url'): {'; '.join(failures)}"
+        )
+
+    def _request_here(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any],
+        body: bytes | None,
+        sent: dict[str, str],
+    ) -> tuple[int, bytes]:
+        target = f"{self._prefix}{path}?{urllib.parse.urlencode(query)}"
         for attempt in (1, 2):
             reused = self._conn is not None
             conn = self._conn or self._connect()
@@ -151,14 +177,10 @@ class Client:
                 self.close()
                 # A kept-alive connection the broker has closed meanwhile: once more, afresh.
                 # Writes are safe to repeat too: idempotent with a producer id, and at least
-                # once without one (as Kafka's sink).
+                # once without one (as Kafka's sink); so is another node of a cluster.
                 if reused and attempt == 1 and not isinstance(exc, TimeoutError):
                     continue
-                raise BrokerError(
-                    0,
-                    f"cannot reach tqbroker at {self.connection.url} (option 'tqbroker.url'): "
-                    f"{type(exc).__name__}: {exc}",
-                ) from exc
+                raise _Unreachable(f"{type(exc).__name__}: {exc}") from exc
             if response.will_close:
                 self.close()
             return response.status, data
@@ -174,7 +196,7 @@ class Client:
             message = str(json.loads(body).get("message", ""))
         except (ValueError, AttributeError):
             message = body[:200].decode("utf-8", "replace")
-        where = f"tqbroker at {self.connection.url}"
+        where = f"tqbroker at {self._url}"
         if status == 401:
             hint = "check the options 'tqbroker.user' and 'tqbroker.password'"
         elif status == 403:
@@ -189,6 +211,10 @@ class Client:
         return BrokerError(
             status, f"{where} answered {status}: {message}" + (f" ({hint})" if hint else "")
         )
+
+
+class _Unreachable(Exception):
+    """The node in use did not answer (the client tries the next one of the list)."""
 
 
 _local = threading.local()

@@ -38,7 +38,7 @@ class OptionError(ValueError):
 class Connection:
     """Where the broker's HTTP API is and how to log in (hashable: it keys the client cache)."""
 
-    url: str  # scheme://host:port[/prefix], no trailing slash
+    url: str  # scheme://host:port[/prefix], no trailing slash; a cluster's: several, by commas
     user: str = "guest"
     password: str = "guest"
     vhost: str = "/"
@@ -101,7 +101,25 @@ def connection(options: Mapping[str, str]) -> Connection:
                 f"default {DEFAULT_URL}), 'tqbroker.user' and 'tqbroker.password' instead of "
                 "kafka.* options"
             )
-    url = opts.get("tqbroker.url", DEFAULT_URL).strip().rstrip("/")
+    urls = [
+        _checked_url(part.strip().rstrip("/"))
+        for part in opts.get("tqbroker.url", DEFAULT_URL).split(",")
+        if part.strip()
+    ]
+    if not urls:
+        raise OptionError(f"option 'tqbroker.url' names no broker (such as {DEFAULT_URL})")
+    url = ",".join(urls)
+    timeout = _positive_float(opts, "tqbroker.timeout", 60.0)
+    return Connection(
+        url,
+        opts.get("tqbroker.user", "guest"),
+        opts.get("tqbroker.password", "guest"),
+        opts.get("tqbroker.vhost", "/"),
+        timeout,
+    )
+
+
+def _checked_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise OptionError(
@@ -114,14 +132,7 @@ def connection(options: Mapping[str, str]) -> Connection:
         raise OptionError(f"option 'tqbroker.url' has a malformed port (got {url!r})") from None
     if parts.query or parts.fragment:
         raise OptionError(f"option 'tqbroker.url' takes no query or fragment (got {url!r})")
-    timeout = _positive_float(opts, "tqbroker.timeout", 60.0)
-    return Connection(
-        url,
-        opts.get("tqbroker.user", "guest"),
-        opts.get("tqbroker.password", "guest"),
-        opts.get("tqbroker.vhost", "/"),
-        timeout,
-    )
+    return url
 
 
 def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
