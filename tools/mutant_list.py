@@ -834,7 +834,7 @@ def mutants() -> list[Mutant]:
             'out += b"T" + U64.pack(value.seconds & 0xFFFFFFFF)',
             TIMESTAMPS,
         ),
-            # -- the cluster (cluster/) ---------------------------------------------------------
+        # -- the cluster (cluster/) ---------------------------------------------------------
         Mutant(
             "catalog-forgets-what-it-agreed",
             "cluster",

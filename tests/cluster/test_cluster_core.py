@@ -21,7 +21,7 @@ from tqbroker.broker.streams.partition import Partition
 from tqbroker.broker.streams.service import partition_of
 from tqbroker.cluster.fetch import FetchRequest, FetchResponse
 from tqbroker.cluster.follower import Fetch
-from tqbroker.cluster.forwarding import Send
+from tqbroker.cluster.forwarding import APPEND, Send
 from tqbroker.cluster.leader import LeaderReplica
 from tqbroker.cluster.node import ClusterNode, ClusterSettings
 from tqbroker.cluster.records import PartitionRecord
@@ -63,11 +63,13 @@ class Cluster:
         return fetch
 
     def forward_to(self, target: str) -> Send:
-        async def send(body: Any) -> Any:
+        async def send(op: str, body: Any) -> Any:
             if target in self.cut or target not in self.members:
                 await trio.sleep(0.05)
                 raise ConnectionError(f"no link to {target}")
-            return await self.members[target].node.take_forwarded("?", body)
+            node = self.members[target].node
+            take = node.take_forwarded if op == APPEND else node.take_offsets
+            return await take("?", body)
 
         return send
 
@@ -267,3 +269,28 @@ async def test_definitions_reach_every_node_and_a_delete_stays_deleted(tmp_path:
         assert "classic" not in back.broker.vhosts["/"].queues
         assert "classic" in n0.broker.vhosts["/"].queues
         assert not any("/queues/s" in key for key in n0.node.view.definitions)
+
+
+async def test_consumers_offsets_reach_every_replica(tmp_path: Path) -> None:
+    """A tracked consumer's offset stored on a follower goes to the leader, and the leader's
+    offsets (tracked and group ones) reach every follower with its fetches: a consumer
+    resumes from its offset on whichever node it reconnects to."""
+    async with cluster(tmp_path) as made:
+        await declare_stream(made)
+        await settled(made, lambda: made.leader() is not None)
+        leader = made.leader()
+        assert leader is not None
+        await settled(made, lambda: len(leader.isr) == 3)
+        assert await append(leader, [b"m%d" % n for n in range(50)])
+        follower, other = [m for n, m in made.members.items() if n != leader.node_id]
+        follower.partition().store_offset("tracked-1", 42)
+        leader.partition.commit_group_offset("group-1", 17)
+        await settled(
+            made,
+            lambda: all(
+                m.partition().tracked_offsets.get("tracked-1") == 42
+                and m.partition().group_offsets.get("group-1") == 17
+                for m in made.members.values()
+            ),
+        )
+        assert other.partition().tracked_offsets["tracked-1"] == 42

@@ -8,14 +8,15 @@ Responsibilities:
   follows (fencing: a leader answers only its own epoch's followers), its replica identity;
 - ``FetchResponse``: the leader's epoch and high watermark, its log start, the frames (all of
   one leader epoch, ``frames_epoch``, as they lie in the leader's log) or where the follower
-  must first cut its log back to (``diverging``), or an error code;
+  must first cut its log back to (``diverging``), or an error code; and the consumers'
+  offsets the leader keeps, when the follower's copy is not of their latest version;
 - ``divergence``: the leader's side of the check (``OffsetsForLeaderEpoch`` folded into the
   fetch, as KIP-320 does), over the leader's epoch history.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -41,6 +42,7 @@ class FetchRequest:
     last_epoch: int  # the epoch of the follower's last record (its history's latest)
     max_bytes: int = 1 << 20
     max_wait: float = 0.5  # seconds the leader may wait for records to send
+    offsets_version: int = -1  # the version of the leader's offsets the follower has
 
     def encode(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -59,6 +61,10 @@ class FetchResponse:
     frames: Sequence[tuple[bytes, bytes]] = ()
     diverging: tuple[int, int] | None = None  # (epoch, end offset): cut back first
     error: str | None = None
+    # The consumers' offsets the leader keeps (tracked ones, groups' committed ones) and their
+    # version, when the follower's version differs (else None).
+    offsets: tuple[Mapping[str, int], Mapping[str, int]] | None = None
+    offsets_version: int = -1
 
     def encode(self) -> dict[str, Any]:
         return {
@@ -69,6 +75,8 @@ class FetchResponse:
             "frames": [[head, rest] for head, rest in self.frames],
             "diverging": list(self.diverging) if self.diverging is not None else None,
             "error": self.error,
+            "offsets": None if self.offsets is None else [dict(m) for m in self.offsets],
+            "offsets_version": self.offsets_version,
         }
 
     @classmethod
@@ -77,6 +85,12 @@ class FetchResponse:
         fields["frames"] = [(bytes(h), bytes(r)) for h, r in fields.get("frames") or ()]
         diverging = fields.get("diverging")
         fields["diverging"] = (int(diverging[0]), int(diverging[1])) if diverging else None
+        offsets = fields.get("offsets")
+        fields["offsets"] = (
+            None
+            if offsets is None
+            else tuple({str(k): int(v) for k, v in table.items()} for table in offsets[:2])
+        )
         return cls(**fields)
 
 

@@ -15,7 +15,8 @@ Responsibilities:
 - the gate in front of the partition (``broker.streams.ReplicaGate``): readers stop at the high
   watermark the leader last sent (and this log's durable end); appends are the leader's to
   take: forwarded to it (``forwarding.py``) when the node gave a way to send them, else
-  refused.
+  refused; so are the consumers' offsets stored here, and the leader's come back with the
+  fetches (a consumer resumes from its offset on any node).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Final
 
 import trio
 
-from ..broker.streams.partition import Partition
+from ..broker.streams.partition import OffsetKind, Partition
 from ..model import Message
 from ..plugins.spec import Durability, GroupCommit
 from .fetch import FetchRequest, FetchResponse
@@ -76,6 +77,7 @@ class FollowerReplica:
         self.last_error: str | None = None  # the last failed fetch's error (for status)
         self.fetches = 0  # answered fetches (for tests and metrics)
         self.forwarder = Forwarder(key, leader, forward) if forward is not None else None
+        self._offsets_version = -1  # the version of the leader's offsets taken
 
     # -- the gate ----------------------------------------------------------------------------
 
@@ -93,6 +95,10 @@ class FollowerReplica:
     def forward(self, messages: Sequence[Message]) -> list[Durability] | None:
         return None if self.forwarder is None else self.forwarder.forward(messages)
 
+    def offset_stored(self, kind: OffsetKind, name: str, offset: int) -> None:
+        if self.forwarder is not None:
+            self.forwarder.store_offset(kind, name, offset)
+
     def begin(self) -> None:
         self.partition.gate = self
 
@@ -104,6 +110,7 @@ class FollowerReplica:
         async with trio.open_nursery() as nursery:
             if self.forwarder is not None:
                 nursery.start_soon(self.forwarder.run)
+                nursery.start_soon(self.forwarder.run_offsets)
             task_status.started()
             await self._copy()
             nursery.cancel_scope.cancel()
@@ -149,6 +156,7 @@ class FollowerReplica:
             last_epoch=partition.leader_epoch,
             max_bytes=self.max_bytes,
             max_wait=self.max_wait,
+            offsets_version=self._offsets_version,
         )
 
     async def _apply(self, response: FetchResponse) -> None:
@@ -172,6 +180,9 @@ class FollowerReplica:
                 commit, ticket = durability
                 if not await commit.wait(ticket):
                     raise OSError("the flush of the copied frames failed")
+        if response.offsets is not None:
+            partition.take_offsets(*response.offsets)
+            self._offsets_version = response.offsets_version
         high_watermark = min(response.high_watermark, partition.durable_end)
         if high_watermark > self._high_watermark:
             self._high_watermark = high_watermark

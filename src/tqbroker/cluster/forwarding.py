@@ -9,8 +9,10 @@ Responsibilities:
   messages forwarded so far). A refusal, a lost link or a role change nacks what was not
   answered: the client may send it again (and may then duplicate it: unconfirmed messages
   carry no guarantee);
+- offsets stored by consumers on a follower go to the leader too (``store_offset``), which
+  keeps every consumer's offsets and sends them to its followers with their fetches;
 - ``take_forwarded``: the leader's side, a batch appended through the stream queue and
-  answered with how many its ISR confirmed;
+  answered with how many its ISR confirmed; ``take_offsets``: offsets from a follower;
 - the messages' encoding on the link (CBOR-ready lists).
 """
 
@@ -23,16 +25,18 @@ from typing import Any, Final
 
 import trio
 
+from ..broker.streams.partition import OffsetKind, Partition
 from ..model import Message
 from ..plugins.spec import Durability, FlushListener
 
 log = logging.getLogger(__name__)
 
-APPEND: Final = "append"  # the link's operation
+APPEND: Final = "append"  # the link's operations: forwarded messages
+OFFSETS: Final = "offsets"  # and offsets stored on a follower
 MAX_BATCH: Final = 4096  # messages in one forwarded request
 REFUSED_KEPT: Final = 1024  # refused ranges a late ``wait`` can still tell
 
-Send = Callable[[Any], Awaitable[Any]]  # an ``append`` request's body -> its reply's body
+Send = Callable[[str, Any], Awaitable[Any]]  # (operation, body) -> the reply's body
 PublishRun = Callable[[Sequence[Message]], tuple[list[Durability], Exception | None]]
 
 
@@ -69,6 +73,14 @@ async def take_forwarded(publish_run: PublishRun, messages: Sequence[Message]) -
         if not await commit.wait(ticket):
             return {"taken": 0, "error": "not confirmed by the in-sync replicas"}
     return {"taken": taken, "error": None if error is None else str(error)}
+
+
+def take_offsets(partition: Partition, body: Any) -> None:
+    """Offsets stored on a follower, kept here (the leader)."""
+    for tag, offset in dict(body.get("tracked") or {}).items():
+        partition.store_offset(str(tag), int(offset))
+    for group, offset in dict(body.get("group") or {}).items():
+        partition.commit_group_offset(str(group), int(offset))
 
 
 class ForwardedCommit:
@@ -133,6 +145,31 @@ class Forwarder:
         self._queued: list[Message] = []
         self._start = 0  # the ticket before the first queued message
         self._queued_any = trio.Event()
+        self._offsets: dict[OffsetKind, dict[str, int]] = {"tracked": {}, "group": {}}
+        self._offsets_stored = trio.Event()
+
+    def store_offset(self, kind: OffsetKind, name: str, offset: int) -> None:
+        """Send an offset stored here to the leader (the latest of each, soon)."""
+        self._offsets[kind][name] = offset
+        self._offsets_stored.set()
+
+    async def run_offsets(self) -> None:
+        """Send the offsets stored here to the leader until cancelled; one that cannot be
+        sent is logged (the consumer's next store sends it again)."""
+        while True:
+            await self._offsets_stored.wait()
+            self._offsets_stored = trio.Event()
+            sent, self._offsets = self._offsets, {"tracked": {}, "group": {}}
+            try:
+                await self._send(OFFSETS, {"partition": self.key, **sent})
+            except (Exception, trio.TooSlowError) as exc:
+                log.warning(
+                    "partition %s: offsets not sent to %s: %s: %s",
+                    self.key,
+                    self.leader,
+                    type(exc).__name__,
+                    exc,
+                )
 
     def forward(self, messages: Sequence[Message]) -> list[Durability]:
         """Queue ``messages`` for the leader: what each one's confirm waits for."""
@@ -161,7 +198,7 @@ class Forwarder:
     async def _send_batch(self, batch: list[Message]) -> int:
         body = {"partition": self.key, "messages": encode_messages(batch)}
         try:
-            reply = await self._send(body)
+            reply = await self._send(APPEND, body)
             taken = int(reply["taken"])
             error = reply.get("error")
         except (Exception, trio.TooSlowError) as exc:  # the link, the leader: nacks

@@ -31,7 +31,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from ..broker.streams.partition import Partition
+from ..broker.streams.partition import OffsetKind, Partition
 from ..model import Message
 from ..plugins.spec import Durability, FlushListener, GroupCommit
 from .fetch import (
@@ -215,6 +215,9 @@ class LeaderReplica:
     def forward(self, messages: Sequence[Message]) -> list[Durability] | None:
         return None  # a leader takes appends itself: its refusal stands
 
+    def offset_stored(self, kind: OffsetKind, name: str, offset: int) -> None:
+        pass  # the followers get it with their next fetch
+
     def refusal(self) -> OSError | None:
         if self.resigned is not None:
             return NotLeader(f"partition {self.key}: not the leader ({self.resigned})")
@@ -284,7 +287,15 @@ class LeaderReplica:
         frames_epoch, following = epoch_at(partition.epoch_history, offset)
         end = partition.durable_end if following is None else min(following, partition.durable_end)
         frames, _next = partition.replica_frames(offset, end, request.max_bytes)
-        return self._response(frames_epoch=frames_epoch, frames=frames)
+        offsets = None
+        if request.offsets_version != partition.offsets_version:
+            offsets = (dict(partition.tracked_offsets), dict(partition.group_offsets))
+        return self._response(
+            frames_epoch=frames_epoch,
+            frames=frames,
+            offsets=offsets,
+            offsets_version=partition.offsets_version,
+        )
 
     def _response(self, **fields: object) -> FetchResponse:
         partition = self.partition

@@ -36,7 +36,7 @@ from .catalog import Catalog
 from .controller import Controller
 from .fetch import FetchRequest
 from .follower import Fetch
-from .forwarding import APPEND, Send, decode_messages, take_forwarded
+from .forwarding import APPEND, OFFSETS, Send, decode_messages, take_forwarded, take_offsets
 from .isr_writes import IsrWrites
 from .membership import Membership, load_node_id
 from .metadata import Compare, Get, MetadataStore, Put, RangeResult
@@ -131,7 +131,7 @@ class ClusterNode:
                     self.links.serve,
                     self.settings.peer_host,
                     self.settings.peer_port,
-                    {FETCH: self._fetch, APPEND: self.take_forwarded},
+                    {FETCH: self._fetch, APPEND: self.take_forwarded, OFFSETS: self.take_offsets},
                 )
                 self.membership.record = attrs.evolve(
                     self.membership.record, peer=join_address(self.settings.advertise_host, port)
@@ -190,6 +190,15 @@ class ClusterNode:
         if stream is None or partition_of(stream) is None:
             return {"taken": 0, "error": f"no stream {body['partition']} on node {self.node_id}"}
         return await take_forwarded(stream.publish_run, decode_messages(body["messages"]))
+
+    async def take_offsets(self, peer: str, body: Any) -> Any:
+        """Consumers' offsets stored on ``peer``, a follower of a partition led here."""
+        vhost, queue = parse_partition_path(str(body["partition"]))
+        partition = self._local_partition(vhost, queue)
+        if partition is None:
+            raise PeerError("unknown_partition", f"no stream {body['partition']} here")
+        take_offsets(partition, body)
+        return None
 
     def _local_partition(self, vhost: str, queue: str) -> Partition | None:
         found = self.broker.vhosts.get(vhost)

@@ -20,7 +20,7 @@ import trio
 
 from .fetch import FetchRequest, FetchResponse
 from .follower import Fetch
-from .forwarding import APPEND, Send
+from .forwarding import Send
 from .peer_link import (
     LinkSettings,
     PeerClient,
@@ -112,9 +112,9 @@ class PeerLinks:
         return fetch
 
     def forward_to(self, node: str) -> Send:
-        async def send(body: Any) -> Any:
+        async def send(op: str, body: Any) -> Any:
             timeout = self.settings.request_timeout
-            return await self.client(node).request(APPEND, body, timeout=timeout)
+            return await self.client(node).request(op, body, timeout=timeout)
 
         return send
 

@@ -31,8 +31,9 @@ Responsibilities:
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
 import trio
@@ -49,6 +50,9 @@ class StorageInfo:
 
     segments: int | None
     bytes: int | None
+
+
+OffsetKind = Literal["tracked", "group"]  # a tracked consumer's offset, a group's committed one
 
 
 class ReplicaGate(Protocol):
@@ -75,6 +79,11 @@ class ReplicaGate(Protocol):
         one's confirm waits for; None when they are not forwarded (the refusal stands)."""
         ...
 
+    def offset_stored(self, kind: OffsetKind, name: str, offset: int) -> None:
+        """A consumer's offset was stored here (a follower sends it to its leader, which
+        sends every replica its offsets)."""
+        ...
+
 
 class StreamReplication(Protocol):
     """Told by the vhosts when a stream's partition comes and goes on this node (a cluster's
@@ -98,6 +107,9 @@ class Partition:
         self.closed = False
         self.gate: ReplicaGate | None = None  # a cluster's replica state (module doc)
         self._readers: set[Wakeable] = set()  # told when the high watermark may have moved
+        # Moves at every offset stored: a leader sends its followers the offsets when the
+        # version they have differs (random at the start: no two runs share a version).
+        self.offsets_version = random.getrandbits(60)
 
     # -- the ends --------------------------------------------------------------------------------
 
@@ -283,6 +295,7 @@ class Partition:
     def commit_group_offset(self, group: str, offset: int) -> None:
         """Commit a group's offset (durable at the next flush)."""
         self._log.commit_group_offset(group, offset)
+        self._offset_stored("group", group, offset)
 
     @property
     def tracked_offsets(self) -> Mapping[str, int]:
@@ -292,6 +305,22 @@ class Partition:
     def store_offset(self, consumer_tag: str, offset: int) -> None:
         """Remember where a tracked consumer goes on (durable at the next flush)."""
         self._log.store_offset(consumer_tag, offset)
+        self._offset_stored("tracked", consumer_tag, offset)
+
+    def _offset_stored(self, kind: OffsetKind, name: str, offset: int) -> None:
+        self.offsets_version += 1
+        if self.gate is not None:
+            self.gate.offset_stored(kind, name, offset)
+
+    def take_offsets(self, tracked: Mapping[str, int], groups: Mapping[str, int]) -> None:
+        """The offsets a replicated partition's leader keeps (a follower takes them as
+        they are: the leader's stand)."""
+        for tag, offset in tracked.items():
+            self._log.store_offset(tag, offset)
+        for group, offset in groups.items():
+            self._log.commit_group_offset(group, offset)
+        if (tracked or groups) and self.flusher is not None:
+            self.flusher.request()  # durable soon, records or not
 
     # -- idempotent producers --------------------------------------------------------------------
 
