@@ -1,0 +1,76 @@
+"""A partitioned topic on a real three-node cluster, through the HTTP topic API: declared on one
+node, its six partitions exist on every node, each with three replicas and the leaders spread
+over the nodes; records produced through another node (forwarded to each partition's leader)
+are durable on every replica and read back, in order, from a third."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from tests.cluster.test_cluster_processes import Nodes
+from tests.support.etcd import EtcdProcess
+from tqbroker.cluster.records import PartitionRecord
+
+PARTITIONS = 6
+
+
+def records_of(nodes: Nodes) -> dict[str, PartitionRecord]:
+    found = {}
+    for n in range(PARTITIONS):
+        record = nodes.record(f"orders-{n}")
+        if record is not None:
+            found[f"orders-{n}"] = record
+    return found
+
+
+def test_a_partitioned_topic_spreads_its_leaders_and_takes_records_on_any_node(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    nodes = Nodes(tmp_path, etcd)
+    try:
+        apis = [
+            httpx.Client(base_url=nodes.start(n).http_url, auth=("guest", "guest"), timeout=30)
+            for n in range(3)
+        ]
+        response = apis[0].put("/topics/orders", json={"partitions": PARTITIONS})
+        assert response.status_code == 201, response.text
+        deadline = time.monotonic() + 60
+        while True:
+            placed = records_of(nodes)
+            if len(placed) == PARTITIONS and all(len(r.isr) == 3 for r in placed.values()):
+                break
+            assert time.monotonic() < deadline, placed
+            time.sleep(0.2)
+        leaders = Counter(record.leader for record in placed.values())
+        assert sorted(leaders.values()) == [2, 2, 2], leaders  # spread: two each
+        records = [{"key": f"k{n % 12}", "value": f"v{n}"} for n in range(300)]
+        response = apis[1].post("/topics/orders/messages", json={"records": records})
+        assert response.status_code == 201, response.text
+        landed = response.json()["offsets"]
+        assert len(landed) == 300
+        for api in apis:
+            deadline = time.monotonic() + 30
+            while True:
+                offsets = api.get("/topics/orders/offsets").json()
+                if sum(p["latest"] for p in offsets["partitions"]) == 300:
+                    break
+                assert time.monotonic() < deadline, offsets
+                time.sleep(0.2)
+        by_partition: dict[int, list[str]] = {}
+        for record, where in zip(records, landed, strict=True):
+            by_partition.setdefault(where["partition"], []).append(str(record["value"]))
+        for partition, values in by_partition.items():
+            read = apis[2].get(
+                "/topics/orders/messages",
+                params={"partition": partition, "offset": 0, "limit": 300},
+            )
+            assert read.status_code == 200, read.text
+            assert [m["value"] for m in read.json()["messages"]][: len(values)] == values
+        for api in apis:
+            api.close()
+    finally:
+        nodes.stop_all()
