@@ -8,22 +8,16 @@ takes new publishes from any node."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pika
 import pika.exceptions
 import pytest
-import trio
 
+from tests.support.cluster_nodes import STREAM, Nodes, channel, wait_record
 from tests.support.etcd import EtcdProcess, running_etcd, system_etcd_binary
-from tqbroker.cluster.etcd import EtcdClient
-from tqbroker.cluster.records import DEFAULT_PREFIX, PartitionRecord, partition_key
-from tqbroker.testing import BrokerProcess, start_broker_process
-
-HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
-STREAM = {"x-queue-type": "stream"}
+from tqbroker.testing import BrokerProcess
 
 pytestmark = pytest.mark.skipif(system_etcd_binary() is None, reason="no etcd (etcd-server)")
 
@@ -34,73 +28,6 @@ def etcd() -> Iterator[EtcdProcess]:
     assert binary is not None
     with running_etcd(binary) as process:
         yield process
-
-
-class Nodes:
-    def __init__(self, tmp_path: Path, etcd: EtcdProcess) -> None:
-        self.tmp_path = tmp_path
-        self.etcd = etcd
-        self.config = tmp_path / "cluster.toml"
-        self.config.write_text("cluster_lease_ttl = 3\n")
-        self.running: dict[str, BrokerProcess] = {}
-
-    def start(self, n: int) -> BrokerProcess:
-        name = f"n{n}"
-        process = start_broker_process(
-            self.tmp_path / name,
-            durable_backend="log",
-            extra_args=[
-                "--config",
-                str(self.config),
-                "--host",
-                HOSTS[n],
-                "--peer-port",
-                "0",
-                "--cluster-etcd",
-                self.etcd.url,
-                "--node-id",
-                name,
-            ],
-            stderr=self.tmp_path / f"{name}.log",
-            log_level="INFO",
-            timeout=60,
-        )
-        self.running[name] = process
-        return process
-
-    def stop_all(self) -> None:
-        for process in self.running.values():
-            process.kill()
-
-    def record(self, queue: str = "s") -> PartitionRecord | None:
-        async def read() -> PartitionRecord | None:
-            client = EtcdClient([self.etcd.url])
-            try:
-                found = await client.get(partition_key(DEFAULT_PREFIX, "/", queue))
-            finally:
-                await client.aclose()
-            return PartitionRecord.decode(found.kvs[0].value) if found.kvs else None
-
-        return trio.run(read)
-
-
-def wait_record(
-    nodes: Nodes, check: Callable[[PartitionRecord], bool], timeout: float = 60
-) -> PartitionRecord:
-    """The stream's partition record once ``check`` holds for it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = nodes.record()
-        if found is not None and check(found):
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {found}")
-        time.sleep(0.2)
-
-
-def channel(process: BrokerProcess) -> Any:
-    connection = pika.BlockingConnection(pika.URLParameters(process.url))
-    return connection.channel()
 
 
 def read_stream(process: BrokerProcess, count: int, queue: str = "s") -> list[bytes]:
