@@ -99,12 +99,14 @@ def samples(process: BrokerProcess, name: str) -> dict[tuple[str, ...], float]:
 def wait_samples(
     process: BrokerProcess,
     name: str,
+    queue: str,
     check: Callable[[dict[tuple[str, ...], float]], bool],
     timeout: float = 60,
 ) -> dict[tuple[str, ...], float]:
+    """A metric's samples of ``queue`` (in vhost ``/``) once ``check`` holds for them."""
     deadline = time.monotonic() + timeout
     while True:
-        found = samples(process, name)
+        found = {k: v for k, v in samples(process, name).items() if k[:2] == ("/", queue)}
         if check(found):
             return found
         assert time.monotonic() < deadline, f"{name} not within {timeout} s: {found}"
@@ -175,9 +177,10 @@ def test_nodes_cluster_status_describe_and_metrics_of_a_three_node_cluster(
             lag = wait_samples(
                 process,
                 "tqbroker_stream_follower_lag",
-                lambda found, q=queue: len([k for k in found if k[1] == q]) == 2,
+                queue,
+                lambda found: len(found) == 2,
             )
-            assert {k[2] for k in lag if k[1] == queue} == set(NAMES) - {leader}
+            assert {k[2] for k in lag} == set(NAMES) - {leader}
             assert all(v >= 0 for v in lag.values())
             for follower in set(NAMES) - {leader}:  # a partition is reported by its leader
                 assert key not in samples(nodes.running[follower], "tqbroker_stream_replicas")
@@ -216,7 +219,8 @@ def test_nodes_cluster_status_describe_and_metrics_of_a_three_node_cluster(
             under = wait_samples(
                 process,
                 "tqbroker_stream_under_replicated",
-                lambda found, q=queue: found.get(("/", q)) == 1,
+                queue,
+                lambda found: 1 in found.values(),
             )
             assert under[("/", queue)] == 1
             assert samples(process, "tqbroker_stream_in_sync_replicas")[("/", queue)] == 2
