@@ -194,3 +194,20 @@ def test_produce_takes_any_bytes_and_topic_names_are_quoted(tqbroker_thread: Run
         tqbroker_thread, "consume", "t\u00f6pic?", "--from", "first", "-n", "2", "--format", "json"
     ).splitlines()
     assert [json.loads(row)["value"] for row in rows] == ["ok", "\ufffd\ufffd"]
+
+
+def test_a_broker_on_its_own_is_no_cluster(tqbroker_thread: RunningBroker) -> None:
+    """``GET /cluster`` says ``{"cluster": false}``, ``cluster status`` says so, and ``topics
+    describe`` has no Leader, Replicas or Isr columns."""
+    assert httpx.get(f"{tqbroker_thread.http_url}/cluster", timeout=10).status_code == 401
+    found = httpx.get(f"{tqbroker_thread.http_url}/cluster", auth=("guest", "guest"), timeout=10)
+    assert found.json() == {"cluster": False}
+    assert (
+        tool(tqbroker_thread, "cluster", "status") == "Not a cluster: the broker runs on its own.\n"
+    )
+    assert json.loads(tool(tqbroker_thread, "cluster", "status", "--format", "json")) == {
+        "cluster": False
+    }
+    tool(tqbroker_thread, "topics", "create", "solo-topic", "--partitions", "2")
+    header = tool(tqbroker_thread, "topics", "describe", "solo-topic").splitlines()[1].split()
+    assert header[-1] == "BYTES"

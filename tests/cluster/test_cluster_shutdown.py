@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.cluster.test_cluster_processes import (
+from tests.support.cluster_nodes import (
     STREAM,
     Nodes,
     channel,

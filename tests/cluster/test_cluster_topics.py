@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.cluster.test_cluster_processes import Nodes
+from tests.support.cluster_nodes import Nodes
 from tests.support.etcd import EtcdProcess
 from tqbroker.cluster.records import PartitionRecord
 

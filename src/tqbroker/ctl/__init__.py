@@ -8,7 +8,8 @@ broker, RabbitMQ's and Kafka's in one:
   ``delete-vhost``, ``set-vhost-limits``, ``set-user-limits``, ``list-users`` ...;
 - kafka-topics and kafka-consumer-groups style, over the topic routes: ``topics ...``
   (``topics.py``), ``groups ...`` (``groups.py``);
-- kcat style: ``produce`` (``produce.py``) and ``consume`` (``consume.py``).
+- kcat style: ``produce`` (``produce.py``) and ``consume`` (``consume.py``);
+- a cluster's nodes, controller and partitions: ``cluster status`` (``cluster.py``).
 
 One setting says where the broker is and who logs in: ``--url http://user:password@host:15672``
 (or ``TQBROKER_URL``; ``api.py``). ``--format table|json`` everywhere. Problems are one line on
@@ -22,7 +23,7 @@ import os
 import sys
 from typing import NoReturn
 
-from . import consume, groups, produce, rabbit, topics, users
+from . import cluster, consume, groups, produce, rabbit, topics, users
 from .api import AMQP_URL_VARIABLE, URL_VARIABLE, Api, CommandError, UsageError
 from .output import FORMATS
 
@@ -77,6 +78,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     groups.add(commands, common)
     produce.add(commands, common)
     consume.add(commands, common)
+    cluster.add(commands, common)
     return parser
 
 

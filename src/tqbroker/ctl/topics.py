@@ -3,7 +3,8 @@
 - ``create TOPIC --partitions N [--arg x-max-age=7D ...]``: a partitioned stream, idempotently;
 - ``list``: the topics (``--format table``: TOPIC PARTITIONS; Kafka's ``--list`` prints names);
 - ``describe TOPIC``: a line with the partition count, arguments and groups, then per
-  partition its stream queue, log start and end offsets, messages, segments and bytes;
+  partition its stream queue, log start and end offsets, messages, segments and bytes (and in
+  a cluster Kafka's LEADER, REPLICAS and ISR);
 - ``delete TOPIC``: its partitions and exchange;
 - ``alter TOPIC --partitions N``: grow (never shrink, as Kafka).
 """
@@ -94,8 +95,24 @@ def describe_topic(args: argparse.Namespace, api: Api) -> int:
     ]
     keys = ["partition", "queue", "log_start_offset", "log_end_offset", "messages", "segments"]
     rows = [[p[k] for k in [*keys, "bytes"]] for p in found["partitions"]]
+    if any("replicas" in p for p in found["partitions"]):  # in a cluster: Kafka's columns
+        columns += ["LEADER", "REPLICAS", "ISR"]
+        for row, p in zip(rows, found["partitions"], strict=True):
+            row += _replication(p)
     output.emit("table", columns, rows)
     return 0
+
+
+def _replication(partition: dict[str, Any]) -> list[str]:
+    """A replicated partition's Leader, Replicas and Isr as kafka-topics prints them
+    (``none`` for no leader; ``-`` for a partition the cluster does not replicate)."""
+    if "replicas" not in partition:
+        return ["-", "-", "-"]
+    return [
+        partition["leader"] or "none",
+        ",".join(partition["replicas"]),
+        ",".join(partition["isr"]) or "-",
+    ]
 
 
 def delete_topic(args: argparse.Namespace, api: Api) -> int:

@@ -18,12 +18,14 @@ from ..cluster.etcd import EtcdClient
 from ..cluster.node import ClusterNode, ClusterSettings
 from ..cluster.peers import join_address
 from ..config import BrokerConfig
+from .http.cluster_state import node_name
 
 Address = tuple[str, int]
 
 
 def cluster_node(broker: Broker, config: BrokerConfig) -> ClusterNode | None:
-    """The node ``config`` asks for (None: no ``cluster_etcd``, one node on its own)."""
+    """The node ``config`` asks for (None: no ``cluster_etcd``, one node on its own); the
+    broker is named ``tqbroker@<node id>`` then."""
     if not config.cluster_etcd:
         return None
     settings = ClusterSettings(
@@ -34,7 +36,9 @@ def cluster_node(broker: Broker, config: BrokerConfig) -> ClusterNode | None:
         peer_port=config.peer_port,
         advertise_host=advertised_host(config),
     )
-    return ClusterNode(broker, EtcdClient(config.cluster_etcd), settings)
+    node = ClusterNode(broker, EtcdClient(config.cluster_etcd), settings)
+    broker.node_name = node_name(node.node_id)  # the management API's and metrics' name
+    return node
 
 
 def advertised_host(config: BrokerConfig) -> str:

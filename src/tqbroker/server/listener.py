@@ -103,7 +103,13 @@ async def serve(
         if config.http_port is not None:
             http = await broker_nursery.start(
                 functools.partial(
-                    serve_http, broker, connections, config.host, config.http_port, tls=http_tls
+                    serve_http,
+                    broker,
+                    connections,
+                    config.host,
+                    config.http_port,
+                    tls=http_tls,
+                    cluster=node,
                 )
             )
             connections.listeners += [(https, host, port) for host, port in http]
@@ -117,6 +123,7 @@ async def serve(
                     config.host,
                     config.metrics_port,
                     tls=http_tls,
+                    cluster=node,
                 )
             )
             connections.listeners += [(f"{https}/prometheus", h, p) for h, p in metrics]

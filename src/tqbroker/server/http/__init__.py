@@ -15,6 +15,9 @@ inside the broker's nursery. The management API will extend this same app.
 - Prometheus' ``/metrics``, ``/metrics/per-object``, ``/metrics/detailed`` (``metrics.py``,
   ``metrics_routes.py``), on their own port (``serve_metrics``);
 - requests from other sites' pages refused in front of every route (``cross_site.py``);
+- in a cluster, the ``ClusterNode`` in ``app.state.cluster`` (``cluster_state.py``):
+  ``GET /cluster`` (``cluster_routes.py``), every node in ``/api/nodes``, the partitions'
+  leaders and ISRs in ``GET /topics/{topic}``, their metrics (``metrics_cluster.py``);
 - the app and ``serve_http`` (``app.py``).
 """
 

@@ -4,7 +4,8 @@ start protocol), over HTTPS with ``tls`` (hypercorn's own TLS: its certfile, key
 and verify_mode options; the context from ``server/tls.py``, reloaded in place on SIGHUP).
 ``GET /health`` is here: it needs no credentials. The Prometheus endpoints are on the metrics
 port alone (``serve_metrics``), as RabbitMQ serves them; requests from other sites' pages are
-refused in front of every route (``cross_site.py``).
+refused in front of every route (``cross_site.py``). In a cluster the ``ClusterNode`` is in
+``app.state.cluster`` too (None for a broker on its own: ``cluster_state.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from ...broker.broker import Broker
+from ...cluster.node import ClusterNode
 from ..registry import Connections
+from .cluster_routes import CLUSTER_ROUTES
 from .cross_site import CrossSiteGuard
 from .definitions_routes import get_definitions, post_definitions
 from .errors import EXCEPTION_HANDLERS
@@ -44,8 +47,14 @@ log = logging.getLogger(__name__)
 Address = tuple[str, int]
 
 
-def create_app(broker: Broker, connections: Connections) -> Starlette:
-    """The ASGI app serving ``broker`` (and listing ``connections``, its AMQP connections)."""
+MakeApp = Callable[[Broker, Connections, ClusterNode | None], Starlette]
+
+
+def create_app(
+    broker: Broker, connections: Connections, cluster: ClusterNode | None = None
+) -> Starlette:
+    """The ASGI app serving ``broker`` (and listing ``connections``, its AMQP connections),
+    the node ``cluster`` in a cluster (None: on its own)."""
     app = Starlette(
         routes=[
             Route("/health", health),
@@ -63,6 +72,7 @@ def create_app(broker: Broker, connections: Connections) -> Starlette:
             Route("/topics/{topic}/partitions/{partition}/records", read_records),
             *TOPIC_ADMIN_ROUTES,
             *MANAGEMENT_ROUTES,
+            *CLUSTER_ROUTES,
             *UI_ROUTES,  # the web UI: / and /ui/{name}
         ],
         exception_handlers=EXCEPTION_HANDLERS,
@@ -75,6 +85,7 @@ def create_app(broker: Broker, connections: Connections) -> Starlette:
     )
     app.state.broker = broker
     app.state.connections = connections
+    app.state.cluster = cluster
     return app
 
 
@@ -85,6 +96,7 @@ async def serve_metrics(
     port: int,
     *,
     tls: ServerTls | None = None,
+    cluster: ClusterNode | None = None,
     task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the Prometheus endpoints on their own port (``metrics_port``)."""
@@ -95,6 +107,7 @@ async def serve_metrics(
         port,
         make_app=create_metrics_app,
         tls=tls,
+        cluster=cluster,
         task_status=task_status,
     )
 
@@ -105,12 +118,14 @@ async def serve_http(
     host: str,
     port: int,
     *,
-    make_app: Callable[[Broker, Connections], Starlette] = create_app,
+    make_app: MakeApp = create_app,
     tls: ServerTls | None = None,
+    cluster: ClusterNode | None = None,
     task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the HTTP API (or ``make_app``'s, e.g. the metrics port's) on ``host:port`` until
-    cancelled, over HTTPS with ``tls``; ``nursery.start`` returns the bound addresses."""
+    cancelled, over HTTPS with ``tls``, ``cluster`` the node in a cluster (None: on its own);
+    ``nursery.start`` returns the bound addresses."""
     config = _HttpsConfig(tls) if tls is not None else hypercorn.config.Config()
     config.ssl_handshake_timeout = broker.config.handshake_timeout  # as on the amqps port
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
@@ -132,7 +147,8 @@ async def serve_http(
     configure(config, limits)
 
     async def started(*, task_status: trio.TaskStatus[list[str]]) -> None:
-        app = cast(Framework, make_app(broker, connections))  # hypercorn's types: any ASGI app
+        made = make_app(broker, connections, cluster)
+        app = cast(Framework, made)  # hypercorn's types: any ASGI app
         await serve(app, config, limits.max_connections, task_status=task_status)
 
     async with trio.open_nursery() as nursery:

@@ -1,6 +1,7 @@
 """Prometheus' HTTP endpoints, as RabbitMQ's ``rabbitmq_prometheus`` serves them: ``/metrics``
 (queue figures summed), ``/metrics/per-object`` (per queue), ``/metrics/detailed?family=...``
-(``&vhost=...``); on their own port alone (``metrics_port``, 15692 as RabbitMQ's;
+(``&vhost=...``), and in a cluster the replicated partitions' families
+(``metrics_cluster.py``); on their own port alone (``metrics_port``, 15692 as RabbitMQ's;
 ``serve_metrics``), not on the management API's. No credentials, as RabbitMQ's.
 
 A scrape reads the broker on the event loop, giving way between queues (``collect_async``);
@@ -22,8 +23,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...broker.broker import Broker
+from ...cluster.node import ClusterNode
 from ..registry import Connections
 from .metrics import QUEUE_NAMES, collect_async, per_queue
+from .metrics_cluster import replication_families
 from .metrics_names import DETAILED_FAMILIES
 
 CONTENT_TYPE = prometheus_client.exposition.CONTENT_TYPE_PLAIN_0_0_4
@@ -67,6 +70,9 @@ async def _respond(request: Request, *, per_object: bool) -> Response:
     if per_object:
         body = await render_paced(per_queue(broker, QUEUE_NAMES, "rabbitmq_"))
     families = await collect_async(broker, per_object=per_object)
+    cluster: ClusterNode | None = request.app.state.cluster
+    if cluster is not None:
+        families += replication_families(cluster)
     body += await render_paced(_whole(families))
     return Response(body, media_type=CONTENT_TYPE)
 
@@ -95,9 +101,13 @@ ROUTES = [
 ]
 
 
-def create_metrics_app(broker: Broker, connections: Connections) -> Starlette:
-    """The app of the metrics port: the Prometheus endpoints alone."""
+def create_metrics_app(
+    broker: Broker, connections: Connections, cluster: ClusterNode | None = None
+) -> Starlette:
+    """The app of the metrics port: the Prometheus endpoints alone (with the replicated
+    partitions' families in a cluster: ``metrics_cluster.py``)."""
     del connections  # the metrics read the broker
     app = Starlette(routes=list(ROUTES))
     app.state.broker = broker
+    app.state.cluster = cluster
     return app

@@ -28,6 +28,7 @@ from ...model import Message
 from ...protocol.errors import AMQPError
 from ...protocol.methods import BasicProperties
 from .auth import broker_of
+from .cluster_state import cluster_of, node_json
 from .errors import ApiError
 from .mgmt_common import api_user, api_vhost, listing, not_found, segment, visible_vhosts
 from .mgmt_connections import connections_of
@@ -160,18 +161,43 @@ def _open_descriptors() -> int:
         return -1
 
 
+def _nodes_json(request: Request) -> list[dict[str, Any]]:
+    """This node's object, and in a cluster every other registered node's: what the view knows
+    (RabbitMQ's ``name``, ``type``, ``running``; the node's addresses under ``cluster``)."""
+    here = _node_json(request)
+    node = cluster_of(request)
+    if node is None:
+        return [here]
+    view = node.view
+    found = {here["name"]: here}
+    for record in view.nodes.values():
+        described = node_json(record, view.controller)
+        if record.node == node.node_id:
+            here["cluster"] = described
+            continue
+        found[described["name"]] = {
+            "name": described["name"],
+            "type": "disc",
+            "running": True,
+            "cluster": described,
+        }
+    return [found[name] for name in sorted(found)]
+
+
 async def nodes(request: Request) -> Response:
-    """``GET /api/nodes``: this node."""
+    """``GET /api/nodes``: this node, and in a cluster every registered node."""
     await api_user(request)
-    return await listing(request, [_node_json(request)])
+    return await listing(request, _nodes_json(request))
 
 
 async def node(request: Request) -> Response:
     """``GET /api/nodes/{name}``."""
     await api_user(request)
-    if segment(request, "name") != broker_of(request).node_name:
-        raise not_found()
-    return JSONResponse(_node_json(request))
+    wanted = segment(request, "name")
+    for found in _nodes_json(request):
+        if found["name"] == wanted:
+            return JSONResponse(found)
+    raise not_found()
 
 
 async def _vhost_json(

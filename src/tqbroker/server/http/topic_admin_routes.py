@@ -19,6 +19,7 @@ from ...recordbatch import json_value
 from ..registry import Registered
 from . import inputs, topic_access
 from .auth import vhost_of
+from .cluster_state import cluster_of, replication_json
 from .errors import RequestError
 from .mgmt_connections import connections_of
 
@@ -40,26 +41,34 @@ async def list_topics(request: Request) -> Response:
 
 
 async def describe_topic(request: Request) -> Response:
-    """``GET /topics/{topic}``: its partitions' logs, its arguments and the groups reading it."""
+    """``GET /topics/{topic}``: its partitions' logs, its arguments and the groups reading it;
+    in a cluster, each replicated partition's leader, epoch, replicas, ISR and state too
+    (``cluster_state.replication_json``: Kafka's Leader, Replicas, Isr)."""
     vhost = await vhost_of(request)
     topic = request.path_params["topic"]
     found = StreamService(vhost).describe(topic)
+    cluster = cluster_of(request)
+    records = cluster.view.partitions if cluster is not None else {}
+    partitions = []
+    for p in found:
+        described: dict[str, Any] = {
+            "partition": p.partition,
+            "queue": p.queue,
+            "log_start_offset": p.log_start,
+            "log_end_offset": p.log_end,
+            "messages": p.messages,
+            "segments": p.segments,
+            "bytes": p.bytes,
+        }
+        replicated = records.get((vhost.name, p.queue))
+        if replicated is not None:
+            described.update(replication_json(replicated[0]))
+        partitions.append(described)
     return JSONResponse(
         {
             "topic": topic,
             "vhost": vhost.name,
-            "partitions": [
-                {
-                    "partition": p.partition,
-                    "queue": p.queue,
-                    "log_start_offset": p.log_start,
-                    "log_end_offset": p.log_end,
-                    "messages": p.messages,
-                    "segments": p.segments,
-                    "bytes": p.bytes,
-                }
-                for p in found
-            ],
+            "partitions": partitions,
             "arguments": json_value(StreamService(vhost).arguments(topic)),
             "groups": [g.group for g in StreamService(vhost).groups_of(topic)],
         }

@@ -1,0 +1,129 @@
+"""Real cluster nodes for tests: ``python -m tqbroker --cluster-etcd`` processes on 127.0.0.1,
+.2 and .3 (``Nodes``), each with its own data directory and log under the test's directory, a
+lease TTL of 3 s; a stream's partition record read from etcd (``Nodes.record``,
+``wait_record``), and a pika channel to a node (``channel``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pika
+import trio
+
+from tests.support.etcd import EtcdProcess
+from tqbroker.cluster.etcd import EtcdClient
+from tqbroker.cluster.records import DEFAULT_PREFIX, PartitionRecord, partition_key
+from tqbroker.testing import BrokerProcess, start_broker_process
+
+HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+STREAM = {"x-queue-type": "stream"}
+
+
+class Nodes:
+    def __init__(self, tmp_path: Path, etcd: EtcdProcess) -> None:
+        self.tmp_path = tmp_path
+        self.etcd = etcd
+        self.config = tmp_path / "cluster.toml"
+        self.config.write_text("cluster_lease_ttl = 3\n")
+        self.running: dict[str, BrokerProcess] = {}
+
+    def start(self, n: int) -> BrokerProcess:
+        name = f"n{n}"
+        process = start_broker_process(
+            self.tmp_path / name,
+            durable_backend="log",
+            extra_args=[
+                "--config",
+                str(self.config),
+                "--host",
+                HOSTS[n],
+                "--peer-port",
+                "0",
+                "--cluster-etcd",
+                self.etcd.url,
+                "--node-id",
+                name,
+            ],
+            stderr=self.tmp_path / f"{name}.log",
+            log_level="INFO",
+            timeout=60,
+        )
+        self.running[name] = process
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.running.values():
+            process.kill()
+
+    def record(self, queue: str = "s") -> PartitionRecord | None:
+        async def read() -> PartitionRecord | None:
+            client = EtcdClient([self.etcd.url])
+            try:
+                found = await client.get(partition_key(DEFAULT_PREFIX, "/", queue))
+            finally:
+                await client.aclose()
+            return PartitionRecord.decode(found.kvs[0].value) if found.kvs else None
+
+        return trio.run(read)
+
+
+def wait_record(
+    nodes: Nodes, check: Callable[[PartitionRecord], bool], timeout: float = 60
+) -> PartitionRecord:
+    """The stream's partition record once ``check`` holds for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = nodes.record()
+        if found is not None and check(found):
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {found}")
+        time.sleep(0.2)
+
+
+def channel(process: BrokerProcess) -> Any:
+    connection = pika.BlockingConnection(pika.URLParameters(process.url))
+    return connection.channel()
+
+
+def read_stream(process: BrokerProcess, count: int, queue: str = "s") -> list[bytes]:
+    """The first ``count`` bodies of the stream, read from this node's replica."""
+    ch = channel(process)
+    try:
+        ch.basic_qos(prefetch_count=100)
+        bodies: list[bytes] = []
+        for _method, _properties, body in ch.consume(
+            queue, arguments={"x-stream-offset": "first"}, inactivity_timeout=20
+        ):
+            if body is None:
+                break
+            bodies.append(body)
+            ch.basic_ack(_method.delivery_tag)
+            if len(bodies) == count:
+                break
+        return bodies
+    finally:
+        ch.connection.close()
+
+
+def publish(process: BrokerProcess, bodies: list[bytes], queue: str = "s") -> None:
+    """Publish each body with confirms, sending a nacked one again (as a client does while a
+    new leader takes over) for up to 30 s."""
+    ch = channel(process)
+    try:
+        ch.confirm_delivery()
+        for body in bodies:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    ch.basic_publish("", queue, body, mandatory=True)
+                    break
+                except pika.exceptions.NackError:
+                    assert time.monotonic() < deadline, f"{body!r} nacked for 30 s"
+                    time.sleep(0.2)
+    finally:
+        ch.connection.close()
