@@ -103,7 +103,7 @@ ROUTING = (
     "tests/interop/test_pika_blocking.py",
 )
 DATA_DIR_LOCK = ("tests/server/test_data_dir_lock.py",)
-CLUSTER = ("tests/cluster/test_cluster_core.py",)
+CLUSTER = ("tests/cluster/test_cluster_core.py", "tests/cluster/test_cluster_faults.py")
 TIMESTAMPS = ("tests/protocol/test_timestamps.py", "tests/protocol/test_codec.py")
 ACCEPTING = ("tests/server/test_accept_exhausted.py", "tests/storage/test_out_of_descriptors.py")
 _BAD_INPUT = "tests/interop/test_bad_input.py::"

@@ -101,18 +101,19 @@ def _lost_confirms(
     publishes: Iterable[Publish], by_partition: dict[str, list[Replica]]
 ) -> list[str]:
     violations = []
+    committed = {id(r): _committed(r) for rs in by_partition.values() for r in rs}
     for publish in publishes:
         if publish.outcome != CONFIRMED:
             continue
         replicas = by_partition.get(publish.partition, [])
-        holders = [r for r in replicas if publish.payload in _committed(r)]
+        holders = [r for r in replicas if publish.payload in committed[id(r)]]
         if not holders:
             violations.append(
                 f"lost confirm: {publish.producer}#{publish.seq} on {publish.partition} is "
                 "below no replica's high watermark"
             )
             continue
-        offset = min(_committed(holders[0])[publish.payload])
+        offset = min(committed[id(holders[0])][publish.payload])
         for replica in replicas:
             if offset < replica.high_watermark and replica.records.get(offset) != publish.payload:
                 violations.append(
@@ -167,10 +168,11 @@ def _order_and_duplicates(
             continue
         longest = max(replicas, key=lambda r: r.high_watermark)
         committed = _committed(longest)
+        resent = {p.seq for p in ordered if p.resent}  # a sequence sent more than once
         last = -1
         for publish in ordered:
             offsets = committed.get(publish.payload, [])
-            if len(offsets) > 1 and not publish.resent:
+            if len(offsets) > 1 and publish.seq not in resent:
                 violations.append(
                     f"duplicate: {producer}#{publish.seq} at offsets {offsets} of {partition} "
                     "(never resent)"

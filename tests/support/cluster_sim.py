@@ -53,6 +53,7 @@ class Cluster:
         self.nursery = nursery
         self.members: dict[str, Member] = {}
         self.cut: set[str] = set()  # nodes cut off from the others (fetches, forwards)
+        self._stopped: dict[str, trio.Event] = {}  # set when a node's run has ended
 
     def fetch_from(self, target: str) -> Fetch:
         async def fetch(request: FetchRequest) -> FetchResponse:
@@ -75,6 +76,9 @@ class Cluster:
         return send
 
     async def start(self, name: str) -> Member:
+        stopped = self._stopped.get(name)
+        if stopped is not None:  # its previous run lets its data directory go first
+            await stopped.wait()
         config = BrokerConfig(port=0, http_port=None, data_dir=self.tmp_path / name)
         broker = Broker(config)
         settings = ClusterSettings(
@@ -91,14 +95,18 @@ class Cluster:
         )
         scope = trio.CancelScope()
         started = trio.Event()
+        stopped = self._stopped[name] = trio.Event()
 
         async def run() -> None:
-            with scope:
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(broker.run)
-                    await nursery.start(node.run)
-                    node.advertise()
-                    started.set()
+            try:
+                with scope:
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(broker.run)
+                        await nursery.start(node.run)
+                        node.advertise()
+                        started.set()
+            finally:
+                stopped.set()
 
         self.nursery.start_soon(run)
         await started.wait()
