@@ -19,7 +19,8 @@ of ``--size`` bytes, after a short warm-up), all released at once:
 
 Prints, per scenario, the confirmed publish rate of all publishers together (messages over the
 time from the first publisher's start to the last one's end), where the leaders are, and the CPU
-seconds (user + system) each broker process and etcd used during the timed phase, with the
+seconds (user + system) that each broker process, etcd, the publishers together and the whole
+machine (``/proc/stat``: anything else running shows there) used in the timed phase, with the
 brokers' CPU per message. A benchmark, not a test: it asserts nothing. Each wait is bounded
 (``--timeout`` per scenario's publishing, a minute for a cluster to settle).
 """
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import trio
-from procstats import cpu_seconds
+from procstats import cpu_seconds, machine_cpu_seconds
 from rawclient import BrokerError, Endpoint, RawClient
 from tests.support.etcd import EtcdProcess, running_etcd, system_etcd_binary
 
@@ -97,7 +98,24 @@ class Outcome:
     leaders: dict[str, str]  # stream -> the node leading it
     broker_cpu: dict[str, float]  # node -> CPU seconds in the timed phase
     etcd_cpu: float | None
+    publishers_cpu: float  # all publisher processes together, in their timed phase
+    machine_busy: float  # the whole machine's busy CPU seconds over the timed phase's
     errors: list[str]
+
+
+@dataclass(frozen=True)
+class Published:
+    """A publisher's timed phase: ``perf_counter()`` at its start and end, its CPU seconds."""
+
+    start: float
+    end: float
+    cpu: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    stream: str
+    error: str
 
 
 # -- the publishers (child processes) -------------------------------------------------------
@@ -108,20 +126,20 @@ def publisher(
     stream: str,
     load: Load,
     start_together: Barrier,
-    results: multiprocessing.Queue[tuple[str, float, float] | tuple[str, str]],
+    results: multiprocessing.Queue[Published | Failed],
 ) -> None:
     """Warm up (nacks, while a leader settles, are sent again), wait for the others, then
-    publish ``load.count`` confirmed messages; put ``(stream, start, end)`` or
-    ``(stream, error)`` on ``results``."""
+    publish ``load.count`` confirmed messages; put what it did on ``results``."""
     try:
         client = warmed_up(endpoint, stream, load)
         start_together.wait(timeout=SETTLE_TIMEOUT)
-        start = time.perf_counter()  # CLOCK_MONOTONIC: comparable between processes
+        # perf_counter() is CLOCK_MONOTONIC: the parent compares it between processes.
+        cpu, start = time.process_time(), time.perf_counter()
         client.publish_confirmed(stream, b"x" * load.size, load.count, window=load.window)
-        results.put((stream, start, time.perf_counter()))
+        results.put(Published(start, time.perf_counter(), time.process_time() - cpu))
         client.close()
     except Exception as exc:  # reported by the parent, which asserts nothing
-        results.put((stream, f"{type(exc).__name__}: {exc}"))
+        results.put(Failed(stream, f"{type(exc).__name__}: {exc}"))
         start_together.abort()
 
 
@@ -292,8 +310,7 @@ def run(scenario: Scenario, load: Load, root: Path) -> Outcome:
             wait_for_definition(node, stream)
         context = multiprocessing.get_context("spawn")
         start_together = context.Barrier(len(streams) + 1)
-        results: multiprocessing.Queue[tuple[str, float, float] | tuple[str, str]]
-        results = context.Queue()
+        results: multiprocessing.Queue[Published | Failed] = context.Queue()
         workers = [
             context.Process(
                 target=publisher,
@@ -310,7 +327,8 @@ def run(scenario: Scenario, load: Load, root: Path) -> Outcome:
             start_together.wait(timeout=SETTLE_TIMEOUT)
         cpu_before = {node.name: cpu_seconds(node.pid) or 0.0 for node in nodes}
         etcd_before = cpu_seconds(etcd.proc.pid if etcd and etcd.proc else None)
-        spans: list[tuple[float, float]] = []
+        machine_before = machine_cpu_seconds()
+        spans: list[Published] = []
         deadline = time.monotonic() + load.timeout
         for _ in streams:
             try:
@@ -318,17 +336,18 @@ def run(scenario: Scenario, load: Load, root: Path) -> Outcome:
             except queue.Empty:
                 errors.append(f"not all publishers finished within {load.timeout:g} s")
                 break
-            if len(result) == 3:
-                spans.append((result[1], result[2]))
+            if isinstance(result, Published):
+                spans.append(result)
             else:
-                errors.append(f"{result[0]}: {result[1]}")
+                errors.append(f"{result.stream}: {result.error}")
+        machine_after = machine_cpu_seconds()
         cpu_after = {node.name: cpu_seconds(node.pid) or 0.0 for node in nodes}
         etcd_after = cpu_seconds(etcd.proc.pid if etcd and etcd.proc else None)
         for worker in workers:
             worker.join(timeout=5)
             if worker.is_alive():
                 worker.kill()
-        seconds = max(e for _, e in spans) - min(s for s, _ in spans) if spans else 0.0
+        seconds = max(p.end for p in spans) - min(p.start for p in spans) if spans else 0.0
         return Outcome(
             rate=len(spans) * load.count / seconds if seconds else 0.0,
             seconds=seconds,
@@ -337,6 +356,8 @@ def run(scenario: Scenario, load: Load, root: Path) -> Outcome:
             etcd_cpu=etcd_after - etcd_before
             if etcd_after is not None and etcd_before is not None
             else None,
+            publishers_cpu=sum(p.cpu for p in spans),
+            machine_busy=machine_after - machine_before,
             errors=errors,
         )
 
@@ -350,7 +371,8 @@ def report(scenario: Scenario, load: Load, outcome: Outcome) -> None:
     print(f"{scenario.number}. {scenario.title}  (leaders: {placed})")
     print(
         f"   {outcome.rate:>9,.0f} msg/s in {outcome.seconds:.1f} s;"
-        f"  CPU s: {cpu}{etcd};  brokers {total_cpu / messages * 1e6:.0f} µs/msg",
+        f"  CPU s: {cpu}{etcd}  publishers {outcome.publishers_cpu:.1f}"
+        f"  machine {outcome.machine_busy:.1f};  brokers {total_cpu / messages * 1e6:.0f} µs/msg",
         flush=True,
     )
     for error in outcome.errors:
