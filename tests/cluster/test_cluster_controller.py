@@ -1,0 +1,69 @@
+"""The controller's node killed with ``kill -9`` on a real three-node cluster (the design's
+fault case 3): another node takes the controller key once the dead one's lease runs out and
+does the controller's work; when the stream's leader is killed next, the last node standing
+is elected (by a controller that is not the first), with every confirmed message, and takes
+new publishes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import trio
+
+from tests.support.cluster_nodes import STREAM, Nodes, channel, publish, read_stream, wait_record
+from tests.support.etcd import EtcdProcess
+from tqbroker.cluster.etcd import EtcdClient
+from tqbroker.cluster.records import DEFAULT_PREFIX, ControllerRecord, controller_key
+
+
+def controller(nodes: Nodes) -> str | None:
+    async def read() -> str | None:
+        client = EtcdClient([nodes.etcd.url])
+        try:
+            found = await client.get(controller_key(DEFAULT_PREFIX))
+        finally:
+            await client.aclose()
+        return ControllerRecord.decode(found.kvs[0].value).node if found.kvs else None
+
+    return trio.run(read)
+
+
+def wait_controller(nodes: Nodes, not_on: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = controller(nodes)
+        if found is not None and found != not_on:
+            return found
+        assert time.monotonic() < deadline, f"no new controller within {timeout} s"
+        time.sleep(0.2)
+
+
+def test_controllers_after_the_first_elect_leaders(tmp_path: Path, etcd: EtcdProcess) -> None:
+    nodes = Nodes(tmp_path, etcd)
+    try:
+        for n in range(3):
+            nodes.start(n)
+        first = wait_controller(nodes, not_on="")
+        ch = channel(nodes.running["n1"])
+        # One in-sync replica suffices: the last node standing may still take publishes.
+        arguments = {**STREAM, "x-stream-min-insync-replicas": 1}
+        ch.queue_declare("s", durable=True, arguments=arguments)
+        ch.connection.close()
+        record = wait_record(nodes, lambda r: r.leader is not None and len(r.isr) == 3)
+        bodies = [b"m%d" % n for n in range(40)]
+        publish(nodes.running["n1"], bodies)
+        nodes.running.pop(first).kill()
+        wait_controller(nodes, not_on=first)
+        record = wait_record(nodes, lambda r: r.leader in nodes.running)
+        assert record.leader is not None
+        nodes.running.pop(record.leader).kill()  # a controller other than the first elects
+        (survivor,) = nodes.running
+        final = wait_record(nodes, lambda r: r.leader == survivor)
+        assert final.epoch > record.epoch
+        process = nodes.running[survivor]
+        assert read_stream(process, 40) == bodies
+        publish(process, [b"after"])
+        assert read_stream(process, 41) == [*bodies, b"after"]
+    finally:
+        nodes.stop_all()
