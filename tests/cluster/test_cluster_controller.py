@@ -6,13 +6,21 @@ new publishes."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import trio
 
-from tests.support.cluster_nodes import STREAM, Nodes, channel, publish, read_stream, wait_record
+from tests.support.cluster_nodes import (
+    POLL,
+    Nodes,
+    declare_stream,
+    publish,
+    read_stream,
+    three_nodes,
+    wait_record,
+)
 from tests.support.etcd import EtcdProcess
+from tests.support.polling import eventually
 from tqbroker.cluster.etcd import EtcdClient
 from tqbroker.cluster.records import DEFAULT_PREFIX, ControllerRecord, controller_key
 
@@ -30,26 +38,23 @@ def controller(nodes: Nodes) -> str | None:
 
 
 def wait_controller(nodes: Nodes, not_on: str, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
+    def moved() -> str | None:
         found = controller(nodes)
-        if found is not None and found != not_on:
-            return found
-        assert time.monotonic() < deadline, f"no new controller within {timeout} s"
-        time.sleep(0.2)
+        return found if found is not None and found != not_on else None
+
+    return eventually(
+        moved,
+        timeout,
+        POLL,
+        what=f"a controller other than {not_on!r}",
+    )
 
 
 def test_controllers_after_the_first_elect_leaders(tmp_path: Path, etcd: EtcdProcess) -> None:
-    nodes = Nodes(tmp_path, etcd)
-    try:
-        for n in range(3):
-            nodes.start(n)
+    with three_nodes(tmp_path, etcd) as nodes:
         first = wait_controller(nodes, not_on="")
-        ch = channel(nodes.running["n1"])
         # One in-sync replica suffices: the last node standing may still take publishes.
-        arguments = {**STREAM, "x-stream-min-insync-replicas": 1}
-        ch.queue_declare("s", durable=True, arguments=arguments)
-        ch.connection.close()
+        declare_stream(nodes.running["n1"], arguments={"x-stream-min-insync-replicas": 1})
         record = wait_record(nodes, lambda r: r.leader is not None and len(r.isr) == 3)
         bodies = [b"m%d" % n for n in range(40)]
         publish(nodes.running["n1"], bodies)
@@ -65,5 +70,3 @@ def test_controllers_after_the_first_elect_leaders(tmp_path: Path, etcd: EtcdPro
         assert read_stream(process, 40) == bodies
         publish(process, [b"after"])
         assert read_stream(process, 41) == [*bodies, b"after"]
-    finally:
-        nodes.stop_all()

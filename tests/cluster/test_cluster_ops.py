@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.support.cluster_nodes import Nodes
+from tests.support.cluster_nodes import POLL, three_nodes
 from tests.support.etcd import EtcdProcess
+from tests.support.polling import eventually
 from tqbroker.testing import BrokerProcess
 
 NAMES = ["n0", "n1", "n2"]
@@ -46,14 +46,13 @@ def wait_cluster(
     process: BrokerProcess, check: Callable[[dict[str, Any]], bool], timeout: float = 60
 ) -> dict[str, Any]:
     """``GET /cluster`` from ``process`` once ``check`` holds for it."""
-    deadline = time.monotonic() + timeout
     with api(process) as http:
-        while True:
+
+        def checked() -> dict[str, Any] | None:
             found = http.get("/cluster").json()
-            if check(found):
-                return dict(found)
-            assert time.monotonic() < deadline, f"not within {timeout} s: {found}"
-            time.sleep(0.2)
+            return dict(found) if check(found) else None
+
+        return eventually(checked, timeout, POLL, what="GET /cluster")
 
 
 def partitions(found: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -93,22 +92,18 @@ def wait_samples(
     timeout: float = 60,
 ) -> dict[tuple[str, ...], float]:
     """A metric's samples of ``queue`` (in vhost ``/``) once ``check`` holds for them."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def checked() -> dict[tuple[str, ...], float] | None:
         found = {k: v for k, v in samples(process, name).items() if k[:2] == ("/", queue)}
-        if check(found):
-            return found
-        assert time.monotonic() < deadline, f"{name} not within {timeout} s: {found}"
-        time.sleep(0.2)
+        return found if check(found) else None
+
+    return eventually(checked, timeout, POLL, what=f"{name} of {queue}")
 
 
 def test_nodes_cluster_status_describe_and_metrics_of_a_three_node_cluster(
     tmp_path: Path, etcd: EtcdProcess
 ) -> None:
-    nodes = Nodes(tmp_path, etcd)
-    try:
-        for n in range(3):
-            nodes.start(n)
+    with three_nodes(tmp_path, etcd) as nodes:
         first = nodes.running["n0"]
         assert "created" in ctl(first, "topics", "create", "t", "--partitions", "2")
         found = wait_cluster(first, settled)
@@ -217,5 +212,3 @@ def test_nodes_cluster_status_describe_and_metrics_of_a_three_node_cluster(
         assert "UnderReplicated: 2" in status
         with api(first) as http:
             assert len(http.get("/api/nodes").json()) == 2
-    finally:
-        nodes.stop_all()

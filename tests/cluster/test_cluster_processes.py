@@ -9,20 +9,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.cluster_nodes import STREAM, Nodes, channel, publish, read_stream, wait_record
+from tests.support.cluster_nodes import (
+    declare_stream,
+    publish,
+    read_stream,
+    three_nodes,
+    wait_record,
+)
 from tests.support.etcd import EtcdProcess
 
 
 def test_a_stream_replicated_on_three_processes_survives_its_leader_s_kill(
     tmp_path: Path, etcd: EtcdProcess
 ) -> None:
-    nodes = Nodes(tmp_path, etcd)
-    try:
-        for n in range(3):
-            nodes.start(n)
-        ch = channel(nodes.running["n0"])
-        ch.queue_declare("s", durable=True, arguments=STREAM)
-        ch.connection.close()
+    with three_nodes(tmp_path, etcd) as nodes:
+        declare_stream(nodes.running["n0"])
         record = wait_record(nodes, lambda r: r.leader is not None and len(r.isr) == 3)
         assert sorted(record.replicas) == ["n0", "n1", "n2"]
         assert record.leader is not None
@@ -43,5 +44,3 @@ def test_a_stream_replicated_on_three_processes_survives_its_leader_s_kill(
         publish(survivor, [b"after"])
         for name, process in nodes.running.items():
             assert read_stream(process, 101) == [*first, b"after"], name
-    finally:
-        nodes.stop_all()

@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 from tests.support.cluster_nodes import (
-    STREAM,
-    Nodes,
-    channel,
+    declare_stream,
     publish,
     read_stream,
+    three_nodes,
     wait_record,
 )
 from tests.support.etcd import EtcdProcess
@@ -24,14 +23,8 @@ LEASE_TTL = 60
 def test_sigterm_moves_the_leadership_before_the_lease_runs_out(
     tmp_path: Path, etcd: EtcdProcess
 ) -> None:
-    nodes = Nodes(tmp_path, etcd)
-    nodes.config.write_text(f"cluster_lease_ttl = {LEASE_TTL}\n")
-    try:
-        for n in range(3):
-            nodes.start(n)
-        ch = channel(nodes.running["n1"])
-        ch.queue_declare("s", durable=True, arguments=STREAM)
-        ch.connection.close()
+    with three_nodes(tmp_path, etcd, lease_ttl=LEASE_TTL) as nodes:
+        declare_stream(nodes.running["n1"])
         record = wait_record(nodes, lambda r: r.leader is not None and len(r.isr) == 3)
         assert record.leader is not None
         bodies = [b"m%d" % n for n in range(30)]
@@ -48,5 +41,3 @@ def test_sigterm_moves_the_leadership_before_the_lease_runs_out(
         assert successor.leader is not None
         assert record.leader not in successor.isr
         assert read_stream(nodes.running[successor.leader], 30) == bodies
-    finally:
-        nodes.stop_all()

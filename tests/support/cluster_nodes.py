@@ -7,7 +7,8 @@ lease TTL of 3 s; a stream's partition record read from etcd (``Nodes.record``,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,14 @@ import pika
 import trio
 
 from tests.support.etcd import EtcdProcess
+from tests.support.polling import eventually
 from tqbroker.cluster.etcd import EtcdClient
 from tqbroker.cluster.records import DEFAULT_PREFIX, PartitionRecord, partition_key
 from tqbroker.testing import BrokerProcess, start_broker_process
 
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 STREAM = {"x-queue-type": "stream"}
+POLL = 0.2  # seconds between two looks at etcd or a node
 
 
 class Nodes:
@@ -72,17 +75,40 @@ class Nodes:
 
 
 def wait_record(
-    nodes: Nodes, check: Callable[[PartitionRecord], bool], timeout: float = 60
+    nodes: Nodes,
+    check: Callable[[PartitionRecord], bool],
+    timeout: float = 60,
+    queue: str = "s",
 ) -> PartitionRecord:
     """The stream's partition record once ``check`` holds for it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = nodes.record()
-        if found is not None and check(found):
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {found}")
-        time.sleep(0.2)
+
+    def checked() -> PartitionRecord | None:
+        found = nodes.record(queue)
+        return found if found is not None and check(found) else None
+
+    return eventually(checked, timeout, POLL, what=f"the partition record of {queue}")
+
+
+@contextmanager
+def three_nodes(tmp_path: Path, etcd: EtcdProcess, *, lease_ttl: int = 3) -> Iterator[Nodes]:
+    """Three nodes started (n0, n1, n2), all killed at the end."""
+    nodes = Nodes(tmp_path, etcd)
+    nodes.config.write_text(f"cluster_lease_ttl = {lease_ttl}\n")
+    try:
+        for n in range(3):
+            nodes.start(n)
+        yield nodes
+    finally:
+        nodes.stop_all()
+
+
+def declare_stream(
+    process: BrokerProcess, queue: str = "s", arguments: dict[str, Any] | None = None
+) -> None:
+    """A durable stream queue declared over AMQP on ``process``."""
+    ch = channel(process)
+    ch.queue_declare(queue, durable=True, arguments={**STREAM, **(arguments or {})})
+    ch.connection.close()
 
 
 def channel(process: BrokerProcess) -> Any:
