@@ -72,6 +72,7 @@ SETTING_FLAGS = (
     ("--node-id", "node_id"),
     ("--advertise", "advertise"),
     ("--peer-port", "peer_port"),
+    ("--advertise-peer-port", "advertise_peer_port"),
 )
 HELP = {
     "--host": "address to listen on (127.0.0.1)",
@@ -104,6 +105,8 @@ HELP = {
     "--node-id": "this node's id in the cluster (default: the data directory's, new at first)",
     "--advertise": "the host other nodes and clients reach this node on (default: --host)",
     "--peer-port": "the node-to-node link's port, 0 = ephemeral (25672)",
+    "--advertise-peer-port": "the port other nodes reach the link on, when a proxy or NAT is "
+    "in between (default: --peer-port)",
 }
 SWITCHES: tuple[str, ...] = ("--keep-unloadable-definitions", "--http-access-log")
 SWITCHES += ("--tls-verify-peer", "--tls-fail-if-no-peer-cert", "--tls-only", "--http-tls")

@@ -332,11 +332,16 @@ class BrokerConfig:
     # A cluster (docs/cluster.md): etcd's client URLs (none: one node on its own), this node's
     # id (None: the data directory's, new on first start), the host other nodes and clients
     # reach it on (None: ``host``), the node-to-node link's port (RabbitMQ's 25672; 0 =
-    # ephemeral), the cluster's key prefix in etcd and the node's lease TTL in seconds.
+    # ephemeral) and the port other nodes reach it on (None: the same; another when a proxy
+    # or NAT is in between, Kafka's advertised listener), the cluster's key prefix in etcd and
+    # the node's lease TTL in seconds.
     cluster_etcd: tuple[str, ...] = ()
     node_id: str | None = None
     advertise: str | None = None
     peer_port: int = attrs.field(default=25672, validator=_port)
+    advertise_peer_port: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_port)
+    )
     cluster_prefix: str = attrs.field(default="/tqbroker", validator=_not_empty)
     cluster_lease_ttl: int = attrs.field(default=10, validator=_between(2, 3600))
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import trio
-
 from tests.support.cluster_nodes import (
     POLL,
     Nodes,
@@ -21,25 +19,11 @@ from tests.support.cluster_nodes import (
 )
 from tests.support.etcd import EtcdProcess
 from tests.support.polling import eventually
-from tqbroker.cluster.etcd import EtcdClient
-from tqbroker.cluster.records import DEFAULT_PREFIX, ControllerRecord, controller_key
-
-
-def controller(nodes: Nodes) -> str | None:
-    async def read() -> str | None:
-        client = EtcdClient([nodes.etcd.url])
-        try:
-            found = await client.get(controller_key(DEFAULT_PREFIX))
-        finally:
-            await client.aclose()
-        return ControllerRecord.decode(found.kvs[0].value).node if found.kvs else None
-
-    return trio.run(read)
 
 
 def wait_controller(nodes: Nodes, not_on: str, timeout: float = 60) -> str:
     def moved() -> str | None:
-        found = controller(nodes)
+        found = nodes.controller()
         return found if found is not None and found != not_on else None
 
     return eventually(

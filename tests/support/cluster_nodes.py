@@ -1,7 +1,8 @@
 """Real cluster nodes for tests: ``python -m tqbroker --cluster-etcd`` processes on 127.0.0.1,
 .2 and .3 (``Nodes``), each with its own data directory and log under the test's directory, a
-lease TTL of 3 s; a stream's partition record read from etcd (``Nodes.record``,
-``wait_record``), and a pika channel to a node (``channel``).
+lease TTL of 3 s; a stream's partition record and the controller read from etcd
+(``Nodes.record``, ``wait_record``, ``Nodes.controller``), and a pika channel to a node
+(``channel``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ import trio
 from tests.support.etcd import EtcdProcess
 from tests.support.polling import eventually
 from tqbroker.cluster.etcd import EtcdClient
-from tqbroker.cluster.records import DEFAULT_PREFIX, PartitionRecord, partition_key
+from tqbroker.cluster.records import (
+    DEFAULT_PREFIX,
+    ControllerRecord,
+    PartitionRecord,
+    controller_key,
+    partition_key,
+)
 from tqbroker.testing import BrokerProcess, start_broker_process
 
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
@@ -34,8 +41,18 @@ class Nodes:
         self.config.write_text("cluster_lease_ttl = 3\n")
         self.running: dict[str, BrokerProcess] = {}
 
-    def start(self, n: int) -> BrokerProcess:
+    def start(
+        self,
+        n: int,
+        *,
+        etcd_url: str | None = None,
+        peer_port: int = 0,
+        advertise_peer_port: int | None = None,
+    ) -> BrokerProcess:
+        """Node ``n`` on ``etcd_url`` (default: the test's etcd), its link on ``peer_port``
+        (0: ephemeral), reached by the others on ``advertise_peer_port`` (a proxy's)."""
         name = f"n{n}"
+        advertised = [] if advertise_peer_port is None else [str(advertise_peer_port)]
         process = start_broker_process(
             self.tmp_path / name,
             durable_backend="log",
@@ -45,9 +62,10 @@ class Nodes:
                 "--host",
                 HOSTS[n],
                 "--peer-port",
-                "0",
+                str(peer_port),
+                *(["--advertise-peer-port", *advertised] if advertised else []),
                 "--cluster-etcd",
-                self.etcd.url,
+                etcd_url or self.etcd.url,
                 "--node-id",
                 name,
             ],
@@ -63,13 +81,22 @@ class Nodes:
             process.kill()
 
     def record(self, queue: str = "s") -> PartitionRecord | None:
-        async def read() -> PartitionRecord | None:
+        found = self._value(partition_key(DEFAULT_PREFIX, "/", queue))
+        return PartitionRecord.decode(found) if found is not None else None
+
+    def controller(self) -> str | None:
+        """The node holding the controller key, if any."""
+        found = self._value(controller_key(DEFAULT_PREFIX))
+        return ControllerRecord.decode(found).node if found is not None else None
+
+    def _value(self, key: str) -> bytes | None:
+        async def read() -> bytes | None:
             client = EtcdClient([self.etcd.url])
             try:
-                found = await client.get(partition_key(DEFAULT_PREFIX, "/", queue))
+                found = await client.get(key)
             finally:
                 await client.aclose()
-            return PartitionRecord.decode(found.kvs[0].value) if found.kvs else None
+            return found.kvs[0].value if found.kvs else None
 
         return trio.run(read)
 

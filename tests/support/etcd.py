@@ -18,7 +18,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import attrs
 import httpx
+
+from tests.support.ports import free_port
 
 SYSTEM_ETCD = "/usr/bin/etcd"
 START_ATTEMPTS = 5
@@ -61,12 +62,6 @@ def etcd_version(binary: str) -> str:
     return output.split("\n", 1)[0].removeprefix("etcd Version:").strip()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @attrs.define
 class EtcdProcess:
     """One etcd member (``running_etcd``); ``url`` is its client endpoint."""
@@ -90,7 +85,7 @@ class EtcdProcess:
         (only before the first start: a restart keeps the member's ports)."""
         for attempt in range(START_ATTEMPTS):
             if not self.client_port:
-                self.client_port, self.peer_port = _free_port(), _free_port()
+                self.client_port, self.peer_port = free_port(), free_port()
             log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
             self._spawn()
             if self._wait_healthy():
@@ -169,4 +164,4 @@ def running_etcd(binary: str) -> Iterator[EtcdProcess]:
 
 def dead_endpoint() -> str:
     """A loopback URL nothing listens on (a port just bound and closed)."""
-    return f"http://127.0.0.1:{_free_port()}"
+    return f"http://127.0.0.1:{free_port()}"

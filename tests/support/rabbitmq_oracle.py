@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import attrs
 import pytest
+
+from tests.support.ports import free_port
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SERVER = "/usr/sbin/rabbitmq-server"
@@ -38,12 +39,6 @@ class RabbitMQ:
         return f"http://127.0.0.1:{self.management_port}"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def rabbitmq_oracle() -> Iterator[RabbitMQ]:
     if not (os.path.exists(SERVER) and os.path.exists(CTL)):
@@ -56,7 +51,7 @@ def rabbitmq_oracle() -> Iterator[RabbitMQ]:
     root = Path(tempfile.mkdtemp(prefix="tqbroker-oracle-")) / "node"
     epmd = Epmd()
     target = RabbitMQTarget(root, SERVER, CTL, epmd=epmd)
-    management, prometheus = _free_port(), _free_port()
+    management, prometheus = free_port(), free_port()
     (root / "enabled_plugins").write_text("[rabbitmq_management,rabbitmq_prometheus].\n")
     with open(root / "rabbitmq.conf", "a") as conf:
         conf.write(

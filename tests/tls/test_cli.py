@@ -19,6 +19,7 @@ import pytest
 import trustme
 
 from tests.support.polling import file_containing
+from tests.support.ports import free_port
 from tqbroker.cli import effective_config, parse_args
 from tqbroker.config import BrokerConfig, load_config
 from tqbroker.settings import to_toml
@@ -130,19 +131,13 @@ def _served(port: int, trust: ssl.SSLContext) -> str:
         return der.hex()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
 def test_tls_only_and_reload_on_sighup(tmp_path: Path) -> None:
     first_ca, second_ca = trustme.CA(), trustme.CA()
     first = _issue(first_ca, tmp_path)
     trust = ssl.create_default_context()
     for ca in (first_ca, second_ca):
         ca.configure_trust(trust)
-    plain_port = _free_port()
+    plain_port = free_port(HOST)
     log = tmp_path / "broker.log"
     args = [sys.executable, "-m", "tqbroker", "--port", str(plain_port), "--tls-port", "0"]
     args += ["--http-port", "0", "--metrics-port", "off", "--data-dir", str(tmp_path / "d")]

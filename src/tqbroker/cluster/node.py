@@ -68,10 +68,11 @@ class ClusterSettings:
     placement: Policy = SPREAD
     replication: ReplicationSettings = attrs.field(factory=ReplicationSettings)
     # The node-to-node listener (None: no listener, the caller links the nodes: the
-    # simulation) and the host other nodes reach it on.
+    # simulation) and the host (and port, None: the listener's) other nodes reach it on.
     peer_host: str = "127.0.0.1"
     peer_port: int | None = None
     advertise_host: str = "127.0.0.1"
+    advertise_peer_port: int | None = None
     link: LinkSettings = attrs.field(factory=LinkSettings)
 
 
@@ -133,6 +134,8 @@ class ClusterNode:
                     self.settings.peer_port,
                     {FETCH: self._fetch, APPEND: self.take_forwarded, OFFSETS: self.take_offsets},
                 )
+                if self.settings.advertise_peer_port is not None:
+                    port = self.settings.advertise_peer_port
                 self.membership.record = attrs.evolve(
                     self.membership.record, peer=join_address(self.settings.advertise_host, port)
                 )

@@ -34,6 +34,7 @@ def cluster_node(broker: Broker, config: BrokerConfig) -> ClusterNode | None:
         lease_ttl=config.cluster_lease_ttl,
         peer_host=config.host,
         peer_port=config.peer_port,
+        advertise_peer_port=config.advertise_peer_port,
         advertise_host=advertised_host(config),
     )
     node = ClusterNode(broker, EtcdClient(config.cluster_etcd), settings)
