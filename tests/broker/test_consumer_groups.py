@@ -27,7 +27,7 @@ class Partition:
         self.revoked = revoked
         self.reader: Consumer | None = None
 
-    def assign(self, group: str, consumer: Consumer | None) -> None:
+    def assign(self, group: str, consumer: Consumer | None, fence: object = None) -> None:
         self.reader = consumer
 
     def revoke(self, consumer: Consumer) -> None:

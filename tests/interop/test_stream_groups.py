@@ -5,7 +5,6 @@ committed lost and no gap."""
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -14,12 +13,12 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.group_members import PARTITIONS, Member, pump, settle
 from tests.support.polling import eventually
 from tqbroker.testing import RunningBroker, start_broker_process
 
 pytestmark = pytest.mark.timeout(90)
 
-PARTITIONS = 6
 STREAM = {"x-queue-type": "stream"}
 
 
@@ -34,81 +33,6 @@ def publish(ch: BlockingChannel, count: int, start: int = 0) -> None:
     ch.confirm_delivery()
     for n in range(start, start + count):
         ch.basic_publish("orders", f"key-{n}", b"%d" % n)
-
-
-class Member:
-    """One group member: a connection whose channel consumes every partition with
-    ``x-stream-group``, acking each delivery as it comes. Told a partition was revoked
-    (basic.cancel), it consumes it again to stand by for it, as docs/streams.md advises
-    (``rejoin=False``: it does not)."""
-
-    def __init__(
-        self, url: str, group: str = "billing", *, offset: object = "first", rejoin: bool = True
-    ) -> None:
-        self.connection = pika.BlockingConnection(pika.URLParameters(url))
-        self.channel = self.connection.channel()
-        self.channel.basic_qos(prefetch_count=20)
-        self.arguments = {"x-stream-group": group, "x-stream-offset": offset}
-        self.rejoin = rejoin
-        self.received: list[tuple[int, int]] = []  # (partition, offset)
-        self.acked: list[tuple[int, int]] = []
-        self.hold = False  # set: deliveries are kept unacked (in ``held``)
-        self.hold_after: int | None = None  # hold from this many acks on
-        self.held: list[tuple[int, int]] = []
-        self.bodies: list[int] = []
-        self.cancelled: list[int] = []
-        self.tags: dict[str, int] = {}
-        self.channel.add_on_cancel_callback(self._on_cancel)
-        for p in range(PARTITIONS):
-            self._consume(p)
-
-    def _consume(self, partition: int) -> None:
-        tag = self.channel.basic_consume(
-            f"orders-{partition}", self._on_message, arguments=self.arguments
-        )
-        self.tags[tag] = partition
-
-    def _on_message(self, ch: BlockingChannel, method, properties, body) -> None:
-        partition = self.tags[method.consumer_tag]
-        delivery = (partition, properties.headers["x-stream-offset"])
-        self.received.append(delivery)
-        self.bodies.append(int(body))
-        if self.hold_after is not None and len(self.acked) >= self.hold_after:
-            self.hold = True
-        if self.hold:
-            self.held.append(delivery)
-        else:
-            ch.basic_ack(method.delivery_tag)
-            self.acked.append(delivery)
-
-    def _on_cancel(self, frame) -> None:
-        partition = self.tags[frame.method.consumer_tag]
-        self.cancelled.append(partition)
-        if self.rejoin:
-            self._consume(partition)
-
-    @property
-    def partitions(self) -> set[int]:
-        return {p for p, _ in self.received}
-
-    def close(self) -> None:
-        self.connection.close()
-
-
-def pump(members: list[Member], until: int, timeout: float = 20) -> None:
-    """Run the members' I/O until together they received ``until`` different messages."""
-    deadline = time.monotonic() + timeout
-    while len(set().union(*(m.received for m in members))) < until:
-        assert time.monotonic() < deadline, [len(m.received) for m in members]
-        for member in members:
-            member.connection.process_data_events(time_limit=0.01)
-
-
-def settle(members: list[Member], seconds: float = 0.3) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        for member in members:
-            member.connection.process_data_events(time_limit=0.01)
 
 
 def test_three_members_split_six_partitions_and_rebalance(

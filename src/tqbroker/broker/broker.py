@@ -58,6 +58,7 @@ from .limits import Limits
 from .pacing import Pacer
 from .read_budget import ReadBudget, budget_for
 from .stats import MessageStats, StatsSampler, StatsTotal
+from .streams.groups import GroupCoordination
 from .streams.partition import StreamReplication
 from .supervisor import FailureHandler, Supervisor
 from .users import build_authenticator, grant_default_user, open_user_db
@@ -108,6 +109,9 @@ class Broker:
         # A cluster's replica roles (``tqbroker.cluster``), set before ``run``: every stream
         # partition is gated by them (None: one node, partitions are their own).
         self.replication: StreamReplication | None = None
+        # A cluster's assignment of consumer groups across its nodes, set before ``run``
+        # (None: each vhost assigns its groups' partitions among its own members).
+        self.group_coordination: GroupCoordination | None = None
         # This node's name, as RabbitMQ's health checks and management API give it.
         self.node_name = f"tqbroker@{socket.gethostname()}"
         self.alarms = ResourceAlarms()
@@ -150,6 +154,7 @@ class Broker:
         )
         vhost.queue_limit = functools.partial(self.limits.max_queues, name)
         vhost.replication = self.replication
+        vhost.consumer_groups.coordination = self.group_coordination
         self.stats.add(vhost.stats)
         return vhost
 

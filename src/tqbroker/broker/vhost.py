@@ -101,7 +101,7 @@ class VirtualHost:
         self.dormant = Dormant(name)  # stored definitions kept but not running
         # Its ``max-queues`` limit, if any (the broker's ``limits.py`` answers).
         self.queue_limit: Callable[[], int | None] = lambda: None
-        self.consumer_groups = ConsumerGroups(spawn)  # on streams (x-stream-group)
+        self.consumer_groups = ConsumerGroups(spawn, name)  # on streams (x-stream-group)
         self.default_exchange = DefaultExchange(name, self.queues)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
         # Direct reply-to: the channels consuming replies, by address.

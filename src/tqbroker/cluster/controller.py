@@ -12,6 +12,8 @@ Responsibilities:
   led by its first replica at epoch 1, the leader its only in-sync member until its followers
   catch up); a partition whose queue definition is gone is deleted; a partition whose leader is
   gone gets a clean election (epoch + 1) or goes offline;
+- it assigns consumer groups' partitions among their members on every node
+  (``groups.assignment_changes``);
 - its writes are compare-and-swaps on each partition key's mod revision, batched into
   transactions of at most ``BATCH`` partitions (etcd refuses more than 128 operations); a
   refused batch is decided again from the view once it has caught up.
@@ -26,6 +28,7 @@ from typing import Final
 import attrs
 import trio
 
+from .groups import assignment_changes
 from .membership import Membership
 from .metadata import (
     Compare,
@@ -189,6 +192,7 @@ class Controller:
             elected = elect(record, live, view.reports_for(vhost, queue))
             if elected is not None:
                 changes.append(Change(Compare.mod_revision(key, mod), Put(key, elected.encode())))
+        changes.extend(Change(compare, write) for compare, write in assignment_changes(view))
         return changes
 
     async def _write(self, token: int, changes: Sequence[Change]) -> None:

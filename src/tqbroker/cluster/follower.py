@@ -27,7 +27,7 @@ from typing import Final
 
 import trio
 
-from ..broker.streams.partition import OffsetKind, Partition
+from ..broker.streams.partition import GroupFence, OffsetKind, Partition
 from ..model import Message
 from ..plugins.spec import Durability, GroupCommit
 from .fetch import FetchRequest, FetchResponse
@@ -95,9 +95,11 @@ class FollowerReplica:
     def forward(self, messages: Sequence[Message]) -> list[Durability] | None:
         return None if self.forwarder is None else self.forwarder.forward(messages)
 
-    def offset_stored(self, kind: OffsetKind, name: str, offset: int) -> None:
+    def offset_stored(
+        self, kind: OffsetKind, name: str, offset: int, fence: GroupFence | None = None
+    ) -> None:
         if self.forwarder is not None:
-            self.forwarder.store_offset(kind, name, offset)
+            self.forwarder.store_offset(kind, name, offset, fence)
 
     def begin(self) -> None:
         self.partition.gate = self

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import trio
 
-from ..broker.streams.partition import OffsetKind, Partition
+from ..broker.streams.partition import GroupFence, OffsetKind, Partition
 from ..model import Message
 from ..plugins.spec import Durability, FlushListener
 
@@ -75,12 +75,22 @@ async def take_forwarded(publish_run: PublishRun, messages: Sequence[Message]) -
     return {"taken": taken, "error": None if error is None else str(error)}
 
 
-def take_offsets(partition: Partition, body: Any) -> None:
-    """Offsets stored on a follower, kept here (the leader)."""
+def take_offsets(
+    partition: Partition, body: Any, refuses: Callable[[str, GroupFence], bool]
+) -> list[str]:
+    """Offsets stored on a follower, kept here (the leader), but for group commits that
+    ``refuses`` (a later assignment gave the partition to another member): those groups."""
     for tag, offset in dict(body.get("tracked") or {}).items():
         partition.store_offset(str(tag), int(offset))
+    fences = dict(body.get("fences") or {})
+    refused = []
     for group, offset in dict(body.get("group") or {}).items():
+        fence = fences.get(group)
+        if fence is not None and refuses(str(group), GroupFence(str(fence[0]), int(fence[1]))):
+            refused.append(str(group))
+            continue
         partition.commit_group_offset(str(group), int(offset))
+    return refused
 
 
 class ForwardedCommit:
@@ -146,11 +156,19 @@ class Forwarder:
         self._start = 0  # the ticket before the first queued message
         self._queued_any = trio.Event()
         self._offsets: dict[OffsetKind, dict[str, int]] = {"tracked": {}, "group": {}}
+        self._fences: dict[str, list[Any]] = {}  # by group: [member, generation]
         self._offsets_stored = trio.Event()
 
-    def store_offset(self, kind: OffsetKind, name: str, offset: int) -> None:
-        """Send an offset stored here to the leader (the latest of each, soon)."""
+    def store_offset(
+        self, kind: OffsetKind, name: str, offset: int, fence: GroupFence | None = None
+    ) -> None:
+        """Send an offset stored here to the leader (the latest of each, soon), with the
+        member that committed it (a group's, in the cluster's assignment)."""
         self._offsets[kind][name] = offset
+        if fence is not None:
+            self._fences[name] = [fence.member, fence.generation]
+        else:
+            self._fences.pop(name, None)
         self._offsets_stored.set()
 
     async def run_offsets(self) -> None:
@@ -160,8 +178,9 @@ class Forwarder:
             await self._offsets_stored.wait()
             self._offsets_stored = trio.Event()
             sent, self._offsets = self._offsets, {"tracked": {}, "group": {}}
+            fences, self._fences = self._fences, {}
             try:
-                await self._send(OFFSETS, {"partition": self.key, **sent})
+                await self._send(OFFSETS, {"partition": self.key, **sent, "fences": fences})
             except (Exception, trio.TooSlowError) as exc:
                 log.warning(
                     "partition %s: offsets not sent to %s: %s: %s",

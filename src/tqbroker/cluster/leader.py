@@ -31,7 +31,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from ..broker.streams.partition import OffsetKind, Partition
+from ..broker.streams.partition import GroupFence, OffsetKind, Partition
 from ..model import Message
 from ..plugins.spec import Durability, FlushListener, GroupCommit
 from .fetch import (
@@ -215,7 +215,9 @@ class LeaderReplica:
     def forward(self, messages: Sequence[Message]) -> list[Durability] | None:
         return None  # a leader takes appends itself: its refusal stands
 
-    def offset_stored(self, kind: OffsetKind, name: str, offset: int) -> None:
+    def offset_stored(
+        self, kind: OffsetKind, name: str, offset: int, fence: GroupFence | None = None
+    ) -> None:
         pass  # the followers get it with their next fetch
 
     def refusal(self) -> OSError | None:

@@ -10,6 +10,7 @@ What runs, in the node's nursery (beside the broker's own tasks):
 - the controller's campaign (``controller.py``), on every node: one of them wins;
 - the node's ISR writes (``isr_writes.py``) and partition roles (``roles.py``), which gate every
   stream partition of the broker (``Broker.replication``, set before the broker starts);
+- its part in the consumer groups (``groups.py``: ``Broker.group_coordination``);
 - the node-to-node link (``peers.py``): a listener other nodes fetch from (``peer_port``),
   and a client per node; or, in the simulation, the caller's ``fetch_from`` (memory streams,
   calls it can cut), served through ``roles.fetch``.
@@ -21,6 +22,7 @@ SIGTERM): leaders step down and the lease is revoked, so the others take over at
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from collections.abc import Callable
@@ -37,6 +39,7 @@ from .controller import Controller
 from .fetch import FetchRequest
 from .follower import Fetch
 from .forwarding import APPEND, OFFSETS, Send, decode_messages, take_forwarded, take_offsets
+from .groups import ClusterGroups
 from .isr_writes import IsrWrites
 from .membership import Membership, load_node_id
 from .metadata import Compare, Get, MetadataStore, Put, RangeResult
@@ -116,6 +119,8 @@ class ClusterNode:
         )
         self.controller = Controller(store, self.view, self.membership, policy=settings.placement)
         self.catalog = Catalog(broker, store, self.view)
+        self.groups = ClusterGroups(broker, store, self.view, self.membership)
+        broker.group_coordination = self.groups
         self.secret = b""
         self._advertised = trio.Event()
         self._registration = trio.CancelScope()  # the membership and the controller's campaign
@@ -142,6 +147,7 @@ class ClusterNode:
             await nursery.start(self.catalog.run)  # caught up with the cluster's definitions
             await nursery.start(self.roles.run)
             await nursery.start(self.isr_writes.run)
+            await nursery.start(self.groups.run)
             task_status.started()
             await self._advertised.wait()
             with self._registration:
@@ -200,7 +206,11 @@ class ClusterNode:
         partition = self._local_partition(vhost, queue)
         if partition is None:
             raise PeerError("unknown_partition", f"no stream {body['partition']} here")
-        take_offsets(partition, body)
+        refused = take_offsets(
+            partition, body, functools.partial(self.groups.refuses, vhost, queue)
+        )
+        if refused:
+            log.info("%s: stale commits of %s refused (a later generation)", queue, refused)
         return None
 
     def _local_partition(self, vhost: str, queue: str) -> Partition | None:

@@ -11,7 +11,11 @@ Keys, under the cluster's prefix:
   ISR), written by the controller (placement, leader, epoch) and the leader (ISR), each write
   a compare on the key's mod revision;
 - ``replicas/{node}/{vhost}/{queue}``: a ``ReplicaReport`` (the replica's identity, whether it
-  is intact), written by the node, bound to its lease.
+  is intact), written by the node, bound to its lease;
+- ``groups/{vhost}/{group}/members/{node}``: a ``GroupMembers`` (the node's members of a
+  consumer group and the partitions each consumes), written by the node, bound to its lease;
+- ``groups/{vhost}/{group}/assignment``: a ``GroupAssignment`` (each partition's member, the
+  generation), written by the controller (a compare on its mod revision).
 
 Nothing that changes at message rate is here: records, high watermarks, committed offsets and
 follower progress stay with the partitions and travel between nodes.
@@ -87,6 +91,18 @@ def replica_key(prefix: str, node: str, vhost: str, queue: str) -> str:
 
 def replicas_prefix(prefix: str) -> str:
     return f"{prefix}/replicas/"
+
+
+def groups_prefix(prefix: str) -> str:
+    return f"{prefix}/groups/"
+
+
+def group_members_key(prefix: str, vhost: str, group: str, node: str) -> str:
+    return f"{groups_prefix(prefix)}{key_part(vhost)}/{key_part(group)}/members/{key_part(node)}"
+
+
+def group_assignment_key(prefix: str, vhost: str, group: str) -> str:
+    return f"{groups_prefix(prefix)}{key_part(vhost)}/{key_part(group)}/assignment"
 
 
 def _decode(raw: bytes, what: str) -> dict[str, Any]:
@@ -210,3 +226,43 @@ class ReplicaReport:
             return cls(replica_id=str(value["replica_id"]), intact=bool(value.get("intact", True)))
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"replica report: {exc}") from None
+
+
+@attrs.frozen
+class GroupMembers:
+    """One node's members of a consumer group, in join order: each member's id (unique in the
+    cluster) and the partitions (stream queues) it consumes."""
+
+    members: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def encode(self) -> bytes:
+        return cbor2.dumps({"members": [[m, list(ps)] for m, ps in self.members]})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> GroupMembers:
+        value = _decode(raw, "group members")
+        try:
+            return cls(tuple((str(m), tuple(str(p) for p in ps)) for m, ps in value["members"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordError(f"group members: {exc}") from None
+
+
+@attrs.frozen
+class GroupAssignment:
+    """A consumer group's assignment across the cluster: each partition's member, and the
+    generation (one more at every change: it fences the commits of revoked members)."""
+
+    generation: int
+    owners: Mapping[str, str] = attrs.field(factory=dict)  # queue -> member id
+
+    def encode(self) -> bytes:
+        return cbor2.dumps({"generation": self.generation, "owners": dict(self.owners)})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> GroupAssignment:
+        value = _decode(raw, "group assignment")
+        try:
+            owners = {str(q): str(m) for q, m in dict(value.get("owners", {})).items()}
+            return cls(int(value["generation"]), owners)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordError(f"group assignment: {exc}") from None

@@ -26,7 +26,7 @@ from typing import Final
 import attrs
 import trio
 
-from ..broker.streams.partition import OffsetKind, Partition
+from ..broker.streams.partition import GroupFence, OffsetKind, Partition
 from ..model import Message
 from ..plugins.spec import Durability, GroupCommit
 from .fetch import NOT_LEADER, FetchRequest, FetchResponse
@@ -71,7 +71,9 @@ class Standby:
     def forward(self, messages: Sequence[Message]) -> list[Durability] | None:
         return None
 
-    def offset_stored(self, kind: OffsetKind, name: str, offset: int) -> None:
+    def offset_stored(
+        self, kind: OffsetKind, name: str, offset: int, fence: GroupFence | None = None
+    ) -> None:
         log.info("partition %s: a %s offset stored on standby (%s)", self.key, kind, self.why)
 
 

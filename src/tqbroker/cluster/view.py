@@ -6,8 +6,10 @@ watch broke off), so every node decides from the same records (§4.2 of
 Responsibilities:
 - the decoded records (``records.py``): registered nodes, the controller and its key's create
   revision (the controller's fencing token), partitions with their mod revisions (what each
-  compare-and-swap compares), replica reports, and the stream queues' definitions (the
-  ``defs/{vhost}/queues/{queue}`` entries of stream queues: what the controller places);
+  compare-and-swap compares), replica reports, consumer groups' members (with their keys'
+  create revisions: the nodes' join order) and assignments (with their mod revisions), and the
+  stream queues' definitions (the ``defs/{vhost}/queues/{queue}`` entries of stream queues:
+  what the controller places);
 - ``revision``: the store revision the view has reached; ``wait_for(revision)`` for
   read-your-writes (a node that wrote at revision R acts once its view has R);
 - ``changed``: an event set at every batch applied (the controller and the node's partition
@@ -28,11 +30,14 @@ import trio
 from .metadata import Compacted, KeyValue, MetadataError, MetadataStore, WatchEvent
 from .records import (
     ControllerRecord,
+    GroupAssignment,
+    GroupMembers,
     NodeRecord,
     PartitionRecord,
     RecordError,
     ReplicaReport,
     controller_key,
+    groups_prefix,
     key_part,
     nodes_prefix,
     partitions_prefix,
@@ -83,6 +88,10 @@ class ClusterView:
         self.partitions: dict[Name, tuple[PartitionRecord, int]] = {}  # with the mod revision
         self.reports: dict[tuple[str, str, str], ReplicaReport] = {}  # (node, vhost, queue)
         self.streams: dict[Name, StreamDefinition] = {}
+        # Consumer groups, by (vhost, group): each node's members (with the create revision)
+        # and the assignment (with the mod revision).
+        self.group_members: dict[Name, dict[str, tuple[GroupMembers, int]]] = {}
+        self.group_assignments: dict[Name, tuple[GroupAssignment, int]] = {}
         # Every definitions entry, by its key below the prefix (``defs/...``), with its mod
         # revision (the catalog's compare), and a count of their changes.
         self.definitions: dict[str, tuple[bytes, int]] = {}
@@ -153,6 +162,8 @@ class ClusterView:
         self.partitions.clear()
         self.reports.clear()
         self.streams.clear()
+        self.group_members.clear()
+        self.group_assignments.clear()
         self.definitions.clear()
         self._definitions_moved()
         for kv in kvs:
@@ -193,12 +204,39 @@ class ClusterView:
             elif key.startswith(replicas_prefix(self.prefix)):
                 node, vhost, queue = self._parts(key, replicas_prefix(self.prefix), 3)
                 self.reports[(node, vhost, queue)] = ReplicaReport.decode(kv.value)
+            elif key.startswith(groups_prefix(self.prefix)):
+                self._put_group(key, kv)
             elif key.startswith(f"{self.prefix}/{DEFS}"):
                 self.definitions[key.removeprefix(f"{self.prefix}/")] = (kv.value, kv.mod_revision)
                 self._definitions_moved()
                 self._put_definition(key, kv.value)
         except (RecordError, ValueError) as exc:
             log.error("cluster view: %s: %s (left out)", key, exc)
+
+    def _group_parts(self, key: str) -> tuple[str, ...]:
+        """``(vhost, group, "members", node)`` or ``(vhost, group, "assignment")``."""
+        return tuple(unquote(p) for p in key.removeprefix(groups_prefix(self.prefix)).split("/"))
+
+    def _put_group(self, key: str, kv: KeyValue) -> None:
+        parts = self._group_parts(key)
+        if parts[2:3] == ("members",) and len(parts) == 4:
+            members = self.group_members.setdefault((parts[0], parts[1]), {})
+            members[parts[3]] = (GroupMembers.decode(kv.value), kv.create_revision)
+        elif parts[2:] == ("assignment",):
+            self.group_assignments[(parts[0], parts[1])] = (
+                GroupAssignment.decode(kv.value),
+                kv.mod_revision,
+            )
+
+    def _delete_group(self, key: str) -> None:
+        parts = self._group_parts(key)
+        if parts[2:3] == ("members",) and len(parts) == 4:
+            members = self.group_members.get((parts[0], parts[1]), {})
+            members.pop(parts[3], None)
+            if not members:
+                self.group_members.pop((parts[0], parts[1]), None)
+        elif parts[2:] == ("assignment",):
+            self.group_assignments.pop((parts[0], parts[1]), None)
 
     def _put_definition(self, key: str, value: bytes) -> None:
         parts = key.removeprefix(f"{self.prefix}/{DEFS}").split("/")
@@ -220,6 +258,8 @@ class ClusterView:
         elif key.startswith(replicas_prefix(self.prefix)):
             node, vhost, queue = self._parts(key, replicas_prefix(self.prefix), 3)
             self.reports.pop((node, vhost, queue), None)
+        elif key.startswith(groups_prefix(self.prefix)):
+            self._delete_group(key)
         elif key.startswith(f"{self.prefix}/{DEFS}"):
             self.definitions.pop(key.removeprefix(f"{self.prefix}/"), None)
             self._definitions_moved()

@@ -10,6 +10,7 @@ from collections import deque
 import attrs
 
 from ..consumer import Consumer
+from .partition import GroupFence
 
 
 @attrs.define
@@ -19,6 +20,7 @@ class GroupCursor:
 
     owner: Consumer
     position: int
+    fence: GroupFence | None = None  # what its commits carry in a cluster
     delivered: deque[int] = attrs.field(factory=deque)  # in offset order, settled ones too
     unsettled: set[int] = attrs.field(factory=set)
 

@@ -6,12 +6,15 @@ Every partition is read by exactly one member at a time; the others' consumers o
 
 Responsibilities:
 - ``ConsumerGroup``: the members' consumers on each partition, and the assignment: each
-  partition to one member, balanced (with every member on every partition, members' counts
-  differ by at most one) and sticky (a rebalance moves as few partitions as it can);
+  partition to one member, balanced and sticky (``assignment.py``);
 - rebalancing after consumers join or leave: the queue of each partition whose owner changed
   is told its new reader (``StreamQueue.assign``); a member that loses a partition while still
   there has its consumer on it cancelled (``basic.cancel``, as Kafka revokes a partition; a
   client that wants to stand by for it again consumes it again);
+- in a cluster, the assignment is made across the nodes (``GroupCoordination``, the cluster's
+  ``tqbroker.cluster.groups``): a node tells it when its members change and applies the
+  assignments it gets (``ConsumerGroups.apply_assignment``: members by id, each assignment a
+  generation that fences the commits of members it revoked);
 - ``ConsumerGroups``: a vhost's groups by name, and the task that rebalances them. A rebalance
   waits until joins and leaves pause for ``REBALANCE_DELAY`` seconds (``MAX_REBALANCE_DELAY`` at
   most): a client that cancels its consumers on six partitions one after another (pika does,
@@ -24,14 +27,14 @@ moves with the owner's acks and is stored durably with the stream.
 
 from __future__ import annotations
 
-import re
-from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from ..consumer import Consumer, DeliveryChannel
+from .assignment import balanced_assignment, natural_order
+from .partition import GroupFence
 
 if TYPE_CHECKING:
     from .queue import StreamQueue
@@ -42,7 +45,18 @@ MAX_REBALANCE_DELAY = 2.0
 
 def natural_key(queue: StreamQueue) -> list[int | str]:
     """``orders-2`` before ``orders-10``."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"([0-9]+)", queue.name)]
+    return natural_order(queue.name)
+
+
+class GroupCoordination(Protocol):
+    """A cluster's assignment of every node's members (``tqbroker.cluster.groups``)."""
+
+    member_prefix: str  # what makes this node's member ids unique in the cluster
+
+    def members_changed(self, vhost: str, group: ConsumerGroup) -> None:
+        """``group``'s members here changed (it may be empty now): the cluster assigns again,
+        and calls ``ConsumerGroups.apply_assignment`` with what it decides."""
+        ...
 
 
 class ConsumerGroup:
@@ -52,15 +66,32 @@ class ConsumerGroup:
         self.subscriptions: dict[StreamQueue, list[Consumer]] = {}
         self.owners: dict[StreamQueue, Consumer] = {}
         self._members: dict[DeliveryChannel, int] = {}  # consumers per member, in join order
+        self._ids: dict[DeliveryChannel, str] = {}  # each member's id (a cluster's assignment)
+        self.generation = 0  # the cluster's assignment applied (0: assigned here alone)
 
     @property
     def members(self) -> list[DeliveryChannel]:
         return list(self._members)
 
-    def join(self, queue: StreamQueue, consumer: Consumer) -> None:
-        """Add a consumer (``rebalance()`` gives it partitions)."""
+    def member_id(self, channel: DeliveryChannel) -> str:
+        return self._ids[channel]
+
+    def member_partitions(self) -> list[tuple[str, list[str]]]:
+        """Each member's id and the partitions it consumes, in join order."""
+        return [
+            (self._ids[member], [q.name for q, cs in self._subscribed() if member in cs])
+            for member in self._members
+        ]
+
+    def _subscribed(self) -> list[tuple[StreamQueue, set[DeliveryChannel]]]:
+        return [(q, {c.channel for c in cs}) for q, cs in self.subscriptions.items()]
+
+    def join(self, queue: StreamQueue, consumer: Consumer, member_id: str = "") -> None:
+        """Add a consumer (``rebalance()`` gives it partitions); a new member takes
+        ``member_id``."""
         self.subscriptions.setdefault(queue, []).append(consumer)
         self._members[consumer.channel] = self._members.get(consumer.channel, 0) + 1
+        self._ids.setdefault(consumer.channel, member_id)
 
     def leave(self, queue: StreamQueue, consumer: Consumer) -> None:
         """Remove a consumer (``rebalance()`` gives its partition to another)."""
@@ -75,6 +106,7 @@ class ConsumerGroup:
             self._members[consumer.channel] = remaining
         else:
             del self._members[consumer.channel]
+            del self._ids[consumer.channel]
         if self.owners.get(queue) is consumer:
             del self.owners[queue]
             queue.assign(self.name, None)  # nobody reads it until the rebalance
@@ -85,76 +117,89 @@ class ConsumerGroup:
 
     def rebalance(self) -> None:
         """Give each partition a reader (see the module doc), telling queues what changed."""
-        target = self._assignment()
+        self.apply(self._assignment())
+
+    def apply_owners(self, owners: Mapping[str, str], generation: int) -> None:
+        """A cluster's assignment (each partition's member id, by queue name): the partitions
+        it gives members here are theirs, the others are nobody's here."""
+        channels = {member_id: channel for channel, member_id in self._ids.items()}
+        target: dict[StreamQueue, Consumer] = {}
+        for queue in self.subscriptions:
+            channel = channels.get(owners.get(queue.name, ""))
+            if channel is not None:
+                target[queue] = self._consumer_of(queue, channel)
+        self.generation = generation
+        self.apply(target)
+
+    def apply(self, target: Mapping[StreamQueue, Consumer]) -> None:
+        """Make ``target`` the readers: partitions that changed hands are revoked from their
+        owner (cancelled, if it still consumes them) and assigned to the new one."""
         revoked: list[tuple[StreamQueue, Consumer]] = []
         for queue, owner in list(self.owners.items()):
             if target.get(queue) is owner:
                 continue
             del self.owners[queue]
-            if queue not in target:  # nobody of the group consumes it any more
+            if queue not in target:  # nobody here reads it (now)
                 queue.assign(self.name, None)
-            elif owner in self.subscriptions[queue]:
+            if owner in self.subscriptions.get(queue, ()):
                 revoked.append((queue, owner))
         for queue, owner in revoked:  # still there: told it lost the partition (and leaves)
             queue.revoke(owner)
         for queue, owner in target.items():
             if self.owners.get(queue) is not owner:
                 self.owners[queue] = owner
-                queue.assign(self.name, owner)
+                queue.assign(self.name, owner, self._fence(owner))
+
+    def _fence(self, owner: Consumer) -> GroupFence | None:
+        if not self.generation:
+            return None
+        return GroupFence(self._ids[owner.channel], self.generation)
 
     def _assignment(self) -> dict[StreamQueue, Consumer]:
-        """Which consumer reads each partition: sticky and balanced (see the module doc)."""
-        # Partitions with the fewest members to choose from first: a member on only some
-        # partitions then gets one of those rather than nothing.
-        partitions = sorted(
-            self.subscriptions,
-            key=lambda q: (len({c.channel for c in self.subscriptions[q]}), natural_key(q)),
+        """Which consumer reads each partition (``balanced_assignment`` over the members)."""
+        chosen = balanced_assignment(
+            {q: list(dict.fromkeys(c.channel for c in cs)) for q, cs in self.subscriptions.items()},
+            {q: c.channel for q, c in self.owners.items()},
+            list(self._members),
+            lambda queue: queue.name,
         )
-        if not partitions:
-            return {}
-        floor, extra = divmod(len(partitions), len(self._members))
-        load: Counter[DeliveryChannel] = Counter()
-        target: dict[StreamQueue, Consumer] = {}
-        # Current owners keep up to their fair share, then `extra` of them one more.
-        for limit in (floor, floor + 1):
-            for queue in partitions:
-                owner = self.owners.get(queue)
-                if queue in target or owner is None or owner not in self.subscriptions[queue]:
-                    continue
-                if load[owner.channel] < limit and (
-                    limit == floor or sum(n > floor for n in load.values()) < extra
-                ):
-                    target[queue] = owner
-                    load[owner.channel] += 1
-        # The rest go to the least loaded member there (the earliest to join among equals).
-        order = {member: i for i, member in enumerate(self._members)}
-        for queue in partitions:
-            if queue not in target:
-                consumer = min(
-                    self.subscriptions[queue], key=lambda c: (load[c.channel], order[c.channel])
-                )
-                target[queue] = consumer
-                load[consumer.channel] += 1
-        return target
+        return {queue: self._consumer_of(queue, channel) for queue, channel in chosen.items()}
+
+    def _consumer_of(self, queue: StreamQueue, channel: DeliveryChannel) -> Consumer:
+        """The member's consumer that reads ``queue``: the owner's if it is the member's."""
+        owner = self.owners.get(queue)
+        if owner is not None and owner.channel is channel:
+            return owner
+        return next(c for c in self.subscriptions[queue] if c.channel is channel)
 
 
 class ConsumerGroups:
     """A vhost's consumer groups, created by their first consumer, gone with their last.
-    Rebalances run in a task ``spawn`` starts (without one, right away: for tests)."""
+    Rebalances run in a task ``spawn`` starts (without one, right away: for tests); in a
+    cluster (``coordination``), they are the cluster's."""
 
-    def __init__(self, spawn: Callable[[Callable[[], Awaitable[Any]]], None] | None = None) -> None:
+    def __init__(
+        self,
+        spawn: Callable[[Callable[[], Awaitable[Any]]], None] | None = None,
+        vhost: str = "/",
+    ) -> None:
         self.groups: dict[str, ConsumerGroup] = {}
+        self.vhost = vhost
+        self.coordination: GroupCoordination | None = None
         self._spawn = spawn
         self._started = False
-        self._pending: set[ConsumerGroup] = set()
+        self._pending: dict[str, ConsumerGroup] = {}
         self._rebalancing = False
         self._wakeup = trio.Event()
+        self._members_joined = 0  # members' ids: a count
 
     def join(self, name: str, queue: StreamQueue, consumer: Consumer) -> None:
         group = self.groups.get(name)
         if group is None:
             group = self.groups[name] = ConsumerGroup(name)
-        group.join(queue, consumer)
+        self._members_joined += 1
+        prefix = self.coordination.member_prefix if self.coordination is not None else ""
+        group.join(queue, consumer, f"{prefix}{self._members_joined}")
         self._schedule(group)
 
     def leave(self, name: str, queue: StreamQueue, consumer: Consumer) -> None:
@@ -163,12 +208,19 @@ class ConsumerGroups:
             group.leave(queue, consumer)
             if group.empty:
                 del self.groups[name]
-                self._pending.discard(group)
-            else:
-                self._schedule(group)
+                if self.coordination is None:
+                    self._pending.pop(name, None)
+                    return
+            self._schedule(group)
+
+    def apply_assignment(self, name: str, owners: Mapping[str, str], generation: int) -> None:
+        """The cluster's assignment of group ``name`` (see ``ConsumerGroup.apply_owners``)."""
+        group = self.groups.get(name)
+        if group is not None and generation >= group.generation:
+            group.apply_owners(owners, generation)
 
     def _schedule(self, group: ConsumerGroup) -> None:
-        self._pending.add(group)
+        self._pending[group.name] = group
         if self._spawn is None:
             if not self._rebalancing:
                 self._rebalance_pending()
@@ -184,7 +236,11 @@ class ConsumerGroups:
         self._rebalancing = True
         try:
             while self._pending:
-                self._pending.pop().rebalance()
+                _name, group = self._pending.popitem()
+                if self.coordination is not None:
+                    self.coordination.members_changed(self.vhost, group)
+                else:
+                    group.rebalance()
         finally:
             self._rebalancing = False
 

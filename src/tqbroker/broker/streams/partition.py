@@ -55,6 +55,16 @@ class StorageInfo:
 OffsetKind = Literal["tracked", "group"]  # a tracked consumer's offset, a group's committed one
 
 
+@attrs.frozen
+class GroupFence:
+    """Who commits a group's offset in a cluster: the member the assignment of ``generation``
+    gave the partition to. A leader that knows a later generation giving the partition to
+    another member refuses the commit (Kafka's generation fencing)."""
+
+    member: str
+    generation: int
+
+
 class ReplicaGate(Protocol):
     """What a cluster puts in front of a replicated partition (a leader's or a follower's
     replica state, ``tqbroker.cluster.replica``)."""
@@ -79,9 +89,11 @@ class ReplicaGate(Protocol):
         one's confirm waits for; None when they are not forwarded (the refusal stands)."""
         ...
 
-    def offset_stored(self, kind: OffsetKind, name: str, offset: int) -> None:
+    def offset_stored(
+        self, kind: OffsetKind, name: str, offset: int, fence: GroupFence | None = None
+    ) -> None:
         """A consumer's offset was stored here (a follower sends it to its leader, which
-        sends every replica its offsets)."""
+        sends every replica its offsets), by the member ``fence`` names (a group's)."""
         ...
 
 
@@ -292,10 +304,11 @@ class Partition:
         """Each consumer group's committed offset (the next one it reads), by name."""
         return self._log.group_offsets
 
-    def commit_group_offset(self, group: str, offset: int) -> None:
-        """Commit a group's offset (durable at the next flush)."""
+    def commit_group_offset(self, group: str, offset: int, fence: GroupFence | None = None) -> None:
+        """Commit a group's offset (durable at the next flush), for the member ``fence``
+        names (a cluster's assignment)."""
         self._log.commit_group_offset(group, offset)
-        self._offset_stored("group", group, offset)
+        self._offset_stored("group", group, offset, fence)
 
     @property
     def tracked_offsets(self) -> Mapping[str, int]:
@@ -307,10 +320,12 @@ class Partition:
         self._log.store_offset(consumer_tag, offset)
         self._offset_stored("tracked", consumer_tag, offset)
 
-    def _offset_stored(self, kind: OffsetKind, name: str, offset: int) -> None:
+    def _offset_stored(
+        self, kind: OffsetKind, name: str, offset: int, fence: GroupFence | None = None
+    ) -> None:
         self.offsets_version += 1
         if self.gate is not None:
-            self.gate.offset_stored(kind, name, offset)
+            self.gate.offset_stored(kind, name, offset, fence)
 
     def take_offsets(self, tracked: Mapping[str, int], groups: Mapping[str, int]) -> None:
         """The offsets a replicated partition's leader keeps (a follower takes them as

@@ -60,7 +60,7 @@ from .compaction import compaction_policy
 from .consumer_arguments import Start, StreamConsumerArguments
 from .cursor import GroupCursor
 from .groups import ConsumerGroups
-from .partition import Partition
+from .partition import GroupFence, Partition
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ class StreamQueue(Queue):
                         cursor.rewind(message_id)
                     else:
                         cursor.settle(message_id)
-                self.partition.commit_group_offset(group, cursor.committed)
+                self.partition.commit_group_offset(group, cursor.committed, cursor.fence)
         consumer.unacked -= len(message_ids)
         self._wakeup.set()
         if not consumer.unacked and consumer not in self._positions:
@@ -371,21 +371,24 @@ class StreamQueue(Queue):
 
     # -- consumer groups (called by ``ConsumerGroup``) ---------------------------------------
 
-    def assign(self, group: str, consumer: Consumer | None) -> None:
-        """``consumer`` now reads this partition for ``group`` (None: nobody does). It starts at
-        the group's committed offset: what the previous reader left unacked is delivered
-        again; a group new to the partition starts where the consumer's ``x-stream-offset``
-        says, committed at once so that no later reader starts past it."""
+    def assign(
+        self, group: str, consumer: Consumer | None, fence: GroupFence | None = None
+    ) -> None:
+        """``consumer`` now reads this partition for ``group`` (None: nobody does), its
+        commits fenced by ``fence`` (a cluster's assignment). It starts at the group's
+        committed offset: what the previous reader left unacked is delivered again; a group
+        new to the partition starts where the consumer's ``x-stream-offset`` says, committed
+        at once so that no later reader starts past it."""
         if consumer is None:
             self._cursors.pop(group, None)
             return
         committed = self.partition.group_offsets.get(group)
         if committed is None:
             committed = self._start_offset(self._arguments[consumer].start)
-            self.partition.commit_group_offset(group, committed)
+            self.partition.commit_group_offset(group, committed, fence)
             if self.flusher is not None:
                 self.flusher.poke()
-        self._cursors[group] = GroupCursor(consumer, committed)
+        self._cursors[group] = GroupCursor(consumer, committed, fence)
         self._wakeup.set()
 
     def revoke(self, consumer: Consumer) -> None:
