@@ -104,6 +104,7 @@ ROUTING = (
 )
 DATA_DIR_LOCK = ("tests/server/test_data_dir_lock.py",)
 CLUSTER = ("tests/cluster/test_cluster_core.py", "tests/cluster/test_cluster_faults.py")
+CLUSTER_GROUPS = ("tests/cluster/test_cluster_group_assignment.py",)
 TIMESTAMPS = ("tests/protocol/test_timestamps.py", "tests/protocol/test_codec.py")
 ACCEPTING = ("tests/server/test_accept_exhausted.py", "tests/storage/test_out_of_descriptors.py")
 _BAD_INPUT = "tests/interop/test_bad_input.py::"
@@ -850,5 +851,21 @@ def mutants() -> list[Mutant]:
             "self.commit.answered(start + taken, start + len(batch))",
             "self.commit.answered(start + len(batch), start + len(batch))",
             CLUSTER,
+        ),
+        Mutant(
+            "stale-group-commit-taken",
+            "cluster",
+            "cluster/groups.py",
+            "assignment.generation > fence.generation",
+            "assignment.generation < fence.generation",
+            CLUSTER_GROUPS,
+        ),
+        Mutant(
+            "group-assignment-keeps-its-generation",
+            "cluster",
+            "cluster/groups.py",
+            "generation = found[0].generation + 1 if found is not None else 1",
+            "generation = found[0].generation if found is not None else 1",
+            CLUSTER_GROUPS,
         ),
     ]

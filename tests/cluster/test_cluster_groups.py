@@ -2,7 +2,8 @@
 connected to different nodes split a six-partition topic between them as members on one node do
 (each partition read by exactly one member, two each), the partitions of a member that leaves go
 to the others, its node's members' entry goes with a killed node's lease, and the group's commits
-reach every replica (no lag left on any node once everything is acked)."""
+reach every replica (no lag left on any node once everything is acked); every node describes the
+whole group."""
 
 from __future__ import annotations
 
@@ -62,6 +63,16 @@ def lag_everywhere(processes: list[BrokerProcess], group: str) -> list[int | Non
     return lags
 
 
+def described(process: BrokerProcess, group: str) -> tuple[int, int]:
+    """What ``process`` says of the group: its members, and how many partitions have a reader
+    (``tqbroker-ctl groups describe``'s routes)."""
+    with httpx.Client(base_url=process.http_url, auth=("guest", "guest")) as api:
+        groups = api.get("/topics/orders/groups").json()
+        found = api.get(f"/topics/orders/groups/{group}").json()
+    members = next(g["members"] for g in groups if g["group"] == group)
+    return members, sum(p["reader"] is not None for p in found["partitions"])
+
+
 def test_members_on_three_nodes_split_the_partitions_and_take_over_a_leaver_s(
     tmp_path: Path, etcd: EtcdProcess
 ) -> None:
@@ -76,6 +87,9 @@ def test_members_on_three_nodes_split_the_partitions_and_take_over_a_leaver_s(
         owned = [m.partitions for m in members]
         assert [len(p) for p in owned] == [2, 2, 2], owned  # one reader per partition
         assert set().union(*owned) == set(range(PARTITIONS))
+        for process in processes:  # every node describes the whole group
+            whole = functools.partial(lambda p: described(p, "billing") == (3, 6), process)
+            eventually(whole, SETTLE, POLL, what=f"the group described on {process.url}")
 
         members[2].close()  # it leaves: its two partitions go to the members on n0 and n1
         publish(processes[1], 600, 600)

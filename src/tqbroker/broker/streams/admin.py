@@ -188,7 +188,9 @@ class GroupPartition:
     partition: int
     committed: int | None  # the next offset the group reads; None: it never read this one
     latest: int
-    reader: str | None  # the consumer tag of the member reading it now
+    # The consumer tag of the member reading it now (in a cluster, one on another node: its
+    # member id, ``node/run/number``).
+    reader: str | None
 
     @property
     def lag(self) -> int | None:
@@ -221,6 +223,7 @@ def group(vhost: VirtualHost, topic: str, name: str) -> list[GroupPartition]:
     live = vhost.consumer_groups.groups.get(name)
     owners = live.owners if live is not None else {}
     result = []
+    groups = vhost.consumer_groups
     for n, queue in enumerate(found):
         owner = owners.get(queue)
         result.append(
@@ -228,10 +231,10 @@ def group(vhost: VirtualHost, topic: str, name: str) -> list[GroupPartition]:
                 n,
                 queue.partition.group_offsets.get(name),
                 queue.partition.high_watermark,
-                owner.tag if owner is not None else None,
+                owner.tag if owner is not None else groups.read_elsewhere(name, queue),
             )
         )
-    reading = live is not None and any(q in live.subscriptions for q in found)
+    reading = _members(vhost, name, found) > 0
     if not reading and all(p.committed is None for p in result):
         raise NotFound(f"no consumer group '{name}' on topic '{topic}'")
     return result
@@ -241,11 +244,13 @@ def group(vhost: VirtualHost, topic: str, name: str) -> list[GroupPartition]:
 
 
 def _members(vhost: VirtualHost, group: str, queues: Sequence[StreamQueue]) -> int:
-    """How many members (channels) of ``group`` consume one of ``queues``."""
-    live = vhost.consumer_groups.groups.get(group)
-    if live is None:
-        return 0
-    return len({c.channel for q in queues for c in live.subscriptions.get(q, [])})
+    """How many members of ``group`` consume one of ``queues``: channels here, and in a
+    cluster the members elsewhere that read one of them."""
+    groups = vhost.consumer_groups
+    live = groups.groups.get(group)
+    here = {c.channel for q in queues for c in live.subscriptions.get(q, [])} if live else set()
+    elsewhere = {groups.read_elsewhere(group, q) for q in queues} - {None}
+    return len(here) + len(elsewhere)
 
 
 def state(vhost: VirtualHost, group: str, queues: Sequence[StreamQueue]) -> str:
@@ -260,6 +265,9 @@ def groups_of(vhost: VirtualHost, topic: str) -> list[GroupSummary]:
         names.update(queue.partition.group_offsets)
     for name, live in vhost.consumer_groups.groups.items():
         if any(q in live.subscriptions for q in queues):
+            names.add(name)
+    for name in vhost.consumer_groups.assignments:
+        if _members(vhost, name, queues):
             names.add(name)
     return [
         GroupSummary(name, topic, _members(vhost, name, queues), state(vhost, name, queues))

@@ -76,6 +76,10 @@ class ConsumerGroup:
     def member_id(self, channel: DeliveryChannel) -> str:
         return self._ids[channel]
 
+    @property
+    def member_ids(self) -> set[str]:
+        return set(self._ids.values())
+
     def member_partitions(self) -> list[tuple[str, list[str]]]:
         """Each member's id and the partitions it consumes, in join order."""
         return [
@@ -192,6 +196,8 @@ class ConsumerGroups:
         self._rebalancing = False
         self._wakeup = trio.Event()
         self._members_joined = 0  # members' ids: a count
+        # A cluster's latest assignment of each group: partition (queue name) -> member id.
+        self.assignments: dict[str, Mapping[str, str]] = {}
 
     def join(self, name: str, queue: StreamQueue, consumer: Consumer) -> None:
         group = self.groups.get(name)
@@ -215,9 +221,18 @@ class ConsumerGroups:
 
     def apply_assignment(self, name: str, owners: Mapping[str, str], generation: int) -> None:
         """The cluster's assignment of group ``name`` (see ``ConsumerGroup.apply_owners``)."""
+        self.assignments[name] = owners
         group = self.groups.get(name)
         if group is not None and generation >= group.generation:
             group.apply_owners(owners, generation)
+
+    def read_elsewhere(self, name: str, queue: StreamQueue) -> str | None:
+        """The id of the member on another node that the cluster gives ``queue`` to, if any."""
+        member = self.assignments.get(name, {}).get(queue.name)
+        group = self.groups.get(name)
+        if member is None or (group is not None and member in group.member_ids):
+            return None
+        return member
 
     def _schedule(self, group: ConsumerGroup) -> None:
         self._pending[group.name] = group
