@@ -49,7 +49,8 @@ class UserDb:
         # RabbitMQ's user limits (``max-connections``, ``max-channels``) by user; checked by
         # ``broker/limits.py``, exported in each user's ``limits``.
         self.limits: dict[str, dict[str, int]] = {}
-        self.generation = 0
+        self.generation = 0  # counts the changes (a cluster's catalog follows them)
+        self._change = trio.Event()
         self._limiter = trio.CapacityLimiter(1)
 
     # -- reads -------------------------------------------------------------------------------
@@ -85,11 +86,21 @@ class UserDb:
 
     # -- mutations (each bumps the generation) -----------------------------------------------
 
+    def _changed(self) -> None:
+        self.generation += 1
+        change, self._change = self._change, trio.Event()
+        change.set()
+
+    async def wait_change(self, since: int) -> None:
+        """Until ``generation`` has moved past ``since``."""
+        while self.generation == since:
+            await self._change.wait()
+
     def put_user(self, user: User) -> None:
         """Create or replace a user (its permissions are kept)."""
         validate_hash(user.password_hash, user.hashing_algorithm)
         self.users[user.name] = user
-        self.generation += 1
+        self._changed()
 
     def delete_user(self, name: str) -> bool:
         """Delete a user and its permissions; False if there was none."""
@@ -97,25 +108,25 @@ class UserDb:
         self.limits.pop(name, None)
         self.permissions = {k: p for k, p in self.permissions.items() if k[0] != name}
         self.topic_permissions = {k: p for k, p in self.topic_permissions.items() if k[0] != name}
-        self.generation += 1
+        self._changed()
         return found
 
     def set_permissions(self, user: str, vhost: str, permission: Permission) -> None:
         if user not in self.users:
             raise UserDbError(f"no user '{user}'")
         self.permissions[(user, vhost)] = permission
-        self.generation += 1
+        self._changed()
 
     def clear_permissions(self, user: str, vhost: str) -> bool:
         found = self.permissions.pop((user, vhost), None) is not None
-        self.generation += 1
+        self._changed()
         return found
 
     def set_topic_permissions(self, user: str, vhost: str, permission: TopicPermission) -> None:
         if user not in self.users:
             raise UserDbError(f"no user '{user}'")
         self.topic_permissions[(user, vhost, permission.exchange)] = permission
-        self.generation += 1
+        self._changed()
 
     def clear_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> bool:
         """Clear one exchange's topic permissions, or every one of (user, vhost)."""
@@ -125,14 +136,14 @@ class UserDb:
             for k, p in self.topic_permissions.items()
             if not (k[0] == user and k[1] == vhost and (exchange is None or k[2] == exchange))
         }
-        self.generation += 1
+        self._changed()
         return len(self.topic_permissions) < before
 
     def delete_vhost(self, vhost: str) -> None:
         """Forget every permission on ``vhost`` (the vhost was deleted)."""
         self.permissions = {k: p for k, p in self.permissions.items() if k[1] != vhost}
         self.topic_permissions = {k: p for k, p in self.topic_permissions.items() if k[1] != vhost}
-        self.generation += 1
+        self._changed()
 
     # -- RabbitMQ's definitions shape --------------------------------------------------------
 
@@ -169,7 +180,7 @@ class UserDb:
             self.permissions[(name, vhost)] = permission
         for name, vhost, topic in topics:
             self.topic_permissions[(name, vhost, topic.exchange)] = topic
-        self.generation += 1
+        self._changed()
 
     # -- persistence -------------------------------------------------------------------------
 

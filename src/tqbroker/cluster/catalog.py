@@ -1,9 +1,10 @@
 """The definitions catalog: a node's durable topology and the cluster's (``defs/...`` in etcd)
 kept in step, so that any node routes any publish (§4.2 of ``shared/reference/scaleout.md``).
 
-What is the cluster's (``cluster_entries``): vhosts, durable exchanges, stream queues and the
-bindings whose destination is an exchange or a stream queue. Classic and quorum queues stay on
-the node that declared them in this stage (their home node), and so do the bindings to them.
+What is the cluster's (``cluster_entries``): vhosts, users (with their password hashes),
+permissions and topic permissions, durable exchanges, stream queues and the bindings whose
+destination is an exchange or a stream queue. Classic and quorum queues stay on the node that
+declared them in this stage (their home node), and so do the bindings to them.
 
 A round (``sync``), run at start and whenever either side changes:
 1. the local entries (an export of the broker), the cluster's (the view's cache) and the base
@@ -31,9 +32,15 @@ from urllib.parse import unquote
 
 import trio
 
+from ..auth.internal import UserDbError
 from ..broker.broker import Broker
 from ..broker.definitions_api import export, import_document
-from ..broker.definitions_json import DefinitionsError, decode_table, parse_document
+from ..broker.definitions_json import (
+    AUTH_SECTIONS,
+    DefinitionsError,
+    decode_table,
+    parse_document,
+)
 from ..protocol.errors import AMQPError
 from .catalog_merge import Entries, canonical, entries, merge
 from .metadata import MAX_TXN_OPS, Compare, Delete, MetadataError, MetadataStore, Put
@@ -54,6 +61,7 @@ def cluster_entries(document: Mapping[str, Any]) -> dict[str, bytes]:
     }
     scoped = {
         "vhosts": document.get("vhosts", []),
+        **{section: document.get(section, []) for section in AUTH_SECTIONS},
         "exchanges": document.get("exchanges", []),
         "queues": [q for q in document.get("queues", []) if (q["vhost"], q["name"]) in streams],
         "bindings": [
@@ -84,7 +92,11 @@ class Catalog:
         await self.view.ready.wait()
         started = False
         while True:
-            seen = (self.broker.definitions.generation, self.view.definitions_generation)
+            seen = (
+                self.broker.definitions.generation,
+                self.view.definitions_generation,
+                self.broker.users.generation,
+            )
             try:
                 await self.sync()
             except MetadataError as exc:
@@ -97,11 +109,15 @@ class Catalog:
                 task_status.started()
             await self._changed_since(seen)
 
-    async def _changed_since(self, seen: tuple[int, int]) -> None:
+    async def _changed_since(self, seen: tuple[int, int, int]) -> None:
         async with trio.open_nursery() as nursery:
 
             async def local() -> None:
                 await self.broker.definitions.wait_change(seen[0])
+                nursery.cancel_scope.cancel()
+
+            async def users() -> None:
+                await self.broker.users.wait_change(seen[2])
                 nursery.cancel_scope.cancel()
 
             async def cluster() -> None:
@@ -109,6 +125,7 @@ class Catalog:
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(local)
+            nursery.start_soon(users)
             nursery.start_soon(cluster)
 
     # -- one round ------------------------------------------------------------------------------
@@ -176,20 +193,17 @@ class Catalog:
 
     async def _import(self, created: Mapping[str, bytes]) -> None:
         document: dict[str, list[Any]] = {
-            "vhosts": [],
-            "exchanges": [],
-            "queues": [],
-            "bindings": [],
+            section: [] for section in ("vhosts", "exchanges", "queues", "bindings", *AUTH_SECTIONS)
         }
         for key, entry in created.items():
             document[_kind(key)].append(json.loads(entry))
         named = {v["name"] for v in document["vhosts"]} | set(self.broker.vhosts)
-        for section in ("exchanges", "queues", "bindings"):
+        for section in ("exchanges", "queues", "bindings", "permissions", "topic_permissions"):
             named |= {e["vhost"] for e in document[section]}
         document["vhosts"] = [{"name": name} for name in sorted(named)]
         try:
             skipped = await import_document(self.broker, parse_document(document), strict=False)
-        except DefinitionsError as exc:
+        except (DefinitionsError, UserDbError) as exc:
             log.error("catalog: the cluster's definitions do not import here: %s", exc)
             return
         for line in skipped:
@@ -201,6 +215,16 @@ class Catalog:
             await self.broker.delete_vhost(unquote(key.split("/")[2]))
             return
         found = json.loads(entry)
+        if kind in ("users", *AUTH_SECTIONS):
+            users = self.broker.users
+            if kind == "users":
+                users.delete_user(found["name"])
+            elif kind == "permissions":
+                users.clear_permissions(found["user"], found["vhost"])
+            else:
+                users.clear_topic_permissions(found["user"], found["vhost"], found["exchange"])
+            await users.save(self.broker.config.data_dir)
+            return
         vhost = self.broker.vhosts.get(found["vhost"])
         if vhost is None:
             return
@@ -259,10 +283,13 @@ class Catalog:
 
 
 def _kind(key: str) -> str:
-    """``vhosts``, ``exchanges``, ``queues`` or ``bindings``: what a catalog key names."""
+    """What a catalog key names: ``vhosts`` or ``users`` (``defs/{kind}/{name}``), else
+    ``exchanges``, ``queues``, ``bindings``, ``permissions`` or ``topic_permissions``
+    (``defs/{vhost}/{kind}/{name}``)."""
     parts = key.split("/")
-    return "vhosts" if parts[1] == "vhosts" else parts[2]
+    return parts[1] if len(parts) == 3 else parts[2]
 
 
 def _delete_order(key: str) -> int:
-    return ["bindings", "queues", "exchanges", "vhosts"].index(_kind(key))
+    order = ["bindings", "queues", "exchanges", "topic_permissions", "permissions", "users"]
+    return [*order, "vhosts"].index(_kind(key))

@@ -2,7 +2,9 @@
 (in etcd), over the entries both last agreed on.
 
 Definitions are entries: a key (``defs/{vhost}/queues/{name}``, ``defs/{vhost}/exchanges/...``,
-``defs/{vhost}/bindings/...``, ``defs/vhosts/{vhost}``) and the entry's canonical JSON, as
+``defs/{vhost}/bindings/...``, ``defs/{vhost}/permissions/{user}``,
+``defs/{vhost}/topic_permissions/...``, ``defs/vhosts/{vhost}``, ``defs/users/{user}``) and
+the entry's canonical JSON, as
 RabbitMQ's definitions document holds it (``entries``). A node keeps the entries it last saw
 agree with etcd (the base). Then, for each key:
 
@@ -61,7 +63,7 @@ def canonical(entry: Mapping[str, Any]) -> bytes:
 
 def entries(document: Mapping[str, Any]) -> dict[str, bytes]:
     """A whole-broker definitions document (RabbitMQ's format) as catalog entries: the vhosts,
-    durable exchanges, durable queues and bindings."""
+    durable exchanges, durable queues, users, permissions, topic permissions and bindings."""
     found: dict[str, bytes] = {}
     for vhost in document.get("vhosts", []):
         found[f"defs/vhosts/{key_part(vhost['name'])}"] = canonical(vhost)
@@ -71,6 +73,13 @@ def entries(document: Mapping[str, Any]) -> dict[str, bytes]:
     for exchange in document.get("exchanges", []):
         if exchange.get("durable", True):
             found[_key(exchange["vhost"], "exchanges", exchange["name"])] = canonical(exchange)
+    for user in document.get("users", []):
+        found[f"defs/users/{key_part(user['name'])}"] = canonical(user)
+    for permission in document.get("permissions", []):
+        found[_key(permission["vhost"], "permissions", permission["user"])] = canonical(permission)
+    for topic in document.get("topic_permissions", []):
+        name = json.dumps([topic["user"], topic["exchange"]], separators=(",", ":"))
+        found[_key(topic["vhost"], "topic_permissions", name)] = canonical(topic)
     for binding in document.get("bindings", []):
         # A binding is its ends, key and arguments: its key names them (the arguments by hash).
         ends = [
