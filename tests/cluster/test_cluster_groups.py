@@ -113,4 +113,6 @@ def test_members_on_three_nodes_split_the_partitions_and_take_over_a_leaver_s(
         publish(processes[0], 1200, 300)
         pump(members[:1], 1500, SETTLE, counted=members)
         assert members[0].partitions == set(range(PARTITIONS))
+        for offsets in offsets_by_partition(members).values():  # resumed at the commits
+            assert offsets == set(range(len(offsets)))
         members[0].close()
