@@ -8,7 +8,8 @@ Responsibilities:
   it (``ForwardedCommit``, the ``GroupCommit`` the confirms wait on: a ticket is the count of
   messages forwarded so far). A refusal, a lost link or a role change nacks what was not
   answered: the client may send it again (and may then duplicate it: unconfirmed messages
-  carry no guarantee);
+  carry no guarantee). While ``MAX_QUEUED_BYTES`` of bodies wait, new publishes are refused
+  (nacked) rather than held without bound;
 - offsets stored by consumers on a follower go to the leader too (``store_offset``), which
   keeps every consumer's offsets and sends them to its followers with their fetches;
 - ``take_forwarded``: the leader's side, a batch appended through the stream queue and
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 APPEND: Final = "append"  # the link's operations: forwarded messages
 OFFSETS: Final = "offsets"  # and offsets stored on a follower
 MAX_BATCH: Final = 4096  # messages in one forwarded request
+# Bodies queued for the leader at most: past it, publishes are refused (nacked) until the
+# leader catches up, rather than held in memory without bound.
+MAX_QUEUED_BYTES: Final = 64 * 1024 * 1024
 REFUSED_KEPT: Final = 1024  # refused ranges a late ``wait`` can still tell
 
 Send = Callable[[str, Any], Awaitable[Any]]  # (operation, body) -> the reply's body
@@ -153,6 +157,8 @@ class Forwarder:
         self._send = send
         self.commit = ForwardedCommit()
         self._queued: list[Message] = []
+        self._queued_bytes = 0  # their bodies'
+        self.max_queued_bytes = MAX_QUEUED_BYTES
         self._start = 0  # the ticket before the first queued message
         self._queued_any = trio.Event()
         self._offsets: dict[OffsetKind, dict[str, int]] = {"tracked": {}, "group": {}}
@@ -190,8 +196,20 @@ class Forwarder:
                     exc,
                 )
 
-    def forward(self, messages: Sequence[Message]) -> list[Durability]:
-        """Queue ``messages`` for the leader: what each one's confirm waits for."""
+    def forward(self, messages: Sequence[Message]) -> list[Durability] | None:
+        """Queue ``messages`` for the leader: what each one's confirm waits for (None: the
+        queue is full, they are refused)."""
+        size = sum(len(m.body) for m in messages)
+        if self._queued_bytes + size > self.max_queued_bytes and self._queued:
+            log.warning(
+                "partition %s: %d publish(es) refused: %d bytes wait for %s already",
+                self.key,
+                len(messages),
+                self._queued_bytes,
+                self.leader,
+            )
+            return None
+        self._queued_bytes += size
         self._queued.extend(messages)
         commit = self.commit
         commit.forwarded += len(messages)
@@ -205,6 +223,7 @@ class Forwarder:
                 await self._queued_any.wait()
                 batch = self._queued[:MAX_BATCH]
                 del self._queued[:MAX_BATCH]
+                self._queued_bytes -= sum(len(m.body) for m in batch)
                 if not self._queued:
                     self._queued_any = trio.Event()
                 start, self._start = self._start, self._start + len(batch)
