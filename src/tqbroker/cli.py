@@ -73,6 +73,7 @@ SETTING_FLAGS = (
     ("--advertise", "advertise"),
     ("--peer-port", "peer_port"),
     ("--advertise-peer-port", "advertise_peer_port"),
+    ("--cluster-placement", "cluster_placement"),
 )
 HELP = {
     "--host": "address to listen on (127.0.0.1)",
@@ -107,6 +108,8 @@ HELP = {
     "--peer-port": "the node-to-node link's port, 0 = ephemeral (25672)",
     "--advertise-peer-port": "the port other nodes reach the link on, when a proxy or NAT is "
     "in between (default: --peer-port)",
+    "--cluster-placement": "where the controller puts new partitions' leaders: spread (default) "
+    "over the nodes, or colocate on one",
 }
 SWITCHES: tuple[str, ...] = ("--keep-unloadable-definitions", "--http-access-log")
 SWITCHES += ("--tls-verify-peer", "--tls-fail-if-no-peer-cert", "--tls-only", "--http-tls")

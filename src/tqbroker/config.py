@@ -43,6 +43,7 @@ MAX_FRAME_MAX = 2**32 - 1
 MAX_MESSAGE_SIZE = 512 * 1024 * 1024
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS = ("text", "json")
+PLACEMENTS = ("spread", "colocate")  # tqbroker.cluster.placement's policies
 # The keys whose "off" form (None in Python; "off" or false in a file) disables something.
 OFF_KEYS = ("http_port", "metrics_port", "consumer_timeout_ms")
 
@@ -344,6 +345,9 @@ class BrokerConfig:
     )
     cluster_prefix: str = attrs.field(default="/tqbroker", validator=_not_empty)
     cluster_lease_ttl: int = attrs.field(default=10, validator=_between(2, 3600))
+    # Where the controller puts new partitions' leaders: ``spread`` over the nodes, or
+    # ``colocate`` on one (the controller's setting applies: give every node the same).
+    cluster_placement: str = attrs.field(default="spread", validator=_one_of(PLACEMENTS))
 
 
 class ConfigError(Exception):

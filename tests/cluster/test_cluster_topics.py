@@ -1,7 +1,8 @@
 """A partitioned topic on a real three-node cluster, through the HTTP topic API: declared on one
 node, its six partitions exist on every node, each with three replicas and the leaders spread
 over the nodes; records produced through another node (forwarded to each partition's leader)
-are durable on every replica and read back, in order, from a third."""
+are durable on every replica and read back, in order, from a third. With ``cluster_placement =
+"colocate"`` every leader is on one node: the controller's."""
 
 from __future__ import annotations
 
@@ -84,3 +85,23 @@ def test_a_partitioned_topic_spreads_its_leaders_and_takes_records_on_any_node(
             assert [m["value"] for m in read.json()["messages"]][: len(values)] == values
         for api in apis:
             api.close()
+
+
+def test_colocated_placement_puts_every_leader_on_the_controller(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    nodes = Nodes(tmp_path, etcd)
+    nodes.config.write_text('cluster_lease_ttl = 3\ncluster_placement = "colocate"\n')
+    try:
+        for n in range(3):
+            nodes.start(n)
+        controller = eventually(nodes.controller, 60, POLL, what="a controller")
+        with httpx.Client(base_url=nodes.running["n0"].http_url, auth=("guest", "guest")) as api:
+            response = api.put("/topics/orders", json={"partitions": PARTITIONS})
+            assert response.status_code == 201, response.text
+        placed = eventually(
+            lambda: in_sync(records_of(nodes)), 60, POLL, what="six partitions in sync"
+        )
+        assert {record.leader for record in placed.values()} == {controller}
+    finally:
+        nodes.stop_all()
