@@ -853,6 +853,14 @@ def mutants() -> list[Mutant]:
             CLUSTER,
         ),
         Mutant(
+            "preferred-election-to-an-ineligible-replica",
+            "cluster",
+            "cluster/placement.py",
+            "    if not eligible(record, preferred, live, reports):\n        return None\n",
+            "",
+            ("tests/cluster/test_placement.py",),
+        ),
+        Mutant(
             "stale-group-commit-taken",
             "cluster",
             "cluster/groups.py",

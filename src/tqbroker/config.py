@@ -348,6 +348,9 @@ class BrokerConfig:
     # Where the controller puts new partitions' leaders: ``spread`` over the nodes, or
     # ``colocate`` on one (the controller's setting applies: give every node the same).
     cluster_placement: str = attrs.field(default="spread", validator=_one_of(PLACEMENTS))
+    # Every this many seconds the controller gives leadership back to preferred replicas
+    # (Kafka's automatic preferred leader election; 0: never).
+    cluster_leader_rebalance_interval: int = attrs.field(default=300, validator=_between(0))
 
 
 class ConfigError(Exception):

@@ -2,7 +2,8 @@
 node, its six partitions exist on every node, each with three replicas and the leaders spread
 over the nodes; records produced through another node (forwarded to each partition's leader)
 are durable on every replica and read back, in order, from a third. With ``cluster_placement =
-"colocate"`` every leader is on one node: the controller's."""
+"colocate"`` every leader is on one node: the controller's. A node killed and restarted leads
+its share again at the next preferred leader election (``cluster_leader_rebalance_interval``)."""
 
 from __future__ import annotations
 
@@ -103,5 +104,42 @@ def test_colocated_placement_puts_every_leader_on_the_controller(
             lambda: in_sync(records_of(nodes)), 60, POLL, what="six partitions in sync"
         )
         assert {record.leader for record in placed.values()} == {controller}
+    finally:
+        nodes.stop_all()
+
+
+def spread(nodes: Nodes) -> dict[str, PartitionRecord] | None:
+    """The records, once in sync with their leaders two on each node."""
+    placed = in_sync(records_of(nodes))
+    if placed is None:
+        return None
+    leaders = Counter(record.leader for record in placed.values())
+    return placed if sorted(leaders.values()) == [2, 2, 2] else None
+
+
+def test_a_restarted_node_leads_its_share_again_after_the_preferred_election(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    nodes = Nodes(tmp_path, etcd)
+    nodes.config.write_text("cluster_lease_ttl = 3\ncluster_leader_rebalance_interval = 2\n")
+    try:
+        for n in range(3):
+            nodes.start(n)
+        with httpx.Client(base_url=nodes.running["n0"].http_url, auth=("guest", "guest")) as api:
+            response = api.put("/topics/orders", json={"partitions": PARTITIONS})
+            assert response.status_code == 201, response.text
+        before = eventually(lambda: spread(nodes), 60, POLL, what="leaders spread")
+        victim = "n1"
+        nodes.running.pop(victim).kill()
+        eventually(
+            lambda: all(r.leader != victim for r in records_of(nodes).values()),
+            60,
+            POLL,
+            what=f"leaders off {victim}",
+        )
+        nodes.start(1)
+        after = eventually(lambda: spread(nodes), 90, POLL, what=f"{victim} leading again")
+        # Each partition led by its preferred replica again: as placed at first.
+        assert {q: r.leader for q, r in after.items()} == {q: r.leader for q, r in before.items()}
     finally:
         nodes.stop_all()

@@ -1,6 +1,7 @@
 """The controller's placement and elections as properties over random clusters: replicas on
 distinct live nodes, leaders spread (or kept on one node), clean elections only (an ISR member
-whose replica is the recorded one and intact), epochs that only go up, an ISR never empty; and
+whose replica is the recorded one and intact), preferred elections only to an eligible first
+replica, epochs that only go up, an ISR never empty; and
 the records' encoding round-trips."""
 
 from __future__ import annotations
@@ -11,7 +12,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tqbroker.cluster.placement import COLOCATE, elect, eligible, move_leader, place
+from tqbroker.cluster.placement import (
+    COLOCATE,
+    elect,
+    eligible,
+    leader_live,
+    move_leader,
+    place,
+    prefer_leader,
+)
 from tqbroker.cluster.records import (
     OFFLINE,
     ONLINE,
@@ -105,6 +114,29 @@ def test_a_controlled_shutdown_moves_leadership_to_an_eligible_member(
     assert after.leader is not None
     assert eligible(record, after.leader, live, reports)
     assert after.epoch == record.epoch + 1
+
+
+@given(partitions())
+def test_a_preferred_election_gives_the_first_replica_back_its_lead_when_it_may(
+    case: tuple[PartitionRecord, dict[str, int], dict[str, ReplicaReport]],
+) -> None:
+    record, live, reports = case
+    after = prefer_leader(record, live, reports)
+    preferred = record.replicas[0]
+    may = (
+        record.leader != preferred
+        and leader_live(record, live)
+        and eligible(record, preferred, live, reports)
+    )
+    if not may:
+        assert after is None  # a leader that is gone is elect()'s; a preferred one stays
+        return
+    assert after is not None
+    assert after.leader == preferred
+    assert after.epoch == record.epoch + 1
+    assert after.leader_incarnation == live[preferred]
+    assert after.isr  # never empty
+    assert set(after.isr) <= set(record.isr)
 
 
 @given(

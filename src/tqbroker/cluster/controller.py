@@ -12,6 +12,9 @@ Responsibilities:
   led by its first replica at epoch 1, the leader its only in-sync member until its followers
   catch up); a partition whose queue definition is gone is deleted; a partition whose leader is
   gone gets a clean election (epoch + 1) or goes offline;
+- every ``leader_rebalance_interval`` (300 s, Kafka's ``leader.imbalance.check.interval``), it
+  gives leadership back to each partition's preferred replica where that one is eligible again
+  (Kafka's automatic preferred leader election): a node back from a restart leads its share;
 - it assigns consumer groups' partitions among their members on every node
   (``groups.assignment_changes``);
 - its writes are compare-and-swaps on each partition key's mod revision, batched into
@@ -40,7 +43,7 @@ from .metadata import (
     Put,
     RangeResult,
 )
-from .placement import SPREAD, Policy, elect, place
+from .placement import SPREAD, Policy, elect, place, prefer_leader
 from .records import ControllerRecord, PartitionRecord, controller_key, partition_key
 from .view import ClusterView
 
@@ -69,11 +72,13 @@ class Controller:
         membership: Membership,
         *,
         policy: Policy = SPREAD,
+        leader_rebalance_interval: float = 300.0,
     ) -> None:
         self.store = store
         self.view = view
         self.membership = membership
         self.policy: Policy = policy
+        self.leader_rebalance_interval = leader_rebalance_interval  # 0: never
         self.token = 0  # the controller key's create revision while this node controls
         self.writes = 0  # partition records written (for tests and metrics)
 
@@ -140,8 +145,13 @@ class Controller:
 
     async def _serve(self, incarnation: int, token: int) -> None:
         await self.view.wait_for(token)
+        interval = self.leader_rebalance_interval
+        rebalance_at = trio.current_time() + interval
         while not self._fenced(incarnation, token):
             changes = self.decide()
+            if not changes and interval and trio.current_time() >= rebalance_at:
+                changes = self.preferred_leaders()
+                rebalance_at = trio.current_time() + interval
             if changes:
                 try:
                     await self._write(token, changes)
@@ -149,7 +159,10 @@ class Controller:
                     log.warning("controller: %s", exc)
                     await trio.sleep(RETRY_SECONDS)
                 continue
-            with trio.move_on_after(RETRY_SECONDS * 4):
+            wait = RETRY_SECONDS * 4
+            if interval:
+                wait = max(0.0, min(wait, rebalance_at - trio.current_time()))
+            with trio.move_on_after(wait):
                 await self.view.wait_changed()
             await trio.sleep(DEBOUNCE_SECONDS)
 
@@ -193,6 +206,18 @@ class Controller:
             if elected is not None:
                 changes.append(Change(Compare.mod_revision(key, mod), Put(key, elected.encode())))
         changes.extend(Change(compare, write) for compare, write in assignment_changes(view))
+        return changes
+
+    def preferred_leaders(self) -> list[Change]:
+        """Leadership back to each partition's preferred replica where it is eligible
+        (``placement.prefer_leader``)."""
+        view = self.view
+        changes = []
+        for (vhost, queue), (record, mod) in sorted(view.partitions.items()):
+            preferred = prefer_leader(record, view.live, view.reports_for(vhost, queue))
+            if preferred is not None:
+                key = partition_key(self.prefix, vhost, queue)
+                changes.append(Change(Compare.mod_revision(key, mod), Put(key, preferred.encode())))
         return changes
 
     async def _write(self, token: int, changes: Sequence[Change]) -> None:

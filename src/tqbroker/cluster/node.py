@@ -69,6 +69,7 @@ class ClusterSettings:
     prefix: str = DEFAULT_PREFIX
     lease_ttl: int = 10  # seconds
     placement: Policy = SPREAD
+    leader_rebalance_interval: float = 300.0  # seconds (0: leaders stay where they are)
     replication: ReplicationSettings = attrs.field(factory=ReplicationSettings)
     # The node-to-node listener (None: no listener, the caller links the nodes: the
     # simulation) and the host (and port, None: the listener's) other nodes reach it on.
@@ -117,7 +118,13 @@ class ClusterNode:
             forward_to=forward_to or self.links.forward_to,
             settings=settings.replication,
         )
-        self.controller = Controller(store, self.view, self.membership, policy=settings.placement)
+        self.controller = Controller(
+            store,
+            self.view,
+            self.membership,
+            policy=settings.placement,
+            leader_rebalance_interval=settings.leader_rebalance_interval,
+        )
         self.catalog = Catalog(broker, store, self.view)
         self.groups = ClusterGroups(broker, store, self.view, self.membership)
         broker.group_coordination = self.groups

@@ -14,7 +14,10 @@ Responsibilities:
   last member (an ISR is never empty). With no such replica the partition is ``offline`` (no
   leader) until a member of its last ISR comes back;
 - ``move_leader``: a controlled shutdown's move of leadership away from a node, to another
-  eligible member (none: it stays).
+  eligible member (none: it stays);
+- ``prefer_leader``: leadership back to the preferred replica once it is eligible again
+  (Kafka's preferred leader election, which the controller runs every
+  ``leader_rebalance_interval``: after a node's restart its partitions are led by it again).
 """
 
 from __future__ import annotations
@@ -109,6 +112,19 @@ def move_leader(
     if not any(eligible(record, n, others, reports) for n in record.replicas):
         return None
     return _hand_over(record, away_from, others, reports)
+
+
+def prefer_leader(
+    record: PartitionRecord, live: Live, reports: Mapping[str, ReplicaReport]
+) -> PartitionRecord | None:
+    """Leadership given back to the preferred replica (the first), when another leads and
+    the preferred one is eligible (Kafka's preferred leader election); None otherwise."""
+    preferred = record.replicas[0]
+    if record.leader == preferred or not leader_live(record, live):
+        return None
+    if not eligible(record, preferred, live, reports):
+        return None
+    return _hand_over(record, record.leader, {preferred: live[preferred]}, reports)
 
 
 def _hand_over(

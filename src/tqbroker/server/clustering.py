@@ -37,6 +37,7 @@ def cluster_node(broker: Broker, config: BrokerConfig) -> ClusterNode | None:
         advertise_peer_port=config.advertise_peer_port,
         advertise_host=advertised_host(config),
         placement="colocate" if config.cluster_placement == "colocate" else "spread",
+        leader_rebalance_interval=config.cluster_leader_rebalance_interval,
     )
     node = ClusterNode(broker, EtcdClient(config.cluster_etcd), settings)
     broker.node_name = node_name(node.node_id)  # the management API's and metrics' name
