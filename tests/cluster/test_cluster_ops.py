@@ -1,6 +1,6 @@
 """A real cluster (one etcd, three ``python -m tqbroker --cluster-etcd`` processes) seen through
 its operations surface: ``/api/nodes`` lists the three nodes under their ``tqbroker@<id>``
-names, ``GET /cluster`` the nodes, the controller and a two-partition topic's replicated
+names (each with its own figures; a killed one as not running), ``GET /cluster`` the nodes, the controller and a two-partition topic's replicated
 partitions, ``topics describe`` and ``cluster status`` (``python -m tqbroker ctl``) their
 leaders, replicas and ISRs, the leader's metrics their ISR and its followers' lag; once a
 follower is killed, the partitions it replicated are under-replicated on every one of these.
@@ -144,6 +144,8 @@ def test_nodes_cluster_status_describe_and_metrics_of_a_three_node_cluster(
             assert here["cluster"]["id"] == "n0"
             other = http.get("/api/nodes/tqbroker@n2").json()
             assert other["cluster"]["amqp"] == found["nodes"][2]["amqp"]
+            assert other["mem_limit"] > 0  # its own figures, asked over the node-to-node link
+            assert other["os_pid"] == str(nodes.running["n2"].proc.pid)
             assert http.get("/api/nodes/tqbroker@nosuch").status_code == 404
             assert http.get("/api/overview").json()["node"] == "tqbroker@n0"
             for n in range(20):
@@ -210,5 +212,8 @@ def test_nodes_cluster_status_describe_and_metrics_of_a_three_node_cluster(
             assert samples(process, "tqbroker_stream_in_sync_replicas")[("/", queue)] == 2
         status = ctl(first, "cluster", "status")
         assert "UnderReplicated: 2" in status
-        with api(first) as http:
-            assert len(http.get("/api/nodes").json()) == 2
+        with api(first) as http:  # RabbitMQ's: a member that is down, not running
+            listed = http.get("/api/nodes").json()
+            assert [n["name"] for n in listed] == [f"tqbroker@{n}" for n in NAMES]
+            down = {n["name"]: n["running"] for n in listed}
+            assert down == {f"tqbroker@{n}": n != victim for n in NAMES}

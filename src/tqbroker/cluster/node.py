@@ -43,7 +43,7 @@ from .groups import ClusterGroups
 from .isr_writes import IsrWrites
 from .membership import Membership, load_node_id
 from .metadata import Compare, Get, MetadataStore, Put, RangeResult
-from .peer_link import LinkSettings, PeerError
+from .peer_link import LinkSettings, PeerError, PeerLinkError
 from .peers import FETCH, PeerLinks, join_address
 from .placement import SPREAD, Policy
 from .records import (
@@ -60,6 +60,8 @@ from .view import ClusterView
 log = logging.getLogger(__name__)
 
 SECRET_BYTES: Final = 32
+STATS: Final = "stats"  # the link's operation: what the management API shows of a node
+STATS_SECONDS: Final = 2.0  # another node's stats wait this long at most
 LEAVE_SECONDS: Final = 10.0  # a controlled shutdown waits this long for the new leaders
 
 
@@ -129,6 +131,8 @@ class ClusterNode:
         self.groups = ClusterGroups(broker, store, self.view, self.membership)
         broker.group_coordination = self.groups
         self.secret = b""
+        # What ``/api/nodes`` shows of this node, for the others (set by the server).
+        self.stats: Callable[[], dict[str, Any]] = dict
         self._advertised = trio.Event()
         self._registration = trio.CancelScope()  # the membership and the controller's campaign
         broker.replication = self.roles  # before the broker opens any stream
@@ -144,7 +148,12 @@ class ClusterNode:
                     self.links.serve,
                     self.settings.peer_host,
                     self.settings.peer_port,
-                    {FETCH: self._fetch, APPEND: self.take_forwarded, OFFSETS: self.take_offsets},
+                    {
+                        FETCH: self._fetch,
+                        APPEND: self.take_forwarded,
+                        OFFSETS: self.take_offsets,
+                        STATS: self._stats,
+                    },
                 )
                 if self.settings.advertise_peer_port is not None:
                     port = self.settings.advertise_peer_port
@@ -191,6 +200,26 @@ class ClusterNode:
         registers, with them in its record."""
         self.membership.record = attrs.evolve(self.membership.record, amqp=amqp, http=http)
         self._advertised.set()
+
+    async def _stats(self, peer: str, body: Any) -> Any:
+        return self.stats()
+
+    async def stats_of(self, node: str) -> dict[str, Any] | None:
+        """Another node's stats over the link (None: it does not answer in time)."""
+        with trio.move_on_after(STATS_SECONDS):
+            try:
+                found = await self.links.forward_to(node)(STATS, {})
+            except (PeerLinkError, OSError, KeyError, trio.TooSlowError) as exc:
+                log.debug("node %s: no stats from %s: %s", self.node_id, node, exc)
+                return None
+            return dict(found) if isinstance(found, dict) else None
+        return None
+
+    def known_nodes(self) -> set[str]:
+        """Every node the cluster knows of: registered, or a partition's replica (a node that
+        is down is still a member)."""
+        replicas = {n for record, _mod in self.view.partitions.values() for n in record.replicas}
+        return set(self.view.nodes) | replicas
 
     async def _fetch(self, peer: str, body: Any) -> Any:
         request = FetchRequest.decode(body)

@@ -39,6 +39,7 @@ from .admission import HandshakeAdmission, Ticket
 from .clustering import advertise, cluster_node, run_node
 from .connection import AMQPConnection
 from .http import serve_http, serve_metrics
+from .http.mgmt_overview import node_stats
 from .registry import Connections
 from .tls import ServerTls
 
@@ -81,6 +82,8 @@ async def serve(
     broker = Broker(config, env)
     node = cluster_node(broker, config)  # before the broker opens its streams
     connections = Connections()
+    if node is not None:  # what the other nodes' /api/nodes show of this one
+        node.stats = functools.partial(node_stats, broker, connections)
     all_closed = trio.Event()
     async with trio.open_nursery() as broker_nursery:
         await broker_nursery.start(broker.run)

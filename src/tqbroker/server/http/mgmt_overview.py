@@ -14,6 +14,7 @@ import resource
 import time
 from typing import Any
 
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -27,8 +28,9 @@ from ...broker.vhost import VirtualHost
 from ...model import Message
 from ...protocol.errors import AMQPError
 from ...protocol.methods import BasicProperties
+from ..registry import Connections
 from .auth import broker_of
-from .cluster_state import cluster_of, node_json
+from .cluster_state import cluster_of, node_json, node_name
 from .errors import ApiError
 from .mgmt_common import api_user, api_vhost, listing, not_found, segment, visible_vhosts
 from .mgmt_connections import connections_of
@@ -126,8 +128,9 @@ async def cluster_name(request: Request) -> Response:
     return JSONResponse({"name": broker_of(request).node_name})
 
 
-def _node_json(request: Request) -> dict[str, Any]:
-    broker = broker_of(request)
+def node_stats(broker: Broker, connections: Connections) -> dict[str, Any]:
+    """This node as RabbitMQ's ``/api/nodes`` shows one (also sent to the other nodes of a
+    cluster, which show it in theirs)."""
     memory, disk = broker.memory_monitor, broker.disk_monitor
     active = broker.alarms.active
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -147,7 +150,7 @@ def _node_json(request: Request) -> dict[str, Any]:
         "disk_free_alarm": any("disk" in a for a in active),
         "fd_used": _open_descriptors(),
         "fd_total": soft,
-        "sockets_used": len(connections_of(request)),
+        "sockets_used": len(connections),
         "partitions": [],
         "exchange_types": _exchange_types(broker),
         "applications": [{"name": "tqbroker", "description": "tqbroker", "version": __version__}],
@@ -161,40 +164,48 @@ def _open_descriptors() -> int:
         return -1
 
 
-def _nodes_json(request: Request) -> list[dict[str, Any]]:
-    """This node's object, and in a cluster every other registered node's: what the view knows
-    (RabbitMQ's ``name``, ``type``, ``running``; the node's addresses under ``cluster``)."""
-    here = _node_json(request)
+async def _nodes_json(request: Request) -> list[dict[str, Any]]:
+    """This node's object, and in a cluster every other node's: its own stats (over the
+    node-to-node link) where it answers, and what the view knows (its addresses under
+    ``cluster``); a member that is down is ``running: false``, as RabbitMQ shows it."""
+    here = node_stats(broker_of(request), connections_of(request))
     node = cluster_of(request)
     if node is None:
         return [here]
     view = node.view
     found = {here["name"]: here}
+    others = [r for r in view.nodes.values() if r.node != node.node_id]
+    stats: dict[str, dict[str, Any] | None] = {}
+
+    async def ask(name: str) -> None:
+        stats[name] = await node.stats_of(name)
+
+    async with trio.open_nursery() as nursery:
+        for record in others:
+            nursery.start_soon(ask, record.node)
     for record in view.nodes.values():
         described = node_json(record, view.controller)
         if record.node == node.node_id:
             here["cluster"] = described
             continue
-        found[described["name"]] = {
-            "name": described["name"],
-            "type": "disc",
-            "running": True,
-            "cluster": described,
-        }
+        answer = stats.get(record.node) or {"type": "disc", "running": True}
+        found[described["name"]] = {**answer, "name": described["name"], "cluster": described}
+    for member in node.known_nodes() - set(view.nodes):
+        found[node_name(member)] = {"name": node_name(member), "type": "disc", "running": False}
     return [found[name] for name in sorted(found)]
 
 
 async def nodes(request: Request) -> Response:
     """``GET /api/nodes``: this node, and in a cluster every registered node."""
     await api_user(request)
-    return await listing(request, _nodes_json(request))
+    return await listing(request, await _nodes_json(request))
 
 
 async def node(request: Request) -> Response:
     """``GET /api/nodes/{name}``."""
     await api_user(request)
     wanted = segment(request, "name")
-    for found in _nodes_json(request):
+    for found in await _nodes_json(request):
         if found["name"] == wanted:
             return JSONResponse(found)
     raise not_found()
