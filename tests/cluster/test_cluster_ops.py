@@ -1,9 +1,10 @@
 """A real cluster (one etcd, three ``python -m tqbroker --cluster-etcd`` processes) seen through
 its operations surface: ``/api/nodes`` lists the three nodes under their ``tqbroker@<id>``
-names (each with its own figures; a killed one as not running), ``GET /cluster`` the nodes, the controller and a two-partition topic's replicated
-partitions, ``topics describe`` and ``cluster status`` (``python -m tqbroker ctl``) their
-leaders, replicas and ISRs, the leader's metrics their ISR and its followers' lag; once a
-follower is killed, the partitions it replicated are under-replicated on every one of these.
+names (each with its own figures; a killed one as not running), ``GET /cluster`` the nodes,
+the controller and a two-partition topic's replicated partitions, ``topics describe`` and
+``cluster status`` (``python -m tqbroker ctl``) their leaders, replicas and ISRs, the leader's
+metrics their ISR and its followers' lag; once a follower is killed, the partitions it
+replicated are under-replicated on every one of these.
 """
 
 from __future__ import annotations
