@@ -61,9 +61,12 @@ ENCODED_ENTRIES = 200  # entries encoded between two yields of ``encode``
 OPEN_AT_ONCE = 32  # new queues' stores an import opens at once (worker threads)
 
 
-async def export(broker: Broker, vhost: str | None = None) -> dict[str, Any]:
+async def export(
+    broker: Broker, vhost: str | None = None, *, queues_kept: Callable[[Queue], bool] | None = None
+) -> dict[str, Any]:
     """The topology as RabbitMQ's ``GET /api/definitions`` (or ``/api/definitions/{vhost}``)
-    answers it. Built a slice at a time (100k queues would hold the event loop ~1 s)."""
+    answers it (``queues_kept``: only the running queues it keeps, and the bindings to them).
+    Built a slice at a time (100k queues would hold the event loop ~1 s)."""
     names = [vhost] if vhost is not None else list(broker.vhosts)
     queues: list[dict[str, Any]] = []
     exchanges: list[dict[str, Any]] = []
@@ -75,9 +78,13 @@ async def export(broker: Broker, vhost: str | None = None) -> dict[str, Any]:
             continue
         field = None if vhost is not None else name
         dormant = host.dormant.definitions()
-        for queue in list(host.queues.values()):
-            if queue.exclusive_owner is None:
-                queues.append(queue_json(field, stored_queue(queue), queue.durable))
+        kept = [
+            queue
+            for queue in list(host.queues.values())
+            if queue.exclusive_owner is None and (queues_kept is None or queues_kept(queue))
+        ]
+        for queue in kept:
+            queues.append(queue_json(field, stored_queue(queue), queue.durable))
             await pacer.step()
         queues += [queue_json(field, q) for q in dormant["queues"]]
         durability = {x.name: x.durable for x in host.exchanges.values()}
@@ -85,6 +92,10 @@ async def export(broker: Broker, vhost: str | None = None) -> dict[str, Any]:
             exchanges.append(exchange_json(field, x, durability[x["name"]]))
         exchanges += [exchange_json(field, x) for x in dormant["exchanges"]]
         for b in _bindings(host, durable=False) + dormant["bindings"]:
+            if queues_kept is not None and b["destination_type"] == "queue":
+                destination = host.queues.get(b["destination"])
+                if destination is not None and not queues_kept(destination):
+                    continue
             bindings.append(binding_json(field, b))
             await pacer.step()
     if vhost is not None:

@@ -6,7 +6,8 @@ permissions and topic permissions, durable exchanges, stream queues and the bind
 destination is an exchange or a stream queue. Classic and quorum queues stay on the node that
 declared them in this stage (their home node), and so do the bindings to them.
 
-A round (``sync``), run at start and whenever either side changes:
+A round (``sync``), run at start and whenever either side changes (``COALESCE_SECONDS`` after
+it: the changes of a burst take one round):
 1. the local entries (an export of the broker), the cluster's (the view's cache) and the base
    (the entries both last agreed on, kept in ``cluster/catalog-base.json`` in the data
    directory so that a node back from a stop tells "deleted elsewhere" from "declared here");
@@ -41,6 +42,7 @@ from ..broker.definitions_json import (
     decode_table,
     parse_document,
 )
+from ..broker.queue import Queue
 from ..protocol.errors import AMQPError
 from .catalog_merge import Entries, canonical, entries, merge
 from .metadata import MAX_TXN_OPS, Compare, Delete, MetadataError, MetadataStore, Put
@@ -50,6 +52,7 @@ log = logging.getLogger(__name__)
 
 BASE_FILE: Final = Path("cluster") / "catalog-base.json"
 RETRY_SECONDS: Final = 1.0
+COALESCE_SECONDS: Final = 0.05  # a round waits this long after a change for more
 
 
 def cluster_entries(document: Mapping[str, Any]) -> dict[str, bytes]:
@@ -108,6 +111,7 @@ class Catalog:
                 self.synced.set()
                 task_status.started()
             await self._changed_since(seen)
+            await trio.sleep(COALESCE_SECONDS)  # a burst of declares: one round for all
 
     async def _changed_since(self, seen: tuple[int, int, int]) -> None:
         async with trio.open_nursery() as nursery:
@@ -132,7 +136,7 @@ class Catalog:
 
     async def sync(self) -> None:
         """One round (see the module doc)."""
-        local = cluster_entries(await export(self.broker))
+        local = cluster_entries(await export(self.broker, queues_kept=_replicated))
         known = dict(self.view.definitions)
         cluster = {key: value for key, (value, _revision) in known.items()}
         plan = merge(self.base, local, cluster)
@@ -141,7 +145,7 @@ class Catalog:
             await self.view.wait_for(revision)
         if plan.to_local:
             await self._apply(plan.to_local, local)
-        local = cluster_entries(await export(self.broker))
+        local = cluster_entries(await export(self.broker, queues_kept=_replicated))
         cluster = {key: value for key, (value, _revision) in self.view.definitions.items()}
         await self._agree(local, cluster)
 
@@ -280,6 +284,11 @@ class Catalog:
         document = {key: json.loads(entry) for key, entry in sorted(self.base.items())}
         self.base_path.parent.mkdir(parents=True, exist_ok=True)
         self.broker.env.atomic_write(self.base_path, json.dumps(document).encode())
+
+
+def _replicated(queue: Queue) -> bool:
+    """A queue the cluster holds (a stream; classic and quorum queues stay on their node)."""
+    return queue.queue_type == "stream"
 
 
 def _kind(key: str) -> str:
