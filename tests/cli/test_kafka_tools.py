@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ports import free_port
 from tqbroker.testing import RunningBroker
 
 pytestmark = pytest.mark.timeout(120)
@@ -221,3 +222,33 @@ def test_the_console_script_is_the_same_tool(tqbroker_thread: RunningBroker) -> 
         check=False,
     )
     assert (done.returncode, done.stdout) == (0, "TOPIC  PARTITIONS\n"), done.stderr
+
+
+def test_a_url_list_passes_over_a_node_that_refuses_connections(
+    tqbroker_thread: RunningBroker,
+) -> None:
+    """As Kafka's ``--bootstrap-server`` list: the first node is down (nothing listens on its
+    port), the command runs on the next; with every node down it says which it tried."""
+    live = tqbroker_thread.http_url.replace("http://", "http://guest:guest@")
+    dead = f"http://guest:guest@127.0.0.1:{free_port()}"
+    listing = subprocess.run(
+        [sys.executable, "-m", "tqbroker", "ctl", "--url", f"{dead},{live}", "topics", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.splitlines()[0].split() == ["TOPIC", "PARTITIONS"]
+    other = f"http://guest:guest@127.0.0.1:{free_port()}"
+    failed = subprocess.run(
+        [sys.executable, "-m", "tqbroker", "ctl", "--url", f"{dead},{other}", "topics", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert failed.returncode == 1
+    assert "no node answers" in failed.stderr
+    assert dead.removeprefix("http://guest:guest@") in failed.stderr
+    assert "guest:guest" not in failed.stderr  # credentials never shown

@@ -45,7 +45,8 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
     common.add_argument(
         "--url",
         default=default,
-        help=f"the broker's HTTP API with credentials, http://user:password@host:15672 "
+        help=f"the broker's HTTP API with credentials, http://user:password@host:15672, or a "
+        f"cluster's nodes comma-separated (one refusing connections is passed over) "
         f"(${URL_VARIABLE}; default http://guest:guest@127.0.0.1:15672)",
     )
     common.add_argument(

@@ -1,7 +1,10 @@
-"""Talking to a broker's HTTP API for the command line: one ``--url`` (``TQBROKER_URL``) names
-the API and carries the credentials, ``http://user:password@host:15672``; the AMQP address a
-consumer needs is asked of the broker (``/api/overview``'s listeners) unless ``--amqp-url``
-says. Credentials never appear in a message: errors name ``Target.shown``, the URL without them.
+"""Talking to a broker's HTTP API for the command line: ``--url`` (``TQBROKER_URL``) names the
+API and carries the credentials, ``http://user:password@host:15672``, or several nodes of a
+cluster, comma-separated (as Kafka's ``--bootstrap-server``): a node that refuses the
+connection or cannot be resolved is passed over for the next (never one that may have taken
+the request: a timeout or an error reply is the answer). The AMQP address a consumer needs is
+asked of the broker (``/api/overview``'s listeners) unless ``--amqp-url`` says. Credentials
+never appear in a message: errors name ``Target.shown``, the URL without them.
 
 Failures are ``CommandError``s (one line, exit status 1); a setting that cannot be used is a
 ``UsageError`` (exit status 2).
@@ -12,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,6 +35,10 @@ class CommandError(Exception):
 
 class UsageError(CommandError):
     """A command line that cannot be used as given (exit status 2)."""
+
+
+class _Refused(Exception):
+    """The node took no connection (refused, or its name does not resolve): nothing sent."""
 
 
 def quote(text: str) -> str:
@@ -88,9 +96,16 @@ class Api:
     """The broker's HTTP API (the management API under ``/api``, topics under ``/topics``)."""
 
     def __init__(self, url: str | None, vhost: str = "/", timeout: float = 60) -> None:
-        self.target = Target.parse(settings_url(url))
+        self.targets = [Target.parse(u.strip()) for u in settings_url(url).split(",") if u]
+        if not self.targets:
+            raise UsageError("--url: no URL given")
         self.vhost = vhost
         self.timeout = timeout
+
+    @property
+    def target(self) -> Target:
+        """The node in use: the first that took a connection."""
+        return self.targets[0]
 
     def request(
         self,
@@ -102,7 +117,28 @@ class Api:
         headers: dict[str, str] | None = None,
     ) -> Any:
         """The decoded JSON reply (None for an empty one); ``CommandError`` for an error
-        status, naming the server's reason."""
+        status, naming the server's reason. A node that refuses the connection is passed
+        over for the next one (see the module doc)."""
+        refused: list[str] = []
+        for _ in range(len(self.targets)):
+            try:
+                return self._request(method, path, body, query=query, headers=headers)
+            except _Refused as exc:
+                refused.append(str(exc))
+                if len(self.targets) == 1:
+                    raise CommandError(refused[0]) from None
+                self.targets.append(self.targets.pop(0))
+        raise CommandError("no node answers: " + "; ".join(refused))
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: object,
+        *,
+        query: dict[str, str] | None,
+        headers: dict[str, str] | None,
+    ) -> Any:
         url = self.target.base + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
@@ -120,6 +156,8 @@ class Api:
         except urllib.error.HTTPError as exc:
             raise CommandError(f"{exc.code}: {_reason(exc)}") from None
         except urllib.error.URLError as exc:
+            if isinstance(exc.reason, ConnectionRefusedError | socket.gaierror):
+                raise _Refused(f"cannot reach {self.target.shown}: {exc.reason}") from None
             raise CommandError(f"cannot reach {self.target.shown}: {exc.reason}") from None
         except OSError as exc:
             raise CommandError(f"cannot reach {self.target.shown}: {exc}") from None
