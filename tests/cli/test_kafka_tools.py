@@ -19,11 +19,8 @@ from tqbroker.testing import RunningBroker
 pytestmark = pytest.mark.timeout(120)
 
 
-def ctl(
-    broker: RunningBroker, *args: str, stdin: str = "", status: int = 0
-) -> subprocess.CompletedProcess[str]:
-    url = broker.http_url.replace("http://", "http://guest:guest@")
-    done = subprocess.run(
+def ctl_at(url: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "tqbroker", "ctl", "--url", url, *args],
         input=stdin,
         capture_output=True,
@@ -31,6 +28,12 @@ def ctl(
         timeout=60,
         check=False,
     )
+
+
+def ctl(
+    broker: RunningBroker, *args: str, stdin: str = "", status: int = 0
+) -> subprocess.CompletedProcess[str]:
+    done = ctl_at(broker.http_url.replace("http://", "http://guest:guest@"), *args, stdin=stdin)
     assert done.returncode == status, (args, done.stdout, done.stderr)
     return done
 
@@ -231,23 +234,11 @@ def test_a_url_list_passes_over_a_node_that_refuses_connections(
     port), the command runs on the next; with every node down it says which it tried."""
     live = tqbroker_thread.http_url.replace("http://", "http://guest:guest@")
     dead = f"http://guest:guest@127.0.0.1:{free_port()}"
-    listing = subprocess.run(
-        [sys.executable, "-m", "tqbroker", "ctl", "--url", f"{dead},{live}", "topics", "list"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    listing = ctl_at(f"{dead},{live}", "topics", "list")
     assert listing.returncode == 0, listing.stderr
     assert listing.stdout.splitlines()[0].split() == ["TOPIC", "PARTITIONS"]
     other = f"http://guest:guest@127.0.0.1:{free_port()}"
-    failed = subprocess.run(
-        [sys.executable, "-m", "tqbroker", "ctl", "--url", f"{dead},{other}", "topics", "list"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    failed = ctl_at(f"{dead},{other}", "topics", "list")
     assert failed.returncode == 1
     assert "no node answers" in failed.stderr
     assert dead.removeprefix("http://guest:guest@") in failed.stderr
