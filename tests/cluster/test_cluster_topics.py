@@ -3,12 +3,17 @@ node, its six partitions exist on every node, each with three replicas and the l
 over the nodes; records produced through another node (forwarded to each partition's leader)
 are durable on every replica and read back, in order, from a third. With ``cluster_placement =
 "colocate"`` every leader is on one node: the controller's. A node killed and restarted leads
-its share again at the next preferred leader election (``cluster_leader_rebalance_interval``)."""
+its share again at the next preferred leader election (``cluster_leader_rebalance_interval``),
+or at once with ``tqbroker-ctl cluster elect-leaders``."""
 
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -88,24 +93,31 @@ def test_a_partitioned_topic_spreads_its_leaders_and_takes_records_on_any_node(
             api.close()
 
 
-def test_colocated_placement_puts_every_leader_on_the_controller(
-    tmp_path: Path, etcd: EtcdProcess
-) -> None:
+@contextmanager
+def topic_on_three(tmp_path: Path, etcd: EtcdProcess, settings: str) -> Iterator[Nodes]:
+    """Three nodes with ``settings`` (and a 3 s lease), the topic ``orders`` made on n0."""
     nodes = Nodes(tmp_path, etcd)
-    nodes.config.write_text('cluster_lease_ttl = 3\ncluster_placement = "colocate"\n')
+    nodes.config.write_text(f"cluster_lease_ttl = 3\n{settings}\n")
     try:
         for n in range(3):
             nodes.start(n)
-        controller = eventually(nodes.controller, 60, POLL, what="a controller")
         with httpx.Client(base_url=nodes.running["n0"].http_url, auth=("guest", "guest")) as api:
             response = api.put("/topics/orders", json={"partitions": PARTITIONS})
             assert response.status_code == 201, response.text
+        yield nodes
+    finally:
+        nodes.stop_all()
+
+
+def test_colocated_placement_puts_every_leader_on_the_controller(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    with topic_on_three(tmp_path, etcd, 'cluster_placement = "colocate"') as nodes:
+        controller = eventually(nodes.controller, 60, POLL, what="a controller")
         placed = eventually(
             lambda: in_sync(records_of(nodes)), 60, POLL, what="six partitions in sync"
         )
         assert {record.leader for record in placed.values()} == {controller}
-    finally:
-        nodes.stop_all()
 
 
 def spread(nodes: Nodes) -> dict[str, PartitionRecord] | None:
@@ -120,14 +132,7 @@ def spread(nodes: Nodes) -> dict[str, PartitionRecord] | None:
 def test_a_restarted_node_leads_its_share_again_after_the_preferred_election(
     tmp_path: Path, etcd: EtcdProcess
 ) -> None:
-    nodes = Nodes(tmp_path, etcd)
-    nodes.config.write_text("cluster_lease_ttl = 3\ncluster_leader_rebalance_interval = 2\n")
-    try:
-        for n in range(3):
-            nodes.start(n)
-        with httpx.Client(base_url=nodes.running["n0"].http_url, auth=("guest", "guest")) as api:
-            response = api.put("/topics/orders", json={"partitions": PARTITIONS})
-            assert response.status_code == 201, response.text
+    with topic_on_three(tmp_path, etcd, "cluster_leader_rebalance_interval = 2") as nodes:
         before = eventually(lambda: spread(nodes), 60, POLL, what="leaders spread")
         victim = "n1"
         nodes.running.pop(victim).kill()
@@ -141,5 +146,42 @@ def test_a_restarted_node_leads_its_share_again_after_the_preferred_election(
         after = eventually(lambda: spread(nodes), 90, POLL, what=f"{victim} leading again")
         # Each partition led by its preferred replica again: as placed at first.
         assert {q: r.leader for q, r in after.items()} == {q: r.leader for q, r in before.items()}
-    finally:
-        nodes.stop_all()
+
+
+def test_elect_leaders_gives_a_restarted_node_its_share_at_once(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    with topic_on_three(tmp_path, etcd, "cluster_leader_rebalance_interval = 0") as nodes:
+        first = nodes.running["n0"]
+        before = eventually(lambda: spread(nodes), 60, POLL, what="leaders spread")
+        nodes.running.pop("n2").kill()
+        eventually(
+            lambda: all(r.leader != "n2" for r in records_of(nodes).values()),
+            60,
+            POLL,
+            what="leaders off n2",
+        )
+        nodes.start(2)
+        eventually(lambda: in_sync(records_of(nodes)), 90, POLL, what="n2 back in sync")
+        assert spread(nodes) is None  # no automatic election: n2 leads nothing yet
+        url = first.http_url.replace("http://", "http://guest:guest@")
+        elected = subprocess.run(
+            [sys.executable, "-m", "tqbroker", "ctl", "--url", url, "cluster", "elect-leaders"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert elected.returncode == 0, elected.stderr
+        assert elected.stdout.splitlines() == [
+            f"Led by their preferred replica: {PARTITIONS} partition(s)"
+        ]
+        after = records_of(nodes)
+        assert {q: r.leader for q, r in after.items()} == {q: r.leader for q, r in before.items()}
+        with httpx.Client(base_url=first.http_url, auth=("guest", "guest")) as api:
+            made = api.put("/api/users/watcher", json={"password": "w", "tags": "monitoring"})
+            assert made.status_code == 201, made.text
+        with httpx.Client(base_url=first.http_url, auth=("watcher", "w")) as api:
+            refused = api.post("/cluster/preferred-election")  # administrators only
+            assert refused.status_code == 401, refused.text
+            assert refused.json()["reason"] == "Not administrator user"

@@ -15,6 +15,7 @@ Responsibilities:
 - every ``leader_rebalance_interval`` (300 s, Kafka's ``leader.imbalance.check.interval``), it
   gives leadership back to each partition's preferred replica where that one is eligible again
   (Kafka's automatic preferred leader election): a node back from a restart leads its share;
+  and at once when a node asks for it (``requests/preferred-election``, which it deletes);
 - it assigns consumer groups' partitions among their members on every node
   (``groups.assignment_changes``);
 - its writes are compare-and-swaps on each partition key's mod revision, batched into
@@ -44,7 +45,13 @@ from .metadata import (
     RangeResult,
 )
 from .placement import SPREAD, Policy, elect, place, prefer_leader
-from .records import ControllerRecord, PartitionRecord, controller_key, partition_key
+from .records import (
+    ControllerRecord,
+    PartitionRecord,
+    controller_key,
+    partition_key,
+    preferred_election_key,
+)
 from .view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -149,7 +156,13 @@ class Controller:
         rebalance_at = trio.current_time() + interval
         while not self._fenced(incarnation, token):
             changes = self.decide()
-            if not changes and interval and trio.current_time() >= rebalance_at:
+            if not changes and self.view.preferred_election:  # asked for: now, and once
+                request = preferred_election_key(self.prefix)
+                done = Change(
+                    Compare.mod_revision(request, self.view.preferred_election), Delete(request)
+                )
+                changes = [*self.preferred_leaders(), done]
+            elif not changes and interval and trio.current_time() >= rebalance_at:
                 changes = self.preferred_leaders()
                 rebalance_at = trio.current_time() + interval
             if changes:

@@ -15,7 +15,9 @@ Keys, under the cluster's prefix:
 - ``groups/{vhost}/{group}/members/{node}``: a ``GroupMembers`` (the node's members of a
   consumer group and the partitions each consumes), written by the node, bound to its lease;
 - ``groups/{vhost}/{group}/assignment``: a ``GroupAssignment`` (each partition's member, the
-  generation), written by the controller (a compare on its mod revision).
+  generation), written by the controller (a compare on its mod revision);
+- ``requests/preferred-election``: a request (any node's) for a preferred leader election now;
+  the controller deletes it once it has run one.
 
 Nothing that changes at message rate is here: records, high watermarks, committed offsets and
 follower progress stay with the partitions and travel between nodes.
@@ -91,6 +93,12 @@ def replica_key(prefix: str, node: str, vhost: str, queue: str) -> str:
 
 def replicas_prefix(prefix: str) -> str:
     return f"{prefix}/replicas/"
+
+
+def preferred_election_key(prefix: str) -> str:
+    """A request for a preferred leader election now (any node writes it; the controller
+    runs the election and deletes it)."""
+    return f"{prefix}/requests/preferred-election"
 
 
 def groups_prefix(prefix: str) -> str:

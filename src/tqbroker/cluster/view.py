@@ -41,6 +41,7 @@ from .records import (
     key_part,
     nodes_prefix,
     partitions_prefix,
+    preferred_election_key,
     replicas_prefix,
 )
 
@@ -92,6 +93,7 @@ class ClusterView:
         # and the assignment (with the mod revision).
         self.group_members: dict[Name, dict[str, tuple[GroupMembers, int]]] = {}
         self.group_assignments: dict[Name, tuple[GroupAssignment, int]] = {}
+        self.preferred_election = 0  # a request's mod revision (0: none pending)
         # Every definitions entry, by its key below the prefix (``defs/...``), with its mod
         # revision (the catalog's compare), and a count of their changes.
         self.definitions: dict[str, tuple[bytes, int]] = {}
@@ -164,6 +166,7 @@ class ClusterView:
         self.streams.clear()
         self.group_members.clear()
         self.group_assignments.clear()
+        self.preferred_election = 0
         self.definitions.clear()
         self._definitions_moved()
         for kv in kvs:
@@ -206,6 +209,8 @@ class ClusterView:
                 self.reports[(node, vhost, queue)] = ReplicaReport.decode(kv.value)
             elif key.startswith(groups_prefix(self.prefix)):
                 self._put_group(key, kv)
+            elif key == preferred_election_key(self.prefix):
+                self.preferred_election = kv.mod_revision
             elif key.startswith(f"{self.prefix}/{DEFS}"):
                 self.definitions[key.removeprefix(f"{self.prefix}/")] = (kv.value, kv.mod_revision)
                 self._definitions_moved()
@@ -260,6 +265,8 @@ class ClusterView:
             self.reports.pop((node, vhost, queue), None)
         elif key.startswith(groups_prefix(self.prefix)):
             self._delete_group(key)
+        elif key == preferred_election_key(self.prefix):
+            self.preferred_election = 0
         elif key.startswith(f"{self.prefix}/{DEFS}"):
             self.definitions.pop(key.removeprefix(f"{self.prefix}/"), None)
             self._definitions_moved()

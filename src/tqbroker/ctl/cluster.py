@@ -1,4 +1,5 @@
-"""``cluster status``: the cluster as the broker's node sees it, from ``GET /cluster``.
+"""``cluster status``: the cluster as the broker's node sees it, from ``GET /cluster``;
+``cluster elect-leaders``: a preferred leader election now (``POST /cluster/preferred-election``).
 
 ``--format table``: a line naming the node asked and the controller, the nodes (NODE AMQP
 HTTP INCARNATION CONTROLLER), then the replicated partitions with Kafka's columns (LEADER,
@@ -38,6 +39,27 @@ def add(subparsers: argparse._SubParsersAction[Any], common: Any) -> None:
         "status", parents=[common], help="nodes, controller, partitions' leaders and ISRs"
     )
     status.set_defaults(run=cluster_status)
+    elect = actions.add_parser(
+        "elect-leaders",
+        parents=[common],
+        help="give each partition back to its preferred replica now (kafka-leader-election "
+        "--election-type preferred)",
+    )
+    elect.set_defaults(run=elect_leaders)
+
+
+def elect_leaders(args: argparse.Namespace, api: Api) -> int:
+    """``POST /cluster/preferred-election``: the partitions led by their preferred replica now,
+    and those that are not (its replica is not in sync)."""
+    found = api.request("POST", "/cluster/preferred-election")
+    if args.format == "json":
+        print(json.dumps(found, ensure_ascii=False))
+        return 0
+    preferred, other = found["preferred"], found["not_preferred"]
+    print(f"Led by their preferred replica: {len(preferred)} partition(s)")
+    if other:
+        print(f"Not led by their preferred replica (not in sync): {', '.join(other)}")
+    return 0
 
 
 def cluster_status(args: argparse.Namespace, api: Api) -> int:
