@@ -62,7 +62,12 @@ def assert_passes(history: History, seed: int) -> None:
     assert confirmed, "nothing was confirmed: the run proves nothing"
     assert history.deliveries, "nothing was read: the run proves nothing about reads"
     violations = check(history)
-    assert violations == [], f"seed {seed} (TQBROKER_CLUSTER_SEED={seed} replays it)"
+    replicas = [(r.node, r.high_watermark, len(r.records)) for r in history.replicas]
+    assert violations == [], (
+        f"seed {seed} (TQBROKER_CLUSTER_SEED={seed} replays it): {len(violations)} violations, "
+        f"{len(confirmed)} confirms, replicas (node, high watermark, records) {replicas}: "
+        + "; ".join(violations[:5])
+    )
 
 
 @pytest.mark.parametrize("seed", seeds(20261204))

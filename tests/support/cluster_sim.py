@@ -29,7 +29,7 @@ from tqbroker.cluster.follower import Fetch
 from tqbroker.cluster.forwarding import APPEND, Send
 from tqbroker.cluster.leader import LeaderReplica
 from tqbroker.cluster.node import ClusterNode, ClusterSettings
-from tqbroker.cluster.records import PartitionRecord
+from tqbroker.cluster.records import PartitionRecord, partition_key
 from tqbroker.cluster.roles import ReplicationSettings
 from tqbroker.config import BrokerConfig
 from tqbroker.model import Message
@@ -175,6 +175,21 @@ class Cluster:
             if found is not None:
                 return found[0]
         return None
+
+    async def watch_records(
+        self,
+        into: list[PartitionRecord],
+        queue: str = "s",
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Every version of the stream's partition record etcd holds from now on, appended to
+        ``into`` in order, until cancelled (a history of its leaders and ISRs, whoever is up)."""
+        key = partition_key(ClusterSettings().prefix, "/", queue)
+        async with self.etcd.client().watch(key) as events:
+            task_status.started()
+            async for batch in events:
+                into.extend(PartitionRecord.decode(e.kv.value) for e in batch if e.kind == "put")
 
     def leader(self, queue: str = "s") -> LeaderReplica | None:
         for member in self.members.values():

@@ -102,10 +102,13 @@ def take_replicas(made: Cluster, history: History, nodes: Iterable[str] | None =
 
 
 def in_sync(made: Cluster, nodes: int = 3) -> bool:
-    """A leader with ``nodes`` in its ISR, every live replica at its high watermark."""
+    """A leader with ``nodes`` in its ISR and its high watermark at its log's end (no publish
+    pending: a leader elected after a restart starts from its log start until its followers
+    fetch), every live replica at that high watermark."""
     leader = made.leader()
     return (
         leader is not None
         and len(leader.isr) == nodes
-        and len({m.partition().high_watermark for m in made.members.values()}) == 1
+        and leader.high_watermark == leader.partition.log_end_offset
+        and {m.partition().high_watermark for m in made.members.values()} == {leader.high_watermark}
     )
