@@ -8,15 +8,22 @@ mutating file operation under the node's data directory, with its bytes) that ca
   that state);
 - a stuck disk: after ``stall()`` every fsync blocks (in the worker thread that called it)
   until ``unstall()``; ``stalled_syncs`` counts the fsyncs that waited. Writes still go
-  through: a hung disk takes writes into the page cache and never makes them durable.
+  through: a hung disk takes writes into the page cache and never makes them durable. An
+  fsync called on the Trio thread itself is not held (every node of the simulation shares
+  that thread: holding it would freeze them all, where a real stuck disk freezes one node): it
+  goes through and is recorded in ``loop_syncs`` (where it was called from), a defect a test
+  can assert against.
 """
 
 from __future__ import annotations
 
 import shutil
 import threading
+import traceback
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from tests.powercut.crashstates import crash_state, materialize
 from tests.powercut.recorder import Recorder
@@ -28,6 +35,7 @@ class SimDisk(Recorder):
         self._flowing = threading.Event()
         self._flowing.set()
         self.stalled_syncs = 0
+        self.loop_syncs: list[str] = []  # fsyncs on the Trio thread while stalled: their callers
 
     # -- a stuck disk ----------------------------------------------------------------------
 
@@ -44,9 +52,13 @@ class SimDisk(Recorder):
 
     def _sync(self, fd: int, real: Any) -> None:
         if not self._flowing.is_set():
-            with self._lock:
-                self.stalled_syncs += 1
-            self._flowing.wait()
+            if trio.lowlevel.in_trio_run():
+                stack = traceback.extract_stack(limit=12)[:-2]
+                self.loop_syncs.append(" <- ".join(f"{f.name}" for f in reversed(stack)))
+            else:
+                with self._lock:
+                    self.stalled_syncs += 1
+                self._flowing.wait()
         super()._sync(fd, real)
 
     # -- a power cut -----------------------------------------------------------------------
