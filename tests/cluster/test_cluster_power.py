@@ -82,3 +82,16 @@ async def test_a_power_cut_to_every_node_loses_no_confirmed_message(
 @pytest.mark.parametrize("seed", range(4))
 async def test_power_cuts_many_seeds(tmp_path: Path, seed: int, variant: str) -> None:
     assert_passes(await run_power_cuts(tmp_path, seed, rounds=3, variant=variant), seed)
+
+
+async def test_a_power_cut_before_any_publish_keeps_every_replica(tmp_path: Path) -> None:
+    """A new stream's replica ids are in its ISR before anything is confirmed in it: a power
+    cut then must not lose them (every replica would come back a stranger to the ISR, and
+    the partition stay offline for good)."""
+    async with cluster(tmp_path, disks=True) as made:
+        await declare_stream(made)
+        await settled(made, lambda: in_sync(made))
+        replicas = {name: m.partition().replica_id for name, m in made.members.items()}
+        await made.restore_power(made.power_cut_now())
+        assert {name: m.partition().replica_id for name, m in made.members.items()} == replicas
+        await settled(made, lambda: in_sync(made))
