@@ -65,6 +65,14 @@ class Cluster:
         self._stopped: dict[str, trio.Event] = {}  # set when a node's run has ended
         self._cut_points: dict[str, int] = {}  # each disk's crash point at a power cut
 
+    def flushing(self) -> bool:
+        """A flush runs in a worker thread on some live node (``SimClock.busy``)."""
+        return any(
+            flusher.busy_since is not None
+            for member in self.members.values()
+            for flusher in [*member.broker.flushers.values(), member.broker.definitions_flusher]
+        )
+
     def fetch_from(self, target: str) -> Fetch:
         async def fetch(request: FetchRequest) -> FetchResponse:
             if target in self.cut or request.follower in self.cut or target not in self.members:
