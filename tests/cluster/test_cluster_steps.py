@@ -1,8 +1,8 @@
 """The in-process three-node cluster driven by a list of steps Hypothesis generates (publish a
-batch through a node, kill a node, restart the dead, cut a node off, heal, let time pass, cut
-the power to every node, damage a follower's segment while it is down), with the history
-checker as the property (``cluster.md`` §C and §D: a list of operations, replayed in one Trio
-run, which shrinks well).
+batch through a node, read everything a node serves, kill a node, restart the dead, cut a node
+off, heal, let time pass, cut the power to every node, damage a follower's segment while it is
+down), with the history checker as the property (``cluster.md`` §C and §D: a list of
+operations, replayed in one Trio run, which shrinks well).
 
 Time is ``SimClock``'s: the real clock, skipping the moments when every task waits and no worker
 thread is busy (``trio.testing.MockClock`` cannot be used: its jumps while a flusher's thread
@@ -44,6 +44,7 @@ Step = tuple[str, int]
 steps = st.lists(
     st.one_of(
         st.tuples(st.just("publish"), st.integers(0, 40)),  # through node n % live, 1 + n % 10
+        st.tuples(st.just("read"), st.integers(0, NODES - 1)),  # through node n % live
         st.tuples(st.just("kill"), st.integers(0, NODES - 1)),
         st.tuples(st.just("restart"), st.just(0)),
         st.tuples(st.just("cut"), st.integers(0, NODES - 1)),
@@ -102,6 +103,20 @@ def publish(run: Run, n: int) -> None:
         run.waiters.start_soon(confirm, p, durability, scope)
 
 
+def read(run: Run, n: int) -> None:
+    """A consumer's read of everything live node ``n % live`` serves (below its high
+    watermark), each record a delivery in the history."""
+    live = run.live()
+    name = live[n % len(live)]
+    try:
+        records = run.made.members[name].partition().read_many(0, 1 << 20)
+    except (KeyError, AssertionError, OSError):  # not open there yet, or its log damaged
+        return
+    consumer = f"c{name}"
+    for record in records:
+        run.history.deliveries.append((consumer, PARTITION, record.offset, record.message.body))
+
+
 async def corrupt(run: Run, n: int, rng: random.Random) -> None:
     """Node ``n`` (if up and not the only one up) stops; four bytes in the middle third of its
     first segment flip; it starts again on it."""
@@ -127,6 +142,8 @@ async def step(run: Run, action: str, n: int, rng: random.Random) -> None:
     ttl = made.members[run.live()[0]].node.settings.lease_ttl if made.members else 3
     if action == "publish" and made.members:
         publish(run, n)
+    elif action == "read" and made.members:
+        read(run, n)
     elif action == "kill" and f"n{n}" in made.members and len(made.members) > 1:
         made.kill(f"n{n}")
         run.dead.append(f"n{n}")
