@@ -5,8 +5,9 @@ Producers publish through every node; then the leader's disk hangs (``SimDisk.st
 fsync blocks, writes still go through). Its lease must be gone within a bound (renewals stop
 once a flush has been pending for TTL/2, then the lease runs out), and stay gone while the
 disk is stuck (no registration again); its leadership must move to another in-sync replica;
-and it confirms nothing its disk did not make durable (its high watermark never passes its
-durable end at the stall). Once the disk is back, the node rejoins and the whole history must
+and nothing appended to it after the stall is confirmed or counted durable (its durable end and
+high watermark never pass its log's end at the stall: an fsync already under way then may
+still finish). Once the disk is back, the node rejoins and the whole history must
 pass the checker.
 
 One seed runs by default (``TQBROKER_CLUSTER_SEED=N`` replays one); ``-m slow`` stalls a
@@ -55,7 +56,7 @@ async def run_stuck_disk(
             assert leader is not None
             victim = leader.node_id if leader_only else rng.choice(sorted(made.members))
             partition = made.members[victim].partition()
-            durable_at_stall = partition.durable_end
+            end_at_stall = partition.log_end_offset
             print(f"seed {seed}: {victim}'s disk stalls (leader {leader.node_id})")
             made.disks[victim].stall()
             stalled_at = trio.current_time()
@@ -73,9 +74,13 @@ async def run_stuck_disk(
             await trio.sleep(ttl)
             assert made.disks[victim].stalled_syncs > 0, "nothing waited for the stuck disk"
             assert not registered(made, victim), f"{victim} registered on a stuck disk"
-            assert partition.high_watermark <= durable_at_stall, (
+            assert partition.durable_end <= end_at_stall, (
+                f"{victim}'s durable end {partition.durable_end} passed its log's end at the "
+                f"stall, {end_at_stall}, on a stuck disk"
+            )
+            assert partition.high_watermark <= end_at_stall, (
                 f"{victim} moved its high watermark to {partition.high_watermark} past its "
-                f"durable end at the stall, {durable_at_stall}"
+                f"log's end at the stall, {end_at_stall}"
             )
             loop_syncs = list(made.disks[victim].loop_syncs)
             made.disks[victim].unstall()
