@@ -15,8 +15,9 @@ At a crash point (after the first ``k`` operations of the trace):
   pending operations in order up to a random point: an ordered journal) and ``reorder`` (each
   entry change and each 512-byte sector of each pending write kept or not at random).
 
-``crash_states`` yields ``CrashState``s (deduplicated by content); ``materialize`` writes one
-into a directory.
+``crash_states`` yields ``CrashState``s (deduplicated by content); ``crash_state`` is the one
+state at one point in one variant (a power cut at a moment the test chose); ``materialize``
+writes one into a directory.
 """
 
 from __future__ import annotations
@@ -188,6 +189,14 @@ def _state(ops: Sequence[Op], point: int, variant: str, rng: random.Random) -> C
                     _write(content, at, piece)
     state.files = {ident: bytes(c) for ident, c in contents.items()}
     return state
+
+
+def crash_state(
+    ops: Sequence[Op], point: int | None = None, variant: str = "synced", seed: int = 0
+) -> CrashState:
+    """The disk a power cut after the first ``point`` operations (None: all of them) leaves,
+    in ``variant`` (``synced``: every pending operation dropped)."""
+    return _state(ops, len(ops) if point is None else point, variant, random.Random(seed))
 
 
 COMMON_MARKS = {"confirmed", "appended", "acking", "deleting", "deleting_d"}

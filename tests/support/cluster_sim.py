@@ -2,7 +2,10 @@
 one ``FakeEtcd`` between them and direct calls for the node-to-node link (fetches and forwarded
 publishes), which the test can cut per node (``Cluster.cut``). ``cluster(tmp_path)`` starts
 three; ``kill`` stops one (its lease stays until its TTL runs out), ``start`` brings it back on
-its data directory."""
+its data directory. With ``disks=True`` every node writes through a ``SimDisk`` of its own
+(``sim_disk``): ``power_cut_now`` takes every node down at once and ``restore_power`` restarts
+them on what their disks had made durable; a disk can stall (``disks[name].stall()``: its
+fsyncs block)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import attrs
 import trio
 
 from tests.support.polling import eventually_async
+from tests.support.sim_disk import SimDisk
 from tqbroker.broker.broker import Broker
 from tqbroker.broker.declaring import open_and_declare_queue
 from tqbroker.broker.streams.partition import Partition
@@ -25,10 +29,11 @@ from tqbroker.cluster.follower import Fetch
 from tqbroker.cluster.forwarding import APPEND, Send
 from tqbroker.cluster.leader import LeaderReplica
 from tqbroker.cluster.node import ClusterNode, ClusterSettings
-from tqbroker.cluster.records import PartitionRecord
+from tqbroker.cluster.records import PartitionRecord, partition_key
 from tqbroker.cluster.roles import ReplicationSettings
 from tqbroker.config import BrokerConfig
 from tqbroker.model import Message
+from tqbroker.storage_env import StorageEnv
 from tqbroker.testing.fake_etcd import FakeEtcd
 
 STREAM = {"x-queue-type": "stream"}
@@ -47,13 +52,26 @@ class Member:
 
 
 class Cluster:
-    def __init__(self, tmp_path: Path, etcd: FakeEtcd, nursery: trio.Nursery) -> None:
+    def __init__(
+        self, tmp_path: Path, etcd: FakeEtcd, nursery: trio.Nursery, *, disks: bool = False
+    ) -> None:
         self.tmp_path = tmp_path
         self.etcd = etcd
         self.nursery = nursery
+        self.with_disks = disks
+        self.disks: dict[str, SimDisk] = {}  # with ``disks``: each node's, by name
         self.members: dict[str, Member] = {}
         self.cut: set[str] = set()  # nodes cut off from the others (fetches, forwards)
         self._stopped: dict[str, trio.Event] = {}  # set when a node's run has ended
+        self._cut_points: dict[str, int] = {}  # each disk's crash point at a power cut
+
+    def flushing(self) -> bool:
+        """A flush runs in a worker thread on some live node (``SimClock.busy``)."""
+        return any(
+            flusher.busy_since is not None
+            for member in self.members.values()
+            for flusher in [*member.broker.flushers.values(), member.broker.definitions_flusher]
+        )
 
     def fetch_from(self, target: str) -> Fetch:
         async def fetch(request: FetchRequest) -> FetchResponse:
@@ -79,8 +97,15 @@ class Cluster:
         stopped = self._stopped.get(name)
         if stopped is not None:  # its previous run lets its data directory go first
             await stopped.wait()
-        config = BrokerConfig(port=0, http_port=None, data_dir=self.tmp_path / name)
-        broker = Broker(config)
+        data_dir = self.tmp_path / name
+        env = None
+        if self.with_disks:
+            if name not in self.disks:
+                data_dir.mkdir(parents=True)
+                self.disks[name] = SimDisk(data_dir)
+            env = StorageEnv.default(self.disks[name])
+        config = BrokerConfig(port=0, http_port=None, data_dir=data_dir)
+        broker = Broker(config, env)
         settings = ClusterSettings(
             node_id=name,
             lease_ttl=3,
@@ -118,12 +143,61 @@ class Cluster:
         member = self.members.pop(name)
         member.scope.cancel()
 
+    async def wait_stopped(self, name: str) -> None:
+        """Until the node's last run has ended (its files closed)."""
+        await self._stopped[name].wait()
+
+    def segment_files(self, name: str) -> list[Path]:
+        """The node's log segment files of its one stream, oldest first."""
+        found = sorted((self.tmp_path / name).glob("log/*/*.log"))
+        assert len({path.parent for path in found}) == 1, found
+        return found
+
+    def power_cut_now(self) -> list[str]:
+        """The power goes on every node at once (with ``disks``): what each disk holds from now
+        on is fixed (``SimDisk.crash_point``) and the running nodes stop (returned, for
+        ``restore_power``). Synchronous, so that the caller can end its clients in the same
+        step: no outcome a client saw was decided after the power went."""
+        self._cut_points = {name: disk.crash_point() for name, disk in self.disks.items()}
+        running = sorted(self.members)
+        for name in running:
+            self.kill(name)
+        return running
+
+    async def restore_power(self, restart: list[str], variant: str = "synced") -> None:
+        """Once every node has stopped: each data directory becomes what the power cut left it
+        (``SimDisk.after_power_cut``, in ``variant``), and the nodes in ``restart`` start on it."""
+        points, self._cut_points = self._cut_points, {}
+        for name in points:
+            stopped = self._stopped.get(name)
+            if stopped is not None:
+                await stopped.wait()
+        for name, point in points.items():
+            self.disks[name] = self.disks[name].after_power_cut(point, variant)
+        for name in restart:
+            await self.start(name)
+
     def record(self, queue: str = "s") -> PartitionRecord | None:
         for member in self.members.values():
             found = member.node.view.partitions.get(("/", queue))
             if found is not None:
                 return found[0]
         return None
+
+    async def watch_records(
+        self,
+        into: list[PartitionRecord],
+        queue: str = "s",
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Every version of the stream's partition record etcd holds from now on, appended to
+        ``into`` in order, until cancelled (a history of its leaders and ISRs, whoever is up)."""
+        key = partition_key(ClusterSettings().prefix, "/", queue)
+        async with self.etcd.client().watch(key) as events:
+            task_status.started()
+            async for batch in events:
+                into.extend(PartitionRecord.decode(e.kv.value) for e in batch if e.kind == "put")
 
     def leader(self, queue: str = "s") -> LeaderReplica | None:
         for member in self.members.values():
@@ -134,15 +208,19 @@ class Cluster:
 
 
 @asynccontextmanager
-async def cluster(tmp_path: Path, nodes: int = 3) -> AsyncIterator[Cluster]:
+async def cluster(tmp_path: Path, nodes: int = 3, *, disks: bool = False) -> AsyncIterator[Cluster]:
     etcd = FakeEtcd()
     async with trio.open_nursery() as nursery:
         await nursery.start(etcd.run)
-        made = Cluster(tmp_path, etcd, nursery)
-        for n in range(nodes):
-            await made.start(f"n{n}")
-        yield made
-        nursery.cancel_scope.cancel()
+        made = Cluster(tmp_path, etcd, nursery, disks=disks)
+        try:
+            for n in range(nodes):
+                await made.start(f"n{n}")
+            yield made
+        finally:
+            for disk in made.disks.values():  # a stalled fsync would hold the shutdown up
+                disk.unstall()
+            nursery.cancel_scope.cancel()
 
 
 async def declare_stream(made: Cluster, queue: str = "s", **arguments: object) -> None:

@@ -7,6 +7,11 @@ Responsibilities:
   which checks every frame's CRC and offsets and copies the leader's epoch history), wait for
   this node's flusher to make them durable, and ask again (so each fetch reports a durable end
   the leader's high watermark can count);
+- its own log first: before it copies anything, every frame it holds is read back, each CRC
+  checked (``verify``; once per opened partition): a frame damaged while the node was down
+  (bit rot, a bad sector) is not seen by recovery after a clean shutdown, which trusts the
+  segments; found, the replica is damaged (as below): it copies nothing, drops out of the ISR
+  and reports itself not intact, so it cannot lead;
 - divergence (KIP-101/KIP-320): when the leader answers that the logs diverged, cut this log
   back to where they agree (the lesser of the leader's and this log's end of that epoch) and
   fetch again; never below the high watermark this replica learned (a cut there would remove
@@ -22,11 +27,13 @@ Responsibilities:
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 import trio
 
+from ..backends.streams import CorruptLogError
 from ..broker.streams.partition import GroupFence, OffsetKind, Partition
 from ..model import Message
 from ..plugins.spec import Durability, GroupCommit
@@ -41,10 +48,22 @@ MAX_RETRY_SECONDS: Final = 2.0
 
 Fetch = Callable[[FetchRequest], Awaitable[FetchResponse]]
 
+# Per opened partition a follower has read back (``verify``): None, its log was intact; else
+# why a follower found it damaged (kept: a later role, standby or another leader to follow,
+# does not make it intact again).
+_checked: weakref.WeakKeyDictionary[Partition, str | None] = weakref.WeakKeyDictionary()
+
+
+def damage_of(partition: Partition) -> str | None:
+    """Why this replica may not lead (the replica report's ``intact``): a follower found its
+    log damaged since the partition was opened, or its log failed (a read met a damaged
+    frame); None when neither."""
+    return _checked.get(partition) or partition.failure
+
 
 class ReplicaDamaged(Exception):
-    """The leader asked for a cut below the high watermark: this replica's log no longer holds
-    what it acknowledged (a damaged or swapped segment)."""
+    """This replica's log no longer holds what it acknowledged (a damaged or swapped segment):
+    the leader asked for a cut below the high watermark, or a frame of it fails its CRC."""
 
 
 class FollowerReplica:
@@ -117,7 +136,33 @@ class FollowerReplica:
             await self._copy()
             nursery.cancel_scope.cancel()
 
+    async def verify(self) -> None:
+        """Read back every frame of this log below its durable end, a chunk of ``max_bytes``
+        at a time (each frame's CRC checked); ``ReplicaDamaged`` at the first damaged one. Done
+        once per opened partition (a new leader to follow does not read it all again)."""
+        partition = self.partition
+        damage = damage_of(partition)
+        if damage is not None:
+            raise ReplicaDamaged(damage)
+        if partition in _checked:
+            return
+        offset, end = partition.log_start_offset, partition.durable_end
+        try:
+            while offset < end:
+                frames, offset = partition.replica_frames(offset, end, self.max_bytes)
+                if not frames:
+                    break
+                await trio.lowlevel.checkpoint()
+        except CorruptLogError as exc:
+            raise ReplicaDamaged(f"a frame of its log is damaged: {exc}") from None
+        _checked[partition] = None
+
     async def _copy(self) -> None:
+        try:
+            await self.verify()
+        except ReplicaDamaged as exc:
+            self._found_damaged(exc)
+            return
         backoff = RETRY_SECONDS
         while True:
             try:
@@ -138,13 +183,16 @@ class FollowerReplica:
             try:
                 await self._apply(response)
             except ReplicaDamaged as exc:
-                self.damaged = str(exc)
-                log.error("partition %s: replica damaged, not copying: %s", self.key, exc)
+                self._found_damaged(exc)
                 return
             except OSError as exc:  # this node's storage: wait, then fetch from where it ends
                 self.last_error = f"storage: {exc}"
                 log.error("partition %s: cannot append the leader's frames: %s", self.key, exc)
                 await trio.sleep(backoff)
+
+    def _found_damaged(self, exc: ReplicaDamaged) -> None:
+        self.damaged = _checked[self.partition] = str(exc)
+        log.error("partition %s: replica damaged, not copying: %s", self.key, exc)
 
     def _request(self) -> FetchRequest:
         partition = self.partition

@@ -12,9 +12,9 @@ Responsibilities:
   confirms fail), and its successor starts from the high watermark it had reached;
 - losing the lease (``lost``): every leader steps down at once (it may no longer confirm:
   another may be elected once the lease is gone);
-- the replica reports: each local replica's identity (and whether it is intact: a follower
-  that found its log damaged says so), bound to the node's lease, so the controller elects only
-  replicas whose log is the one the ISR recorded.
+- the replica reports: each local replica's identity (and whether it is intact: once a follower
+  found its log damaged, or its log failed, it says so in every role after), bound to the
+  node's lease, so the controller elects only replicas whose log is the one the ISR recorded.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..broker.streams.partition import GroupFence, OffsetKind, Partition
 from ..model import Message
 from ..plugins.spec import Durability, GroupCommit
 from .fetch import NOT_LEADER, FetchRequest, FetchResponse
-from .follower import Fetch, FollowerReplica
+from .follower import Fetch, FollowerReplica, damage_of
 from .forwarding import Send
 from .isr_writes import IsrWrites
 from .leader import LeaderReplica, NotLeader
@@ -279,8 +279,7 @@ class PartitionRoles:
             self._reported.clear()
             self._reported_incarnation = incarnation
         for name, held in list(self.held.items()):
-            role = held.role
-            intact = not (isinstance(role, FollowerReplica) and role.damaged is not None)
+            intact = damage_of(held.partition) is None
             report = ReplicaReport(held.partition.replica_id, intact)
             if self._reported.get(name) == report:
                 continue

@@ -175,6 +175,11 @@ class LogBackend:
         directory = self._directory(vhost, stream)
         store = LogStream(directory, self._log(directory, segment_bytes or self.segment_bytes))
         _recover(store)
+        # Its replica id is an identity a cluster records (in the partition's ISR) before
+        # anything in it is confirmed: the directory holding it is durable now, not at the next
+        # flush that syncs (an empty stream may have none before a power cut, and come back a
+        # stranger to its ISR).
+        self._sync_new_dirs()
         with self._lock:
             found = self._streams.setdefault(key, store)
         if found is not store:  # opened by another thread meanwhile: keep one
@@ -349,11 +354,20 @@ class LogBackend:
 
         return flush
 
-    def close(self) -> None:
+    def _sync_new_dirs(self) -> None:
+        """Make the new directories' entries durable now (``OSError``: they stay due)."""
         with self._lock:
             unsynced, self._unsynced_dirs = self._unsynced_dirs, set()
-        for directory in sorted(unsynced):
-            self.env.fsync_dir(directory)
+        try:
+            for directory in sorted(unsynced):  # the data directory before log/
+                self.env.fsync_dir(directory)
+        except OSError:
+            with self._lock:
+                self._unsynced_dirs |= unsynced
+            raise
+
+    def close(self) -> None:
+        self._sync_new_dirs()
         for abandoned in self._abandoned:
             abandoned.close_abandoned()
         self._abandoned.clear()
