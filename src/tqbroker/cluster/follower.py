@@ -33,8 +33,7 @@ from typing import Final
 
 import trio
 
-from ..backends.streams import CorruptLogError
-from ..broker.streams.partition import GroupFence, OffsetKind, Partition
+from ..broker.streams.partition import CorruptLogError, GroupFence, OffsetKind, Partition
 from ..model import Message
 from ..plugins.spec import Durability, GroupCommit
 from .fetch import FetchRequest, FetchResponse

@@ -38,7 +38,15 @@ from typing import Any, Literal, Protocol
 import attrs
 import trio
 
-from ...backends.streams import CompactionPolicy, ProducerState, StreamLog, StreamRecord
+from ...backends.streams import (
+    CompactionPolicy,
+    ProducerState,
+    StreamLog,
+    StreamRecord,
+)
+from ...backends.streams import (
+    CorruptLogError as CorruptLogError,  # what a damaged frame raises on a read (re-exported)
+)
 from ...model import Message
 from ...plugins.spec import Durability, GroupCommit
 from ..flusher import Flusher, Wakeable
