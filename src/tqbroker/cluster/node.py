@@ -176,7 +176,7 @@ class ClusterNode:
         are nacked), its lease goes (the controller elects other in-sync replicas at once, not
         after a TTL), and it waits up to ``LEAVE_SECONDS`` for the view to show none led here."""
         self._registration.cancel()
-        self.roles.lost("the node is shutting down")
+        self.roles.leave("the node is shutting down")
         await self.membership.leave()
         with trio.move_on_after(LEAVE_SECONDS):
             while self.leading():

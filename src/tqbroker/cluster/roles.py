@@ -114,6 +114,7 @@ class PartitionRoles:
         self.held: dict[Name, _Held] = {}
         self._reported: dict[Name, ReplicaReport] = {}
         self._reported_incarnation = 0
+        self.leaving = False  # a controlled shutdown: every replica here stays on standby
         self._nursery: trio.Nursery | None = None
         self._wakeup = trio.Event()
 
@@ -164,6 +165,13 @@ class PartitionRoles:
             self._stop(held)
         self._reported.pop((vhost, queue), None)
 
+    def leave(self, why: str) -> None:
+        """The node is shutting down: every leader steps down now, and no replica here leads
+        or follows again (a follower that fetched on would rejoin an ISR it is leaving)."""
+        self.leaving = True
+        self.lost(why)
+        self.reconcile()
+
     def lost(self, why: str) -> None:
         """The node's lease is gone: every leader steps down now."""
         for name, held in self.held.items():
@@ -188,7 +196,7 @@ class PartitionRoles:
                 continue
             seen.add(name)
             path = partition_path(*name)
-            if record.state != ONLINE or record.leader is None:
+            if self.leaving or record.state != ONLINE or record.leader is None:
                 signature: tuple[object, ...] = ("standby", record.epoch)
             elif record.leader == self.node_id:
                 if incarnation and record.leader_incarnation == incarnation:
@@ -230,7 +238,8 @@ class PartitionRoles:
                     forward=None if self._forward_to is None else self._forward_to(record.leader),
                 )
             else:
-                role = Standby(path, high_watermark, "no leader now")
+                why = "the node is shutting down" if self.leaving else "no leader now"
+                role = Standby(path, high_watermark, why)
             self._replace(name, partition, role, signature)
         for name in [n for n in self.held if n not in seen]:
             held = self.held.pop(name)
