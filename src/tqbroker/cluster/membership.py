@@ -29,6 +29,7 @@ from typing import Final
 
 import trio
 
+from ..storage_env import StorageEnv
 from .metadata import (
     Compare,
     Get,
@@ -52,9 +53,10 @@ class NodeIdError(ValueError):
     """The node id is malformed, or not the one this data directory belongs to."""
 
 
-def load_node_id(data_dir: Path, wanted: str | None) -> str:
-    """The data directory's node id: ``wanted`` (written on first start), the stored one, or
-    a new one. ``NodeIdError`` if ``wanted`` differs from the stored id or is malformed."""
+def load_node_id(data_dir: Path, wanted: str | None, env: StorageEnv | None = None) -> str:
+    """The data directory's node id: ``wanted`` (written on first start, durably through
+    ``env``: a power cut must not give the node another identity), the stored one, or a new
+    one. ``NodeIdError`` if ``wanted`` differs from the stored id or is malformed."""
     path = data_dir / NODE_ID_FILE
     try:
         stored: str | None = path.read_text().strip()
@@ -74,9 +76,7 @@ def load_node_id(data_dir: Path, wanted: str | None) -> str:
         return stored
     node_id = wanted or f"node-{uuid.uuid4().hex[:12]}"
     data_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(node_id + "\n")
-    tmp.replace(path)
+    (env or StorageEnv.default()).atomic_write(path, (node_id + "\n").encode())
     return node_id
 
 

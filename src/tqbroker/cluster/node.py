@@ -97,7 +97,7 @@ class ClusterNode:
         self.broker = broker
         self.store = store
         self.settings = settings
-        self.node_id = load_node_id(broker.config.data_dir, settings.node_id)
+        self.node_id = load_node_id(broker.config.data_dir, settings.node_id, broker.env)
         self.view = ClusterView(store, settings.prefix)
         self.links = PeerLinks(self.node_id, self.view, settings.link)
         record = NodeRecord(node=self.node_id, incarnation=0)
