@@ -39,6 +39,7 @@ from .peer_protocol import (
     ErrorReply,
     Event,
     HandshakeComplete,
+    LocalProtocolError,
     PeerConnection,
     PeerProtocolError,
     Reply,
@@ -155,11 +156,15 @@ class PeerServer:
                 frame = connection.send_reply(request.id, body)
             except PeerError as exc:
                 frame = connection.send_error(request.id, exc.code, exc.text[:MAX_ERROR_TEXT])
+            except LocalProtocolError:
+                raise
             except Exception as exc:
                 log.error("peer %r: %s failed", peer_id, request.op, exc_info=True)
                 text = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_TEXT]
                 frame = connection.send_error(request.id, HANDLER_FAILED, text)
             frames.send_nowait(frame)
+        except LocalProtocolError:  # the link closed while the handler ran: nobody to answer
+            log.info("peer %r: the link closed before %s's answer", peer_id, request.op)
         finally:
             in_flight.release()
 
