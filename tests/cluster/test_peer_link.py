@@ -30,7 +30,7 @@ from tqbroker.cluster.peer_link import (
     connect_tcp,
     serve_tcp,
 )
-from tqbroker.cluster.peer_protocol import Kind, PeerConnection, Role, encode_frame
+from tqbroker.cluster.peer_protocol import Kind, PeerConnection, Request, Role, State, encode_frame
 
 SECRET = b"s" * 32
 OTHER_SECRET = b"t" * 32
@@ -461,3 +461,28 @@ async def test_a_peer_gone_before_its_answer_costs_the_server_nothing():
             answer.set()
             async with client(port) as peer:
                 assert await peer.request("fetch", 2) == 2
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_an_answer_after_the_link_closed_is_dropped(fails: bool):
+    """The race behind the test above, made deterministic: the connection's state goes CLOSED
+    while the handler runs (its answer or its failure), before the link's end cancels it. The
+    answer is dropped and nothing escapes the handler's task (before the fix it raised
+    ``LocalProtocolError: cannot send in state CLOSED`` into the broker's nursery)."""
+    connection = PeerConnection(Role.ACCEPTOR, "b", SECRET)
+    connection.state = State.OPEN
+
+    async def closing(peer_id: str, op: str, body: Any) -> Any:
+        connection.state = State.CLOSED
+        if fails:
+            raise RuntimeError("the store went away")
+        return body
+
+    frames_in, frames_out = trio.open_memory_channel[bytes](10)
+    in_flight = trio.Semaphore(1)
+    await in_flight.acquire()
+    server = PeerServer("b", SECRET, closing, SETTINGS)
+    await server._answer(connection, "a", Request(1, "fetch", 1), frames_in, in_flight)
+    assert in_flight.value == 1
+    with pytest.raises(trio.WouldBlock):
+        frames_out.receive_nowait()

@@ -151,20 +151,25 @@ class PeerServer:
         in_flight: trio.Semaphore,
     ) -> None:
         try:
+            error: tuple[str, str] | None = None
             try:
                 body = await self.handler(peer_id, request.op, request.body)
-                frame = connection.send_reply(request.id, body)
             except PeerError as exc:
-                frame = connection.send_error(request.id, exc.code, exc.text[:MAX_ERROR_TEXT])
-            except LocalProtocolError:
-                raise
+                error = (exc.code, exc.text)
             except Exception as exc:
                 log.error("peer %r: %s failed", peer_id, request.op, exc_info=True)
-                text = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_TEXT]
-                frame = connection.send_error(request.id, HANDLER_FAILED, text)
-            frames.send_nowait(frame)
-        except LocalProtocolError:  # the link closed while the handler ran: nobody to answer
-            log.info("peer %r: the link closed before %s's answer", peer_id, request.op)
+                error = (HANDLER_FAILED, f"{type(exc).__name__}: {exc}")
+            if connection.state is not State.OPEN:  # the link closed while the handler ran
+                log.info("peer %r: the link closed before %s's answer", peer_id, request.op)
+                return
+            if error is None:
+                try:
+                    frames.send_nowait(connection.send_reply(request.id, body))
+                    return
+                except LocalProtocolError as exc:  # the reply is over the frame limit
+                    error = (HANDLER_FAILED, f"LocalProtocolError: {exc}")
+            code, text = error
+            frames.send_nowait(connection.send_error(request.id, code, text[:MAX_ERROR_TEXT]))
         finally:
             in_flight.release()
 
