@@ -15,6 +15,8 @@ import pytest
 import trio
 import trio.testing
 
+from tests.support.polling import eventually_async
+from tests.support.sim_disk import SimDisk
 from tests.support.storage import flush
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.streams import ProducerState
@@ -23,6 +25,7 @@ from tqbroker.broker.streams.partition import Partition, make_durable
 from tqbroker.broker.streams.service import ProducerRecord, StreamService, Unavailable
 from tqbroker.config import BrokerConfig
 from tqbroker.model import Message
+from tqbroker.storage_env import StorageEnv
 from tqbroker.testing import start_broker
 
 # A TQF1 body's head: magic, frame count, the offset the next read starts at.
@@ -205,12 +208,12 @@ async def test_a_follower_partition_copies_its_leader_and_truncates(tmp_path: Pa
     backend.open(tmp_path)
     leader = Partition(backend.open_stream("/", "leader"), Flusher(backend))
     follower = Partition(backend.open_stream("/", "follower"), Flusher(backend))
-    leader.begin_epoch(3)
+    await leader.begin_epoch(3)
     for n in range(10):  # a frame each (a flush closes the open batch)
         leader.append([message(n)])
         flush(backend)
     frames, _next = leader.read_frames(0, None, 1 << 20)
-    end, durability = follower.append_frames(frames, 3)
+    end, durability = await follower.append_frames(frames, 3)
     assert end == 10
     assert durability is not None
     flush(backend)
@@ -220,9 +223,38 @@ async def test_a_follower_partition_copies_its_leader_and_truncates(tmp_path: Pa
     assert follower.read_frames(0, None, 1 << 20)[0] == frames  # byte-identical
     assert follower.replica_id != leader.replica_id
     assert follower.end_offset_for_epoch(3) == 10
-    follower.truncate_to(4)
+    await follower.truncate_to(4)
     assert (follower.log_end_offset, follower.high_watermark) == (4, 4)
     assert [r.offset for r in follower.read_many(0, 100)] == [0, 1, 2, 3]
+    backend.close()
+
+
+async def test_a_truncation_on_a_stuck_disk_leaves_the_event_loop_free(tmp_path: Path) -> None:
+    """A follower's truncation fsyncs in worker threads: on a disk whose fsyncs hang, the
+    Trio thread keeps running, reads below the cut go on, ``changing`` says a change is under
+    way and ``settled`` returns once it is over (a role taking over the partition waits for
+    it); nothing fsyncs on the Trio thread."""
+    disk = SimDisk(tmp_path)
+    backend = LogBackend()
+    backend.open(tmp_path, StorageEnv.default(disk))
+    follower = Partition(backend.open_stream("/", "follower"), Flusher(backend))
+    for n in range(6):
+        follower.append([message(n)])
+        flush(backend)
+    disk.stall()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follower.truncate_to, 3)
+            await eventually_async(lambda: disk.stalled_syncs > 0, what="the intent's fsync")
+            assert follower.changing
+            assert [r.offset for r in follower.read_many(0, 2)] == [0, 1]
+            nursery.start_soon(follower.settled)
+            await trio.sleep(0.1)
+            assert follower.changing
+            disk.unstall()
+        assert not follower.changing
+    assert disk.loop_syncs == []
+    assert follower.log_end_offset == 3
     backend.close()
 
 

@@ -4,10 +4,13 @@ bad sector, a file restored from an old backup), on the in-process three-node cl
 never truncates others).
 
 The node was stopped cleanly, so recovery trusts its segments and the damage shows only in a
-frame's CRC. Restarted, the damaged replica must not lead, even when the other two nodes die
-and it is the only one left that could; it must not make the others cut their logs when they
-come back; and it stays out of the ISR (it reports itself damaged). The others' logs then hold
-every confirmed message (the history checker over the ISR members).
+frame's CRC. The whole cluster is down when it is damaged, and the damaged node comes back
+first, alone: it must not lead (it reports itself damaged), though it is the only node that
+could. Then the others come back: one of them leads, and the damaged replica throws its log
+away and copies it anew under a new replica id (the ISR held the old one): it may count, and
+lead, only once back in the ISR under the new id. It must not make the others cut their logs;
+afterwards every node's log holds every confirmed message (the history checker over all
+three, byte-identical frames).
 """
 
 from __future__ import annotations
@@ -38,30 +41,26 @@ def damage(path: Path, rng: random.Random) -> int:
     return at
 
 
-def settled_as_follower(made: Cluster, name: str) -> bool:
-    """The restarted replica follows again and either knows it is damaged (its follower
-    stopped) and every node's view has its report saying so, or it has fetched from its
-    leader and is back in its ISR (trusted again)."""
+def copied_anew(made: Cluster, name: str, old_id: str) -> bool:
+    """The damaged replica follows again, has thrown its log away and is back in its
+    leader's ISR under a new replica id."""
     held = made.members[name].node.roles.held.get(("/", "s"))
     if held is None or not isinstance(held.role, FollowerReplica):
         return False
-    if held.role.damaged is None:
-        leader = made.leader()
-        return held.role.fetches > 0 and leader is not None and name in leader.isr
+    leader = made.leader()
+    replica_id = made.members[name].partition().replica_id
+    return (
+        held.role.copied_anew == 1
+        and replica_id != old_id
+        and leader is not None
+        and leader.isr.get(name) == replica_id
+    )
+
+
+def reported_damaged(made: Cluster, name: str) -> bool:
+    """Every live node's view has the replica's report saying it is not intact."""
     reports = [m.node.view.reports_for("/", "s").get(name) for m in made.members.values()]
     return all(report is not None and not report.intact for report in reports)
-
-
-def survivors_in_sync(made: Cluster, survivors: list[str]) -> bool:
-    """A leader whose ISR is exactly ``survivors``, all of them at its high watermark."""
-    leader = made.leader()
-    return (
-        leader is not None
-        and sorted(leader.isr) == survivors
-        and all(
-            made.members[n].partition().high_watermark == leader.high_watermark for n in survivors
-        )
-    )
 
 
 async def run_damaged_follower(tmp_path: Path, seed: int) -> tuple[History, str, list[int]]:
@@ -83,41 +82,43 @@ async def run_damaged_follower(tmp_path: Path, seed: int) -> tuple[History, str,
         victim = rng.choice(others)
         survivors = sorted(n for n in made.members if n != victim)
         held = {n: made.members[n].partition().high_watermark for n in survivors}
-        made.kill(victim)
-        await made.wait_stopped(victim)
+        old_id = made.members[victim].partition().replica_id
+        for name in sorted(made.members):  # the whole cluster goes down
+            made.kill(name)
+            await made.wait_stopped(name)
         segment = made.segment_files(victim)[0]
         at = damage(segment, rng)
         print(f"seed {seed}: {victim} (a follower of {leader.node_id}) damaged at byte {at}")
         records: list[PartitionRecord] = []
         async with trio.open_nursery() as watchers:
             await watchers.start(made.watch_records, records)
-            await made.start(victim)
-            await settled(made, lambda: settled_as_follower(made, victim))
-            # The others die: the damaged replica is the only one left that could lead.
-            for name in survivors:
-                made.kill(name)
+            await made.start(victim)  # alone: the only node that could lead
+            await settled(made, lambda: reported_damaged(made, victim))
             await trio.sleep(made.members[victim].node.settings.lease_ttl + 2)
             led = sorted({r.epoch for r in records if r.leader == victim})
             assert led == [], f"seed {seed}: the damaged replica {victim} led in epochs {led}"
             for name in survivors:
                 await made.start(name)
-            await settled(made, lambda: survivors_in_sync(made, survivors))
+            await settled(made, lambda: copied_anew(made, victim, old_id))
+            await settled(made, lambda: in_sync(made))
             watchers.cancel_scope.cancel()
         # Nothing the survivors held was cut back.
         for name in survivors:
             assert made.members[name].partition().high_watermark >= held[name], name
-        take_replicas(made, history, survivors)
+        # It led, if ever, only in the ISR under its new id (copied anew, caught up).
+        new_id = made.members[victim].partition().replica_id
+        unfit = [r.epoch for r in records if r.leader == victim and r.isr.get(victim) != new_id]
+        assert unfit == [], f"seed {seed}: {victim} led in epochs {unfit} before it caught up"
+        take_replicas(made, history)
     print(f"partition records since: {[(r.epoch, r.leader, sorted(r.isr)) for r in records]}")
-    return history, victim, sorted({r.epoch for r in records if r.leader == victim})
+    return history, victim, unfit
 
 
 @pytest.mark.parametrize("seed", seeds(20261205))
-async def test_a_follower_damaged_below_its_high_watermark_never_leads(
-    tmp_path: Path, seed: int
-) -> None:
-    history, victim, led = await run_damaged_follower(tmp_path, seed)
-    assert led == [], f"seed {seed}: the damaged replica {victim} led in epochs {led}"
+async def test_a_damaged_follower_never_leads_and_is_copied_anew(tmp_path: Path, seed: int) -> None:
+    history, _victim, _unfit = await run_damaged_follower(tmp_path, seed)
     assert check(history) == [], f"seed {seed}"
+    assert len(history.replicas) == 3
     assert all(len(r.records) == BATCHES * BATCH for r in history.replicas)
     assert {payload_of("p", n) for n in range(BATCHES * BATCH)} <= set(
         history.replicas[0].records.values()
@@ -127,6 +128,5 @@ async def test_a_follower_damaged_below_its_high_watermark_never_leads(
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 async def test_damaged_followers_many_seeds(tmp_path: Path, seed: int) -> None:
-    history, victim, led = await run_damaged_follower(tmp_path, seed)
-    assert led == [], f"seed {seed}: the damaged replica {victim} led in epochs {led}"
+    history, _victim, _unfit = await run_damaged_follower(tmp_path, seed)
     assert check(history) == [], f"seed {seed}"

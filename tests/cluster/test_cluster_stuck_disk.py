@@ -104,13 +104,6 @@ async def test_a_stuck_disk_loses_the_lease_and_the_lead(tmp_path: Path, seed: i
     assert_passes(history, seed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a follower's divergence truncation (LogStream.truncate_to: the intent, the segment "
-    "sync, the epoch history, the intent's removal) and the epoch history a copied frame "
-    "changes (append_frames) fsync on the Trio thread: on a stuck disk the node's whole event "
-    "loop hangs (in this simulation every node's; the SimDisk lets those fsyncs through)",
-)
 @pytest.mark.parametrize("seed", seeds(20261206))
 async def test_a_stuck_disk_never_blocks_the_event_loop(tmp_path: Path, seed: int) -> None:
     _history, loop_syncs = await run_stuck_disk(tmp_path, seed, leader_only=True)

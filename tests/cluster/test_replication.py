@@ -31,17 +31,17 @@ def message(n: int) -> Message:
 class Replica:
     """One node's copy of the partition: its own backend, flusher and data directory."""
 
-    def __init__(self, directory: Path, node: str) -> None:
+    def __init__(self, directory: Path, node: str, segment_bytes: int = 64 << 20) -> None:
         self.node = node
         self.directory = directory
-        self.backend = LogBackend()
+        self.backend = LogBackend(segment_bytes=segment_bytes)
         self.backend.open(directory)
         self.flusher = Flusher(self.backend)
         self.partition = Partition(self.backend.open_stream("/", "s"), self.flusher)
 
-    def frames(self) -> list[bytes]:
+    def frames(self, start: int = 0) -> list[bytes]:
         partition = self.partition
-        frames, _next = partition.replica_frames(0, partition.durable_end, 1 << 30)
+        frames, _next = partition.replica_frames(start, partition.durable_end, 1 << 30)
         return [head + rest for head, rest in frames]
 
     def close(self) -> None:
@@ -111,6 +111,7 @@ async def cluster(
                 replica_lag=replica_lag,
                 publish_timeout=5.0,
             )
+            await leader.begin_epoch()
             leader.begin()
             await nursery.start(leader.run)
             links, followers = [], []
@@ -264,6 +265,7 @@ async def test_a_diverged_follower_cuts_its_log_back_to_the_leader_s(tmp_path: P
             first = LeaderReplica(
                 "/ s", old.partition, node_id="n1", epoch=1, isr=isr, min_isr=1, writer=writer
             )
+            await first.begin_epoch()
             first.begin()
             follower = FollowerReplica(
                 "/ s", new.partition, node_id="n0", leader="n1", epoch=1, fetch=first.fetch
@@ -279,6 +281,7 @@ async def test_a_diverged_follower_cuts_its_log_back_to_the_leader_s(tmp_path: P
             second = LeaderReplica(
                 "/ s", new.partition, node_id="n0", epoch=2, isr=isr, min_isr=1, writer=writer
             )
+            await second.begin_epoch()
             second.begin()
             assert new.partition.epoch_history == [(1, 0), (2, 10)]
             new.partition.append([Message("", "k", b"", b"new-%d" % n) for n in range(3)])
@@ -314,3 +317,48 @@ async def test_a_single_replica_confirms_at_its_own_fsync(tmp_path: Path, nodes:
         _first, confirmed = await published(leader, 100)
         assert confirmed
         assert made[0].partition.high_watermark == 100
+
+
+async def test_a_follower_behind_the_leader_s_log_start_continues_there(tmp_path: Path) -> None:
+    """Retention on the leader removed records a follower lacks (it was down, or joins late):
+    the leader answers ``offset_out_of_range`` (Kafka's ``OFFSET_OUT_OF_RANGE``), and the
+    follower empties its log and continues at the leader's log start (Kafka's
+    ``ReplicaFetcherThread`` then calls ``truncateFullyAndStartAt``); from there the two hold
+    byte-identical frames and the follower's log starts where the leader's does."""
+    lead, late = Replica(tmp_path / "n0", "n0", 4096), Replica(tmp_path / "n1", "n1", 4096)
+    try:
+        async with trio.open_nursery() as nursery:
+            for replica in (lead, late):
+                await nursery.start(replica.flusher.run)
+            isr = {"n0": lead.partition.replica_id}
+            leader = LeaderReplica(
+                "/ s", lead.partition, node_id="n0", epoch=1, isr=isr, min_isr=1, writer=Writer()
+            )
+            await leader.begin_epoch()
+            leader.begin()
+            follower = FollowerReplica(
+                "/ s", late.partition, node_id="n1", leader="n0", epoch=1, fetch=leader.fetch
+            )
+            follower.begin()
+            lead.partition.append([message(n) for n in range(20)])
+            await lead.flusher.wait(lead.flusher.request())
+            for _ in range(3):  # n1 copies offsets 0..19, then goes away
+                await follower._apply(await leader.fetch(follower._request()))
+            assert late.partition.durable_end == 20
+            for n in range(20, 400, 10):
+                lead.partition.append([message(i) for i in range(n, n + 10)])
+                await lead.flusher.wait(lead.flusher.request())
+            removed = lead.partition.apply_retention(max_bytes=8192, max_age_ms=None, now_ms=0)
+            await lead.flusher.wait(lead.flusher.request())
+            start = lead.partition.log_start_offset
+            assert removed > 0
+            assert start > 20
+            nursery.start_soon(follower.run)
+            await eventually_async(lambda: late.partition.durable_end == 400)
+            assert late.partition.log_start_offset == start
+            assert late.frames(start) == lead.frames(start)
+            assert late.partition.replica_id != lead.partition.replica_id
+            nursery.cancel_scope.cancel()
+    finally:
+        lead.close()
+        late.close()

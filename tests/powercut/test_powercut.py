@@ -19,7 +19,7 @@ import pytest
 from .broker_workload import BrokerWorkload
 from .harness import Report, Workload, explore
 from .recrash import explore_twice
-from .replica_workload import ReplicaWorkload
+from .replica_workload import ReplicaWorkload, RestartWorkload
 from .workloads import DefinitionsWorkload, QueueWorkload, StreamWorkload
 
 
@@ -44,6 +44,7 @@ def test_power_cuts_default_set(tmp_path: Path) -> None:
         (QueueWorkload(), 40),
         (StreamWorkload(), 40),
         (ReplicaWorkload(), 40),
+        (RestartWorkload(), 30),
         (DefinitionsWorkload(), None),
         # The relaxed policies: recovery consistent (starts, nothing corrupt), losses allowed.
         (QueueWorkload(fsync="never"), 20),
@@ -71,7 +72,9 @@ def test_power_cuts_during_recovery(tmp_path: Path, workload: Workload) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "workload", [QueueWorkload(), StreamWorkload(), ReplicaWorkload()], ids=lambda w: w.name
+    "workload",
+    [QueueWorkload(), StreamWorkload(), ReplicaWorkload(), RestartWorkload()],
+    ids=lambda w: w.name,
 )
 def test_power_cuts_during_recovery_many(tmp_path: Path, workload: Workload) -> None:
     report = explore_twice(workload, tmp_path, first=120, points=40)
@@ -86,6 +89,7 @@ def test_power_cuts_during_recovery_many(tmp_path: Path, workload: Workload) -> 
         QueueWorkload(rounds=16),
         StreamWorkload(rounds=18),
         ReplicaWorkload(rounds=12),
+        RestartWorkload(rounds=10),
         DefinitionsWorkload(versions=12),
     ],
     ids=lambda w: w.name,

@@ -13,10 +13,10 @@ import pytest
 from tests.support.storage import flush
 from tqbroker.backends.log import LogBackend
 from tqbroker.backends.log.epochs import EPOCH_FILE
-from tqbroker.backends.log.replication import TRUNCATE_FILE, write_intent
+from tqbroker.backends.log.replication import TRUNCATE_FILE, Intent, write_intent
 from tqbroker.backends.log.stream import LogStream
 from tqbroker.backends.log.streamstate import STATE_FILE
-from tqbroker.backends.streams import CorruptLogError, ProducerState
+from tqbroker.backends.streams import CorruptLogError, ProducerState, truncate
 from tqbroker.model import Message
 
 
@@ -56,7 +56,8 @@ def test_a_start_finishes_a_truncation_a_crash_interrupted(tmp_path: Path) -> No
     _fill(backend, stream, 5, b"s")
     stream.store_offset("c", 22)
     flush(backend)
-    write_intent(stream.env, stream.directory, 12)  # as if a power cut came right after the intent
+    # as if a power cut came right after the intent
+    write_intent(stream.env, stream.directory, Intent(12))
     backend.close()
     backend, stream = _open(tmp_path, segment_bytes=300)
     assert (stream.next_offset, stream.durable_end) == (12, 12)
@@ -78,7 +79,7 @@ def test_a_flush_begun_before_a_truncation_writes_nothing_stale(tmp_path: Path) 
     stream.store_offset("c", 3)  # the flush will write stream.cbor
     work = backend.begin_flush()
     assert work is not None
-    stream.truncate_to(4)
+    truncate(stream, 4)
     work()
     assert (stream.next_offset, stream.durable_end) == (4, 4)
     assert cbor2.loads((stream.directory / STATE_FILE).read_bytes())["recovery_point"] <= 4
@@ -92,13 +93,49 @@ def test_a_flush_begun_before_a_truncation_writes_nothing_stale(tmp_path: Path) 
 
 
 def test_no_flush_begins_while_a_truncation_runs(tmp_path: Path) -> None:
+    """From ``begin_truncation`` until its last step ends, no flush begins and neither
+    retention nor compaction plans anything (the broker runs the blocking steps in a worker
+    thread, the Trio thread free meanwhile); afterwards the flush does what waited."""
     backend, stream = _open(tmp_path)
-    stream.append(Message("", "k", b"", b"x", timestamp_ms=5))
-    with stream._flush_gate:  # held by truncate_to while it runs (a worker thread)
+    for _ in range(4):
+        stream.append(Message("", "k", b"", b"x", timestamp_ms=5))
+        flush(backend)
+    stream.append(Message("", "k", b"", b"y", timestamp_ms=5))  # not flushed
+    steps = stream.begin_truncation(2)
+    assert steps is not None
+    for step in steps:
         assert stream.begin_flush() is None
-        assert stream.needs_flush
-    flush(backend)
-    assert stream.durable_end == 1
+        assert stream.apply_retention(max_bytes=0, max_age_ms=None, now_ms=10) == 0
+        step()
+    assert stream.next_offset == 2
+    stream.append(Message("", "k", b"", b"z", timestamp_ms=5))
+    flush(backend)  # the gate is open again
+    assert stream.durable_end == 3
+    backend.close()
+
+
+def test_a_failed_truncation_step_releases_the_flush(tmp_path: Path) -> None:
+    """A step that raises ``OSError`` ends the truncation: flushes begin again, and the next
+    open finishes the truncation from its intent."""
+    backend, stream = _open(tmp_path)
+    for _ in range(4):
+        stream.append(Message("", "k", b"", b"x", timestamp_ms=5))
+        flush(backend)
+    steps = stream.begin_truncation(1)
+    assert steps is not None
+    steps.prepare()
+    steps.cut()
+    directory = stream.directory
+    (directory / STATE_FILE).mkdir()  # stream.cbor cannot be replaced: the last step fails
+    with pytest.raises(IsADirectoryError):
+        steps.finish()
+    assert not stream.truncating
+    (directory / STATE_FILE).rmdir()
+    assert (directory / TRUNCATE_FILE).exists()
+    backend.close()
+    backend, stream = _open(tmp_path)
+    assert stream.next_offset == 1
+    assert not (directory / TRUNCATE_FILE).exists()
     backend.close()
 
 

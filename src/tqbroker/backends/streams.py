@@ -15,9 +15,11 @@ Replication (Kafka's leader and follower): a follower copies the leader's frames
 (``read_frames`` on the leader, ``append_frames`` on the follower: byte-identical frames at the
 same offsets), keeps the leader epoch history (``begin_epoch``, ``epoch_history``,
 ``end_offset_for_epoch``: where a follower's log diverged, KIP-101) and cuts its log back there
-(``truncate_to``). Each stream's directory has a ``replica_id``, new whenever the stream is
-created. Reads are strict: a damaged frame below the durable end raises ``CorruptLogError`` and
-fails the stream (``failure``), so a replica never quietly serves less than it holds.
+(``begin_truncation``: the steps that block run in a worker thread, the cut itself on the
+broker's thread; ``truncate`` runs them all in one). Each stream's directory has a
+``replica_id``, new whenever the stream is created. Reads are strict: a damaged frame below
+the durable end raises ``CorruptLogError`` and fails the stream (``failure``), so a replica
+never quietly serves less than it holds.
 
 Storage knows nothing of AMQP: what a record's compaction key is comes from the broker, as a
 function of the message (``CompactionPolicy.key``).
@@ -26,7 +28,7 @@ function of the message (``CompactionPolicy.key``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import attrs
 
@@ -36,10 +38,29 @@ DEFAULT_TOMBSTONE_GRACE_MS = 24 * 3600 * 1000
 NO_EPOCH = -1  # the leader epoch of a log that never had one (Kafka's UNDEFINED_EPOCH)
 
 
+class TruncationSteps(NamedTuple):
+    """A truncation's steps (``StreamLog.begin_truncation``), run in this order."""
+
+    prepare: Callable[[], None]  # blocking (a worker thread): the intent, durably
+    cut: Callable[[], None]  # the broker's thread, quick: the log cut back
+    finish: Callable[[], None]  # blocking (a worker thread): the cut made durable
+
+
+def truncate(log: StreamLog, offset: int) -> None:
+    """The whole truncation to ``offset`` in one thread (``StreamLog.begin_truncation``):
+    blocking, for a log nothing else uses meanwhile (recovery, tests)."""
+    steps = log.begin_truncation(offset)
+    if steps is not None:
+        steps.prepare()
+        steps.cut()
+        steps.finish()
+
+
 class CorruptLogError(OSError):
     """A damaged frame (a failed CRC, a malformed record) where the log holds records, below
     its durable end: the stream is failed (``StreamLog.failure``) and every later read raises
-    this too, until the broker restarts (a follower then copies the partition anew). An
+    this too, until the log is emptied (``begin_restart``: a follower copies its leader's
+    anew) or the broker restarts. An
     ``OSError`` (``EIO``), so callers that treat storage trouble as retryable keep working;
     it is logged once, with the stream's directory, the segment and the position."""
 
@@ -172,25 +193,41 @@ class StreamLog(Protocol):
         (``InvalidFrame``); either refuses the whole call, nothing appended. An open batch of
         local appends is sealed first (a follower has none). ``leader_epoch`` below the
         current one is ``StaleEpoch``; above it, that epoch begins at the first appended
-        offset (as ``begin_epoch``, blocking for its checkpoint). Durable at the next flush,
-        like appends (``durable_end`` moves then). Returns the new ``next_offset``. An
-        ``OSError`` from storage (a segment to roll to cannot be created) leaves the frames
-        before the refused one appended: ``next_offset`` says where the next fetch starts."""
+        offset (as ``begin_epoch``, blocking for its checkpoint: the broker begins a new epoch
+        with ``begin_epoch`` first, in a worker thread, so this call never blocks). Durable at
+        the next flush, like appends (``durable_end`` moves then). Returns the new
+        ``next_offset``. An ``OSError`` from storage (a segment to roll to cannot be created)
+        leaves the frames before the refused one appended: ``next_offset`` says where the next
+        fetch starts."""
         ...
 
-    def truncate_to(self, offset: int) -> None:
-        """Remove every record at or past ``offset`` (Kafka's ``truncateTo``: a follower cuts
-        its log back to where it diverged from the leader). A frame that holds records on
-        both sides goes whole: the log then ends at that frame's first offset. ``next_offset``
-        and ``durable_end`` move down to the new end (nothing past it is read again), the
-        epoch history loses the epochs that start at or past it, stored consumer and group
-        offsets past it are clamped to it (producer states are kept: the leader's are copied
-        with its records). Blocking work (the broker calls it from a worker thread, like
-        ``open_stream``, with nothing else using the stream meanwhile); durable before it
-        returns: after a power cut at any point the log is the old one or the truncated one,
-        and once it returned never holds a record at or past the new end again. Raises
-        ``OSError``: the truncation is then unfinished (the next start finishes it), so call
-        it again before anything else uses the stream."""
+    def begin_truncation(self, offset: int) -> TruncationSteps | None:
+        """Begin removing every record at or past ``offset`` (Kafka's ``truncateTo``: a
+        follower cuts its log back to where it diverged from the leader); None when the log
+        ends at or before it. A frame that holds records on both sides goes whole: the log
+        then ends at that frame's first offset. The broker runs the steps in order (see
+        ``TruncationSteps``), and meanwhile neither appends to the stream nor begins an epoch;
+        reads go on (below the cut: the high watermark is) and flushes wait (``begin_flush``
+        returns nothing until the last step ended). After the cut ``next_offset`` and
+        ``durable_end`` are at most the new end (nothing past it is read again), the epoch
+        history loses the epochs that start at or past it, stored consumer and group offsets
+        past it are clamped to it (producer states are kept: the leader's are copied with its
+        records). Durable when ``finish`` returns: after a power cut at any point the log is
+        the old one or the truncated one, and once it returned never holds a record at or past
+        the new end again. A step that raises ``OSError`` ends the truncation unfinished (the
+        next start finishes it, or call ``truncate`` again before anything else uses the
+        stream)."""
+        ...
+
+    def begin_restart(self, offset: int, *, new_identity: bool = False) -> TruncationSteps:
+        """Begin removing every record and continuing the log at ``offset`` (Kafka's
+        ``truncateFullyAndStartAt``: a follower whose log ends below its leader's log start,
+        which retention moved past it, or whose own log is damaged). Run as
+        ``begin_truncation``'s steps, and as durable; afterwards ``first_offset``,
+        ``next_offset`` and ``durable_end`` are ``offset``, the epoch history is empty and the
+        stream is no longer failed (``failure``: its damaged frames are gone). Stored offsets
+        and producer states stay; so does the replica id, unless ``new_identity`` (a damaged
+        replica copied anew must not be taken for the one that acknowledged records)."""
         ...
 
     @property
@@ -207,10 +244,12 @@ class StreamLog(Protocol):
 
     def begin_epoch(self, epoch: int) -> None:
         """Begin leader epoch ``epoch`` at ``next_offset`` (a new leader, before it takes
-        appends). The same epoch again is nothing; a lower one is ``StaleEpoch``. Blocking:
-        the history is durable before it returns (one checkpoint written and fsync'd, as
-        Kafka writes its epoch checkpoint at once), so no record of the epoch can reach the
-        disk before the history that names it. Raises ``OSError``, nothing changed."""
+        appends; a follower, before the first frames of a new epoch). The same epoch again is
+        nothing; a lower one is ``StaleEpoch``. Blocking (the broker calls it from a worker
+        thread, and appends nothing meanwhile): the history is durable before it returns (one
+        checkpoint written and fsync'd, as Kafka writes its epoch checkpoint at once), so no
+        record of the epoch can reach the disk before the history that names it. Raises
+        ``OSError``, nothing changed."""
         ...
 
     def end_offset_for_epoch(self, epoch: int) -> int:

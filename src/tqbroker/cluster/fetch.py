@@ -43,6 +43,7 @@ class FetchRequest:
     max_bytes: int = 1 << 20
     max_wait: float = 0.5  # seconds the leader may wait for records to send
     offsets_version: int = -1  # the version of the leader's offsets the follower has
+    log_start: int = 0  # the follower's log start (at ``fetch_offset``: it holds no record)
 
     def encode(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -114,14 +115,19 @@ def epoch_at(history: Sequence[tuple[int, int]], offset: int) -> tuple[int, int 
 
 
 def divergence(
-    history: Sequence[tuple[int, int]], log_end: int, last_epoch: int, fetch_offset: int
+    history: Sequence[tuple[int, int]],
+    log_end: int,
+    last_epoch: int,
+    fetch_offset: int,
+    follower_start: int = 0,
 ) -> tuple[int, int] | None:
     """Where a follower whose log ends at ``fetch_offset`` in ``last_epoch`` diverges from a
     leader with this epoch history and log end: None if its log is a prefix of the leader's,
     else ``(epoch, end_offset)``: the leader's largest epoch not above ``last_epoch`` and the
     offset that epoch ends at on the leader (Kafka's ``OffsetsForLeaderEpoch``). The follower
-    cuts its log back to the lesser of that and its own end of that epoch."""
-    if fetch_offset == 0:
+    cuts its log back to the lesser of that and its own end of that epoch. A follower whose
+    log holds no record (it ends at its start, ``follower_start``) cannot diverge."""
+    if fetch_offset <= follower_start:
         return None
     epoch, end = NO_EPOCH, log_end
     for entry_epoch, start in history:

@@ -10,8 +10,13 @@ Responsibilities:
 - its own log first: before it copies anything, every frame it holds is read back, each CRC
   checked (``verify``; once per opened partition): a frame damaged while the node was down
   (bit rot, a bad sector) is not seen by recovery after a clean shutdown, which trusts the
-  segments; found, the replica is damaged (as below): it copies nothing, drops out of the ISR
-  and reports itself not intact, so it cannot lead;
+  segments; found (or a read failed the log meanwhile), the log is failed: the replica
+  reports itself not intact (it cannot lead), its fetches claim nothing, and once the leader
+  answers one the log is thrown away and copied anew under a new replica id
+  (``_copy_anew``): the ISR holds the old id, so the replica counts again, and may lead, only
+  once it has caught up;
+- a leader whose log starts past this log's end (retention removed what it lacks): the log is
+  emptied and continues at the leader's log start (Kafka's ``truncateFullyAndStartAt``);
 - divergence (KIP-101/KIP-320): when the leader answers that the logs diverged, cut this log
   back to where they agree (the lesser of the leader's and this log's end of that epoch) and
   fetch again; never below the high watermark this replica learned (a cut there would remove
@@ -36,7 +41,7 @@ import trio
 from ..broker.streams.partition import CorruptLogError, GroupFence, OffsetKind, Partition
 from ..model import Message
 from ..plugins.spec import Durability, GroupCommit
-from .fetch import FetchRequest, FetchResponse
+from .fetch import OUT_OF_RANGE, FetchRequest, FetchResponse
 from .forwarding import Forwarder, Send
 from .leader import NotLeader
 
@@ -63,6 +68,11 @@ def damage_of(partition: Partition) -> str | None:
 class ReplicaDamaged(Exception):
     """This replica's log no longer holds what it acknowledged (a damaged or swapped segment):
     the leader asked for a cut below the high watermark, or a frame of it fails its CRC."""
+
+
+class LogDamaged(ReplicaDamaged):
+    """A frame of this replica's own log fails its CRC (or a read failed the log): the local
+    evidence that lets the replica throw its log away and copy it anew from the leader."""
 
 
 class FollowerReplica:
@@ -92,6 +102,7 @@ class FollowerReplica:
         self.max_bytes = max_bytes
         self.max_wait = max_wait
         self.damaged: str | None = None  # why it stopped copying (``ReplicaDamaged``)
+        self.copied_anew = 0  # times its damaged log was thrown away and copied anew
         self.last_error: str | None = None  # the last failed fetch's error (for status)
         self.fetches = 0  # answered fetches (for tests and metrics)
         self.forwarder = Forwarder(key, leader, forward) if forward is not None else None
@@ -140,9 +151,11 @@ class FollowerReplica:
         at a time (each frame's CRC checked); ``ReplicaDamaged`` at the first damaged one. Done
         once per opened partition (a new leader to follow does not read it all again)."""
         partition = self.partition
-        damage = damage_of(partition)
-        if damage is not None:
-            raise ReplicaDamaged(damage)
+        recorded = _checked.get(partition)
+        if recorded is not None:
+            raise ReplicaDamaged(recorded)
+        if partition.failure is not None:
+            raise LogDamaged(partition.failure)
         if partition in _checked:
             return
         offset, end = partition.log_start_offset, partition.durable_end
@@ -153,12 +166,15 @@ class FollowerReplica:
                     break
                 await trio.lowlevel.checkpoint()
         except CorruptLogError as exc:
-            raise ReplicaDamaged(f"a frame of its log is damaged: {exc}") from None
+            raise LogDamaged(f"a frame of its log is damaged: {exc}") from None
         _checked[partition] = None
 
     async def _copy(self) -> None:
+        partition = self.partition
         try:
             await self.verify()
+        except LogDamaged as exc:  # the log is failed now: copied anew once the leader answers
+            log.error("partition %s: replica damaged: %s", self.key, exc)
         except ReplicaDamaged as exc:
             self._found_damaged(exc)
             return
@@ -173,6 +189,21 @@ class FollowerReplica:
                 backoff = min(backoff * 2, MAX_RETRY_SECONDS)
                 continue
             self.fetches += 1
+            if partition.failure is not None and response.error in (None, OUT_OF_RANGE):
+                await self._copy_anew(partition.failure)  # the leader answers: it has the log
+                continue
+            if response.error == OUT_OF_RANGE and response.log_start > partition.log_end_offset:
+                # Retention on the leader passed this log's end (the node was down, or a new
+                # replica joins late): what is missing is gone everywhere; start at its start.
+                log.warning(
+                    "partition %s: the leader's log starts at %d, past this log's end %d: "
+                    "the log is emptied and continues there",
+                    self.key,
+                    response.log_start,
+                    partition.log_end_offset,
+                )
+                await partition.restart_at(response.log_start)
+                continue
             if response.error is not None:
                 self.last_error = response.error
                 await trio.sleep(backoff)
@@ -189,12 +220,42 @@ class FollowerReplica:
                 log.error("partition %s: cannot append the leader's frames: %s", self.key, exc)
                 await trio.sleep(backoff)
 
+    async def _copy_anew(self, damage: str) -> None:
+        """Throw the damaged (failed) log away and copy it anew from the leader, which has
+        just answered, under a new replica id: the ISR holds the old one, so this replica
+        counts again only once it has caught up (and may lead only then). Its stored and
+        group offsets stay."""
+        partition = self.partition
+        log.error(
+            "partition %s: replica damaged (%s): its log is emptied and copied anew from %s",
+            self.key,
+            damage,
+            self.leader,
+        )
+        await partition.restart_at(partition.log_start_offset, new_identity=True)
+        _checked[partition] = None
+        self.copied_anew += 1
+
     def _found_damaged(self, exc: ReplicaDamaged) -> None:
         self.damaged = _checked[self.partition] = str(exc)
         log.error("partition %s: replica damaged, not copying: %s", self.key, exc)
 
     def _request(self) -> FetchRequest:
         partition = self.partition
+        if partition.failure is not None:  # damaged: claims nothing, asks for nothing
+            start = partition.log_start_offset
+            return FetchRequest(
+                partition=self.key,
+                follower=self.node_id,
+                replica_id=partition.replica_id,
+                epoch=self.epoch,
+                fetch_offset=start,
+                durable_end=start,
+                last_epoch=partition.leader_epoch,
+                max_bytes=0,
+                max_wait=0,
+                log_start=start,
+            )
         return FetchRequest(
             partition=self.key,
             follower=self.node_id,
@@ -206,6 +267,7 @@ class FollowerReplica:
             max_bytes=self.max_bytes,
             max_wait=self.max_wait,
             offsets_version=self._offsets_version,
+            log_start=partition.log_start_offset,
         )
 
     async def _apply(self, response: FetchResponse) -> None:
@@ -221,10 +283,10 @@ class FollowerReplica:
             log.info(
                 "partition %s: diverged from %s; log cut back to %d", self.key, self.leader, end
             )
-            partition.truncate_to(end)
+            await partition.truncate_to(end)
             return
         if response.frames:
-            _end, durability = partition.append_frames(response.frames, response.frames_epoch)
+            _end, durability = await partition.append_frames(response.frames, response.frames_epoch)
             if durability is not None:
                 commit, ticket = durability
                 if not await commit.wait(ticket):

@@ -231,9 +231,13 @@ class LeaderReplica:
 
     # -- becoming and stopping being the leader ------------------------------------------------
 
+    async def begin_epoch(self) -> None:
+        """Begin the epoch in the log, durably (its checkpoint fsync'd in a worker thread)."""
+        await self.partition.begin_epoch(self.epoch)
+
     def begin(self) -> None:
-        """Begin the epoch in the log (durably) and put the gate in front of the partition."""
-        self.partition.begin_epoch(self.epoch)
+        """Put the gate in front of the partition (its epoch begun: ``begin_epoch``)."""
+        assert self.partition.leader_epoch == self.epoch, "begin_epoch first"
         self.partition.gate = self
         flusher = self.partition.flusher
         if flusher is not None:
@@ -276,6 +280,7 @@ class LeaderReplica:
             partition.log_end_offset,
             request.last_epoch,
             request.fetch_offset,
+            request.log_start,
         )
         if diverging is not None:
             return self._response(diverging=diverging)

@@ -259,16 +259,31 @@ class PartitionRoles:
             partition.gate = role
             partition.wake()
             return
-        role.begin()
+        # A follower begins at once, unless the log is changing: a truncation or an epoch's
+        # checkpoint under way (the task that began it cancelled, the change shielded) ends
+        # first, and a leader's epoch is begun durably (in a worker thread) before it takes
+        # appends. Meanwhile the partition is on standby.
+        ready = isinstance(role, FollowerReplica) and not partition.changing
+        if ready:
+            role.begin()
+        else:
+            partition.gate = Standby(role.key, partition.high_watermark, "its role is beginning")
         assert self._nursery is not None
         new.scope = trio.CancelScope()
-        self._nursery.start_soon(self._run_role, new)
+        self._nursery.start_soon(self._run_role, new, ready)
 
-    async def _run_role(self, held: _Held) -> None:
+    async def _run_role(self, held: _Held, ready: bool) -> None:
         assert held.scope is not None
         with held.scope:
             role = held.role
             assert not isinstance(role, Standby)
+            if not ready:
+                await held.partition.settled()
+                if isinstance(role, LeaderReplica):
+                    await role.begin_epoch()
+                if held.scope.cancel_called:  # replaced meanwhile: the next role's gate stands
+                    return
+                role.begin()
             await role.run()
 
     @staticmethod

@@ -298,12 +298,33 @@ class Log:
         self._directory_dirty = self._directory_dirty or bool(removed)
         if not self.segments:
             self._roll(end)
+        self._forget_reads()
+        return end, removed
+
+    def restart_at(self, offset: int) -> list[Segment]:
+        """Remove every record and continue at ``offset`` in a new, empty segment (Kafka's
+        ``truncateFullyAndStartAt``; blocking like ``truncate``): every segment is detached
+        and its files unlinked (kept open, as ``truncate``'s), and a failure (a damaged frame
+        a strict read met) is forgotten with them. Returns the detached segments.
+        The caller makes it durable (``sync_work``)."""
+        self.write_out()
+        removed = self.segments[::-1]  # the newest first
+        self.segments.clear()
+        self._bases.clear()
+        for segment in removed:
+            segment.unlink()
+        self._directory_dirty = True
+        self._roll(offset)
+        self._forget_reads()
+        self.reader.failure = None  # the damaged frame went with the rest
+        return removed
+
+    def _forget_reads(self) -> None:
         # Nothing read or cached before may be served again: the offsets may be reused.
         self.cache.unregister(self._cache_id)
         self._cache_id, self._cached = self.cache.register()
         self.reader.reset(self._cached)
         self.changed()
-        return end, removed
 
     def gaps(self) -> list[tuple[int, int]]:
         """The ``[start, end)`` offset ranges between segments, which hold no record: a crash

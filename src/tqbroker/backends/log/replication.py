@@ -89,9 +89,18 @@ def cut_position(segment: Segment, offset: int) -> tuple[int, int]:
     return pos, offset
 
 
-def write_intent(env: StorageEnv, directory: Path, offset: int) -> None:
-    """Record, durably, that the log is being cut back to ``offset``."""
-    env.atomic_write(directory / TRUNCATE_FILE, cbor2.dumps({"offset": offset}))
+class Intent(NamedTuple):
+    """A truncation under way: cut back to ``offset``, or with ``restart`` emptied and
+    continued there (``new_identity``: under a new replica id)."""
+
+    offset: int
+    restart: bool = False
+    new_identity: bool = False
+
+
+def write_intent(env: StorageEnv, directory: Path, intent: Intent) -> None:
+    """Record, durably, that the log is being cut back as ``intent`` says."""
+    env.atomic_write(directory / TRUNCATE_FILE, cbor2.dumps(intent._asdict()))
 
 
 def clear_intent(env: StorageEnv, directory: Path) -> None:
@@ -101,9 +110,9 @@ def clear_intent(env: StorageEnv, directory: Path) -> None:
     env.fsync_dir(directory)
 
 
-def pending_truncation(directory: Path) -> int | None:
-    """The offset of a truncation that a crash interrupted, if any (a torn intent file can
-    only be one whose truncation never began: it is written durably first)."""
+def pending_truncation(directory: Path) -> Intent | None:
+    """The truncation a crash interrupted, if any (a torn intent file can only be one whose
+    truncation never began: it is written durably first)."""
     try:
         intent = cbor2.loads((directory / TRUNCATE_FILE).read_bytes())
     except FileNotFoundError:
@@ -112,7 +121,9 @@ def pending_truncation(directory: Path) -> int | None:
         return None
     if not isinstance(intent, dict) or not isinstance(intent.get("offset"), int):
         return None
-    return int(intent["offset"])
+    return Intent(
+        int(intent["offset"]), intent.get("restart") is True, intent.get("new_identity") is True
+    )
 
 
 def load_replica_id(env: StorageEnv, directory: Path) -> str:
@@ -124,6 +135,11 @@ def load_replica_id(env: StorageEnv, directory: Path) -> str:
         pass
     except ValueError:  # a torn write of a new one: nothing relied on it yet
         pass
+    return new_replica_id(env, directory)
+
+
+def new_replica_id(env: StorageEnv, directory: Path) -> str:
+    """Give the replica a new id, durably (written atomically)."""
     replica_id = str(uuid.uuid4())
-    env.atomic_write(path, replica_id.encode())
+    env.atomic_write(directory / REPLICA_FILE, replica_id.encode())
     return replica_id

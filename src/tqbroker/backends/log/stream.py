@@ -14,8 +14,8 @@ Responsibilities (``LogStream``, the ``StreamLog`` contract over one log):
 - stored positions and producer states (``streamstate.py``), made durable by the next flush;
 - replication (``replication.py``, ``epochs.py``): ``append_frames`` (a leader's frames,
   verbatim), the leader epoch history (its checkpoint written before the call that changes it
-  returns), ``truncate_to`` (blocking, durable, finished at the next open if a crash cut it
-  short), the replica id;
+  returns), truncation (``_Truncation``'s steps: durable, finished at the next open if a crash
+  cut it short), the replica id;
 - compaction, Kafka's ``cleanup.policy=compact`` (``compaction.py``): a pass planned here and
   run in a worker thread, its copies swapped in on the Trio thread.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 import cbor2
 
 from ...model import Message
-from ..streams import CompactionPolicy, ProducerState
+from ..streams import CompactionPolicy, ProducerState, TruncationSteps
 from .batching import OpenBatch
 from .compaction import CompactionResult, Compactor
 from .epochs import EpochHistory
@@ -44,9 +44,11 @@ from .flush import ChangeFlag, Checkpoint, LogFlush
 from .format import Record
 from .log import RESOURCE_ERRNOS, Log
 from .replication import (
+    Intent,
     check_frames,
     clear_intent,
     load_replica_id,
+    new_replica_id,
     pending_truncation,
     write_intent,
 )
@@ -74,6 +76,7 @@ class LogStream:
         # Held by ``begin_flush`` and by a truncation (worker thread): no flush begins while
         # the log is being cut back.
         self._flush_gate = threading.Lock()
+        self.truncating = False  # a truncation's steps are under way: no retention, no compaction
         self._offsets_dirty = False
         self._compactor = Compactor(log, directory)
         self._batch = OpenBatch(log)
@@ -96,7 +99,10 @@ class LogStream:
         self._replica_id = load_replica_id(self.env, self.directory)
         pending = pending_truncation(self.directory)
         if pending is not None:  # a power cut interrupted it: finish it
-            self._truncate(pending)
+            steps = self._truncation(pending)
+            steps.prepare()
+            steps.cut()
+            steps.finish()
         else:  # epochs past the end lost their records to the crash (the start stays)
             end = self.log.next_offset
             self.epochs.save(
@@ -217,33 +223,25 @@ class LogStream:
     def end_offset_for_epoch(self, epoch: int) -> int:
         return self.epochs.end_offset_for(epoch, self.next_offset)
 
-    def truncate_to(self, offset: int) -> None:
-        """Cut the log back to ``offset`` (``StreamLog.truncate_to``; blocking, durable)."""
+    def begin_truncation(self, offset: int) -> TruncationSteps | None:
+        """Begin cutting the log back to ``offset`` (``StreamLog.begin_truncation``). The
+        flush gate is held from now, and ``flush.lock`` from ``prepare``, until the last step
+        ends (done or failed): no flush begins, and none in flight writes its checkpoint."""
         self.seal()
         if offset >= self.log.next_offset:
-            return
-        with self._flush_gate:
-            self._truncate(offset)
+            return None
+        return self._truncation(Intent(offset)).steps()
 
-    def _truncate(self, offset: int) -> None:
-        """The truncation's steps: the intent first (from then on a power cut is finished by
-        the next open), the files cut and fsync'd, the epoch history trimmed, ``stream.cbor``
-        with the recovery point moved down, and the intent removed."""
-        flush = self.flush
-        with flush.lock:
-            write_intent(self.env, self.directory, offset)
-            end, removed = self.log.truncate(offset)
-            flush.retired.extend(removed)  # closed by the next flush: one in flight may sync them
-            sync = self.log.sync_work()
-            if sync is not None:
-                sync()
-            self.epochs.save(self.env, self.directory, self.epochs.truncated(end), fsync=True)
-            flush.truncated(end)
-            self._durable_end = min(self._durable_end, end)
-            self.state.clamp(end)
-            self._offsets_dirty = False
-            self.env.atomic_write(self.directory / STATE_FILE, self.state.encode(flush.synced_upto))
-            clear_intent(self.env, self.directory)
+    def begin_restart(self, offset: int, *, new_identity: bool = False) -> TruncationSteps:
+        """Begin emptying the log and continuing it at ``offset``
+        (``StreamLog.begin_restart``), as ``begin_truncation`` cuts it."""
+        self.seal()
+        return self._truncation(Intent(offset, True, new_identity)).steps()
+
+    def _truncation(self, intent: Intent) -> _Truncation:
+        self._flush_gate.acquire()
+        self.truncating = True
+        return _Truncation(self, intent)
 
     @property
     def first_offset(self) -> int:
@@ -284,6 +282,8 @@ class LogStream:
     def apply_retention(self, *, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:
         """Detach whole segments past retention (deleted at the next flush); return how many."""
         self.seal()
+        if self.truncating:
+            return 0  # the next pass does it
         removed = self.log.segments_past_retention(
             max_bytes=max_bytes, max_age_ms=max_age_ms, now_ms=now_ms
         )
@@ -307,7 +307,7 @@ class LogStream:
         ``timestamp_ms + tombstone_grace_ms <= now_ms``. It fsyncs the records it goes by
         first, so a copy never drops a record for the sake of a later one a crash can lose."""
         self.seal()
-        if self.flush.abandoned:
+        if self.flush.abandoned or self.truncating:
             return None
         return self._compactor.plan(policy, now_ms)
 
@@ -405,3 +405,79 @@ class LogStream:
             segment.close()
         flush.retired.clear()
         self.log.close(clean=False)
+
+
+class _Truncation:
+    """One truncation of ``stream`` to ``offset`` (``LogStream.begin_truncation``; with
+    ``restart``, everything removed and the log continued at ``offset``), begun with the flush
+    gate held: the intent first (from then on a power cut is finished by the next
+    open), the files cut, then their fsync, the epoch history trimmed, ``stream.cbor`` with
+    the recovery point moved down, and the intent removed. The gate, and ``flush.lock`` once
+    taken, are released when a step fails or the last one ends."""
+
+    def __init__(self, stream: LogStream, intent: Intent) -> None:
+        self.stream = stream
+        self.intent = intent
+        self.offset = intent.offset
+        self.restart = intent.restart
+        self._locked = False
+        self._end = intent.offset
+        self._sync: Callable[[], None] | None = None
+        self._state = b""
+
+    def steps(self) -> TruncationSteps:
+        return TruncationSteps(self.prepare, self.cut, self.finish)
+
+    def prepare(self) -> None:
+        stream = self.stream
+        try:
+            stream.flush.lock.acquire()  # a flush in flight writes its checkpoint first
+            self._locked = True
+            write_intent(stream.env, stream.directory, self.intent)
+        except BaseException:
+            self._release()
+            raise
+
+    def cut(self) -> None:
+        stream, flush = self.stream, self.stream.flush
+        try:
+            if self.restart:
+                end, removed = self.offset, stream.log.restart_at(self.offset)
+            else:
+                end, removed = stream.log.truncate(self.offset)
+            flush.retired.extend(removed)  # closed by the next flush: one in flight may sync them
+            self._sync = stream.log.sync_work()
+            flush.truncated(end)
+            if self.restart:  # no record below the new start: all of it is durable at once
+                flush.synced_upto = stream._durable_end = end
+            stream._durable_end = min(stream._durable_end, end)
+            stream.state.clamp(end)
+            stream._offsets_dirty = False
+            self._end = end
+            self._state = stream.state.encode(flush.synced_upto)
+        except BaseException:
+            self._release()
+            raise
+
+    def finish(self) -> None:
+        stream = self.stream
+        env, directory = stream.env, stream.directory
+        try:
+            if self._sync is not None:
+                self._sync()
+            epochs = [] if self.restart else stream.epochs.truncated(self._end)
+            stream.epochs.save(env, directory, epochs, fsync=True)
+            if self.intent.new_identity:
+                stream._replica_id = new_replica_id(env, directory)
+            env.atomic_write(directory / STATE_FILE, self._state)
+            clear_intent(env, directory)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        stream = self.stream
+        if self._locked:
+            self._locked = False
+            stream.flush.lock.release()
+        stream.truncating = False
+        stream._flush_gate.release()

@@ -32,7 +32,8 @@ Responsibilities:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -43,6 +44,7 @@ from ...backends.streams import (
     ProducerState,
     StreamLog,
     StreamRecord,
+    TruncationSteps,
 )
 from ...backends.streams import (
     CorruptLogError as CorruptLogError,  # what a damaged frame raises on a read (re-exported)
@@ -127,6 +129,7 @@ class Partition:
         self.closed = False
         self.gate: ReplicaGate | None = None  # a cluster's replica state (module doc)
         self._readers: set[Wakeable] = set()  # told when the high watermark may have moved
+        self._changing: trio.Event | None = None  # see ``changing``
         # Moves at every offset stored: a leader sends its followers the offsets when the
         # version they have differs (random at the start: no two runs share a version).
         self.offsets_version = random.getrandbits(60)
@@ -379,32 +382,67 @@ class Partition:
         diverges from this log (``StreamLog.end_offset_for_epoch``)."""
         return self._log.end_offset_for_epoch(epoch)
 
-    # Epochs and truncation change the log under its readers and appenders: they run on the
-    # Trio thread, blocking it for their fsyncs (rare: when leadership moves), so that no read
-    # or append ever sees the log halfway through.
+    # A new epoch's checkpoint and a truncation block for their fsyncs: they run in a worker
+    # thread (the truncation's cut itself on the Trio thread, so no read ever sees the log
+    # halfway through), shielded, while ``changing`` says so: a role that takes over the
+    # partition meanwhile (``tqbroker.cluster``) begins once it is over (``settled``). Nothing
+    # appends meanwhile: a leader begins its epoch before it takes appends, a follower's fetch
+    # appends after it.
 
-    def begin_epoch(self, epoch: int) -> None:
+    @property
+    def changing(self) -> bool:
+        """An epoch checkpoint or a truncation is under way."""
+        return self._changing is not None
+
+    async def settled(self) -> None:
+        """Return once no epoch checkpoint or truncation is under way."""
+        while self._changing is not None:
+            await self._changing.wait()
+
+    async def begin_epoch(self, epoch: int) -> None:
         """Begin leader epoch ``epoch`` at the log end (a leader, before it takes appends);
         the history is durable when it returns."""
-        self._log.begin_epoch(epoch)
+        await self._change(partial(trio.to_thread.run_sync, self._log.begin_epoch, epoch))
 
-    def append_frames(
+    async def append_frames(
         self, frames: Sequence[tuple[bytes, bytes]], leader_epoch: int
     ) -> tuple[int, Durability]:
         """Append a leader's frames verbatim at the offsets they carry (a follower's fetch:
         ``StreamLog.append_frames``, which refuses frames that do not continue the log or do
-        not check, and begins a new epoch first, durably). One fetcher per partition calls
-        this. Returns the log's new end and what its durability waits for (the next
-        flush)."""
+        not check). The first frames of a new epoch begin it first, durably, in a worker
+        thread. One fetcher per partition calls this. Returns the log's new end and what its
+        durability waits for (the next flush)."""
+        if frames and leader_epoch > self._log.leader_epoch:
+            await self.begin_epoch(leader_epoch)
         end = self._log.append_frames(frames, leader_epoch)
         flusher = self.flusher
         return end, (flusher, flusher.request()) if flusher is not None else None
 
-    def truncate_to(self, offset: int) -> None:
-        """Remove every record at or past ``offset`` (``StreamLog.truncate_to``), durably.
+    async def truncate_to(self, offset: int) -> None:
+        """Remove every record at or past ``offset`` (``StreamLog.begin_truncation``), durably.
         Waiters look again."""
-        self._log.truncate_to(offset)
+        steps = self._log.begin_truncation(offset)
+        if steps is not None:
+            await self._change(partial(_truncate, steps))
+            self.wake()
+
+    async def restart_at(self, offset: int, *, new_identity: bool = False) -> None:
+        """Remove every record and continue the log at ``offset``
+        (``StreamLog.begin_restart``), durably: a follower whose log ends below its leader's
+        log start, or whose log is damaged (``new_identity``). Waiters look again."""
+        steps = self._log.begin_restart(offset, new_identity=new_identity)
+        await self._change(partial(_truncate, steps))
         self.wake()
+
+    async def _change(self, change: Callable[[], Awaitable[object]]) -> None:
+        assert self._changing is None, "one role at a time changes the log"
+        self._changing = trio.Event()
+        try:
+            with trio.CancelScope(shield=True):  # a change begun is finished
+                await change()
+        finally:
+            self._changing.set()
+            self._changing = None
 
     # -- retention and compaction ----------------------------------------------------------------
 
@@ -419,6 +457,12 @@ class Partition:
     def finish_compaction(self, result: Any) -> int:
         """Install a pass's result; how many records it removed."""
         return self._log.finish_compaction(result)
+
+
+async def _truncate(steps: TruncationSteps) -> None:
+    await trio.to_thread.run_sync(steps.prepare)
+    steps.cut()
+    await trio.to_thread.run_sync(steps.finish)
 
 
 async def make_durable(partitions: Iterable[Partition]) -> bool:

@@ -2,7 +2,7 @@
 
 Run on every backend that offers streams (``StreamBackend``): a follower's ``append_frames``
 of a leader's ``read_frames`` (byte-identical frames at the same offsets, refused whole when
-they do not continue the log or fail their CRC), the leader epoch history, ``truncate_to``,
+they do not continue the log or fail their CRC), the leader epoch history, truncation,
 the replica identity and producer states; each across a restart and a crash for a durable
 backend.
 """
@@ -20,6 +20,7 @@ from ...backends.streams import (
     ProducerState,
     StaleEpoch,
     StreamLog,
+    truncate,
 )
 from .harness import T0_MS, BackendFactory, BackendHarness, CaseList, make_message
 
@@ -218,23 +219,23 @@ def check_leader_epochs_and_their_history(factory: BackendFactory, data_dir: Pat
 
 
 def _truncated(h: BackendHarness, stream: StreamLog, offset: int, end: int) -> None:
-    assert stream.next_offset == end, f"truncate_to({offset}): next_offset {stream.next_offset}"
-    assert stream.durable_end == end, f"truncate_to({offset}): durable_end {stream.durable_end}"
+    assert stream.next_offset == end, f"truncation to {offset}: next_offset {stream.next_offset}"
+    assert stream.durable_end == end, f"truncation to {offset}: durable_end {stream.durable_end}"
     assert stream.read(end) is None
     assert stream.read_from(end) is None
     last = stream.read_many(0, 1 << 40, 1 << 20)[-1:]
-    assert not last or last[0].offset < end, f"truncate_to({offset}): {last[0].offset} is left"
+    assert not last or last[0].offset < end, f"truncation to {offset}: {last[0].offset} is left"
 
 
 @_case("streams")
-def check_truncate_to_removes_the_records_at_and_past_it(
+def check_a_truncation_removes_the_records_at_and_past_it(
     factory: BackendFactory, data_dir: Path
 ) -> None:
-    """``truncate_to`` removes every record at or past the offset (a frame that holds records
-    on both sides goes whole: the log then ends at its first offset), moves ``next_offset``
-    and ``durable_end`` down, trims the epoch history, clamps stored offsets; appends go on
-    at the new end, and reads give the new records, never the old ones; after a crash right
-    after it, nothing removed comes back."""
+    """A truncation (``begin_truncation``) removes every record at or past the offset (a
+    frame that holds records on both sides goes whole: the log then ends at its first
+    offset), moves ``next_offset`` and ``durable_end`` down, trims the epoch history, clamps
+    stored offsets; appends go on at the new end, and reads give the new records, never the
+    old ones; after a crash right after it, nothing removed comes back."""
     with BackendHarness(factory, data_dir) as h:
         stream = h.stream()
         stream.begin_epoch(1)
@@ -249,9 +250,9 @@ def check_truncate_to_removes_the_records_at_and_past_it(
         firsts = [int.from_bytes(rest[:8]) for _head, rest in frames]
         batch_at = next(f for f, g in itertools.pairwise(firsts) if g - f > 1 and 41 < f < 70)
         boundary = next(f for f in firsts if f > 70)  # a frame's first offset: cut there
-        stream.truncate_to(boundary)
+        truncate(stream, boundary)
         _truncated(h, stream, boundary, boundary)
-        stream.truncate_to(batch_at + 1)  # inside a batch: the batch goes whole
+        truncate(stream, batch_at + 1)  # inside a batch: the batch goes whole
         end = batch_at
         _truncated(h, stream, batch_at + 1, end)
         assert stream.read(end - 1) is not None
@@ -272,12 +273,54 @@ def check_truncate_to_removes_the_records_at_and_past_it(
         h.flush()
         got = _bodies(stream, end, end + 8)
         assert got == {n: b"new %d" % n for n in range(end, end + 8)}, "old records read back"
-        stream.truncate_to(0)  # everything
+        truncate(stream, 0)  # everything
         _truncated(h, stream, 0, 0)
         assert list(stream.epoch_history) == []
         if h.durable:
             h.crash()
             _truncated(h, h.stream(), 0, 0)
+
+
+@_case("streams")
+def check_a_restart_empties_the_log_and_continues_at_the_offset(
+    factory: BackendFactory, data_dir: Path
+) -> None:
+    """A restart (``begin_restart``: a follower whose leader's log starts past its end)
+    removes every record and continues at the offset: ``first_offset``, ``next_offset`` and
+    ``durable_end`` are there, the epoch history is empty, the replica id and stored offsets
+    stay; appends go on there, and after a crash nothing removed comes back."""
+    with BackendHarness(factory, data_dir) as h:
+        stream = h.stream()
+        replica_id = stream.replica_id
+        stream.begin_epoch(1)
+        _fill(h, stream, 30)
+        stream.store_offset("tag", 20)
+        h.flush()
+        for step in stream.begin_restart(500):
+            step()
+
+        def restarted(stream: StreamLog, end: int) -> None:
+            assert (stream.first_offset, stream.next_offset) == (500, end)
+            assert stream.durable_end == end
+            first = stream.read_from(0)
+            assert first is None or first.offset >= 500, "a removed record read back"
+            assert stream.replica_id == replica_id
+            assert stream.offsets["tag"] == 20
+
+        restarted(stream, 500)
+        assert list(stream.epoch_history) == []
+        if h.durable:
+            h.crash()
+            stream = h.stream()
+            restarted(stream, 500)
+        stream.begin_epoch(2)
+        _fill(h, stream, 10, start=500)
+        assert _bodies(stream, 0, 1000).keys() == set(range(500, 510))
+        assert list(stream.epoch_history) == [(2, 500)]
+        if h.durable:
+            h.crash()
+            stream = h.stream()
+            restarted(stream, 510)
 
 
 @_case("streams")
