@@ -1,0 +1,213 @@
+"""Generate ``src/tqbroker/protocol/kafka/schemas.py`` from Kafka's JSON message schemas.
+
+Usage: ``python tools/gen_kafka.py [--schemas DIR]`` rewrites the module; ``--check`` exits 1
+when the committed module differs from what the schemas generate (a test runs this where the
+schemas are at hand). The schemas (``clients/src/main/resources/common/message/*.json`` of
+apache/kafka; ``../shared/kafka-schemas`` beside this checkout by default, or
+``$TQBROKER_KAFKA_SCHEMAS``) are read at generation time and not committed.
+
+Each request and response of the APIs the Kafka listener serves (``APIS``), and the request and
+response headers, become a ``messages.Schema``: valid and flexible versions, and per field its
+snake-case name, type, versions, nullable versions, tag and default, nested structs inline
+(``commonStructs`` resolved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SCHEMAS = ROOT.parent / "shared" / "kafka-schemas"
+OUTPUT = ROOT / "src" / "tqbroker" / "protocol" / "kafka" / "schemas.py"
+ANY_VERSION = 32767
+
+# The APIs of the listener (shared/reference/kafka.md §0), by Kafka's message names.
+APIS = [
+    "Produce",
+    "Fetch",
+    "ListOffsets",
+    "Metadata",
+    "OffsetCommit",
+    "OffsetFetch",
+    "FindCoordinator",
+    "JoinGroup",
+    "Heartbeat",
+    "LeaveGroup",
+    "SyncGroup",
+    "DescribeGroups",
+    "ListGroups",
+    "SaslHandshake",
+    "ApiVersions",
+    "CreateTopics",
+    "DeleteTopics",
+    "InitProducerId",
+    "OffsetForLeaderEpoch",
+    "DescribeConfigs",
+    "SaslAuthenticate",
+    "CreatePartitions",
+    "IncrementalAlterConfigs",
+]
+PRIMITIVES = {"int8", "int16", "int32", "int64", "uint16", "uint32", "float64", "bool", "uuid"}
+PRIMITIVES |= {"string", "bytes", "records"}
+
+
+def load(path: Path) -> dict[str, Any]:
+    text = "\n".join(
+        line for line in path.read_text().splitlines() if not line.strip().startswith("//")
+    )
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def versions(spec: str | None) -> tuple[int, int] | None:
+    """Kafka's version ranges: "N", "N+", "N-M", "none"."""
+    if spec is None or spec == "none":
+        return None
+    if spec.endswith("+"):
+        return (int(spec[:-1]), ANY_VERSION)
+    if "-" in spec:
+        low, high = spec.split("-")
+        return (int(low), int(high))
+    return (int(spec), int(spec))
+
+
+def snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+def default_of(field: dict[str, Any], kind: str, array: bool) -> str:
+    raw = field.get("default")
+    if array or kind not in PRIMITIVES:
+        return '"null"' if raw == "null" else "None"
+    if raw == "null":
+        return "None"
+    if kind in ("int8", "int16", "int32", "int64", "uint16", "uint32"):
+        return str(int(raw, 0)) if isinstance(raw, str) else str(int(raw or 0))
+    if kind == "float64":
+        return repr(float(raw or 0))
+    if kind == "bool":
+        return "True" if str(raw).lower() == "true" else "False"
+    if kind == "string":
+        return repr(raw or "")
+    if kind == "uuid":
+        return "NIL_UUID"
+    return 'b""'  # bytes, records
+
+
+def field_code(field: dict[str, Any], common: dict[str, list[dict[str, Any]]], depth: int) -> str:
+    kind = field["type"]
+    array = kind.startswith("[]")
+    if array:
+        kind = kind[2:]
+    nested = field.get("fields")
+    if kind not in PRIMITIVES:
+        nested = nested if nested is not None else common[kind]
+        kind = "struct"
+    args = [
+        repr(snake(field["name"])),
+        repr(kind),
+        repr(array),
+        repr(versions(field["versions"])),
+    ]
+    extra: list[str] = []
+    if field.get("nullableVersions"):
+        extra.append(f"nullable={versions(field['nullableVersions'])!r}")
+    if "tag" in field:
+        extra.append(f"tag={field['tag']}")
+        extra.append(f"tagged={versions(field.get('taggedVersions', field['versions']))!r}")
+    default = default_of(field, kind, array)
+    if default != "None":
+        extra.append(f"default={default}")
+    if nested:
+        inner = ", ".join(field_code(f, common, depth + 1) for f in nested)
+        extra.append(f"fields=({inner},)")
+    if field.get("flexibleVersions") == "none":
+        extra.append("compact=False")
+    return f"Field({', '.join(args + extra)})"
+
+
+def schema_code(data: dict[str, Any]) -> str:
+    common = {s["name"]: s["fields"] for s in data.get("commonStructs", [])}
+    fields = ", ".join(field_code(f, common, 1) for f in data.get("fields", []))
+    return (
+        f"Schema({data['name']!r}, {data.get('apiKey', -1)}, {versions(data['validVersions'])!r}, "
+        f"{versions(data.get('flexibleVersions'))!r}, ({fields}{',' if fields else ''}))"
+    )
+
+
+def generate(schemas: Path) -> str:
+    lines = [
+        "# AUTOGENERATED by tools/gen_kafka.py from Kafka's JSON message schemas; do not edit.",
+        '"""The schemas of the messages the Kafka listener serves (``messages.Schema``), keyed by',
+        'API key, and the request and response headers."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "import uuid",
+        "",
+        "from .messages import Field, Schema",
+        "",
+        "NIL_UUID = uuid.UUID(int=0)",
+        "",
+        f"REQUEST_HEADER = {schema_code(load(schemas / 'RequestHeader.json'))}",
+        f"RESPONSE_HEADER = {schema_code(load(schemas / 'ResponseHeader.json'))}",
+        "",
+    ]
+    requests, responses = [], []
+    for api in APIS:
+        request, response = (
+            load(schemas / f"{api}Request.json"),
+            load(schemas / f"{api}Response.json"),
+        )
+        requests.append(f"    {request['apiKey']}: {schema_code(request)},")
+        responses.append(f"    {response['apiKey']}: {schema_code(response)},")
+    lines += ["REQUESTS: dict[int, Schema] = {", *requests, "}"]
+    lines += ["RESPONSES: dict[int, Schema] = {", *responses, "}", ""]
+    return format_source("\n".join(lines))
+
+
+def format_source(source: str) -> str:
+    ruff = [sys.executable, "-m", "ruff"]
+    done = subprocess.run(
+        [
+            *ruff,
+            "format",
+            "--config",
+            str(ROOT / "pyproject.toml"),
+            "--stdin-filename",
+            str(OUTPUT),
+            "-",
+        ],
+        input=source,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--schemas", type=Path, default=None)
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    schemas = args.schemas or Path(os.environ.get("TQBROKER_KAFKA_SCHEMAS", DEFAULT_SCHEMAS))
+    text = generate(schemas)
+    if args.check:
+        if OUTPUT.read_text() != text:
+            print(f"{OUTPUT} differs from what {schemas} generates: run tools/gen_kafka.py")
+            return 1
+        return 0
+    OUTPUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
