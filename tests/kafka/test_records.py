@@ -1,0 +1,120 @@
+"""Kafka's record batch (``tqbroker.protocol.kafka.records``) against kafka-python's builder
+and reader (``kafka.record``): what kafka-python builds we read record for record, and what we
+write kafka-python reads back with a valid CRC. A damaged byte anywhere is ``CorruptBatch``
+(Kafka answers CORRUPT_MESSAGE, ``UnifiedLog.scala``: a batch whose CRC fails)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.record import MemoryRecords
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from tqbroker.protocol.kafka.records import (
+    CorruptBatch,
+    Header,
+    RecordBatch,
+    UnsupportedCompression,
+    UnsupportedMagic,
+    batch_of,
+    decode_batch,
+    decode_batches,
+    encode_batch,
+)
+
+headers = st.lists(
+    st.builds(Header, st.text(max_size=6), st.none() | st.binary(max_size=6)), max_size=3
+)
+records = st.lists(
+    st.tuples(
+        st.none() | st.binary(max_size=10),
+        st.none() | st.binary(max_size=30),
+        headers,
+        st.integers(0, 2**41),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+def kafka_python_batch(base_offset: int, drawn: list[Any], producer: tuple[int, int, int]) -> bytes:
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=producer[0],
+        producer_epoch=producer[1],
+        base_sequence=producer[2],
+        batch_size=1 << 20,
+    )
+    for n, (key, value, hs, timestamp) in enumerate(drawn):
+        builder.append(n, timestamp, key, value, [(h.key, h.value) for h in hs])
+    data = bytearray(builder.build())
+    data[0:8] = base_offset.to_bytes(8, "big", signed=True)
+    return bytes(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(records, st.integers(0, 2**40), st.sampled_from([(-1, -1, -1), (7, 2, 100)]))
+def test_we_read_what_kafka_python_builds(drawn: list[Any], base: int, producer: Any) -> None:
+    (batch,) = decode_batches(kafka_python_batch(base, drawn, producer))
+    assert batch.base_offset == base
+    assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == producer
+    assert batch.max_timestamp == max(t for *_, t in drawn)
+    assert batch.next_offset == base + len(drawn)
+    got = [
+        (r.key, r.value, list(r.headers), batch.base_timestamp + r.timestamp_delta)
+        for r in batch.records
+    ]
+    assert got == [(k, v, list(h), t) for k, v, h, t in drawn]
+    assert [r.offset_delta for r in batch.records] == list(range(len(drawn)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(records, st.integers(0, 2**40))
+def test_kafka_python_reads_what_we_write(drawn: list[Any], base: int) -> None:
+    data = encode_batch(batch_of(drawn, base))
+    theirs = MemoryRecords(data).next_batch()
+    assert theirs.validate_crc()
+    assert theirs.base_offset == base
+    got = [(r.key, r.value, list(r.headers), r.timestamp, r.offset) for r in theirs]
+    expected = [
+        (k, v, [(h.key, h.value) for h in hs], t, base + n) for n, (k, v, hs, t) in enumerate(drawn)
+    ]
+    assert got == expected
+    assert decode_batch(data) == batch_of(drawn, base)._replace(last_offset_delta=len(drawn) - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(records, st.data())
+def test_a_damaged_byte_is_a_corrupt_batch(drawn: list[Any], data: st.DataObject) -> None:
+    raw = bytearray(encode_batch(batch_of(drawn, 0)))
+    at = data.draw(st.integers(17, len(raw) - 1))  # past the magic: the CRC covers it all
+    raw[at] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(CorruptBatch):
+        decode_batch(bytes(raw))
+
+
+def test_several_batches_and_a_trailing_partial_one() -> None:
+    """A Fetch response may end inside a batch (``max_bytes``): the whole ones are read."""
+    one = encode_batch(batch_of([(b"k", b"v", [], 5)], 0))
+    two = encode_batch(batch_of([(None, b"w", [], 6), (b"k", None, [], 7)], 1))
+    batches = decode_batches(one + two + two[:30])
+    assert [b.base_offset for b in batches] == [0, 1]
+    assert [len(b.records) for b in batches] == [1, 2]
+
+
+def test_old_magic_and_compression_are_refused_by_name() -> None:
+    data = bytearray(encode_batch(batch_of([(b"k", b"v", [], 5)], 0)))
+    old = bytes(data[:16]) + b"\x01" + bytes(data[17:])
+    with pytest.raises(UnsupportedMagic):
+        decode_batches(old)
+    with pytest.raises(UnsupportedCompression):
+        encode_batch(RecordBatch(0, (), 0, 0, attributes=1))
+    builder = DefaultRecordBatchBuilder(2, 1, False, -1, -1, -1, 1 << 20)  # gzip
+    builder.append(0, 5, b"k", b"v" * 100, [])
+    with pytest.raises(UnsupportedCompression):
+        decode_batches(bytes(builder.build()))
