@@ -50,6 +50,7 @@ SETTING_FLAGS = (
     ("--port", "port"),
     ("--http-port", "http_port"),
     ("--metrics-port", "metrics_port"),
+    ("--kafka-port", "kafka_port"),
     ("--definitions", "load_definitions"),
     ("--data-dir", "data_dir"),
     ("--durable-backend", "durable_backend"),
@@ -80,6 +81,8 @@ HELP = {
     "--port": "AMQP port, 0 = ephemeral (5672)",
     "--http-port": "HTTP API port, 0 = ephemeral, off (or -1) = no HTTP API (15672)",
     "--metrics-port": "Prometheus metrics port, 0 = ephemeral, off (or -1) = none (15692)",
+    "--kafka-port": "Kafka listener port, 0 = ephemeral, off = none (9092; ephemeral when "
+    "--port is 0)",
     "--definitions": "a definitions file (RabbitMQ's JSON) to import at boot (load_definitions)",
     "--data-dir": "where data lives (./tqbroker-data)",
     "--durable-backend": "storage of durable queues: log (default), rocksdb, or any installed "
@@ -162,6 +165,7 @@ async def run(config: BrokerConfig) -> None:
             + [f"amqps://{host}:{port}" for host, port in listening.amqps]
             + [f"{http}://{host}:{port}" for host, port in listening.http]
             + [f"metrics {http}://{host}:{port}/metrics" for host, port in listening.metrics]
+            + [f"kafka {host}:{port}" for host, port in listening.kafka]
         )
         # Handle the signals before saying "ready": a SIGTERM right after READY=1 (a service
         # manager stopping what it just started) is a graceful shutdown, not a kill.

@@ -45,7 +45,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS = ("text", "json")
 PLACEMENTS = ("spread", "colocate")  # tqbroker.cluster.placement's policies
 # The keys whose "off" form (None in Python; "off" or false in a file) disables something.
-OFF_KEYS = ("http_port", "metrics_port", "consumer_timeout_ms")
+OFF_KEYS = ("http_port", "metrics_port", "kafka_port", "consumer_timeout_ms")
 
 
 class SettingError(ValueError):
@@ -220,6 +220,15 @@ def _disk_limit(_instance: object, _attribute: object, value: float | str) -> No
     parse_limit(value, "disk_free_limit")
 
 
+DEFAULT_KAFKA_PORT = 9092
+
+
+def _follow_amqp_port(config: BrokerConfig) -> int | None:
+    """The Kafka listener's port when none is given: ephemeral when the AMQP port is, else
+    Kafka's 9092."""
+    return 0 if config.port == 0 else DEFAULT_KAFKA_PORT
+
+
 def _follow_http_port(config: BrokerConfig) -> int | None:
     """The metrics port when none is given: the HTTP API's "off" or "ephemeral", or 15692."""
     return config.http_port if config.http_port in (None, 0) else DEFAULT_METRICS_PORT
@@ -306,6 +315,12 @@ class BrokerConfig:
     # (``BrokerConfig(port=0, http_port=0)`` binds no fixed port), RabbitMQ's 15692 otherwise.
     metrics_port: int | None = attrs.field(
         default=attrs.Factory(_follow_http_port, takes_self=True),
+        validator=_port,
+    )
+    # The Kafka listener (Kafka clients on the same streams): on the same host; 0 = an
+    # ephemeral port, None = off. Unless given, ephemeral when ``port`` is, else 9092.
+    kafka_port: int | None = attrs.field(
+        default=attrs.Factory(_follow_amqp_port, takes_self=True),
         validator=_port,
     )
     # A definitions file (RabbitMQ's JSON schema) imported at boot, as RabbitMQ's

@@ -40,6 +40,7 @@ from .clustering import advertise, cluster_node, run_node
 from .connection import AMQPConnection
 from .http import serve_http, serve_metrics
 from .http.mgmt_overview import node_stats
+from .kafka import KafkaService
 from .registry import Connections
 from .tls import ServerTls
 
@@ -61,6 +62,7 @@ class Listening:
     broker: Broker | None = attrs.field(default=None, eq=False, repr=False)
     amqps: list[Address] = attrs.field(factory=list)
     tls: ServerTls | None = attrs.field(default=None, eq=False, repr=False)
+    kafka: list[Address] = attrs.field(factory=list)
 
 
 async def serve(
@@ -95,13 +97,23 @@ async def serve(
         tls_listeners: list[trio.SocketListener] = []
         if tls is not None:
             tls_listeners = await open_listeners(config.tls.port, config.host)
+        kafka_listeners: list[trio.SocketListener] = []
+        if config.kafka_port is not None:
+            kafka_listeners = await open_listeners(config.kafka_port, config.host)
         addresses, tls_addresses = _bound(listeners), _bound(tls_listeners)
+        kafka_addresses = _bound(kafka_listeners)
+        kafka = KafkaService(broker)
+        if kafka_listeners:
+            await broker_nursery.start(kafka.run)
+        for host, port in kafka_addresses:
+            log.info("tqbroker listening for Kafka clients on %s:%d", host, port)
         for host, port in addresses:
             log.info("tqbroker %s listening for AMQP on %s:%d", broker.config.host, host, port)
         for host, port in tls_addresses:
             log.info("tqbroker listening for AMQP over TLS on %s:%d", host, port)
         connections.listeners += [("amqp", host, port) for host, port in addresses]
         connections.listeners += [("amqp/ssl", host, port) for host, port in tls_addresses]
+        connections.listeners += [("kafka", host, port) for host, port in kafka_addresses]
         http: list[Address] = []
         if config.http_port is not None:
             http = await broker_nursery.start(
@@ -192,6 +204,7 @@ async def serve(
                 for handler, bound, name in (
                     (handle_plain, listeners, "AMQP"),
                     (handle_tls, tls_listeners, "amqps"),
+                    (kafka.handle, kafka_listeners, "Kafka"),
                 ):
                     if bound:
                         serving = functools.partial(
@@ -202,7 +215,9 @@ async def serve(
                             name=name,
                         )
                         accept_nursery.start_soon(serving)
-                task_status.started(Listening(addresses, http, metrics, broker, tls_addresses, tls))
+                task_status.started(
+                    Listening(addresses, http, metrics, broker, tls_addresses, tls, kafka_addresses)
+                )
                 if shutdown is None:
                     await trio.sleep_forever()
                 await shutdown.wait()

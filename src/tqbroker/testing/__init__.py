@@ -61,6 +61,14 @@ class RunningBroker:
         """The metrics port's base URL (``http://127.0.0.1:PORT``)."""
         return f"http://{self.host}:{self.metrics_port}"
 
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The Kafka listener's ``host:port`` (a Kafka client's ``bootstrap_servers``)."""
+        assert self.listening is not None
+        assert self.listening.kafka, "no Kafka listener"
+        host, port = self.listening.kafka[0]
+        return f"{host}:{port}"
+
     @classmethod
     def at(cls, listening: Listening) -> RunningBroker:
         host, port = listening.amqp[0]
@@ -93,6 +101,8 @@ def _isolated(config: BrokerConfig | None, data_dir: str) -> BrokerConfig:
         config = attrs.evolve(config, http_port=0)
     if config.metrics_port == defaults.metrics_port:
         config = attrs.evolve(config, metrics_port=0)
+    if config.kafka_port == defaults.kafka_port:
+        config = attrs.evolve(config, kafka_port=0)
     if config.data_dir == defaults.data_dir:
         config = attrs.evolve(config, data_dir=Path(data_dir))
     if config.durable_backend == defaults.durable_backend:
@@ -250,7 +260,7 @@ def start_broker_process(
     something else or stays silent for ``timeout`` seconds. ``max_open_files``: the broker's
     descriptor limit (``RLIMIT_NOFILE``, soft and hard), as ``ulimit -n`` would set it."""
     args = [sys.executable, "-m", "tqbroker", "--port", "0", "--http-port", "0"]
-    args += ["--metrics-port", "0"]
+    args += ["--metrics-port", "0", "--kafka-port", "0"]
     args += ["--durable-backend", durable_backend or durable_backend_for_tests()]
     if data_dir is not None:
         args += ["--data-dir", str(data_dir)]

@@ -101,6 +101,7 @@ class ProducerRecord:
     key: str = ""
     headers: FieldTable = attrs.field(factory=dict)
     partition: int | None = None  # None: the key decides
+    timestamp_ms: int | None = None  # None: now (a Kafka producer's own timestamp otherwise)
 
 
 @attrs.frozen
@@ -349,6 +350,8 @@ class _FirstPartition:
 def _message(exchange: str, record: ProducerRecord, now_ms: int) -> Message:
     """The message a record becomes (``InvalidRequest`` if its headers cannot be encoded).
     Records without headers share one encoding of their (persistent) properties."""
+    if record.timestamp_ms is not None:
+        now_ms = record.timestamp_ms
     if not record.headers:
         return Message(exchange, record.key, _PERSISTENT_RAW, record.value, _PERSISTENT, now_ms)
     properties = BasicProperties(headers=dict(record.headers), delivery_mode=2)

@@ -23,14 +23,11 @@ from collections.abc import Iterable
 
 from starlette.requests import Request
 
-from ...auth import PermissionKind, ResourceKind
-from ...broker.streams.service import StreamService, TopicError
 from ...broker.vhost import VirtualHost
 from ..access import resource_refusal
+from ..topic_needs import Need, declare, delete, produce, read
 from .auth import broker_of, user_of
 from .errors import RequestError
-
-Need = tuple[ResourceKind, str, PermissionKind]
 
 
 async def check_produce(request: Request, vhost: VirtualHost) -> None:
@@ -71,46 +68,3 @@ async def require(request: Request, vhost: VirtualHost, needs: Iterable[Need]) -
     for kind, name, permission in needs:
         if not await chain.check_resource(user, vhost.name, kind, name, permission):
             raise RequestError(403, resource_refusal(kind, name, vhost.name, user.name))
-
-
-def produce(vhost: VirtualHost, topic: str) -> list[Need]:
-    """``write`` on the exchange a produce publishes through."""
-    if topic in vhost.exchanges:
-        return [("exchange", topic, "write")]
-    if topic in vhost.queues:
-        return [("exchange", "", "write")]  # the default exchange, checked as amq.default
-    return []
-
-
-def read(vhost: VirtualHost, topic: str, partition: int | None = None) -> list[Need]:
-    """``read`` on the stream queue of ``partition`` (of every partition if None)."""
-    try:
-        found = StreamService(vhost).queue_names(topic)
-    except TopicError:
-        return []  # the route answers (404)
-    if partition is not None:
-        found = found[partition : partition + 1] if partition >= 0 else []
-    return [("queue", name, "read") for name in found]
-
-
-def delete(vhost: VirtualHost, topic: str) -> list[Need]:
-    """``configure`` on the topic's exchange (if it has one) and its partitions' queues."""
-    needs: list[Need] = [("exchange", topic, "configure")] if topic in vhost.exchanges else []
-    try:
-        found = StreamService(vhost).queue_names(topic)
-    except TopicError:
-        return needs
-    return needs + [("queue", name, "configure") for name in found]
-
-
-def declare(topic: str, count: int) -> list[Need]:
-    """What declaring a topic of ``count`` partitions needs, as the AMQP methods would."""
-    if not 1 <= count <= 1000:  # a declaration's bounds (topics.declare)
-        return []  # refused by the declaration itself (400)
-    queues = [f"{topic}-{n}" for n in range(count)]
-    return [
-        ("exchange", topic, "configure"),
-        *[("queue", name, "configure") for name in queues],
-        *[("queue", name, "write") for name in queues],
-        ("exchange", topic, "read"),
-    ]

@@ -1,0 +1,145 @@
+"""One Kafka client connection: size-prefixed requests in, responses out, in order (Kafka
+answers a connection's requests in the order they came).
+
+A request that does not decode, or names an API or version not served, closes the connection,
+as Kafka's ``SocketServer`` does; ApiVersions at a version not served is answered with
+``UNSUPPORTED_VERSION`` and the served ranges in a version 0 body (``RequestContext``), which
+is how clients learn what to speak. A request over ``MAX_REQUEST_BYTES`` (Kafka's
+``socket.request.max.bytes``) closes the connection too. A handler's bug costs this connection
+only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import trio
+
+from ...broker.broker import Broker
+from ...protocol.kafka import errors
+from ...protocol.kafka.requests import (
+    API_VERSIONS,
+    UnknownApi,
+    decode_request,
+    encode_response,
+)
+from . import group_offsets, handlers
+from .groups import GroupCoordinator
+from .session import KafkaSession
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024
+RECEIVE_BYTES: Final = 256 * 1024
+# Answered before a login: what a client asks first (its versions), and SASL later.
+BEFORE_LOGIN: Final = frozenset({API_VERSIONS})
+
+Body = Mapping[str, Any]
+Handler = Callable[[KafkaSession, Body, int], Awaitable[dict[str, Any] | None]]
+
+
+async def _api_versions(session: KafkaSession, body: Body, version: int) -> dict[str, Any]:
+    return handlers.api_versions()
+
+
+async def _join_group(session: KafkaSession, body: Body, version: int) -> dict[str, Any]:
+    return await session.groups.join(body, version, session.client_id)
+
+
+async def _sync_group(session: KafkaSession, body: Body, version: int) -> dict[str, Any]:
+    return await session.groups.sync(body)
+
+
+async def _heartbeat(session: KafkaSession, body: Body, version: int) -> dict[str, Any]:
+    return {"throttle_time_ms": 0, "error_code": session.groups.heartbeat(body)}
+
+
+async def _leave_group(session: KafkaSession, body: Body, version: int) -> dict[str, Any]:
+    code = session.groups.leave(body["group_id"], [body["member_id"]])
+    return {"throttle_time_ms": 0, "error_code": code, "members": []}
+
+
+HANDLERS: Mapping[int, Handler] = {
+    0: handlers.produce,
+    1: handlers.fetch,
+    2: handlers.list_offsets,
+    3: handlers.metadata,
+    8: group_offsets.offset_commit,
+    9: group_offsets.offset_fetch,
+    10: group_offsets.find_coordinator,
+    11: _join_group,
+    12: _heartbeat,
+    13: _leave_group,
+    14: _sync_group,
+    18: _api_versions,
+    22: handlers.init_producer_id,
+}
+
+
+class KafkaConnection:
+    def __init__(self, broker: Broker, groups: GroupCoordinator, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        peer, local = stream.socket.getpeername(), stream.socket.getsockname()
+        self.peer = f"{peer[0]}:{peer[1]}"
+        self.session = KafkaSession(broker, groups, (peer[0], peer[1]), (local[0], local[1]))
+
+    async def run(self) -> None:
+        buffer = bytearray()
+        try:
+            while True:
+                while len(buffer) < 4 or len(buffer) < 4 + int.from_bytes(buffer[:4], "big"):
+                    if len(buffer) >= 4 and int.from_bytes(buffer[:4], "big") > MAX_REQUEST_BYTES:
+                        log.info("kafka %s: a request over %d bytes", self.peer, MAX_REQUEST_BYTES)
+                        return
+                    data = await self.stream.receive_some(RECEIVE_BYTES)
+                    if not data:
+                        return
+                    buffer += data
+                size = int.from_bytes(buffer[:4], "big")
+                frame = bytes(buffer[4 : 4 + size])
+                del buffer[: 4 + size]
+                response = await self._answer(frame)
+                if response is not None:
+                    await self.stream.send_all(response)
+        except _Close:
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            return
+        finally:
+            await trio.aclose_forcefully(self.stream)
+
+    async def _answer(self, frame: bytes) -> bytes | None:
+        try:
+            header, body = decode_request(frame)
+        except UnknownApi as exc:
+            if exc.header.api_key == API_VERSIONS:  # answered in a version 0 body
+                error = handlers.api_versions(errors.UNSUPPORTED_VERSION)
+                return encode_response(exc.header._replace(api_version=0), error)
+            log.info("kafka %s: %s: closing the connection", self.peer, exc)
+            raise _Close from None
+        except ValueError as exc:
+            log.info("kafka %s: a request that does not decode (%s): closing", self.peer, exc)
+            raise _Close from None
+        handler = HANDLERS.get(header.api_key)
+        served = handlers.SERVED.get(header.api_key)
+        if handler is None or served is None or not served[0] <= header.api_version <= served[1]:
+            if header.api_key == API_VERSIONS:
+                error = handlers.api_versions(errors.UNSUPPORTED_VERSION)
+                return encode_response(header._replace(api_version=0), error)
+            log.info("kafka %s: %r is not served: closing the connection", self.peer, header)
+            raise _Close
+        anonymous = self.session.user is None and header.api_key not in BEFORE_LOGIN
+        if anonymous and not await self.session.log_in_anonymously():
+            log.info("kafka %s: an anonymous connection is not allowed from there", self.peer)
+            raise _Close
+        self.session.client_id = header.client_id or ""
+        answer = await handler(self.session, body, header.api_version)
+        if answer is None:  # a Produce with acks=0
+            return None
+        return encode_response(header, answer)
+
+
+class _Close(Exception):
+    """Close the connection (Kafka's answer to a request it cannot take)."""

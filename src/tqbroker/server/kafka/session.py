@@ -1,0 +1,60 @@
+"""One Kafka connection's session: who it is (the user its login gave), where it is (a vhost,
+its peer and local addresses) and the stream service it reaches topics through.
+
+A connection that does not authenticate (Kafka's PLAINTEXT listener, no SASL) acts as the
+``guest`` user when its peer is on loopback, as RabbitMQ lets ``guest`` in only from
+loopback; from elsewhere it is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ...auth import AuthUser, Peer
+from ...auth.authenticator import LoginRefused
+from ...broker.broker import Broker
+from ...broker.streams.service import StreamService
+from ...broker.vhost import VirtualHost
+from ..topic_needs import Need
+from .groups import GroupCoordinator
+
+ANONYMOUS_USER = "guest"
+DEFAULT_VHOST = "/"
+
+Address = tuple[str, int]
+
+
+class KafkaSession:
+    def __init__(
+        self, broker: Broker, groups: GroupCoordinator, peer: Address, local_address: Address
+    ) -> None:
+        self.broker = broker
+        self.groups = groups
+        self.peer = peer
+        self.local_address = local_address
+        self.user: AuthUser | None = None
+        self.client_id = ""  # the current request's
+        vhost = broker.vhosts[DEFAULT_VHOST]
+        self.vhost: VirtualHost = vhost
+        self.service = StreamService(vhost)
+
+    async def log_in_anonymously(self) -> bool:
+        """Act as ``guest`` (a loopback peer only); False if refused."""
+        try:
+            self.user = await self.broker.authenticator.login(
+                ANONYMOUS_USER, None, Peer(self.peer[0], self.peer[1])
+            )
+        except LoginRefused:
+            return False
+        chain = self.broker.authenticator.chain
+        return await chain.check_vhost(self.user, self.vhost.name, Peer(self.peer[0]))
+
+    async def allowed(self, needs: Iterable[Need]) -> bool:
+        """Whether the session's user has every permission of ``needs`` on its vhost."""
+        user = self.user
+        if user is None:
+            return False
+        chain = self.broker.authenticator.chain
+        for kind, name, permission in needs:
+            if not await chain.check_resource(user, self.vhost.name, kind, name, permission):
+                return False
+        return True
