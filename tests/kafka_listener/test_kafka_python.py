@@ -19,10 +19,8 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import InvalidRecordError
 
-from tqbroker.protocol.kafka.messages import decode, encode
+from tests.kafka_listener.raw import call
 from tqbroker.protocol.kafka.records import batch_of, encode_batch
-from tqbroker.protocol.kafka.schemas import REQUEST_HEADER, REQUESTS, RESPONSES
-from tqbroker.protocol.kafka.wire import Reader, Writer
 from tqbroker.testing import RunningBroker, running_broker
 
 pytestmark = pytest.mark.timeout(120)
@@ -158,6 +156,7 @@ def test_an_api_not_served_closes_that_connection_only(broker: RunningBroker) ->
     """Kafka closes a connection whose request it cannot parse (``SocketServer.scala``); an
     ApiVersions at a version not served is answered with UNSUPPORTED_VERSION (35) in a v0
     body (``ApiVersionsRequest.java``)."""
+    topic(broker, "kp-canary", 1)
     host, port = broker.kafka_bootstrap.split(":")
     with socket.create_connection((host, int(port)), timeout=10) as bad:
         bad.sendall(request(999, 0, 1))
@@ -170,7 +169,7 @@ def test_an_api_not_served_closes_that_connection_only(broker: RunningBroker) ->
         assert size == len(reply) - 4
     canary = KafkaConsumer(bootstrap_servers=broker.kafka_bootstrap)
     try:
-        assert "kp-orders" in canary.topics()
+        assert "kp-canary" in canary.topics()
     finally:
         canary.close()
 
@@ -191,36 +190,6 @@ def test_a_record_the_stream_cannot_take_is_invalid_record(broker: RunningBroker
         producer.close()
     (record,) = consume(broker, "kp-bad", 1)
     assert (record.offset, record.key, record.value) == (0, b"k" * 255, b"ok")
-
-
-def call(broker: RunningBroker, api_key: int, version: int, body: dict[str, Any]) -> Any:
-    """One request over a socket of its own, encoded and its response decoded with the
-    listener's codec (checked against kafka-python's in ``test_codec.py``)."""
-    writer = Writer()
-    encode(
-        REQUEST_HEADER,
-        1,
-        {
-            "request_api_key": api_key,
-            "request_api_version": version,
-            "correlation_id": 9,
-            "client_id": "raw",
-        },
-        writer,
-    )
-    encode(REQUESTS[api_key], version, body, writer)
-    frame = writer.getvalue()
-    host, port = broker.kafka_bootstrap.split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as raw:
-        raw.sendall(struct.pack(">i", len(frame)) + frame)
-        data = b""
-        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
-            chunk = raw.recv(65536)
-            assert chunk, "the connection closed"
-            data += chunk
-    reader = Reader(data[4:])
-    assert reader.int32() == 9
-    return decode(RESPONSES[api_key], version, reader)
 
 
 def produce_one(topic_name: str, partition: int, records: bytes) -> dict[str, Any]:
@@ -247,7 +216,7 @@ def test_bad_batches_get_kafkas_error_codes(broker: RunningBroker) -> None:
         ("kp-none", 0, good, 3),
         ("kp-raw", 0, good, 0),
     ]:
-        reply = call(broker, 0, 7, produce_one(name, partition, records))
+        reply = call(broker.kafka_bootstrap, 0, 7, produce_one(name, partition, records))
         (answer,) = reply["responses"][0]["partition_responses"]
         assert answer["error_code"] == code, (name, partition)
     assert answer["base_offset"] == 0  # the damaged batch took no offset

@@ -11,6 +11,7 @@ only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
@@ -34,7 +35,9 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024
 RECEIVE_BYTES: Final = 256 * 1024
 # Answered before a login: what a client asks first (its versions), and SASL later.
-BEFORE_LOGIN: Final = frozenset({API_VERSIONS})
+SASL_HANDSHAKE: Final = 17
+SASL_AUTHENTICATE: Final = 36
+BEFORE_LOGIN: Final = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 Body = Mapping[str, Any]
 Handler = Callable[[KafkaSession, Body, int], Awaitable[dict[str, Any] | None]]
@@ -73,8 +76,10 @@ HANDLERS: Mapping[int, Handler] = {
     12: _heartbeat,
     13: _leave_group,
     14: _sync_group,
+    17: handlers.sasl_handshake,
     18: _api_versions,
     22: handlers.init_producer_id,
+    36: handlers.sasl_authenticate,
 }
 
 
@@ -103,7 +108,12 @@ class KafkaConnection:
                 response = await self._answer(frame)
                 if response is not None:
                     await self.stream.send_all(response)
-        except _Close:
+        except _Close as close:
+            if close.args:  # the answer first
+                with contextlib.suppress(
+                    trio.BrokenResourceError, trio.ClosedResourceError, OSError
+                ):
+                    await self.stream.send_all(close.args[0])
             return
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             return
@@ -130,15 +140,22 @@ class KafkaConnection:
                 return encode_response(header._replace(api_version=0), error)
             log.info("kafka %s: %r is not served: closing the connection", self.peer, header)
             raise _Close
-        anonymous = self.session.user is None and header.api_key not in BEFORE_LOGIN
-        if anonymous and not await self.session.log_in_anonymously():
-            log.info("kafka %s: an anonymous connection is not allowed from there", self.peer)
-            raise _Close
+        session = self.session
+        if session.user is None and header.api_key not in BEFORE_LOGIN:
+            if session.mechanism is not None:  # a SASL handshake, and no login after it
+                log.info("kafka %s: %r before its SASL login: closing", self.peer, header)
+                raise _Close
+            if not await session.log_in_anonymously():
+                log.info("kafka %s: an anonymous connection is not allowed from there", self.peer)
+                raise _Close
         self.session.client_id = header.client_id or ""
         answer = await handler(self.session, body, header.api_version)
         if answer is None:  # a Produce with acks=0
             return None
-        return encode_response(header, answer)
+        response = encode_response(header, answer)
+        if header.api_key == SASL_AUTHENTICATE and answer["error_code"] != errors.NONE:
+            raise _Close(response)  # Kafka closes the connection after a failed login
+        return response
 
 
 class _Close(Exception):

@@ -73,8 +73,10 @@ SERVED: Mapping[int, tuple[int, int]] = {
     12: (0, 3),  # Heartbeat
     13: (0, 1),  # LeaveGroup
     14: (0, 3),  # SyncGroup
+    17: (1, 1),  # SaslHandshake (version 0's unframed tokens are not served)
     18: (0, 3),  # ApiVersions
     22: (0, 0),  # InitProducerId
+    36: (0, 1),  # SaslAuthenticate
 }
 LATEST, EARLIEST = -1, -2
 MAX_NAME_BYTES = 255  # a routing key's and a header name's (AMQP short strings)
@@ -382,3 +384,50 @@ def _offset(service: StreamService, topic: str, index: int, timestamp: int) -> d
     found = service.read(topic, index, offset=offset, limit=1)
     stamp = found[0].timestamp_ms if found else timestamp
     return {"error_code": errors.NONE, "offset": offset, "timestamp": stamp}
+
+
+# -- SASL --------------------------------------------------------------------------------------
+
+MECHANISMS = ["PLAIN"]
+
+
+async def sasl_handshake(
+    session: KafkaSession, body: Mapping[str, Any], version: int
+) -> dict[str, Any]:
+    mechanism = body["mechanism"]
+    if session.user is not None or session.mechanism is not None:
+        return {"error_code": errors.ILLEGAL_SASL_STATE, "mechanisms": MECHANISMS}
+    if mechanism not in MECHANISMS:
+        return {"error_code": errors.UNSUPPORTED_SASL_MECHANISM, "mechanisms": MECHANISMS}
+    session.mechanism = mechanism
+    return {"error_code": errors.NONE, "mechanisms": MECHANISMS}
+
+
+async def sasl_authenticate(
+    session: KafkaSession, body: Mapping[str, Any], version: int
+) -> dict[str, Any]:
+    """PLAIN's ``authzid NUL authcid NUL password`` (RFC 4616), logged in as an AMQP PLAIN
+    login is; a refusal is SASL_AUTHENTICATION_FAILED, and the connection closes after it."""
+    if session.mechanism != "PLAIN" or session.user is not None:
+        return _sasl_answer(errors.ILLEGAL_SASL_STATE, "no SASL handshake for PLAIN before")
+    parts = body["auth_bytes"].split(b"\0")
+    if len(parts) != 3:
+        return _sasl_answer(errors.SASL_AUTHENTICATION_FAILED, "not a PLAIN response")
+    try:
+        username, password = parts[1].decode(), parts[2].decode()
+    except UnicodeDecodeError:
+        return _sasl_answer(errors.SASL_AUTHENTICATION_FAILED, "not UTF-8")
+    refused = await session.log_in(username, password)
+    if refused is not None:
+        return _sasl_answer(errors.SASL_AUTHENTICATION_FAILED, refused)
+    session.mechanism = None
+    return _sasl_answer(errors.NONE, None)
+
+
+def _sasl_answer(code: int, message: str | None) -> dict[str, Any]:
+    return {
+        "error_code": code,
+        "error_message": message,
+        "auth_bytes": b"",
+        "session_lifetime_ms": 0,
+    }

@@ -1,9 +1,10 @@
 """One Kafka connection's session: who it is (the user its login gave), where it is (a vhost,
 its peer and local addresses) and the stream service it reaches topics through.
 
-A connection that does not authenticate (Kafka's PLAINTEXT listener, no SASL) acts as the
-``guest`` user when its peer is on loopback, as RabbitMQ lets ``guest`` in only from
-loopback; from elsewhere it is refused."""
+A connection logs in with SASL PLAIN (SaslHandshake v1, then SaslAuthenticate: the broker's
+users and authentication backends, as an AMQP PLAIN login). One that does not authenticate
+(Kafka's PLAINTEXT listener, no SASL) acts as the ``guest`` user when its peer is on
+loopback, as RabbitMQ lets ``guest`` in only from loopback; from elsewhere it is refused."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class KafkaSession:
         self.local_address = local_address
         self.user: AuthUser | None = None
         self.client_id = ""  # the current request's
+        self.mechanism: str | None = None  # the SASL mechanism of a handshake, until its login
         vhost = broker.vhosts[DEFAULT_VHOST]
         self.vhost: VirtualHost = vhost
         self.service = StreamService(vhost)
@@ -47,6 +49,20 @@ class KafkaSession:
             return False
         chain = self.broker.authenticator.chain
         return await chain.check_vhost(self.user, self.vhost.name, Peer(self.peer[0]))
+
+    async def log_in(self, username: str, password: str) -> str | None:
+        """A SASL PLAIN login; None, or why it was refused (RabbitMQ's words)."""
+        try:
+            user = await self.broker.authenticator.login(
+                username, password, Peer(self.peer[0], self.peer[1])
+            )
+        except LoginRefused as exc:
+            return str(exc)
+        chain = self.broker.authenticator.chain
+        if not await chain.check_vhost(user, self.vhost.name, Peer(self.peer[0])):
+            return f"user '{username}' has no access to vhost '{self.vhost.name}'"
+        self.user = user
+        return None
 
     async def allowed(self, needs: Iterable[Need]) -> bool:
         """Whether the session's user has every permission of ``needs`` on its vhost."""
