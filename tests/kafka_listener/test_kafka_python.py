@@ -220,3 +220,6 @@ def test_bad_batches_get_kafkas_error_codes(broker: RunningBroker) -> None:
         (answer,) = reply["responses"][0]["partition_responses"]
         assert answer["error_code"] == code, (name, partition)
     assert answer["base_offset"] == 0  # the damaged batch took no offset
+    invalid_acks = {**produce_one("kp-raw", 0, good), "acks": 2}
+    reply = call(broker.kafka_bootstrap, 0, 7, invalid_acks)
+    assert reply["responses"][0]["partition_responses"][0]["error_code"] == 21

@@ -132,13 +132,16 @@ async def produce(
     session: KafkaSession, body: Mapping[str, Any], version: int
 ) -> dict[str, Any] | None:
     responses = []
+    acks_valid = body["acks"] in (-1, 0, 1)
     for topic in body["topic_data"]:
         name = topic["name"]
         allowed = await session.allowed(_needs(produce_needs, session, name))
         partitions = []
         for data in topic["partition_data"]:
             index = data["index"]
-            if not allowed:
+            if not acks_valid:  # Kafka's ReplicaManager: acks must be -1, 0 or 1
+                code, offset = errors.INVALID_REQUIRED_ACKS, -1
+            elif not allowed:
                 code, offset = errors.TOPIC_AUTHORIZATION_FAILED, -1
             else:
                 code, offset = await _produce_partition(session, name, index, data["records"])
@@ -152,7 +155,7 @@ async def produce(
             )
         responses.append({"name": name, "partition_responses": partitions})
     if body["acks"] == 0:
-        return None
+        return None  # Kafka sends no response to acks=0
     return {"responses": responses, "throttle_time_ms": 0}
 
 
