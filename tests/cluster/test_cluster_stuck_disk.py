@@ -99,14 +99,13 @@ def assert_passes(history: History, seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", seeds(20261206))
-async def test_a_stuck_disk_loses_the_lease_and_the_lead(tmp_path: Path, seed: int) -> None:
-    history, _loop_syncs = await run_stuck_disk(tmp_path, seed, leader_only=True)
+async def test_a_stuck_disk_loses_the_lease_and_the_lead_and_never_blocks_the_event_loop(
+    tmp_path: Path, seed: int
+) -> None:
+    """Also: no fsync ran on the event loop while the disk was stuck (a follower's truncation
+    and epoch checkpoints run in worker threads: a stuck disk freezes no node's loop)."""
+    history, loop_syncs = await run_stuck_disk(tmp_path, seed, leader_only=True)
     assert_passes(history, seed)
-
-
-@pytest.mark.parametrize("seed", seeds(20261206))
-async def test_a_stuck_disk_never_blocks_the_event_loop(tmp_path: Path, seed: int) -> None:
-    _history, loop_syncs = await run_stuck_disk(tmp_path, seed, leader_only=True)
     assert loop_syncs == [], f"seed {seed}: fsyncs on the event loop: {sorted(set(loop_syncs))}"
 
 
