@@ -13,6 +13,7 @@ import trio.testing
 
 from tqbroker.server.kafka.groups import (
     ILLEGAL_GENERATION,
+    INCONSISTENT_GROUP_PROTOCOL,
     MEMBER_ID_REQUIRED,
     REBALANCE_IN_PROGRESS,
     STABLE,
@@ -133,4 +134,6 @@ async def test_a_static_member_keeps_its_member_id(autojump_clock: trio.testing.
         assert restarted["member_id"] == first["member_id"]
         unknown = await groups.join(join_body(member_id="nobody"), 5, "c")
         assert unknown["error_code"] == UNKNOWN_MEMBER_ID
+        bare = await groups.join({**join_body(), "protocols": []}, 5, "d")
+        assert bare["error_code"] == INCONSISTENT_GROUP_PROTOCOL  # encodable, not a crash
         nursery.cancel_scope.cancel()

@@ -33,11 +33,11 @@ EMPTY, PREPARING, COMPLETING, STABLE = (
     "CompletingRebalance",
     "Stable",
 )
-MEMBER_ID_REQUIRED: Final = 79
-INCONSISTENT_GROUP_PROTOCOL: Final = 23
-UNKNOWN_MEMBER_ID: Final = 25
-ILLEGAL_GENERATION: Final = 22
-REBALANCE_IN_PROGRESS: Final = 27
+MEMBER_ID_REQUIRED: Final = errors.MEMBER_ID_REQUIRED
+INCONSISTENT_GROUP_PROTOCOL: Final = errors.INCONSISTENT_GROUP_PROTOCOL
+UNKNOWN_MEMBER_ID: Final = errors.UNKNOWN_MEMBER_ID
+ILLEGAL_GENERATION: Final = errors.ILLEGAL_GENERATION
+REBALANCE_IN_PROGRESS: Final = errors.REBALANCE_IN_PROGRESS
 # How long the first rebalance of an empty group waits for more members (Kafka's
 # group.initial.rebalance.delay.ms is 3000; shorter here: one node, no coordinator load).
 INITIAL_REBALANCE_DELAY: Final = 0.5
@@ -71,9 +71,6 @@ class Group:
     earliest_completion: float = 0.0
     joined: trio.Event = attrs.field(factory=trio.Event)  # the join phase ended
     synced: trio.Event = attrs.field(factory=trio.Event)  # the leader's assignment came
-
-    def describe(self) -> dict[str, Any]:
-        return {"state": self.state, "generation": self.generation, "members": len(self.members)}
 
 
 class GroupCoordinator:
@@ -129,6 +126,8 @@ class GroupCoordinator:
         instance: str | None = body.get("group_instance_id")
         protocols = [(p["name"], p["metadata"]) for p in body["protocols"]]
         protocol_type = body["protocol_type"]
+        if not protocols:  # nothing to choose from (Kafka's JoinGroup refuses it so too)
+            return _join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
         if group.members and protocol_type != group.protocol_type:
             return _join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
         if group.members and not self._common(group, [name for name, _ in protocols]):

@@ -51,7 +51,6 @@ from ...protocol.kafka.records import (
     decode_batches,
     encode_batch,
 )
-from ..topic_needs import Need
 from ..topic_needs import produce as produce_needs
 from ..topic_needs import read as read_needs
 from .session import KafkaSession
@@ -135,7 +134,7 @@ async def produce(
     acks_valid = body["acks"] in (-1, 0, 1)
     for topic in body["topic_data"]:
         name = topic["name"]
-        allowed = await session.allowed(_needs(produce_needs, session, name))
+        allowed = await session.allowed(produce_needs(session.vhost, name))
         partitions = []
         for data in topic["partition_data"]:
             index = data["index"]
@@ -157,11 +156,6 @@ async def produce(
     if body["acks"] == 0:
         return None  # Kafka sends no response to acks=0
     return {"responses": responses, "throttle_time_ms": 0}
-
-
-def _needs(make: Any, session: KafkaSession, topic: str) -> list[Need]:
-    needs: list[Need] = make(session.vhost, topic)
-    return needs
 
 
 async def _produce_partition(
@@ -262,7 +256,7 @@ async def _fetch_all(
     allowed: dict[str, bool] = {}
     for topic, index, offset, limit in asked:
         if topic not in allowed:
-            allowed[topic] = await session.allowed(_needs(read_needs, session, topic))
+            allowed[topic] = await session.allowed(read_needs(session.vhost, topic))
         answers[(topic, index)] = _fetch_one(session, topic, index, offset, min(limit, budget))
         if not allowed[topic]:
             answers[(topic, index)] = (errors.TOPIC_AUTHORIZATION_FAILED, -1, -1, b"")
@@ -356,7 +350,7 @@ async def list_offsets(
     topics = []
     for topic in body["topics"]:
         name = topic["name"]
-        allowed = await session.allowed(_needs(read_needs, session, name))
+        allowed = await session.allowed(read_needs(session.vhost, name))
         partitions = []
         for asked in topic["partitions"]:
             index, timestamp = asked["partition_index"], asked["timestamp"]
