@@ -51,6 +51,7 @@ SETTING_FLAGS = (
     ("--http-port", "http_port"),
     ("--metrics-port", "metrics_port"),
     ("--kafka-port", "kafka_port"),
+    ("--kafka-advertised-address", "kafka_advertised_address"),
     ("--definitions", "load_definitions"),
     ("--data-dir", "data_dir"),
     ("--durable-backend", "durable_backend"),
@@ -83,6 +84,8 @@ HELP = {
     "--metrics-port": "Prometheus metrics port, 0 = ephemeral, off (or -1) = none (15692)",
     "--kafka-port": "Kafka listener port, 0 = ephemeral, off = none (9092; ephemeral when "
     "--port is 0)",
+    "--kafka-advertised-address": "host:port the Kafka listener gives clients in its metadata "
+    "(Kafka's advertised.listeners; default: the address each client connected to)",
     "--definitions": "a definitions file (RabbitMQ's JSON) to import at boot (load_definitions)",
     "--data-dir": "where data lives (./tqbroker-data)",
     "--durable-backend": "storage of durable queues: log (default), rocksdb, or any installed "

@@ -78,6 +78,15 @@ def _between(low: int | float, high: int | float | None = None) -> Any:
     return check
 
 
+def _host_port(_instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    """A validator: "host:port" (an IPv6 host in brackets), or None."""
+    if value is None:
+        return
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise SettingError(attribute.name, f"must be host:port (got {value!r})")
+
+
 def _one_of(choices: tuple[str, ...]) -> Any:
     def check(_instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
         if value not in choices:
@@ -323,6 +332,10 @@ class BrokerConfig:
         default=attrs.Factory(_follow_amqp_port, takes_self=True),
         validator=_port,
     )
+    # The address the Kafka listener gives clients in Metadata and FindCoordinator, "host:port"
+    # (Kafka's advertised.listeners: behind a proxy or NAT); None: the address each client
+    # connected to.
+    kafka_advertised_address: str | None = attrs.field(default=None, validator=_host_port)
     # A definitions file (RabbitMQ's JSON schema) imported at boot, as RabbitMQ's
     # load_definitions: what it declares is created if missing.
     load_definitions: Path | None = attrs.field(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import google_crc32c
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -107,14 +108,46 @@ def test_several_batches_and_a_trailing_partial_one() -> None:
     assert [len(b.records) for b in batches] == [1, 2]
 
 
-def test_old_magic_and_compression_are_refused_by_name() -> None:
+def test_old_magic_and_unknown_codecs_are_refused_by_name() -> None:
     data = bytearray(encode_batch(batch_of([(b"k", b"v", [], 5)], 0)))
     old = bytes(data[:16]) + b"\x01" + bytes(data[17:])
     with pytest.raises(UnsupportedMagic):
         decode_batches(old)
     with pytest.raises(UnsupportedCompression):
-        encode_batch(RecordBatch(0, (), 0, 0, attributes=1))
-    builder = DefaultRecordBatchBuilder(2, 1, False, -1, -1, -1, 1 << 20)  # gzip
-    builder.append(0, 5, b"k", b"v" * 100, [])
+        encode_batch(RecordBatch(0, (), 0, 0, attributes=5))
+    unknown = bytearray(encode_batch(batch_of([(b"k", b"v", [], 5)], 0)))
+    unknown[22] |= 5  # attributes' low byte: codec 5, which Kafka has not
+    unknown[17:21] = google_crc32c.value(bytes(unknown[21:])).to_bytes(4, "big")
     with pytest.raises(UnsupportedCompression):
-        decode_batches(bytes(builder.build()))
+        decode_batches(bytes(unknown))
+
+
+CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_compressed_batches_both_ways_with_kafka_python(codec: str) -> None:
+    """kafka-python's codecs (python-snappy's xerial framing, lz4's frames, zstandard) against
+    ours (cramjam): what it compresses we read, what we compress it reads."""
+    drawn = [(b"k%d" % n, b"value %d " % n * 40, [Header("h", b"x")], 1000 + n) for n in range(50)]
+    builder = DefaultRecordBatchBuilder(2, CODECS[codec], False, 7, 1, 0, 1 << 20)
+    for n, (key, value, hs, timestamp) in enumerate(drawn):
+        builder.append(n, timestamp, key, value, [(h.key, h.value) for h in hs])
+    theirs = bytes(builder.build())
+    batch = decode_batch(theirs)
+    assert batch.compression == CODECS[codec]
+    assert [(r.key, r.value) for r in batch.records] == [(k, v) for k, v, _h, _t in drawn]
+    ours = encode_batch(batch._replace(base_offset=9))
+    assert len(ours) < sum(len(v) for _k, v, _h, _t in drawn)  # compressed
+    (read,) = list(_kafka_python_batches(ours))
+    assert [(r.key, r.value, r.offset) for r in read] == [
+        (k, v, 9 + n) for n, (k, v, _h, _t) in enumerate(drawn)
+    ]
+
+
+def _kafka_python_batches(data: bytes) -> Any:
+    records = MemoryRecords(data)
+    while records.has_next():
+        batch = records.next_batch()
+        assert batch.validate_crc()
+        yield batch

@@ -335,6 +335,22 @@ class StreamLog(Protocol):
 
 
 @runtime_checkable
+class KafkaBatchLog(Protocol):
+    """A ``StreamLog`` that stores a Kafka producer's record batch as it was produced, so that
+    a Kafka consumer is sent the stored bytes (the built-in log backend: format 3 frames).
+    Other backends take the batch's records as messages (``kafka_batches.messages_of``)."""
+
+    def append_kafka_batch(
+        self, exchange: str, batch: bytes, count: int, timestamp_ms: int
+    ) -> tuple[int, OSError | None]:
+        """Append ``batch`` (record batch v2 bytes as produced, its ``count`` records checked by
+        ``kafka_batches.check_records``, the greatest of their timestamps ``timestamp_ms``) at
+        ``next_offset``, as one frame, published to ``exchange``: ``count`` appended (0 and the
+        ``OSError`` when storage refused it, nothing appended)."""
+        ...
+
+
+@runtime_checkable
 class StreamBackend(Protocol):
     """A backend that can hold streams (besides classic queues: it is a ``Backend`` too)."""
 

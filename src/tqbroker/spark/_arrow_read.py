@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..protocol.kafka.records import decode_batch
 from ..recordbatch import FRAMES_MAGIC, READ_MAGIC
 
 # Kafka's timestampType: 0 CreateTime, 1 LogAppendTime. The broker stamps a message when it
@@ -42,6 +43,9 @@ _READ_HEAD = struct.Struct("<4sIq")  # TQR1 and TQF1 alike
 _FRAME_START = struct.Struct(">IIQQB")
 _U32_BE = struct.Struct(">I")
 _FLAG_BATCH = 0x80
+_FLAG_KAFKA = 0x40  # with _FLAG_BATCH: a Kafka producer's batch as produced (format 3)
+_FRAME_HEAD, _FRAME_FIXED = struct.Struct(">II"), struct.Struct(">QQB")  # _FRAME_START's parts
+_ENTRY_HEAD = struct.Struct(">IIQB")  # a batch entry's length, offset delta, timestamp, flags
 _ENTRY_DELTA_AT, _ENTRY_TIMESTAMP_AT, _ENTRY_NAMES_AT = 4, 8, 17
 _MAX_OFFSET = 2**63 - 1
 _MAX_MS = (2**63 - 1) // 1000  # Spark's timestamps are microseconds in an int64
@@ -166,6 +170,7 @@ def _decode_frames(body: bytes, topic: str, partition: int, start: int, end: int
     _magic, count, next_offset = _READ_HEAD.unpack_from(body)
     if len(body) > _MAX_FRAMES_BODY:  # Arrow's 32-bit offsets address it
         raise ValueError(f"a TQF1 body of {len(body)} bytes: at most {_MAX_FRAMES_BODY}")
+    body = _without_kafka_frames(body, count)
     starts: list[int] = []  # where each record starts (a record: 8 bytes into its frame)
     frame_ends: list[int] = []
     sizes: list[int] = []  # records a frame
@@ -231,6 +236,46 @@ def _decode_frames(body: bytes, topic: str, partition: int, start: int, end: int
         pa.array(timestamps_ms[cut] * 1000, pa.timestamp("us", tz="UTC")),
     ]
     return _fetched(columns, topic, partition, offsets, int(next_offset))
+
+
+def _without_kafka_frames(body: bytes, count: int) -> bytes:
+    """``body`` with each Kafka producer's batch (format 3: maybe compressed, its records
+    varint-coded) rewritten as a record batch of the log's format 2, which the columns are cut
+    from (its CRC left 0: the broker checked the frame's); ``body`` itself when it has none."""
+    parts: list[bytes] = []
+    at, copied = _READ_HEAD.size, 0
+    try:
+        for _ in range(count):
+            length, _crc, first, timestamp, flags = _FRAME_START.unpack_from(body, at)
+            frame_end = at + 4 + length
+            if flags & _FLAG_KAFKA and flags & _FLAG_BATCH:
+                parts += (
+                    body[copied:at],
+                    _as_format_2(body[at + 25 : frame_end], first, timestamp),
+                )
+                copied = frame_end
+            at = frame_end
+    except (struct.error, IndexError, ValueError) as exc:
+        raise ValueError(f"a TQF1 body whose frames do not decode: {exc}") from None
+    if not parts:
+        return body
+    parts.append(body[copied:])
+    return b"".join(parts)
+
+
+def _as_format_2(rest: bytes, first: int, timestamp: int) -> bytes:
+    exchange = rest[: 1 + rest[0]]
+    batch = decode_batch(rest[len(exchange) :])
+    entries = [_U32_BE.pack(len(batch.records))]
+    for record in batch.records:
+        key = record.key or b""
+        value = record.value or b""
+        middle = exchange + bytes((len(key),)) + key + b"\0\0\0\0"
+        stamp = batch.base_timestamp + record.timestamp_delta
+        length = _ENTRY_HEAD.size - 4 + len(middle) + len(value)
+        entries += (_ENTRY_HEAD.pack(length, record.offset_delta, stamp, 1), middle, value)
+    rest = _FRAME_FIXED.pack(first, timestamp, _FLAG_BATCH | 1) + b"".join(entries)
+    return _FRAME_HEAD.pack(len(rest) + 4, 0) + rest
 
 
 def _big_endian(

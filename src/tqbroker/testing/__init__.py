@@ -178,6 +178,7 @@ def _run_in_thread(config: BrokerConfig, env: StorageEnv | None) -> Iterator[Run
 _STARTUP_LINE = re.compile(r"ready: listening on amqp://(\S+?):(\d+)(?:,|$)")
 _HTTP_PORT = re.compile(r"http://\S+?:(\d+)(?:,|$)")
 _METRICS_PORT = re.compile(r"metrics http://\S+?:(\d+)/metrics(?:,|$)")
+_KAFKA_PORT = re.compile(r"kafka \S+?:(\d+)(?:,|$)")
 
 
 @attrs.frozen
@@ -190,6 +191,7 @@ class BrokerProcess:
     port: int
     http_port: int | None = None
     metrics_port: int | None = None
+    kafka_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -202,6 +204,12 @@ class BrokerProcess:
     @property
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.metrics_port}"
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The Kafka listener's ``host:port``."""
+        assert self.kafka_port is not None, "no Kafka listener"
+        return f"{self.host}:{self.kafka_port}"
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 30) -> int:
         """Ask for a graceful shutdown (SIGTERM, or ``signum``) and wait for the exit; returns
@@ -279,12 +287,14 @@ def start_broker_process(
         raise _startup_failure(proc, line, timeout, stderr)
     http = _HTTP_PORT.search(line or "")
     metrics = _METRICS_PORT.search(line or "")
+    kafka = _KAFKA_PORT.search(line or "")
     return BrokerProcess(
         proc,
         match.group(1),
         int(match.group(2)),
         int(http.group(1)) if http else None,
         int(metrics.group(1)) if metrics else None,
+        int(kafka.group(1)) if kafka else None,
     )
 
 

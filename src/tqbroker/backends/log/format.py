@@ -10,9 +10,14 @@ CRC-32C (Castagnoli) covers everything after the CRC. A frame is one of:
   messages under one header and one CRC, ``offset`` the first record's, ``timestamp_ms`` the
   greatest, then ``count u32`` and the entries ``entry_length u32 | offset_delta u32 |
   timestamp_ms u64 | flags u8 | exchange | routing_key | properties_length u32 | properties |
-  body``.
+  body``;
+- a *Kafka batch* (format 3, streams; flags ``FLAG_BATCH | FLAG_KAFKA``): a Kafka producer's
+  record batch as it was produced (maybe compressed), ``... | exchange shortstr | batch``, its
+  base offset the frame's; read back as the messages a Kafka produce makes
+  (``backends.kafka_batches``).
 
-Responsibilities: encode a record (``encode_record``) or a batch (``encode_batch``); decode and
+Responsibilities: encode a record (``encode_record``), a batch (``encode_batch``) or a Kafka
+batch (``encode_kafka_frame``); decode and
 validate a frame from a buffer (``decode_frame``: ``RecordError`` for a bad length or CRC,
 ``None`` when the buffer holds only part of one), or a frame known to be sound without its CRC
 (``parse_frame``); the index entry layouts (offset index ``relative_offset u32 | position
@@ -30,6 +35,8 @@ from operator import itemgetter
 import google_crc32c
 
 from ...model import Message
+from ...protocol.kafka.records import decode_batch
+from ..kafka_batches import record_messages, with_base_offset
 
 RECORD_HEAD = struct.Struct(">II")  # length, crc
 RECORD_FIXED = struct.Struct(">QQB")  # offset, timestamp_ms, flags
@@ -41,6 +48,8 @@ MAX_RECORD = 512 * 1024 * 1024 + 1024
 
 FLAG_PERSISTENT = 0x01
 FLAG_BATCH = 0x80  # the frame is a record batch (format 2)
+FLAG_KAFKA = 0x40  # with FLAG_BATCH: the batch is a Kafka record batch (format 3)
+KAFKA_FLAGS = FLAG_BATCH | FLAG_KAFKA | FLAG_PERSISTENT
 
 BATCH_COUNT = struct.Struct(">I")
 ENTRY_HEAD = struct.Struct(">IIQB")  # entry_length, offset_delta, timestamp_ms, flags
@@ -269,6 +278,29 @@ def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> b
     return RECORD_HEAD.pack(len(rest) + 4, google_crc32c.value(rest)) + rest
 
 
+def encode_kafka_frame(offset: int, timestamp_ms: int, exchange: str, batch: bytes) -> bytes:
+    """A Kafka record batch (its bytes as produced) as a frame at ``offset``, its records'
+    greatest timestamp ``timestamp_ms``, published to ``exchange``."""
+    name = exchange.encode()
+    rest = b"".join(
+        (
+            RECORD_FIXED.pack(offset, timestamp_ms, KAFKA_FLAGS),
+            bytes((len(name),)),
+            name,
+            with_base_offset(batch, offset),
+        )
+    )
+    return RECORD_HEAD.pack(len(rest) + 4, _crc(rest)) + rest
+
+
+def kafka_batch_of(rest: bytes | memoryview) -> memoryview | None:
+    """The Kafka batch in a frame's bytes after its CRC (``rest``), as produced; None when the
+    frame is not a Kafka batch."""
+    if rest[FIXED_SIZE - 1] & FLAG_KAFKA == 0:
+        return None
+    return memoryview(rest)[FIXED_SIZE + 1 + rest[FIXED_SIZE] :]
+
+
 def decode_frame(buf: bytes | bytearray | memoryview, pos: int) -> Frame | None:
     """The frame starting at ``pos``; ``None`` if ``buf`` ends before it does. Checks the
     length and the CRC (``RecordError``)."""
@@ -307,8 +339,51 @@ def parse_record(record: bytes) -> Record:
 
 def _parse_frame(frame: bytes, start: int, size: int) -> Frame:
     if len(frame) > start + FIXED_SIZE - 1 and frame[start + FIXED_SIZE - 1] & FLAG_BATCH:
+        if frame[start + FIXED_SIZE - 1] & FLAG_KAFKA:
+            return _parse_kafka_batch(frame, start, size)
         return _parse_batch(frame, start, size)
     return _parse(frame, start, size)
+
+
+def _parse_kafka_batch(frame: bytes, start: int, size: int) -> Batch:
+    """A Kafka batch's records, each as the message a Kafka produce makes of it (over the
+    bytes of one record each, laid out as a record's are after its fixed fields)."""
+    try:
+        base, max_timestamp, _flags = RECORD_FIXED.unpack_from(frame, start)
+        p = start + FIXED_SIZE
+        exchange = frame[p + 1 : p + 1 + frame[p]].decode()
+        batch = decode_batch(frame[p + 1 + frame[p] :])
+        if batch.base_offset != base or not batch.records:
+            raise RecordError("a Kafka batch at another offset than its frame's, or empty")
+        records: list[Record] = []
+        share = max(size // len(batch.records), 1)  # the bytes on disk, shared out
+        least = 0
+        pack_u32 = _U32.pack
+        for delta, message in record_messages(exchange, batch):
+            if delta < least:
+                raise RecordError("a Kafka batch whose offsets do not increase")
+            least = delta + 1
+            names = _names(exchange, message.routing_key)
+            props = message.properties_raw
+            data = b"".join((names, pack_u32(len(props)), props, message.body))
+            properties_at = len(names) + 4
+            record = Record(
+                base + delta,
+                message.timestamp_ms,
+                FLAG_PERSISTENT,
+                data,
+                memoryview(data),
+                0,
+                properties_at,
+                properties_at + len(props),
+                len(data),
+                share,
+            )
+            record._message = message
+            records.append(record)
+    except (IndexError, struct.error, ValueError) as exc:  # Malformed, UnicodeDecodeError
+        raise RecordError(f"malformed Kafka batch: {exc}") from None
+    return Batch(base, max_timestamp, records, size)
 
 
 def _parse_batch(frame: bytes, start: int, size: int) -> Batch:

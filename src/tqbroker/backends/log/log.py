@@ -250,6 +250,12 @@ class Log:
                 self.write_out()
         return offset
 
+    def append_frame(self, offset: int, last: int, timestamp_ms: int, frame: bytes) -> None:
+        """Append one frame this process encoded (a Kafka batch), as ``append_frames`` does."""
+        if self.absent:  # as in ``append``
+            self.materialize()
+        self.append_frames([CheckedFrame(offset, last, timestamp_ms, frame)])
+
     def append_frames(self, frames: list[CheckedFrame]) -> None:
         """Append frames verbatim (buffered; ``replication.check_frames`` validated them),
         each at the offsets it carries, rolling as ``append_batch`` does; the cache gets them

@@ -41,7 +41,7 @@ from .batching import OpenBatch
 from .compaction import CompactionResult, Compactor
 from .epochs import EpochHistory
 from .flush import ChangeFlag, Checkpoint, LogFlush
-from .format import Record
+from .format import Record, encode_kafka_frame
 from .log import RESOURCE_ERRNOS, Log
 from .replication import (
     Intent,
@@ -148,6 +148,22 @@ class LogStream:
     def append_many(self, messages: Sequence[Message]) -> tuple[int, OSError | None]:
         """Add records to the open batch (``OpenBatch.add``)."""
         return self._batch.add(messages)
+
+    def append_kafka_batch(
+        self, exchange: str, batch: bytes, count: int, timestamp_ms: int
+    ) -> tuple[int, OSError | None]:
+        """Append a Kafka producer's batch of ``count`` records, its greatest timestamp
+        ``timestamp_ms``, as one frame (``KafkaBatchLog.append_kafka_batch``): the open batch
+        is sealed first, then the frame is written at ``next_offset``."""
+        try:
+            self.seal()
+            offset = self.log.next_offset
+            frame = encode_kafka_frame(offset, timestamp_ms, exchange, batch)
+            self.log.append_frame(offset, offset + count - 1, timestamp_ms, frame)
+        except OSError as exc:
+            return 0, exc
+        self._batch.generation += 1  # a flush from now on covers the frame
+        return count, None
 
     def seal(self) -> None:
         """Write the open batch into the log (``OpenBatch.seal``)."""

@@ -39,8 +39,11 @@ from typing import Any, Literal, Protocol
 import attrs
 import trio
 
+from ... import clock
+from ...backends.kafka_batches import messages_of
 from ...backends.streams import (
     CompactionPolicy,
+    KafkaBatchLog,
     ProducerState,
     StreamLog,
     StreamRecord,
@@ -51,7 +54,9 @@ from ...backends.streams import (
 )
 from ...model import Message
 from ...plugins.spec import Durability, GroupCommit
+from ...protocol.kafka.records import RecordBatch
 from ..flusher import Flusher, Wakeable
+from .idempotence import RecentBatches
 
 
 @attrs.frozen
@@ -133,6 +138,8 @@ class Partition:
         # Moves at every offset stored: a leader sends its followers the offsets when the
         # version they have differs (random at the start: no two runs share a version).
         self.offsets_version = random.getrandbits(60)
+        # Kafka producers' last batches here (``idempotence.py``; their states are the log's).
+        self.kafka_producers = RecentBatches()
 
     # -- the ends --------------------------------------------------------------------------------
 
@@ -199,8 +206,29 @@ class Partition:
                 forwarded = gate.forward(messages)
                 return (first, [], refusal) if forwarded is None else (first, forwarded, None)
         taken, error = log.append_many(messages)
+        return first, self._confirms(taken), error
+
+    def append_kafka_batch(
+        self, exchange: str, batch: bytes, decoded: RecordBatch
+    ) -> tuple[int, list[Durability], OSError | None]:
+        """Append a Kafka producer's batch (``batch``, its bytes as produced; ``decoded``, its
+        records checked by ``kafka_batches.check_records``) as ``append`` appends messages: kept
+        as produced where the log can (``KafkaBatchLog``), as its records' messages elsewhere,
+        and by a replica that forwards appends to its leader."""
+        log = self._log
+        gate = self.gate
+        if not isinstance(log, KafkaBatchLog) or (gate is not None and gate.refusal()):
+            return self.append(messages_of(exchange, decoded))
+        first = log.next_offset
+        stamp = decoded.max_timestamp if decoded.max_timestamp > 0 else clock.now_ms()
+        taken, error = log.append_kafka_batch(exchange, batch, len(decoded.records), stamp)
+        return first, self._confirms(taken), error
+
+    def _confirms(self, taken: int) -> list[Durability]:
+        """What the confirms of ``taken`` records just appended wait for."""
         if not taken:
-            return first, [], error
+            return []
+        log, gate = self._log, self.gate
         flusher = self.flusher
         if gate is not None:
             if flusher is not None:
@@ -208,9 +236,9 @@ class Partition:
                 if self._grown is not None:  # followers wait in a fetch: wake them after it
                     flusher.wake_after_flush(self)
             commit = gate.commit
-            return first, [(commit, commit.request())] * taken, error
+            return [(commit, commit.request())] * taken
         if flusher is None:
-            return first, [None] * taken, error
+            return [None] * taken
         if self._grown is not None:  # someone waits for these: make them durable soon
             flusher.wake_after_flush(self)
         # One flush ticket per record batch: until the batch is closed (by a flush, which
@@ -220,7 +248,7 @@ class Partition:
         if generation != self._batch_generation or self._batch_ticket <= flusher.completed:
             self._batch_generation = generation
             self._batch_ticket = flusher.request()
-        return first, [(flusher, self._batch_ticket)] * taken, error
+        return [(flusher, self._batch_ticket)] * taken
 
     # -- reads (below the high watermark) --------------------------------------------------------
 

@@ -52,6 +52,7 @@ from ...model import Message, with_long_header
 from ...plugins.spec import Durability
 from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, ReplyCode
+from ...protocol.kafka.records import RecordBatch
 from ..arguments import QueueArguments
 from ..consumer import DELIVER_BATCH_BYTES, Consumer, EncodedDelivery
 from ..flusher import Flusher
@@ -247,14 +248,25 @@ class StreamQueue(Queue):
         """Append a run of messages at once (``Queue.publish_run``); their confirms wait for
         the backend's next flush."""
         _first, durabilities, error = self.partition.append(messages)
+        return self._published(durabilities), error
+
+    def publish_kafka_batch(
+        self, exchange: str, batch: bytes, decoded: RecordBatch
+    ) -> tuple[list[Durability], Exception | None]:
+        """Append a Kafka producer's batch as produced (``Partition.append_kafka_batch``), as
+        ``publish_run`` appends its messages."""
+        _first, durabilities, error = self.partition.append_kafka_batch(exchange, batch, decoded)
+        return self._published(durabilities), error
+
+    def _published(self, durabilities: list[Durability]) -> list[Durability]:
         if not durabilities:
-            return durabilities, error
+            return durabilities
         self.stats.publish += len(durabilities)
         if self.max_bytes is not None:
             self._wakeup.set()
         if self.consumers and self.flusher is not None:  # readers see them once durable
             self.flusher.wake_after_flush(self)
-        return durabilities, error
+        return durabilities
 
     def get(self) -> Popped | FlushFirst | None:
         raise AMQPError(

@@ -19,10 +19,11 @@ from collections.abc import Sequence
 import trio
 
 from ...protocol.codec import FieldTable
+from ...protocol.kafka.records import RecordBatch
 from ..queue import Queue
 from ..read_budget import Piece, ReadBody, ReadBudget
 from ..vhost import VirtualHost
-from . import admin, bulk_read, reading, topics
+from . import admin, bulk_read, kafka_read, reading, topics
 from .admin import (
     RESET_TARGETS,
     GroupMember,
@@ -32,6 +33,7 @@ from .admin import (
     PartitionOffsets,
     TopicSummary,
 )
+from .idempotence import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSequence
 from .partition import Partition, StorageInfo
 from .queue import StreamQueue
 from .reading import RecordRead
@@ -50,11 +52,14 @@ __all__ = [
     "RESET_TARGETS",
     "Conflict",
     "ConsumerRecord",
+    "DuplicateSequence",
     "GroupMember",
     "GroupPartition",
     "GroupSummary",
+    "InvalidProducerEpoch",
     "InvalidRequest",
     "NotFound",
+    "OutOfOrderSequence",
     "Partition",
     "PartitionInfo",
     "PartitionOffsets",
@@ -107,6 +112,22 @@ class StreamService:
         idempotent ``producer`` (id, first sequence), None if every record was written
         before (``topics.produce``)."""
         return await topics.produce(self.vhost, topic, records, producer=producer)
+
+    async def produce_kafka_batches(
+        self, topic: str, partition: int, batches: Sequence[tuple[bytes, RecordBatch]]
+    ) -> int:
+        """Append Kafka record batches to a partition, each kept as produced; once durable,
+        the first one's offset (``topics.produce_kafka_batches``)."""
+        return await topics.produce_kafka_batches(self.vhost, topic, partition, batches)
+
+    def kafka_batches(
+        self, topic: str, index: int, offset: int, max_bytes: int, *, whole_first: bool = True
+    ) -> bytes:
+        """A partition's records from ``offset`` on as Kafka record batches, a Kafka
+        producer's as stored (``kafka_read.read_batches``)."""
+        partition = self.partition(topic, index)
+        with failed_log(topic, index):
+            return kafka_read.read_batches(partition, offset, max_bytes, whole_first=whole_first)
 
     def read(
         self,

@@ -16,6 +16,7 @@ Responsibilities:
   wrote are skipped, so a retried or replayed write lands once however it is cut into requests
   (the next sequence expected is kept by each partition the write put records in, durable
   with them: ``Partition.record_producer``; a write expects the highest of them);
+- Kafka producers' record batches, each kept as produced (``produce_kafka_batches``);
 
 Reading records one by one is ``reading.py``'s, in columns (``ReadBatch``) ``bulk_read.py``'s;
 offsets, groups and the administration of topics (list, describe, delete, grow) are
@@ -35,12 +36,14 @@ from collections.abc import Iterator, Sequence
 from typing import cast
 
 import attrs
+import trio
 
 from ... import clock
 from ...backends.streams import CorruptLogError
 from ...model import Message
 from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, DecodeError, ReplyCode
+from ...protocol.kafka.records import RecordBatch
 from ...protocol.methods import BasicProperties
 from ..declaring import open_and_declare_queue
 from ..exchange import Exchange
@@ -48,6 +51,7 @@ from ..pacing import Pacer
 from ..vhost import VirtualHost
 from .durability import Durability
 from .groups import natural_key
+from .idempotence import state_key
 from .queue import StreamQueue
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,8 @@ PARTITION_EXCHANGE_TYPE = "x-key-partition"
 MAX_READ = 10_000
 # The HTTP API's producers have no epochs (Kafka's idempotent producers do): theirs is 0.
 HTTP_PRODUCER_EPOCH = 0
+# How long the answer to a repeated Kafka batch waits for the first one to be durable.
+REPEAT_WAIT = 30.0
 MAX_READ_BYTES = 64 * 1024 * 1024
 _PERSISTENT = BasicProperties(delivery_mode=2)
 _PERSISTENT_RAW = _PERSISTENT.encode()
@@ -285,6 +291,54 @@ async def produce(
         if not await durability.wait():
             raise Unavailable(f"topic '{topic}': the write could not be made durable")
     return landed
+
+
+async def produce_kafka_batches(
+    vhost: VirtualHost, topic: str, partition: int, batches: Sequence[tuple[bytes, RecordBatch]]
+) -> int:
+    """Append Kafka record batches (each its bytes as produced and its records, checked by
+    ``kafka_batches.check_records``) to a partition, in order, each kept as produced
+    (``StreamQueue.publish_kafka_batch``); once they are durable, return the first one's
+    offset. An idempotent producer's batch is checked against the producer's state
+    (``idempotence.py``: a ``SequenceError`` refuses it and those after it); one written
+    before is not appended again, and answered with its offset once it is durable."""
+    found = partitions(vhost, topic)
+    _check_partition(topic, partition, len(found))
+    target = found[partition]
+    stream, recent = target.partition, target.partition.kafka_producers
+    exchange = vhost.exchanges.get(topic)
+    source = exchange.name if exchange is not None else ""
+    first: int | None = None
+    repeated = -1  # the last offset of the repeats answered: durable before the answer
+    with Durability() as durability:
+        for raw, decoded in batches:
+            producer, count = decoded.producer_id, len(decoded.records)
+            epoch, sequence = decoded.producer_epoch, decoded.base_sequence
+            if producer >= 0:
+                state = stream.producer_state(state_key(producer))
+                duplicate = recent.check(state, producer, epoch, sequence, count)
+                if duplicate is not None:
+                    first = duplicate.offset if first is None else first
+                    repeated = max(repeated, duplicate.last_offset)
+                    continue
+            if not target.accepting:
+                raise Unavailable(f"topic '{topic}': partition {partition} takes no records")
+            offset = stream.log_end_offset
+            tickets, error = target.publish_kafka_batch(source, raw, decoded)
+            if error is not None or not tickets:
+                raise Unavailable(f"topic '{topic}': partition storage cannot write")
+            durability.add([ticket for ticket in tickets[-1:] if ticket is not None])
+            first = offset if first is None else first
+            if producer >= 0:  # durable with the batch: the same flush writes both
+                state = recent.appended(producer, epoch, sequence, count, offset)
+                stream.record_producer(state_key(producer), state.epoch, state.next_sequence)
+        if not await durability.wait():
+            raise Unavailable(f"topic '{topic}': the write could not be made durable")
+    deadline = trio.current_time() + REPEAT_WAIT
+    if repeated >= stream.high_watermark and not await stream.wait_beyond(repeated, deadline):
+        raise Unavailable(f"topic '{topic}': the write could not be made durable")
+    assert first is not None  # at least one batch
+    return first
 
 
 def _expected_sequence(found: Sequence[StreamQueue], producer: str) -> int | None:

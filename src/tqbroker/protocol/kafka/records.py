@@ -7,9 +7,9 @@ producer id, epoch and first sequence, the record count) and its records, each a
 length, attributes, a timestamp delta, an offset delta, key, value and headers (a key a
 string, a value bytes; null keys and values have length -1). ``decode_batches`` reads the
 batches of a Produce request's or a Fetch response's ``records`` (a trailing partial batch, as
-a Fetch may end with, is left out); ``encode_batch`` writes one. Compressed batches
-(attributes bits 0-2) are recognised and refused (``UnsupportedCompression``) until the codecs
-come.
+a Fetch may end with, is left out); ``encode_batch`` writes one. The records of a compressed
+batch (attributes bits 0-2: gzip, snappy, lz4, zstd) are compressed as one
+(``compression.py``); a batch over ``max_size`` once decompressed is ``CorruptBatch``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Final, NamedTuple
 
 import google_crc32c
 
+from . import compression
 from .wire import Malformed, Reader, Writer
 
 MAGIC: Final = 2
@@ -95,7 +96,12 @@ class RecordBatch(NamedTuple):
         return self.base_offset + self.last_offset_delta + 1
 
 
-def decode_batches(data: bytes) -> list[RecordBatch]:
+# The most bytes a batch's records may decompress to, unless the caller says (Kafka bounds a
+# batch by max.message.bytes, compressed; this bounds what one batch may cost to read).
+MAX_DECOMPRESSED: Final = 64 * 1024 * 1024
+
+
+def decode_batches(data: bytes, max_size: int = MAX_DECOMPRESSED) -> list[RecordBatch]:
     """Every whole batch in ``data`` (``CorruptBatch``, ``UnsupportedMagic``,
     ``UnsupportedCompression``)."""
     batches = []
@@ -109,13 +115,32 @@ def decode_batches(data: bytes) -> list[RecordBatch]:
             raise UnsupportedMagic(f"a batch of magic {magic}")
         if end > len(data):
             break  # a trailing partial batch
-        batches.append(decode_batch(data[position:end]))
+        batches.append(decode_batch(data[position:end], max_size))
         position = end
     return batches
 
 
-def decode_batch(data: bytes) -> RecordBatch:
-    """One whole batch, its CRC checked."""
+def split_batches(data: bytes) -> list[bytes]:
+    """A Produce request's ``records``: its whole batches' bytes (``CorruptBatch`` for bytes
+    that are not whole batches, ``UnsupportedMagic``)."""
+    batches = []
+    position = 0
+    while position < len(data):
+        if len(data) - position < _PREFIX.size:
+            raise CorruptBatch(f"{len(data) - position} bytes after the last batch")
+        _base, length, _epoch, magic, _crc = _PREFIX.unpack_from(data, position)
+        if magic != MAGIC:
+            raise UnsupportedMagic(f"a batch of magic {magic}")
+        end = position + LENGTH_OFFSET + 4 + length
+        if length < HEADER_SIZE - LENGTH_OFFSET - 4 or end > len(data):
+            raise CorruptBatch(f"a batch length of {length}")
+        batches.append(data[position:end])
+        position = end
+    return batches
+
+
+def decode_batch(data: bytes, max_size: int = MAX_DECOMPRESSED) -> RecordBatch:
+    """One whole batch, its CRC checked, its records decompressed."""
     if len(data) < HEADER_SIZE:
         raise CorruptBatch(f"a batch of {len(data)} bytes")
     base_offset, length, leader_epoch, magic, crc = _PREFIX.unpack_from(data, 0)
@@ -128,9 +153,16 @@ def decode_batch(data: bytes) -> RecordBatch:
     (attributes, last_delta, base_ts, max_ts, producer_id, producer_epoch, base_sequence, count) = (
         _HEADER.unpack_from(data, _PREFIX.size)
     )
-    if attributes & COMPRESSION_MASK:
-        raise UnsupportedCompression(f"compression type {attributes & COMPRESSION_MASK}")
-    reader = Reader(data, HEADER_SIZE)
+    codec = attributes & COMPRESSION_MASK
+    if codec:
+        try:
+            reader = Reader(compression.decompress(codec, data[HEADER_SIZE:], max_size), 0)
+        except compression.UnknownCodec as exc:
+            raise UnsupportedCompression(str(exc)) from None
+        except compression.CompressionError as exc:
+            raise CorruptBatch(str(exc)) from None
+    else:
+        reader = Reader(data, HEADER_SIZE)
     if count < 0 or count > reader.remaining:
         raise CorruptBatch(f"{count} records in {reader.remaining} bytes")
     records = tuple(_decode_record(reader) for _ in range(count))
@@ -185,13 +217,17 @@ def _nullable_bytes(reader: Reader) -> bytes | None:
 
 
 def encode_batch(batch: RecordBatch) -> bytes:
-    """The batch's bytes, its length and CRC computed (uncompressed records only)."""
-    if batch.compression:
-        raise UnsupportedCompression(f"compression type {batch.compression}")
+    """The batch's bytes, its length and CRC computed, its records compressed with the codec
+    its attributes name."""
     body = Writer()
     for record in batch.records:
         body.raw(_encode_record(record))
     records = body.getvalue()
+    if batch.compression:
+        try:
+            records = compression.compress(batch.compression, records)
+        except compression.UnknownCodec as exc:
+            raise UnsupportedCompression(str(exc)) from None
     last_delta = batch.last_offset_delta
     if last_delta < 0:
         last_delta = batch.records[-1].offset_delta if batch.records else 0

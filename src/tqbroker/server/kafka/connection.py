@@ -26,7 +26,7 @@ from ...protocol.kafka.requests import (
     decode_request,
     encode_response,
 )
-from . import group_offsets, handlers
+from . import fetch, group_offsets, handlers, produce
 from .groups import GroupCoordinator
 from .session import KafkaSession
 
@@ -65,8 +65,8 @@ async def _leave_group(session: KafkaSession, body: Body, version: int) -> dict[
 
 
 HANDLERS: Mapping[int, Handler] = {
-    0: handlers.produce,
-    1: handlers.fetch,
+    0: produce.produce,
+    1: fetch.fetch,
     2: handlers.list_offsets,
     3: handlers.metadata,
     8: group_offsets.offset_commit,

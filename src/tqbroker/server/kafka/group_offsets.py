@@ -20,7 +20,7 @@ async def find_coordinator(
     session: KafkaSession, body: Mapping[str, Any], version: int
 ) -> dict[str, Any]:
     """This node coordinates every group (one node: Kafka's single-broker answer)."""
-    host, port = session.local_address
+    host, port = session.advertised_address
     return {
         "throttle_time_ms": 0,
         "error_code": errors.NONE,

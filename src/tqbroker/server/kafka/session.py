@@ -32,6 +32,12 @@ class KafkaSession:
         self.groups = groups
         self.peer = peer
         self.local_address = local_address
+        advertised = broker.config.kafka_advertised_address
+        if advertised is not None:  # "host:port" (validated), an IPv6 host in brackets
+            host, _, port = advertised.rpartition(":")
+            self.advertised_address: Address = (host.strip("[]"), int(port))
+        else:
+            self.advertised_address = local_address
         self.user: AuthUser | None = None
         self.client_id = ""  # the current request's
         self.mechanism: str | None = None  # the SASL mechanism of a handshake, until its login
