@@ -186,10 +186,10 @@ async def _produce_partition(
         return errors.INVALID_RECORD, -1
     if not produced:
         return errors.INVALID_RECORD, -1
-    limit = session.broker.config.max_message_size
-    if any(len(record.value) > limit for record in produced):
-        return errors.MESSAGE_TOO_LARGE, -1
     try:
+        limit = _max_message_bytes(session, topic)
+        if any(len(record.value) > limit for record in produced):
+            return errors.MESSAGE_TOO_LARGE, -1
         landed = await session.service.produce(topic, produced)
     except NotFound:
         return errors.UNKNOWN_TOPIC_OR_PARTITION, -1
@@ -197,6 +197,14 @@ async def _produce_partition(
         log.info("kafka produce to %s-%d refused: %s", topic, index, exc)
         return errors.KAFKA_STORAGE_ERROR, -1
     return errors.NONE, landed[0][1] if landed else -1
+
+
+def _max_message_bytes(session: KafkaSession, topic: str) -> int:
+    """The largest record the topic takes: the broker's ``max_message_size``, or its
+    ``max.message.bytes`` (``x-stream-max-message-bytes``) when less."""
+    limit = session.broker.config.max_message_size
+    own = session.service.arguments(topic).get("x-stream-max-message-bytes")
+    return min(limit, own) if isinstance(own, int) else limit
 
 
 def _producer_records(batch: RecordBatch, index: int) -> list[ProducerRecord]:
