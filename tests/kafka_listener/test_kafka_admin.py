@@ -38,6 +38,7 @@ from kafka.errors import (
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     InvalidTopicError,
+    MessageSizeTooLargeError,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
@@ -174,6 +175,19 @@ def test_defaults_validate_only_and_refusals(
     change = KpResource(ConfigResourceType.TOPIC, "kp-defaults", configs={"retention.msx": "1"})
     with pytest.raises(ValueError, match=r"retention\.msx"):  # the client checks before it asks
         admin.alter_configs([change])
+
+
+def test_max_message_bytes_limits_a_produce(broker: RunningBroker, admin: KafkaAdminClient) -> None:
+    configs = {"max.message.bytes": "1000"}
+    admin.create_topics([NewTopic("kp-small", 1, 1, topic_configs=configs)])
+    producer = KafkaProducer(bootstrap_servers=broker.kafka_bootstrap, enable_idempotence=False)
+    try:
+        assert producer.send("kp-small", value=b"s" * 900).get(10).offset == 0
+        # UnifiedLog: a batch over max.message.bytes is MESSAGE_TOO_LARGE (10)
+        with pytest.raises(MessageSizeTooLargeError):
+            producer.send("kp-small", value=b"L" * 2000).get(10)
+    finally:
+        producer.close()
 
 
 def test_a_user_without_configure_is_refused(broker: RunningBroker) -> None:
