@@ -89,6 +89,46 @@ def test_create_produce_and_consume_from_every_start(tqbroker_thread: RunningBro
     assert tool(tqbroker_thread, "consume", "orders", "--from", later, "--idle", "1") == ""
 
 
+def test_topics_take_kafka_configs_and_refuse_unknown_names(
+    tqbroker_thread: RunningBroker,
+) -> None:
+    made = ("topics", "create", "kept", "--partitions", "2", "--config", "retention.ms=86400000")
+    assert "2 partition(s), created" in tool(
+        tqbroker_thread, *made, "--config", "cleanup.policy=compact"
+    )
+    described = json.loads(tool(tqbroker_thread, "topics", "describe", "kept", "--format", "json"))
+    assert described["arguments"]["x-max-age"] == "86400s"
+    assert described["configs"]["cleanup.policy"] == "compact"
+    altered = tool(
+        tqbroker_thread,
+        "topics",
+        "alter",
+        "kept",
+        "--config",
+        "retention.bytes=1048576",
+        "--delete-config",
+        "retention.ms",
+    )
+    assert "retention.bytes=1048576,retention.ms=-1" in altered
+    described = json.loads(tool(tqbroker_thread, "topics", "describe", "kept", "--format", "json"))
+    assert described["arguments"]["x-max-length-bytes"] == 1048576
+    assert "x-max-age" not in described["arguments"]
+    for args, words in (
+        (["topics", "create", "stale", "--arg", "retention.ms=86400000"], "Kafka topic config"),
+        (["topics", "create", "stale", "--config", "retention.msx=1"], "Unknown topic config"),
+        (["topics", "alter", "kept", "--config", "segment.bytes=10"], "segment.bytes"),
+        (["topics", "alter", "kept"], "--partitions, --config or --delete-config"),
+    ):
+        done = subprocess.run(
+            command(tqbroker_thread, *args), capture_output=True, text=True, timeout=30, check=False
+        )
+        assert done.returncode != 0, (args, done.stdout)
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert words in done.stderr, done.stderr
+    listed = tool(tqbroker_thread, "topics", "list")
+    assert "stale" not in listed
+
+
 def test_consume_next_waits_for_new_messages(tqbroker_thread: RunningBroker) -> None:
     tool(tqbroker_thread, "topics", "create", "live", "--partitions", "2")
     tool(tqbroker_thread, "produce", "live", stdin="old\n")

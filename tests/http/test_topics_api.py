@@ -75,6 +75,49 @@ def test_declare_passes_stream_arguments_and_reports_their_errors(http: httpx.Cl
     assert_error(http.put("/topics/notjson", content=b"{nope"), 400, "not JSON")
 
 
+def test_kafka_topic_configs_on_declare_describe_and_alter(
+    http: httpx.Client, tqbroker_thread: RunningBroker
+) -> None:
+    configs = {"retention.ms": 86_400_000, "cleanup.policy": "compact", "segment.bytes": "1048576"}
+    response = http.put("/topics/configured", json={"partitions": 2, "configs": configs})
+    assert response.status_code == 201, response.text
+    described = http.get("/topics/configured").json()
+    assert described["arguments"] == {
+        "x-max-age": "86400s",
+        "x-stream-cleanup-policy": "compact",
+        "x-stream-max-segment-size-bytes": 1048576,
+        "x-queue-type": "stream",
+    }
+    assert described["configs"]["retention.ms"] == "86400000"
+    assert described["configs"]["retention.bytes"] == "-1"  # the default: no limit
+    altered = http.patch(
+        "/topics/configured", json={"configs": {"retention.bytes": "2097152", "retention.ms": None}}
+    )
+    assert altered.status_code == 200, altered.text
+    assert altered.json()["configs"]["retention.bytes"] == "2097152"
+    assert altered.json()["configs"]["retention.ms"] == "-1"
+    arguments = http.get("/topics/configured").json()["arguments"]
+    assert arguments["x-max-length-bytes"] == 2097152
+    assert "x-max-age" not in arguments
+    assert tqbroker_thread.broker is not None  # the streams retain by the new limits now
+    queue = tqbroker_thread.broker.vhosts["/"].queues["configured-1"]
+    assert (queue.max_bytes, queue.max_age_ms) == (2097152, None)  # type: ignore[attr-defined]
+    # Unknown or misspelt names are refused, never stored and ignored; so is a Kafka name
+    # given as a stream argument (which did nothing before).
+    unknown = http.put("/topics/misspelt", json={"configs": {"retention.msx": "1000"}})
+    assert_error(unknown, 400, "Unknown topic config name: retention.msx")
+    value = http.put("/topics/misspelt", json={"configs": {"cleanup.policy": "shred"}})
+    assert_error(value, 400, "Invalid value shred for configuration cleanup.policy")
+    as_argument = http.put("/topics/misspelt", json={"arguments": {"retention.ms": 86_400_000}})
+    assert_error(as_argument, 400, "'retention.ms' is a Kafka topic config", "x-max-age")
+    stray = http.put("/topics/misspelt", json={"arguments": {"x-max-agee": "7D"}})
+    assert_error(stray, 400, "unknown stream argument 'x-max-agee'")
+    assert_error(http.get("/topics/misspelt"), 404)
+    refused = http.patch("/topics/configured", json={"configs": {"segment.byte": "1048576"}})
+    assert_error(refused, 400, "Unknown topic config name: segment.byte")
+    assert_error(http.patch("/topics/configured", json={}), 400, "partition count or configs")
+
+
 def test_produce_by_key_lands_where_amqp_publishes_land(
     http: httpx.Client, channel: BlockingChannel
 ) -> None:

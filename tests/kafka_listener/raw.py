@@ -30,8 +30,19 @@ def exchange(raw: socket.socket, api_key: int, version: int, body: dict[str, Any
     return decode(RESPONSES[api_key], version, reader)
 
 
-def call(bootstrap: str, api_key: int, version: int, body: dict[str, Any]) -> Any:
-    """One request on a connection of its own."""
+def call(
+    bootstrap: str,
+    api_key: int,
+    version: int,
+    body: dict[str, Any],
+    *,
+    login: tuple[str, str] | None = None,
+) -> Any:
+    """One request on a connection of its own (after a SASL PLAIN ``login``, if given)."""
     host, port = bootstrap.split(":")
     with socket.create_connection((host, int(port)), timeout=10) as raw:
+        if login is not None:
+            assert exchange(raw, 17, 1, {"mechanism": "PLAIN"})["error_code"] == 0
+            token = b"\0" + login[0].encode() + b"\0" + login[1].encode()
+            assert exchange(raw, 36, 1, {"auth_bytes": token})["error_code"] == 0
         return exchange(raw, api_key, version, body)

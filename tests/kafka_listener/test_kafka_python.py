@@ -19,6 +19,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import InvalidRecordError
 
+from tests.kafka_listener.clients import consume
 from tests.kafka_listener.raw import call
 from tqbroker.protocol.kafka.records import batch_of, encode_batch
 from tqbroker.testing import RunningBroker, running_broker
@@ -36,26 +37,6 @@ def topic(broker: RunningBroker, name: str, partitions: int) -> None:
     with httpx.Client(base_url=broker.http_url, auth=("guest", "guest")) as http:
         response = http.put(f"/topics/{name}", json={"partitions": partitions})
         assert response.status_code == 201, response.text
-
-
-def consume(broker: RunningBroker, name: str, count: int, **options: Any) -> list[Any]:
-    consumer = KafkaConsumer(
-        bootstrap_servers=broker.kafka_bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        consumer_timeout_ms=10_000,
-        **options,
-    )
-    try:
-        consumer.assign([TopicPartition(name, p) for p in consumer.partitions_for_topic(name)])
-        got = []
-        for record in consumer:
-            got.append(record)
-            if len(got) == count:
-                break
-        return got
-    finally:
-        consumer.close()
 
 
 def test_kafka_python_produces_and_consumes(broker: RunningBroker) -> None:

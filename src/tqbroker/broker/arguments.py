@@ -52,6 +52,8 @@ from .rabbit_texts import (
 log = logging.getLogger(__name__)
 
 OVERFLOWS: Final = ("drop-head", "reject-publish", "reject-publish-dlx")
+# Kafka's compression.type values (``TopicConfig.java``, ``BrokerCompressionType``).
+COMPRESSION_TYPES: Final = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
 # -- the table ------------------------------------------------------------------------------------
 
 CLASSIC: Final = "classic"
@@ -160,6 +162,20 @@ QUEUE_ARGUMENTS: Final = (
         "delete_retention_ms",
         as_interval,
     ),
+    # Kafka's max.message.bytes and compression.type of a topic's streams (topic_config.py):
+    # the largest record a Kafka producer may write, and the codec batches are stored with
+    # (stored and described; compressing is not done yet).
+    Argument("x-stream-max-message-bytes", non_negative, _STREAM_ONLY, True, "max_message_bytes"),
+    Argument(
+        "x-stream-compression-type",
+        member(
+            lambda _: "must be one of " + ", ".join(COMPRESSION_TYPES),
+            *COMPRESSION_TYPES,
+        ),
+        _STREAM_ONLY,
+        True,
+        "compression_type",
+    ),
     # Replication in a cluster (Kafka's replication.factor and min.insync.replicas): how many
     # nodes hold the stream, and how many must have a publish before it is confirmed.
     Argument("x-stream-replicas", at_least(1), _STREAM_ONLY, True, "replicas"),
@@ -170,6 +186,8 @@ QUEUE_ARGUMENTS: Final = (
 
 _BY_NAME: Final = {row.name: row for row in QUEUE_ARGUMENTS}
 _COMPARED: Final = frozenset(row.name for row in QUEUE_ARGUMENTS if row.compared)
+# The arguments a stream queue takes (the topic routes refuse others rather than ignore them).
+STREAM_ARGUMENT_NAMES: Final = frozenset(row.name for row in QUEUE_ARGUMENTS if STREAM in row.kinds)
 
 
 def _where(name: str, vhost: str) -> str:
@@ -333,6 +351,8 @@ class QueueArguments:
     cleanup_policy: str | None = None
     compaction_key_header: str | None = None
     delete_retention_ms: int | None = None
+    max_message_bytes: int | None = None  # a Kafka producer's largest record (None: broker's)
+    compression_type: str | None = None  # stored, not applied yet (None: as produced)
     replicas: int | None = None  # a cluster's stream replicas (None: min(3, nodes))
     min_isr: int | None = None  # and in-sync replicas (None: min(2, replicas))
 

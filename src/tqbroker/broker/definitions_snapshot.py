@@ -67,15 +67,18 @@ def _dumps(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-# Each durable queue's entry in the file, encoded once: what it holds (name, backend,
-# auto-delete, arguments) never changes. Kept as long as the queue lives.
-_QUEUE_ENTRIES: weakref.WeakKeyDictionary[Queue, bytes] = weakref.WeakKeyDictionary()
+# Each durable queue's entry in the file, encoded once per arguments: what it holds (name,
+# backend, auto-delete) never changes, its arguments only when a topic's configs are altered
+# (``StreamQueue.reconfigure`` gives it new ones). Kept as long as the queue lives.
+_QUEUE_ENTRIES: weakref.WeakKeyDictionary[Queue, tuple[object, bytes]] = weakref.WeakKeyDictionary()
 
 
 def _queue_json(vhost: str, queue: Queue) -> bytes:
-    encoded = _QUEUE_ENTRIES.get(queue)
-    if encoded is None:
-        encoded = _QUEUE_ENTRIES[queue] = _dumps(queue_json(vhost, stored_queue(queue)))
+    cached = _QUEUE_ENTRIES.get(queue)
+    if cached is not None and cached[0] is queue.arguments:
+        return cached[1]
+    encoded = _dumps(queue_json(vhost, stored_queue(queue)))
+    _QUEUE_ENTRIES[queue] = (queue.arguments, encoded)
     return encoded
 
 

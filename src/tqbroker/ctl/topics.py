@@ -1,12 +1,15 @@
 """``topics create|list|describe|delete|alter``: kafka-topics over the broker's topic routes.
 
-- ``create TOPIC --partitions N [--arg x-max-age=7D ...]``: a partitioned stream, idempotently;
+- ``create TOPIC --partitions N [--config retention.ms=86400000 ...] [--arg x-max-age=7D ...]``:
+  a partitioned stream, idempotently, with Kafka topic configs and stream arguments (the
+  broker refuses a name that is neither: a Kafka config given as ``--arg`` too);
 - ``list``: the topics (``--format table``: TOPIC PARTITIONS; Kafka's ``--list`` prints names);
 - ``describe TOPIC``: a line with the partition count, arguments and groups, then per
   partition its stream queue, log start and end offsets, messages, segments and bytes (and in
   a cluster Kafka's LEADER, REPLICAS and ISR);
 - ``delete TOPIC``: its partitions and exchange;
-- ``alter TOPIC --partitions N``: grow (never shrink, as Kafka).
+- ``alter TOPIC [--partitions N] [--config NAME=VALUE ...] [--delete-config NAME ...]``: grow
+  (never shrink, as Kafka), set configs or put them back to their defaults.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def add(subparsers: argparse._SubParsersAction[Any], common: Any) -> None:
         metavar="NAME=VALUE",
         help="a stream argument, e.g. x-max-age=7D (repeatable; integers stay integers)",
     )
+    _config_option(create)
     create.set_defaults(run=create_topic)
     listing = actions.add_parser("list", parents=[common], help="the vhost's topics")
     listing.set_defaults(run=list_topics)
@@ -41,10 +45,42 @@ def add(subparsers: argparse._SubParsersAction[Any], common: Any) -> None:
     delete = actions.add_parser("delete", parents=[common], help="delete a topic")
     delete.add_argument("topic")
     delete.set_defaults(run=delete_topic)
-    alter = actions.add_parser("alter", parents=[common], help="grow a topic's partitions")
+    alter = actions.add_parser(
+        "alter", parents=[common], help="grow a topic's partitions, alter its configs"
+    )
     alter.add_argument("topic")
-    alter.add_argument("--partitions", type=int, required=True, help="the new count (larger)")
+    alter.add_argument("--partitions", type=int, help="the new count (larger)")
+    _config_option(alter)
+    alter.add_argument(
+        "--delete-config",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="put a Kafka topic config back to its default (repeatable)",
+    )
     alter.set_defaults(run=alter_topic)
+
+
+def _config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Kafka topic config, e.g. retention.ms=86400000, cleanup.policy=compact "
+        "(repeatable: retention.ms, retention.bytes, segment.bytes, cleanup.policy, "
+        "max.message.bytes, compression.type)",
+    )
+
+
+def _configs(items: list[str]) -> dict[str, str | None]:
+    configs: dict[str, str | None] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--config wants NAME=VALUE (got {item!r})")
+        configs[name] = value
+    return configs
 
 
 def _path(topic: str) -> str:
@@ -60,7 +96,7 @@ def create_topic(args: argparse.Namespace, api: Api) -> int:
         if not sep:
             raise UsageError(f"--arg wants NAME=VALUE (got {item!r})")
         arguments[name] = int(value) if value.lstrip("-").isdigit() else value
-    body = {"partitions": args.partitions, "arguments": arguments}
+    body = {"partitions": args.partitions, "arguments": arguments, "configs": _configs(args.config)}
     reply = api.topics("PUT", _path(args.topic), body)
     state = "created" if reply["created"] else "exists"
     print(f"topic {args.topic}: {reply['partitions']} partition(s), {state}")
@@ -122,8 +158,22 @@ def delete_topic(args: argparse.Namespace, api: Api) -> int:
 
 
 def alter_topic(args: argparse.Namespace, api: Api) -> int:
-    reply = api.topics("PATCH", _path(args.topic), {"partitions": args.partitions})
-    print(
-        f"topic {args.topic}: {reply['previous_partitions']} -> {reply['partitions']} partition(s)"
-    )
+    body: dict[str, Any] = {}
+    configs = _configs(args.config)
+    configs.update(dict.fromkeys(args.delete_config))
+    if configs:
+        body["configs"] = configs
+    if args.partitions is not None:
+        body["partitions"] = args.partitions
+    if not body:
+        raise UsageError("alter wants --partitions, --config or --delete-config")
+    reply = api.topics("PATCH", _path(args.topic), body)
+    if "previous_partitions" in reply:
+        print(
+            f"topic {args.topic}: {reply['previous_partitions']} -> {reply['partitions']} "
+            "partition(s)"
+        )
+    if configs:
+        shown = ",".join(f"{name}={reply['configs'][name]}" for name in configs)
+        print(f"topic {args.topic}: configs {shown}")
     return 0

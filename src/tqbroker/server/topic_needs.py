@@ -31,8 +31,9 @@ def read(vhost: VirtualHost, topic: str, partition: int | None = None) -> list[N
     return [("queue", name, "read") for name in found]
 
 
-def delete(vhost: VirtualHost, topic: str) -> list[Need]:
-    """``configure`` on the topic's exchange (if it has one) and its partitions' queues."""
+def configure(vhost: VirtualHost, topic: str) -> list[Need]:
+    """``configure`` on the topic's exchange (if it has one) and its partitions' queues: what
+    deleting the topic or altering its configs needs."""
     needs: list[Need] = [("exchange", topic, "configure")] if topic in vhost.exchanges else []
     try:
         found = StreamService(vhost).queue_names(topic)

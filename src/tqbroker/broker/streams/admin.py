@@ -1,5 +1,6 @@
 """Administering topics and consumer groups, as ``kafka-topics`` and ``kafka-consumer-groups``
-do: list and describe topics, delete one, grow its partitions; each partition's offsets
+do: list and describe topics, delete one, grow its partitions, give its partitions new
+stream arguments (altered configs: ``reconfigure``); each partition's offsets
 (earliest, latest, first at or after a time); list and describe groups (committed offsets,
 lag, readers) and reset a group's committed offsets.
 
@@ -23,6 +24,7 @@ import attrs
 
 from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError
+from ..arguments import QueueArguments, check_queue_arguments
 from ..vhost import VirtualHost
 from .partition import make_durable
 from .queue import StreamQueue
@@ -135,6 +137,28 @@ async def delete(vhost: VirtualHost, topic: str) -> int:
     except AMQPError as exc:
         raise Unavailable(exc.text) from None
     return len(found)
+
+
+async def reconfigure(vhost: VirtualHost, topic: str, table: FieldTable) -> None:
+    """Give each of the topic's partitions the stream arguments ``table`` (its configs
+    altered: ``topic_config.altered``), checked as a declaration checks them
+    (``InvalidRequest``); retention and compaction change at once (``StreamQueue.reconfigure``);
+    returns once the definitions hold them."""
+    found = partitions(vhost, topic)
+    table = {**table, "x-queue-type": "stream"}
+    try:
+        check_queue_arguments(found[0].name, vhost.name, table)
+    except AMQPError as exc:
+        raise InvalidRequest(exc.text) from None
+    arguments = QueueArguments.parse(table)
+    since = vhost.definitions.mark()
+    for queue in found:
+        queue.reconfigure(arguments)
+    vhost.definitions.changed()
+    try:
+        await vhost.definitions.wait(since)
+    except AMQPError as exc:
+        raise Unavailable(exc.text) from None
 
 
 async def grow(vhost: VirtualHost, topic: str, count: int) -> int:

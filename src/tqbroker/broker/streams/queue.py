@@ -104,6 +104,8 @@ class StreamQueue(Queue):
         self.max_age_ms = arguments.max_age_ms
         self.compaction = _compaction(arguments)
         self.compactions = 0  # compaction passes finished
+        self._compacting = False  # a compaction task runs
+        self._nursery: trio.Nursery | None = None  # the actor's (``run``)
         self._positions: dict[Consumer, int] = {}  # the next offset each consumer reads
         self._tracked: set[Consumer] = set()  # consumers whose position the stream stores
         self.groups = groups if groups is not None else ConsumerGroups()
@@ -118,9 +120,24 @@ class StreamQueue(Queue):
             return
         with trio.CancelScope() as self._cancel_scope:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 if self.compaction is not None:
-                    nursery.start_soon(self._compact, self.compaction)
+                    self._compacting = True
+                    nursery.start_soon(self._compact)
                 await self._deliver_loop()
+
+    def reconfigure(self, arguments: QueueArguments) -> None:
+        """Take new arguments (a topic's altered configs: ``topics.reconfigure``): retention
+        and compaction apply from now on (retention at once); a new segment size from the
+        next start, when the log opens with it."""
+        self.arguments = arguments
+        self.max_bytes = arguments.max_length_bytes
+        self.max_age_ms = arguments.max_age_ms
+        self.compaction = _compaction(arguments)
+        if self.compaction is not None and not self._compacting and self._nursery is not None:
+            self._compacting = True
+            self._nursery.start_soon(self._compact)
+        self.wake()
 
     async def _deliver_loop(self) -> None:
         while True:
@@ -139,10 +156,20 @@ class StreamQueue(Queue):
                 self.fail(exc)  # consumers cancelled, publishes refused; the broker goes on
                 return
 
-    async def _compact(self, policy: CompactionPolicy) -> None:
-        """Compact now and then, in a worker thread; deliveries go on meanwhile."""
+    async def _compact(self) -> None:
+        """Compact now and then, in a worker thread, while the arguments ask for it;
+        deliveries go on meanwhile."""
+        try:
+            await self._compact_while_asked()
+        finally:
+            self._compacting = False
+
+    async def _compact_while_asked(self) -> None:
         while True:
             await trio.sleep(RETENTION_CHECK_SECONDS)
+            policy = self.compaction
+            if policy is None:
+                return
             work = self.partition.compaction_work(policy, clock.now_ms())
             if work is None:
                 continue

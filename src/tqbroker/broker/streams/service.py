@@ -7,14 +7,15 @@ protocol is a thin codec over this.
 What a topic is (a partitioned stream, or one stream queue) is ``topics.py``'s; the work of
 each call is done by ``topics.py`` (declare, produce), ``reading.py`` (records one by one),
 ``bulk_read.py`` (columns and frames) and ``admin.py`` (offsets, groups, describe, delete,
-grow), each over the topic's ``Partition``s. Failures are ``TopicError``s: ``NotFound``,
+grow, reconfigure), each over the topic's ``Partition``s; Kafka's topic config names are
+``topic_config.py``'s. Failures are ``TopicError``s: ``NotFound``,
 ``InvalidRequest``, ``Conflict``, ``Unavailable``; what a protocol makes of them (an HTTP
 status, a Kafka error code) is its business.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import trio
 
@@ -23,7 +24,7 @@ from ...protocol.kafka.records import RecordBatch
 from ..queue import Queue
 from ..read_budget import Piece, ReadBody, ReadBudget
 from ..vhost import VirtualHost
-from . import admin, bulk_read, kafka_read, reading, topics
+from . import admin, bulk_read, kafka_read, reading, topic_config, topics
 from .admin import (
     RESET_TARGETS,
     GroupMember,
@@ -37,6 +38,7 @@ from .idempotence import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSequ
 from .partition import Partition, StorageInfo
 from .queue import StreamQueue
 from .reading import RecordRead
+from .topic_config import ConfigValue, InvalidConfig
 from .topics import (
     Conflict,
     ConsumerRecord,
@@ -50,12 +52,14 @@ from .topics import (
 
 __all__ = [
     "RESET_TARGETS",
+    "ConfigValue",
     "Conflict",
     "ConsumerRecord",
     "DuplicateSequence",
     "GroupMember",
     "GroupPartition",
     "GroupSummary",
+    "InvalidConfig",
     "InvalidProducerEpoch",
     "InvalidRequest",
     "NotFound",
@@ -310,9 +314,45 @@ class StreamService:
 
     # -- topic administration ------------------------------------------------------------------
 
-    async def declare(self, topic: str, count: int, arguments: FieldTable) -> bool:
-        """Declare a partitioned topic (True: created; False: it existed as asked)."""
-        return await topics.declare(self.vhost, topic, count, arguments)
+    async def declare(
+        self,
+        topic: str,
+        count: int,
+        arguments: FieldTable,
+        configs: Mapping[str, str | None] | None = None,
+    ) -> bool:
+        """Declare a partitioned topic (True: created; False: it existed as asked), with
+        stream ``arguments`` and Kafka's topic ``configs`` (``topic_config``: a name that is
+        neither is ``InvalidConfig``)."""
+        table = self.arguments_for(arguments, configs)
+        return await topics.declare(self.vhost, topic, count, table)
+
+    @staticmethod
+    def arguments_for(
+        arguments: FieldTable, configs: Mapping[str, str | None] | None = None
+    ) -> FieldTable:
+        """The stream arguments a topic declared with ``arguments`` and ``configs`` gets
+        (``InvalidConfig`` for a name that is neither a stream argument nor a config)."""
+        topic_config.check_arguments(arguments)
+        return {**arguments, **topic_config.arguments_for(configs or {})}
+
+    def configs(self, topic: str, *, max_message_bytes: int) -> list[ConfigValue]:
+        """The topic's Kafka configs (``max_message_bytes``: the broker's limit, the default
+        of ``max.message.bytes``)."""
+        return topic_config.described(self.arguments(topic), max_message_bytes=max_message_bytes)
+
+    async def alter_configs(
+        self,
+        topic: str,
+        changes: Sequence[tuple[str, int, str | None]],
+        *,
+        validate_only: bool = False,
+    ) -> None:
+        """Apply (name, operation, value) changes to the topic's configs
+        (``topic_config.altered``) on each partition (``admin.reconfigure``)."""
+        table = topic_config.altered(self.arguments(topic), changes)
+        if not validate_only:
+            await admin.reconfigure(self.vhost, topic, table)
 
     def list_topics(self) -> list[TopicSummary]:
         return admin.list_topics(self.vhost)

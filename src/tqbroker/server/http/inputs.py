@@ -87,6 +87,23 @@ def integer(value: object, name: str, low: int = INT64[0], high: int = INT64[1])
     return number
 
 
+def topic_configs(value: object) -> dict[str, str | None]:
+    """Kafka topic configs (``{"retention.ms": "86400000", ...}``): each a string, a number
+    (taken as its text) or null (the default); names and values are checked by the stream
+    service (``topic_config``)."""
+    if not isinstance(value, dict):
+        raise RequestError(400, "'configs' must be a JSON object of Kafka topic configs")
+    configs: dict[str, str | None] = {}
+    for name, given in value.items():
+        if given is None or isinstance(given, str):
+            configs[name] = given
+        elif isinstance(given, int | float) and not isinstance(given, bool):
+            configs[name] = str(given)
+        else:
+            raise RequestError(400, f"config '{name}' must be a string, a number or null")
+    return configs
+
+
 def max_bytes(query: QueryParams) -> int:
     """A read's ``max_bytes`` of values (``DEFAULT_READ_BYTES`` unless the query says)."""
     return integer(query.get("max_bytes", str(DEFAULT_READ_BYTES)), "max_bytes")

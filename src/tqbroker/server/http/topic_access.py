@@ -7,7 +7,7 @@ RabbitMQ's read/write permissions on what an AMQP client would touch to do the s
   for the offsets of all, and for resetting a consumer group's offsets);
 - declaring or growing a partitioned topic: ``configure`` on its exchange and its partitions'
   queues, and what binding them needs (``write`` on each queue, ``read`` on the exchange);
-  deleting one: ``configure`` on them.
+  deleting one or altering its configs: ``configure`` on them.
 
 Listing and describing topics and groups (metadata, as the management API's listings) need
 only access to the vhost.
@@ -25,7 +25,7 @@ from starlette.requests import Request
 
 from ...broker.vhost import VirtualHost
 from ..access import resource_refusal
-from ..topic_needs import Need, declare, delete, produce, read
+from ..topic_needs import Need, configure, declare, produce, read
 from .auth import broker_of, user_of
 from .errors import RequestError
 
@@ -51,9 +51,10 @@ async def check_declare(request: Request, vhost: VirtualHost, count: int) -> Non
     await require(request, vhost, declare(request.path_params["topic"], count))
 
 
-async def check_delete(request: Request, vhost: VirtualHost) -> None:
-    """Deleting the path's topic: ``configure`` on its exchange and partitions' queues."""
-    await require(request, vhost, delete(vhost, request.path_params["topic"]))
+async def check_configure(request: Request, vhost: VirtualHost) -> None:
+    """Deleting the path's topic or altering its configs: ``configure`` on its exchange and
+    partitions' queues."""
+    await require(request, vhost, configure(vhost, request.path_params["topic"]))
 
 
 async def check_grow(request: Request, vhost: VirtualHost, count: int) -> None:

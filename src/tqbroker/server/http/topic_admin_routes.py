@@ -1,5 +1,6 @@
 """The JSON routes that administer topics and consumer groups (``kafka-topics`` and
-``kafka-consumer-groups`` over HTTP): list, describe, delete, grow partitions; list and describe
+``kafka-consumer-groups`` over HTTP): list, describe, delete, grow partitions, alter Kafka topic
+configs (``topic_config``); list and describe
 groups, reset a group's offsets. Same credentials, ``vhost`` parameter and error shape as the
 other topic routes (``topic_routes.py``); the work is the vhost's ``StreamService``'s.
 """
@@ -14,11 +15,12 @@ from starlette.routing import Route
 
 from ...broker.streams import service
 from ...broker.streams.service import StreamService
+from ...broker.streams.topic_config import DELETE, SET
 from ...broker.vhost import VirtualHost
 from ...recordbatch import json_value
 from ..registry import Registered
 from . import inputs, topic_access
-from .auth import vhost_of
+from .auth import broker_of, vhost_of
 from .cluster_state import cluster_of, replication_json
 from .errors import RequestError
 from .mgmt_connections import connections_of
@@ -70,6 +72,7 @@ async def describe_topic(request: Request) -> Response:
             "vhost": vhost.name,
             "partitions": partitions,
             "arguments": json_value(StreamService(vhost).arguments(topic)),
+            "configs": _configs_json(StreamService(vhost), request, topic),
             "groups": [g.group for g in StreamService(vhost).groups_of(topic)],
         }
     )
@@ -78,23 +81,46 @@ async def describe_topic(request: Request) -> Response:
 async def delete_topic(request: Request) -> Response:
     """``DELETE /topics/{topic}``: its partitions and its exchange (404 if unknown)."""
     vhost = await vhost_of(request)
-    await topic_access.check_delete(request, vhost)
+    await topic_access.check_configure(request, vhost)
     topic = request.path_params["topic"]
     count = await StreamService(vhost).delete(topic)
     return JSONResponse({"topic": topic, "deleted_partitions": count})
 
 
 async def alter_topic(request: Request) -> Response:
-    """``PATCH /topics/{topic}`` ``{"partitions": N}``: grow to N partitions (never shrink)."""
+    """``PATCH /topics/{topic}`` ``{"partitions": N, "configs": {...}}``: grow to N partitions
+    (never shrink), and set Kafka topic configs (null: back to the default), applied to every
+    partition (``StreamService.alter_configs``); configs first, so a refused one grows
+    nothing."""
     vhost = await vhost_of(request)
     body = await inputs.json_object(request)
-    if "partitions" not in body:
-        raise RequestError(400, 'give the new partition count: {"partitions": N}')
-    count = inputs.integer(body["partitions"], "partitions")
-    await topic_access.check_grow(request, vhost, count)
+    if "partitions" not in body and "configs" not in body:
+        raise RequestError(
+            400, 'give the new partition count or configs: {"partitions": N, "configs": {...}}'
+        )
     topic = request.path_params["topic"]
-    before = await StreamService(vhost).grow(topic, count)
-    return JSONResponse({"topic": topic, "partitions": count, "previous_partitions": before})
+    service = StreamService(vhost)
+    answer: dict[str, Any] = {"topic": topic}
+    if "configs" in body:
+        configs = inputs.topic_configs(body["configs"])
+        await topic_access.check_configure(request, vhost)
+        changes = [
+            (name, DELETE if value is None else SET, value) for name, value in configs.items()
+        ]
+        await service.alter_configs(topic, changes)
+        answer["configs"] = _configs_json(service, request, topic)
+    if "partitions" in body:
+        count = inputs.integer(body["partitions"], "partitions")
+        await topic_access.check_grow(request, vhost, count)
+        answer["previous_partitions"] = await service.grow(topic, count)
+    answer["partitions"] = len(service.partitions(topic))
+    return JSONResponse(answer)
+
+
+def _configs_json(service: StreamService, request: Request, topic: str) -> dict[str, str]:
+    """The topic's Kafka configs, name to value (``GET /topics/{topic}``'s ``configs``)."""
+    limit = broker_of(request).config.max_message_size
+    return {c.name: c.value for c in service.configs(topic, max_message_bytes=limit)}
 
 
 def _group_json(group: service.GroupSummary) -> dict[str, Any]:

@@ -50,14 +50,17 @@ _dumps = functools.partial(
 
 
 async def declare_topic(request: Request) -> Response:
-    """``PUT /topics/{topic}``: a partitioned stream, 201 if created, 200 if it was there."""
+    """``PUT /topics/{topic}``: a partitioned stream, 201 if created, 200 if it was there;
+    ``arguments`` are its streams' (``x-max-age``...), ``configs`` Kafka's topic configs
+    (``retention.ms``...: ``topic_config``); a name that is neither is 400."""
     vhost = await vhost_of(request)  # credentials before the body is read
     body = await inputs.json_object(request)
     count = inputs.integer(body.get("partitions", 1), "partitions")
     arguments = inputs.field_table(body.get("arguments", {}), "arguments")
+    configs = inputs.topic_configs(body.get("configs", {}))
     topic = request.path_params["topic"]
     await topic_access.check_declare(request, vhost, count)
-    created = await StreamService(vhost).declare(topic, count, arguments)
+    created = await StreamService(vhost).declare(topic, count, arguments, configs)
     return JSONResponse(
         {"topic": topic, "partitions": count, "created": created},
         status_code=201 if created else 200,

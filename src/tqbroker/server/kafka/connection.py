@@ -26,7 +26,7 @@ from ...protocol.kafka.requests import (
     decode_request,
     encode_response,
 )
-from . import fetch, group_offsets, handlers, produce
+from . import admin, fetch, group_listing, group_offsets, handlers, produce
 from .groups import GroupCoordinator
 from .session import KafkaSession
 
@@ -48,7 +48,7 @@ async def _api_versions(session: KafkaSession, body: Body, version: int) -> dict
 
 
 async def _join_group(session: KafkaSession, body: Body, version: int) -> dict[str, Any]:
-    return await session.groups.join(body, version, session.client_id)
+    return await session.groups.join(body, version, session.client_id, session.peer[0])
 
 
 async def _sync_group(session: KafkaSession, body: Body, version: int) -> dict[str, Any]:
@@ -76,10 +76,17 @@ HANDLERS: Mapping[int, Handler] = {
     12: _heartbeat,
     13: _leave_group,
     14: _sync_group,
+    15: group_listing.describe_groups,
+    16: group_listing.list_groups,
     17: handlers.sasl_handshake,
     18: _api_versions,
+    19: admin.create_topics,
+    20: admin.delete_topics,
     22: handlers.init_producer_id,
+    32: admin.describe_configs,
     36: handlers.sasl_authenticate,
+    37: admin.create_partitions,
+    44: admin.incremental_alter_configs,
 }
 
 

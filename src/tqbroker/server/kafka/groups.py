@@ -51,6 +51,7 @@ class Member:
     session_timeout: float
     rebalance_timeout: float
     protocols: list[tuple[str, bytes]]
+    client_host: str = ""
     heartbeat_deadline: float = math.inf
     assignment: bytes = b""
     joined: bool = False  # joined the rebalance under way
@@ -119,7 +120,9 @@ class GroupCoordinator:
 
     # -- JoinGroup -------------------------------------------------------------------------
 
-    async def join(self, body: Mapping[str, Any], version: int, client_id: str) -> dict[str, Any]:
+    async def join(
+        self, body: Mapping[str, Any], version: int, client_id: str, client_host: str = ""
+    ) -> dict[str, Any]:
         group = self.group(body["group_id"])
         now = trio.current_time()
         member_id: str = body["member_id"]
@@ -157,6 +160,7 @@ class GroupCoordinator:
                 session,
                 rebalance / 1000 if rebalance > 0 else session,
                 protocols,
+                client_host,
             )
         member.protocols = protocols
         member.heartbeat_deadline = now + session

@@ -12,7 +12,9 @@ vhost. Served so far:
   timestamp;
 - InitProducerId: a producer id (idempotent producers' sequences are not deduplicated yet).
 - FindCoordinator, OffsetCommit and OffsetFetch are ``group_offsets.py``'s; JoinGroup,
-  SyncGroup, Heartbeat and LeaveGroup ``groups.py``'s.
+  SyncGroup, Heartbeat and LeaveGroup ``groups.py``'s; DescribeGroups and ListGroups
+  ``group_listing.py``'s; CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs and
+  IncrementalAlterConfigs ``admin.py``'s.
 
 Permissions are RabbitMQ's, on what an AMQP client would touch (``topic_needs``): ``write``
 to produce, ``read`` to fetch and list offsets; a refusal is
@@ -51,10 +53,17 @@ SERVED: Mapping[int, tuple[int, int]] = {
     12: (0, 3),  # Heartbeat
     13: (0, 1),  # LeaveGroup
     14: (0, 3),  # SyncGroup
+    15: (0, 3),  # DescribeGroups
+    16: (0, 2),  # ListGroups
     17: (1, 1),  # SaslHandshake (version 0's unframed tokens are not served)
     18: (0, 3),  # ApiVersions
+    19: (0, 3),  # CreateTopics
+    20: (0, 3),  # DeleteTopics
     22: (0, 0),  # InitProducerId
+    32: (0, 1),  # DescribeConfigs
     36: (0, 1),  # SaslAuthenticate
+    37: (0, 1),  # CreatePartitions
+    44: (0, 1),  # IncrementalAlterConfigs (aiokafka has none; 1 is flexible)
 }
 LATEST, EARLIEST = -1, -2
 

@@ -79,9 +79,11 @@ async def _produce_partition(
     session: KafkaSession, topic: str, index: int, records: bytes | None
 ) -> tuple[int, int]:
     """The error code and base offset of one partition's part of a Produce."""
-    limit = session.broker.config.max_message_size
     try:
+        limit = _max_message_bytes(session, topic)
         batches = [(raw, _checked(raw, limit)) for raw in split_batches(records or b"")]
+    except NotFound:
+        return errors.UNKNOWN_TOPIC_OR_PARTITION, -1
     except UnsupportedMagic:
         return errors.UNSUPPORTED_FOR_MESSAGE_FORMAT, -1
     except UnsupportedCompression:
@@ -110,6 +112,14 @@ async def _produce_partition(
         log.info("kafka produce to %s-%d refused: %s", topic, index, exc)
         return errors.KAFKA_STORAGE_ERROR, -1
     return errors.NONE, offset
+
+
+def _max_message_bytes(session: KafkaSession, topic: str) -> int:
+    """The largest record the topic takes: the broker's ``max_message_size``, or its
+    ``max.message.bytes`` (``x-stream-max-message-bytes``) when less (``NotFound``)."""
+    limit = session.broker.config.max_message_size
+    own = session.service.arguments(topic).get("x-stream-max-message-bytes")
+    return min(limit, own) if isinstance(own, int) else limit
 
 
 class _TooLarge(ValueError):
