@@ -51,6 +51,7 @@ SETTING_FLAGS = (
     ("--http-port", "http_port"),
     ("--metrics-port", "metrics_port"),
     ("--kafka-port", "kafka_port"),
+    ("--kafka-tls-port", "kafka_tls_port"),
     ("--definitions", "load_definitions"),
     ("--data-dir", "data_dir"),
     ("--durable-backend", "durable_backend"),
@@ -83,6 +84,8 @@ HELP = {
     "--metrics-port": "Prometheus metrics port, 0 = ephemeral, off (or -1) = none (15692)",
     "--kafka-port": "Kafka listener port, 0 = ephemeral, off = none (9092; ephemeral when "
     "--port is 0)",
+    "--kafka-tls-port": "Kafka TLS listener port (SSL, SASL_SSL), with a [tls] certificate; 0 "
+    "= ephemeral, off = none (9093; ephemeral when --port is 0)",
     "--definitions": "a definitions file (RabbitMQ's JSON) to import at boot (load_definitions)",
     "--data-dir": "where data lives (./tqbroker-data)",
     "--durable-backend": "storage of durable queues: log (default), rocksdb, or any installed "
@@ -166,6 +169,7 @@ async def run(config: BrokerConfig) -> None:
             + [f"{http}://{host}:{port}" for host, port in listening.http]
             + [f"metrics {http}://{host}:{port}/metrics" for host, port in listening.metrics]
             + [f"kafka {host}:{port}" for host, port in listening.kafka]
+            + [f"kafka+ssl {host}:{port}" for host, port in listening.kafka_tls]
         )
         # Handle the signals before saying "ready": a SIGTERM right after READY=1 (a service
         # manager stopping what it just started) is a graceful shutdown, not a kill.
