@@ -103,20 +103,14 @@ class KafkaConnection:
         buffer = bytearray()
         try:
             while True:
-                while len(buffer) < 4 or len(buffer) < 4 + _size(buffer):
-                    if len(buffer) >= 4 and not 0 <= _size(buffer) <= self.max_request_bytes:
-                        log.info(
-                            "kafka %s: a request size of %d (not 0..%d): closing",
-                            self.peer,
-                            _size(buffer),
-                            self.max_request_bytes,
-                        )
-                        return
+                size = await self._receive_size(buffer)
+                if size is None:
+                    return
+                while len(buffer) < 4 + size:
                     data = await self.stream.receive_some(RECEIVE_BYTES)
                     if not data:
                         return
                     buffer += data
-                size = _size(buffer)
                 frame = bytes(buffer[4 : 4 + size])
                 del buffer[: 4 + size]
                 response = await self._answer(frame)
@@ -133,6 +127,26 @@ class KafkaConnection:
             return
         finally:
             await trio.aclose_forcefully(self.stream)
+
+    async def _receive_size(self, buffer: bytearray) -> int | None:
+        """The next request's size prefix (an INT32), received into ``buffer`` if need be;
+        None when the client closed, or sent a size that is negative or over the limit (closed
+        before its body is read, as Kafka's ``NetworkReceive`` refuses it)."""
+        while len(buffer) < 4:
+            data = await self.stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return None
+            buffer += data
+        size = int.from_bytes(buffer[:4], "big", signed=True)
+        if not 0 <= size <= self.max_request_bytes:
+            log.info(
+                "kafka %s: a request size of %d (not 0..%d): closing",
+                self.peer,
+                size,
+                self.max_request_bytes,
+            )
+            return None
+        return size
 
     async def _answer(self, frame: bytes) -> bytes | None:
         try:
@@ -171,12 +185,6 @@ class KafkaConnection:
         if header.api_key == SASL_AUTHENTICATE and answer["error_code"] != errors.NONE:
             raise _Close(response)  # Kafka closes the connection after a failed login
         return response
-
-
-def _size(buffer: bytearray) -> int:
-    """The size prefix of the request at the start of ``buffer`` (an INT32: it may be
-    negative)."""
-    return int.from_bytes(buffer[:4], "big", signed=True)
 
 
 class _Close(Exception):
