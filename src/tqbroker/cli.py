@@ -51,6 +51,7 @@ SETTING_FLAGS = (
     ("--http-port", "http_port"),
     ("--metrics-port", "metrics_port"),
     ("--kafka-port", "kafka_port"),
+    ("--kafka-tls-port", "kafka_tls_port"),
     ("--kafka-advertised-address", "kafka_advertised_address"),
     ("--definitions", "load_definitions"),
     ("--data-dir", "data_dir"),
@@ -84,6 +85,8 @@ HELP = {
     "--metrics-port": "Prometheus metrics port, 0 = ephemeral, off (or -1) = none (15692)",
     "--kafka-port": "Kafka listener port, 0 = ephemeral, off = none (9092; ephemeral when "
     "--port is 0)",
+    "--kafka-tls-port": "Kafka TLS listener port (SSL, SASL_SSL), with a [tls] certificate; 0 "
+    "= ephemeral, off = none (9093; ephemeral when --port is 0)",
     "--kafka-advertised-address": "host:port the Kafka listener gives clients in its metadata "
     "(Kafka's advertised.listeners; default: the address each client connected to)",
     "--definitions": "a definitions file (RabbitMQ's JSON) to import at boot (load_definitions)",
@@ -169,6 +172,7 @@ async def run(config: BrokerConfig) -> None:
             + [f"{http}://{host}:{port}" for host, port in listening.http]
             + [f"metrics {http}://{host}:{port}/metrics" for host, port in listening.metrics]
             + [f"kafka {host}:{port}" for host, port in listening.kafka]
+            + [f"kafka+ssl {host}:{port}" for host, port in listening.kafka_tls]
         )
         # Handle the signals before saying "ready": a SIGTERM right after READY=1 (a service
         # manager stopping what it just started) is a graceful shutdown, not a kill.

@@ -45,7 +45,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS = ("text", "json")
 PLACEMENTS = ("spread", "colocate")  # tqbroker.cluster.placement's policies
 # The keys whose "off" form (None in Python; "off" or false in a file) disables something.
-OFF_KEYS = ("http_port", "metrics_port", "kafka_port", "consumer_timeout_ms")
+OFF_KEYS = ("http_port", "metrics_port", "kafka_port", "kafka_tls_port", "consumer_timeout_ms")
 
 
 class SettingError(ValueError):
@@ -230,12 +230,19 @@ def _disk_limit(_instance: object, _attribute: object, value: float | str) -> No
 
 
 DEFAULT_KAFKA_PORT = 9092
+DEFAULT_KAFKA_TLS_PORT = 9093
 
 
 def _follow_amqp_port(config: BrokerConfig) -> int | None:
     """The Kafka listener's port when none is given: ephemeral when the AMQP port is, else
     Kafka's 9092."""
     return 0 if config.port == 0 else DEFAULT_KAFKA_PORT
+
+
+def _follow_amqp_port_tls(config: BrokerConfig) -> int | None:
+    """The Kafka TLS listener's port when none is given: ephemeral when the AMQP port is,
+    else 9093."""
+    return 0 if config.port == 0 else DEFAULT_KAFKA_TLS_PORT
 
 
 def _follow_http_port(config: BrokerConfig) -> int | None:
@@ -332,6 +339,16 @@ class BrokerConfig:
         default=attrs.Factory(_follow_amqp_port, takes_self=True),
         validator=_port,
     )
+    # The Kafka listener over TLS (Kafka's SSL and SASL_SSL), with the ``[tls]`` certificate,
+    # when there is one: 0 = an ephemeral port, None = off. Unless given, ephemeral when
+    # ``port`` is, else 9093.
+    kafka_tls_port: int | None = attrs.field(
+        default=attrs.Factory(_follow_amqp_port_tls, takes_self=True),
+        validator=_port,
+    )
+    # The largest Kafka request (its size prefix; Kafka's socket.request.max.bytes): a larger
+    # one closes the connection.
+    kafka_max_request_bytes: int = attrs.field(default=100 * 1024 * 1024, validator=_between(1024))
     # The address the Kafka listener gives clients in Metadata and FindCoordinator, "host:port"
     # (Kafka's advertised.listeners: behind a proxy or NAT); None: the address each client
     # connected to.

@@ -2,14 +2,11 @@
 ports): bootstrap (ApiVersions, Metadata), produce with keys, headers and timestamps (its
 default idempotent producer: InitProducerId, acks=all), consume from the earliest and from an
 offset, offsets by time; and one set of streams for both protocols: what a Kafka producer
-writes pika reads with its offset, what pika publishes a Kafka consumer fetches. A connection
-that sends an API the listener does not serve is closed (Kafka's ``SocketServer``) while a
-canary client keeps working."""
+writes pika reads with its offset, what pika publishes a Kafka consumer fetches. Bad requests
+are ``test_bad_requests.py``'s."""
 
 from __future__ import annotations
 
-import socket
-import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,8 +17,6 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import InvalidRecordError
 
 from tests.kafka_listener.clients import consume
-from tests.kafka_listener.raw import call
-from tqbroker.protocol.kafka.records import batch_of, encode_batch
 from tqbroker.testing import RunningBroker, running_broker
 
 pytestmark = pytest.mark.timeout(120)
@@ -127,34 +122,6 @@ def test_one_set_of_streams_for_both_protocols(broker: RunningBroker) -> None:
     assert got[1].headers == [("h", b"2")]
 
 
-def request(api_key: int, version: int, correlation: int, body: bytes = b"") -> bytes:
-    header = struct.pack(">hhih", api_key, version, correlation, 1) + b"c"
-    frame = header + body
-    return struct.pack(">i", len(frame)) + frame
-
-
-def test_an_api_not_served_closes_that_connection_only(broker: RunningBroker) -> None:
-    """Kafka closes a connection whose request it cannot parse (``SocketServer.scala``); an
-    ApiVersions at a version not served is answered with UNSUPPORTED_VERSION (35) in a v0
-    body (``ApiVersionsRequest.java``)."""
-    topic(broker, "kp-canary", 1)
-    host, port = broker.kafka_bootstrap.split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as bad:
-        bad.sendall(request(999, 0, 1))
-        assert bad.recv(100) == b""  # closed
-    with socket.create_connection((host, int(port)), timeout=10) as old:
-        old.sendall(request(18, 99, 2))
-        reply = old.recv(1000)
-        size, correlation, error = struct.unpack(">iih", reply[:10])
-        assert (correlation, error) == (2, 35)
-        assert size == len(reply) - 4
-    canary = KafkaConsumer(bootstrap_servers=broker.kafka_bootstrap)
-    try:
-        assert "kp-canary" in canary.topics()
-    finally:
-        canary.close()
-
-
 def test_a_record_the_stream_cannot_take_is_invalid_record(broker: RunningBroker) -> None:
     """A key that is not UTF-8 or is over 255 bytes (an AMQP routing key is a short string),
     or a header name over 255 bytes: the batch is refused with INVALID_RECORD (87, Kafka's
@@ -171,36 +138,3 @@ def test_a_record_the_stream_cannot_take_is_invalid_record(broker: RunningBroker
         producer.close()
     (record,) = consume(broker, "kp-bad", 1)
     assert (record.offset, record.key, record.value) == (0, b"k" * 255, b"ok")
-
-
-def produce_one(topic_name: str, partition: int, records: bytes) -> dict[str, Any]:
-    return {
-        "acks": -1,
-        "timeout_ms": 5000,
-        "topic_data": [
-            {"name": topic_name, "partition_data": [{"index": partition, "records": records}]}
-        ],
-    }
-
-
-def test_bad_batches_get_kafkas_error_codes(broker: RunningBroker) -> None:
-    """A batch whose CRC fails is CORRUPT_MESSAGE (2, ``UnifiedLog.scala``), a partition or a
-    topic that does not exist UNKNOWN_TOPIC_OR_PARTITION (3); nothing is written, and the
-    partition takes a good batch afterwards."""
-    topic(broker, "kp-raw", 1)
-    good = encode_batch(batch_of([(b"k", b"v", [], 5)], 0))
-    damaged = bytearray(good)
-    damaged[-1] ^= 0xFF
-    for name, partition, records, code in [
-        ("kp-raw", 0, bytes(damaged), 2),
-        ("kp-raw", 5, good, 3),
-        ("kp-none", 0, good, 3),
-        ("kp-raw", 0, good, 0),
-    ]:
-        reply = call(broker.kafka_bootstrap, 0, 7, produce_one(name, partition, records))
-        (answer,) = reply["responses"][0]["partition_responses"]
-        assert answer["error_code"] == code, (name, partition)
-    assert answer["base_offset"] == 0  # the damaged batch took no offset
-    invalid_acks = {**produce_one("kp-raw", 0, good), "acks": 2}
-    reply = call(broker.kafka_bootstrap, 0, 7, invalid_acks)
-    assert reply["responses"][0]["partition_responses"][0]["error_code"] == 21

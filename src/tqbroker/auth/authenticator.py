@@ -13,7 +13,10 @@
   a backend that cannot answer refuses the login without counting it against the address;
 - ``loopback_users`` (RabbitMQ's broker setting, default ``["guest"]``) checked against the
   PEER address (``is_loopback``: 127.0.0.0/8, ``::1``, and IPv4-mapped 127.0.0.0/8);
-- every refusal answered after ``failure_delay`` seconds (a sleeping task costs no CPU).
+- every refusal answered after ``failure_delay`` seconds (a sleeping task costs no CPU);
+- SCRAM (a login that proves a password without sending it: ``scram.py``): ``scram_credential``
+  finds the internal user's credential (under the same allowance), the caller checks the
+  proof, and ``scram_login`` counts a failure or checks the loopback rule on a success.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from typing import NoReturn
 import trio
 
 from .backends import AuthBackendError, AuthChain
+from .internal import InternalBackend
 from .model import AuthUser, Peer
+from .scram import ScramCredential
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,10 @@ INVALID_CREDENTIALS = "invalid credentials"
 LOOPBACK_ONLY = "can only connect via localhost"
 RATE_LIMITED = "too many failed logins for this user from this address"
 BACKEND_UNAVAILABLE = "no auth backend could answer"
+NO_SCRAM_CREDENTIALS = (
+    "no SCRAM credentials (an unknown user, or one whose password was not set through "
+    "tqbroker: set it again to log in with SCRAM, or use PLAIN)"
+)
 
 
 class LoginRefused(Exception):
@@ -137,6 +146,33 @@ class Authenticator:
             await self._refuse(username, INVALID_CREDENTIALS, peer, source)
         if username in self.loopback_users and not is_loopback(peer.host):
             await self._refuse(username, LOOPBACK_ONLY, peer, source, count=False)
+        return user
+
+    async def scram_credential(
+        self, username: str, mechanism: str, peer: Peer
+    ) -> tuple[AuthUser, ScramCredential]:
+        """The internal user ``username`` and its ``mechanism`` credential, to check a SCRAM
+        proof against; LoginRefused (after ``failure_delay``) for a source over its
+        allowance, or an unknown user or one without that credential (counted, as a wrong
+        password is)."""
+        source = self._digest(f"{peer.host}\0{username}")
+        if not self.buckets.allows(source):
+            await self._refuse(username, RATE_LIMITED, peer, source, count=False)
+        internal = self.chain.backends.get("internal")
+        user = internal.db.get(username) if isinstance(internal, InternalBackend) else None
+        credential = None if user is None else user.scram_credential(mechanism)
+        if user is None or credential is None:
+            await self._refuse(username, NO_SCRAM_CREDENTIALS, peer, source)
+        return AuthUser(user.name, user.tags, "internal"), credential
+
+    async def scram_login(self, user: AuthUser, proved: bool, peer: Peer) -> AuthUser:
+        """The end of a SCRAM login whose proof the caller checked: ``user``, or LoginRefused
+        (after ``failure_delay``; a wrong proof counted against the source)."""
+        source = self._digest(f"{peer.host}\0{user.name}")
+        if not proved:
+            await self._refuse(user.name, INVALID_CREDENTIALS, peer, source)
+        if user.name in self.loopback_users and not is_loopback(peer.host):
+            await self._refuse(user.name, LOOPBACK_ONLY, peer, source, count=False)
         return user
 
     def _digest(self, text: str) -> bytes:

@@ -21,6 +21,7 @@ import trio
 from ..storage_env import StorageEnv
 from .model import AuthUser, Peer, Permission, PermissionKind, ResourceKind, TopicPermission, User
 from .passwords import DEFAULT_ALGORITHM, DUMMY_HASH, HashError, check_password, validate_hash
+from .scram import credentials_json, parse_credentials
 
 USERS_FILE = "users.json"
 
@@ -153,7 +154,10 @@ class UserDb:
         return {
             "users": []
             if vhost is not None
-            else [user_json(u, with_hash=True, limits=self.limits.get(u.name)) for u in self.all()],
+            else [
+                user_json(u, with_hash=True, with_scram=True, limits=self.limits.get(u.name))
+                for u in self.all()
+            ],
             "permissions": [
                 permission_json(u, v, p) for u, v, p in self.permissions_of(vhost=vhost)
             ],
@@ -209,13 +213,21 @@ class UserDb:
 
 
 def user_json(
-    user: User, *, with_hash: bool, limits: Mapping[str, int] | None = None
+    user: User,
+    *,
+    with_hash: bool,
+    with_scram: bool = False,
+    limits: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """A user as RabbitMQ's definitions and ``/api/users`` show it (the hash only if asked)."""
+    """A user as RabbitMQ's definitions and ``/api/users`` show it (the hash only if asked).
+    ``with_scram`` (the stored users and definitions exports) adds its SCRAM credentials as
+    ``scram_credentials``, a key RabbitMQ's import does not read (it takes the hash)."""
     shown: dict[str, Any] = {"name": user.name}
     if with_hash:
         shown["password_hash"] = user.password_hash
         shown["hashing_algorithm"] = user.hashing_algorithm
+    if with_scram and user.scram:
+        shown["scram_credentials"] = credentials_json(user.scram)
     shown["tags"] = sorted(user.tags)
     shown["limits"] = dict(limits or {})
     return shown
@@ -260,15 +272,24 @@ def _text(entry: Mapping[str, Any], key: str, where: str, default: str | None = 
 
 
 def parse_user(entry: Mapping[str, Any]) -> User:
+    """A users entry: ``password_hash`` (and ``scram_credentials`` from a tqbroker export), or
+    a plain-text ``password`` (as RabbitMQ's import takes it), hashed here."""
     name = _text(entry, "name", "users entry")
     where = f"user '{name}'"
     algorithm = _text(entry, "hashing_algorithm", where, DEFAULT_ALGORITHM)
+    tags = parse_tags(entry.get("tags", []))
+    if "password" in entry and "password_hash" not in entry:
+        try:
+            return User.with_password(name, _text(entry, "password", where), tags, algorithm)
+        except HashError as exc:
+            raise UserDbError(f"{where}: {exc}") from None
     password_hash = _text(entry, "password_hash", where, "")
     try:
         validate_hash(password_hash, algorithm)
-    except HashError as exc:
+        scram = parse_credentials(entry.get("scram_credentials", {}))
+    except ValueError as exc:
         raise UserDbError(f"{where}: {exc}") from None
-    return User(name, password_hash, algorithm, parse_tags(entry.get("tags", [])))
+    return User(name, password_hash, algorithm, tags, scram)
 
 
 def parse_permission(

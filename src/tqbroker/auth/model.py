@@ -15,7 +15,8 @@ from typing import Literal
 
 import attrs
 
-from .passwords import DEFAULT_ALGORITHM
+from .passwords import DEFAULT_ALGORITHM, hash_password
+from .scram import ScramCredential, credentials_for
 
 ResourceKind = Literal["queue", "exchange", "topic"]
 PermissionKind = Literal["configure", "write", "read"]
@@ -47,6 +48,10 @@ def _tags(value: Iterable[str]) -> frozenset[str]:
     return frozenset(value)
 
 
+def _credentials(value: Iterable[ScramCredential]) -> tuple[ScramCredential, ...]:
+    return tuple(value)
+
+
 def _pattern(value: str) -> str:
     compile_pattern(value)
     return value
@@ -55,12 +60,31 @@ def _pattern(value: str) -> str:
 @attrs.frozen
 class User:
     """A user of the internal database. ``password_hash`` is RabbitMQ's format (passwords.py);
-    ``""`` means no password (only EXTERNAL, a client certificate, logs the user in)."""
+    ``""`` means no password (only EXTERNAL, a client certificate, logs the user in). ``scram``:
+    its SCRAM credentials (scram.py), made when its password was set through tqbroker (a user
+    imported with a RabbitMQ hash alone has none: no SCRAM login)."""
 
     name: str
     password_hash: str = attrs.field(default="", repr=False)
     hashing_algorithm: str = DEFAULT_ALGORITHM
     tags: frozenset[str] = attrs.field(default=frozenset(), converter=_tags)
+    scram: tuple[ScramCredential, ...] = attrs.field(default=(), repr=False, converter=_credentials)
+
+    @classmethod
+    def with_password(
+        cls,
+        name: str,
+        password: str,
+        tags: Iterable[str] = (),
+        algorithm: str = DEFAULT_ALGORITHM,
+    ) -> User:
+        """A user whose plain-text ``password`` is set: its hash and SCRAM credentials."""
+        return cls(
+            name, hash_password(password, algorithm), algorithm, tags, credentials_for(password)
+        )
+
+    def scram_credential(self, mechanism: str) -> ScramCredential | None:
+        return next((c for c in self.scram if c.mechanism == mechanism), None)
 
 
 @attrs.frozen

@@ -18,7 +18,6 @@ from ..auth import (
     User,
     UserDb,
     UserDbError,
-    hash_password,
     load_chain,
 )
 from ..config import DEFAULT_USERS, BrokerConfig, PermissionConfig, UserConfig
@@ -27,11 +26,11 @@ from .definitions import StartupError
 
 
 def user_from_config(entry: UserConfig) -> User:
-    """The user a ``[[users]]`` entry describes (a plain-text password hashed here)."""
+    """The user a ``[[users]]`` entry describes (a plain-text password hashed here, and its
+    SCRAM credentials made)."""
     if entry.password is not None:
-        password_hash = hash_password(entry.password, entry.hashing_algorithm)
-    else:
-        password_hash = entry.password_hash or ""
+        return User.with_password(entry.name, entry.password, entry.tags, entry.hashing_algorithm)
+    password_hash = entry.password_hash or ""
     return User(entry.name, password_hash, entry.hashing_algorithm, frozenset(entry.tags))
 
 

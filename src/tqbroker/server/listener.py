@@ -4,7 +4,9 @@ Responsibilities:
 - start the broker (queue actors), and in a cluster its node (``clustering.py``: caught up
   with the cluster before any listener opens), bind the AMQP listeners (plaintext, and amqps when
   ``[tls]`` has a certificate: ``tls.py``; ``tls.only`` leaves out the plaintext one) and start
-  the HTTP API (``server/http/``; HTTPS with ``tls.http``), then report the bound addresses
+  the HTTP API (``server/http/``; HTTPS with ``tls.http``), the Kafka listener
+  (``kafka_port``) and, with a ``[tls]`` certificate, the Kafka TLS one (``kafka_tls_port``;
+  its handshake as amqps', with the same contexts), then report the bound addresses
   (``Listening``) through the Trio start protocol;
 - at most ``max_pending_handshakes_per_address`` connections per source address in their
   handshake (``admission.py``; amqps ones from before their TLS handshake); more are closed at
@@ -63,6 +65,7 @@ class Listening:
     amqps: list[Address] = attrs.field(factory=list)
     tls: ServerTls | None = attrs.field(default=None, eq=False, repr=False)
     kafka: list[Address] = attrs.field(factory=list)
+    kafka_tls: list[Address] = attrs.field(factory=list)
 
 
 async def serve(
@@ -100,13 +103,18 @@ async def serve(
         kafka_listeners: list[trio.SocketListener] = []
         if config.kafka_port is not None:
             kafka_listeners = await open_listeners(config.kafka_port, config.host)
+        kafka_tls_listeners: list[trio.SocketListener] = []
+        if tls is not None and config.kafka_tls_port is not None:
+            kafka_tls_listeners = await open_listeners(config.kafka_tls_port, config.host)
         addresses, tls_addresses = _bound(listeners), _bound(tls_listeners)
-        kafka_addresses = _bound(kafka_listeners)
+        kafka_addresses, kafka_tls_addresses = _bound(kafka_listeners), _bound(kafka_tls_listeners)
         kafka = KafkaService(broker)
-        if kafka_listeners:
+        if kafka_listeners or kafka_tls_listeners:
             await broker_nursery.start(kafka.run)
         for host, port in kafka_addresses:
             log.info("tqbroker listening for Kafka clients on %s:%d", host, port)
+        for host, port in kafka_tls_addresses:
+            log.info("tqbroker listening for Kafka clients over TLS on %s:%d", host, port)
         for host, port in addresses:
             log.info("tqbroker %s listening for AMQP on %s:%d", broker.config.host, host, port)
         for host, port in tls_addresses:
@@ -114,6 +122,7 @@ async def serve(
         connections.listeners += [("amqp", host, port) for host, port in addresses]
         connections.listeners += [("amqp/ssl", host, port) for host, port in tls_addresses]
         connections.listeners += [("kafka", host, port) for host, port in kafka_addresses]
+        connections.listeners += [("kafka/ssl", host, port) for host, port in kafka_tls_addresses]
         http: list[Address] = []
         if config.http_port is not None:
             http = await broker_nursery.start(
@@ -147,13 +156,18 @@ async def serve(
             advertise(node, config, addresses or tls_addresses, http)
         admission = HandshakeAdmission(config.max_pending_handshakes_per_address)
 
-        async def handle_tls(stream: trio.SocketStream) -> None:
+        async def accept_tls(
+            stream: trio.SocketStream,
+        ) -> tuple[trio.SSLStream[trio.SocketStream], str | None, Ticket, float] | None:
+            """The TLS handshake of an accepted connection (amqps, Kafka's TLS port) under the
+            admission limit: the TLS stream, its certificate's user, its admission ticket and
+            its handshake deadline; None (the socket closed) if it failed."""
             assert tls is not None
             peer = peer_address(stream.socket)
             ticket = admission.admit(peer[0])
             if ticket is None:  # too many connections from there are in their handshake
                 await trio.aclose_forcefully(stream)
-                return
+                return None
             deadline = trio.current_time() + config.handshake_timeout
             try:
                 accepted = await tls.accept(stream, deadline, text(peer))
@@ -163,8 +177,21 @@ async def serve(
                 accepted = None
             if accepted is None:
                 ticket.release()
-                return
-            await handle(accepted[0], ticket, peer_username=accepted[1], deadline=deadline)
+                return None
+            return accepted[0], accepted[1], ticket, deadline
+
+        async def handle_tls(stream: trio.SocketStream) -> None:
+            accepted = await accept_tls(stream)
+            if accepted is not None:
+                tls_stream, username, ticket, deadline = accepted
+                await handle(tls_stream, ticket, peer_username=username, deadline=deadline)
+
+        async def handle_kafka_tls(stream: trio.SocketStream) -> None:
+            accepted = await accept_tls(stream)
+            if accepted is not None:
+                tls_stream, username, ticket, _deadline = accepted
+                ticket.release()  # a Kafka connection's handshake is its TLS one
+                await kafka.handle(tls_stream, username)
 
         async def handle_plain(stream: trio.SocketStream) -> None:
             ticket = admission.admit(peer_address(stream.socket)[0])
@@ -205,6 +232,7 @@ async def serve(
                     (handle_plain, listeners, "AMQP"),
                     (handle_tls, tls_listeners, "amqps"),
                     (kafka.handle, kafka_listeners, "Kafka"),
+                    (handle_kafka_tls, kafka_tls_listeners, "Kafka TLS"),
                 ):
                     if bound:
                         serving = functools.partial(
@@ -216,7 +244,16 @@ async def serve(
                         )
                         accept_nursery.start_soon(serving)
                 task_status.started(
-                    Listening(addresses, http, metrics, broker, tls_addresses, tls, kafka_addresses)
+                    Listening(
+                        addresses,
+                        http,
+                        metrics,
+                        broker,
+                        tls_addresses,
+                        tls,
+                        kafka_addresses,
+                        kafka_tls_addresses,
+                    )
                 )
                 if shutdown is None:
                     await trio.sleep_forever()

@@ -44,7 +44,8 @@ class RunningBroker:
     http_port: int | None = None
     metrics_port: int | None = None
     broker: Broker | None = attrs.field(default=None, eq=False, repr=False)
-    # Every address it listens on (amqps and HTTPS too, when the config has ``[tls]``).
+    # Every address it listens on (amqps, HTTPS and Kafka's TLS port too, when the config has
+    # ``[tls]``).
     listening: Listening | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
@@ -65,9 +66,13 @@ class RunningBroker:
     def kafka_bootstrap(self) -> str:
         """The Kafka listener's ``host:port`` (a Kafka client's ``bootstrap_servers``)."""
         assert self.listening is not None
-        assert self.listening.kafka, "no Kafka listener"
-        host, port = self.listening.kafka[0]
-        return f"{host}:{port}"
+        return _first(self.listening.kafka, "no Kafka listener")
+
+    @property
+    def kafka_tls_bootstrap(self) -> str:
+        """The Kafka TLS listener's ``host:port`` (with a ``[tls]`` certificate)."""
+        assert self.listening is not None
+        return _first(self.listening.kafka_tls, "no Kafka TLS listener (no [tls] certificate?)")
 
     @classmethod
     def at(cls, listening: Listening) -> RunningBroker:
@@ -80,6 +85,12 @@ class RunningBroker:
             listening.broker,
             listening,
         )
+
+
+def _first(addresses: list[tuple[str, int]], missing: str) -> str:
+    assert addresses, missing
+    host, port = addresses[0]
+    return f"{host}:{port}"
 
 
 DURABLE_BACKEND_ENV = "TQBROKER_TEST_DURABLE_BACKEND"
@@ -103,6 +114,8 @@ def _isolated(config: BrokerConfig | None, data_dir: str) -> BrokerConfig:
         config = attrs.evolve(config, metrics_port=0)
     if config.kafka_port == defaults.kafka_port:
         config = attrs.evolve(config, kafka_port=0)
+    if config.kafka_tls_port == defaults.kafka_tls_port:
+        config = attrs.evolve(config, kafka_tls_port=0)
     if config.data_dir == defaults.data_dir:
         config = attrs.evolve(config, data_dir=Path(data_dir))
     if config.durable_backend == defaults.durable_backend:

@@ -29,7 +29,6 @@ from ...auth.passwords import (
     ALGORITHMS,
     DEFAULT_ALGORITHM,
     HashError,
-    hash_password,
     validate_hash,
 )
 from .auth import broker_of
@@ -106,7 +105,7 @@ def _user_from(name: str, body: dict[str, Any]) -> User:
     if password is not None:
         if not isinstance(password, str):
             raise bad_request("password must be a string")
-        return User(name, hash_password(password), DEFAULT_ALGORITHM, tags)
+        return User.with_password(name, password, tags)
     if password_hash is None:
         return User(name, "", DEFAULT_ALGORITHM, tags)  # no password: only EXTERNAL logs in
     algorithm = body.get("hashing_algorithm", DEFAULT_ALGORITHM)

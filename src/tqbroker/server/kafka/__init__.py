@@ -28,9 +28,14 @@ class KafkaService:
         task_status.started()
         await self.groups.run()
 
-    async def handle(self, stream: trio.SocketStream) -> None:
-        """Serve one Kafka connection until it ends; a bug in it costs it alone."""
-        connection = KafkaConnection(self.broker, self.groups, stream)
+    async def handle(
+        self,
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+        certificate_username: str | None = None,
+    ) -> None:
+        """Serve one Kafka connection (over TLS: after its handshake, with the user its
+        verified client certificate names) until it ends; a bug in it costs it alone."""
+        connection = KafkaConnection(self.broker, self.groups, stream, certificate_username)
         try:
             await connection.run()
         except* Exception as group:

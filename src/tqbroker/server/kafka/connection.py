@@ -4,9 +4,10 @@ answers a connection's requests in the order they came).
 A request that does not decode, or names an API or version not served, closes the connection,
 as Kafka's ``SocketServer`` does; ApiVersions at a version not served is answered with
 ``UNSUPPORTED_VERSION`` and the served ranges in a version 0 body (``RequestContext``), which
-is how clients learn what to speak. A request over ``MAX_REQUEST_BYTES`` (Kafka's
-``socket.request.max.bytes``) closes the connection too. A handler's bug costs this connection
-only.
+is how clients learn what to speak. A size prefix that is negative or over
+``kafka_max_request_bytes`` (Kafka's ``socket.request.max.bytes``, 100 MiB) closes the
+connection too, as Kafka's ``NetworkReceive`` refuses it (``InvalidReceiveException``). A
+handler's bug costs this connection only.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from ...protocol.kafka.requests import (
     decode_request,
     encode_response,
 )
-from . import admin, fetch, group_listing, group_offsets, handlers, produce
+from ..addresses import local_address, peer_address, socket_of, text
+from . import admin, fetch, group_listing, group_offsets, handlers, produce, sasl
 from .groups import GroupCoordinator
 from .session import KafkaSession
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024
 RECEIVE_BYTES: Final = 256 * 1024
 # Answered before a login: what a client asks first (its versions), and SASL later.
 SASL_HANDSHAKE: Final = 17
@@ -78,38 +79,45 @@ HANDLERS: Mapping[int, Handler] = {
     14: _sync_group,
     15: group_listing.describe_groups,
     16: group_listing.list_groups,
-    17: handlers.sasl_handshake,
+    17: sasl.sasl_handshake,
     18: _api_versions,
     19: admin.create_topics,
     20: admin.delete_topics,
     22: handlers.init_producer_id,
     32: admin.describe_configs,
-    36: handlers.sasl_authenticate,
+    36: sasl.sasl_authenticate,
     37: admin.create_partitions,
     44: admin.incremental_alter_configs,
 }
 
 
 class KafkaConnection:
-    def __init__(self, broker: Broker, groups: GroupCoordinator, stream: trio.SocketStream) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        groups: GroupCoordinator,
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+        certificate_username: str | None = None,
+    ) -> None:
         self.stream = stream
-        peer, local = stream.socket.getpeername(), stream.socket.getsockname()
-        self.peer = f"{peer[0]}:{peer[1]}"
-        self.session = KafkaSession(broker, groups, (peer[0], peer[1]), (local[0], local[1]))
+        sock = socket_of(stream)
+        peer = peer_address(sock)
+        self.peer = text(peer)
+        self.max_request_bytes = broker.config.kafka_max_request_bytes
+        self.session = KafkaSession(broker, groups, peer, local_address(sock), certificate_username)
 
     async def run(self) -> None:
         buffer = bytearray()
         try:
             while True:
-                while len(buffer) < 4 or len(buffer) < 4 + int.from_bytes(buffer[:4], "big"):
-                    if len(buffer) >= 4 and int.from_bytes(buffer[:4], "big") > MAX_REQUEST_BYTES:
-                        log.info("kafka %s: a request over %d bytes", self.peer, MAX_REQUEST_BYTES)
-                        return
+                size = await self._receive_size(buffer)
+                if size is None:
+                    return
+                while len(buffer) < 4 + size:
                     data = await self.stream.receive_some(RECEIVE_BYTES)
                     if not data:
                         return
                     buffer += data
-                size = int.from_bytes(buffer[:4], "big")
                 frame = bytes(buffer[4 : 4 + size])
                 del buffer[: 4 + size]
                 response = await self._answer(frame)
@@ -126,6 +134,26 @@ class KafkaConnection:
             return
         finally:
             await trio.aclose_forcefully(self.stream)
+
+    async def _receive_size(self, buffer: bytearray) -> int | None:
+        """The next request's size prefix (an INT32), received into ``buffer`` if need be;
+        None when the client closed, or sent a size that is negative or over the limit (closed
+        before its body is read, as Kafka's ``NetworkReceive`` refuses it)."""
+        while len(buffer) < 4:
+            data = await self.stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return None
+            buffer += data
+        size = int.from_bytes(buffer[:4], "big", signed=True)
+        if not 0 <= size <= self.max_request_bytes:
+            log.info(
+                "kafka %s: a request size of %d (not 0..%d): closing",
+                self.peer,
+                size,
+                self.max_request_bytes,
+            )
+            return None
+        return size
 
     async def _answer(self, frame: bytes) -> bytes | None:
         try:
@@ -152,8 +180,9 @@ class KafkaConnection:
             if session.mechanism is not None:  # a SASL handshake, and no login after it
                 log.info("kafka %s: %r before its SASL login: closing", self.peer, header)
                 raise _Close
-            if not await session.log_in_anonymously():
-                log.info("kafka %s: an anonymous connection is not allowed from there", self.peer)
+            refused = await session.log_in_without_sasl()
+            if refused is not None:
+                log.info("kafka %s: a connection without SASL refused: %s", self.peer, refused)
                 raise _Close
         self.session.client_id = header.client_id or ""
         answer = await handler(self.session, body, header.api_version)

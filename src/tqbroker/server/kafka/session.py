@@ -1,8 +1,10 @@
 """One Kafka connection's session: who it is (the user its login gave), where it is (a vhost,
 its peer and local addresses) and the stream service it reaches topics through.
 
-A connection logs in with SASL PLAIN (SaslHandshake v1, then SaslAuthenticate: the broker's
-users and authentication backends, as an AMQP PLAIN login). One that does not authenticate
+A connection logs in with SASL (``sasl.py``: PLAIN against the broker's users and
+authentication backends, as an AMQP PLAIN login; SCRAM against the internal users' SCRAM
+credentials), or by its TLS client certificate (a verified one that names a user, as AMQP's
+EXTERNAL; Kafka's SSL listener takes the certificate's principal). One that does not authenticate
 (Kafka's PLAINTEXT listener, no SASL) acts as the ``guest`` user when its peer is on
 loopback, as RabbitMQ lets ``guest`` in only from loopback; from elsewhere it is refused."""
 
@@ -12,6 +14,7 @@ from collections.abc import Iterable
 
 from ...auth import AuthUser, Peer
 from ...auth.authenticator import LoginRefused
+from ...auth.scram import ScramServer
 from ...broker.broker import Broker
 from ...broker.streams.service import StreamService
 from ...broker.vhost import VirtualHost
@@ -26,7 +29,12 @@ Address = tuple[str, int]
 
 class KafkaSession:
     def __init__(
-        self, broker: Broker, groups: GroupCoordinator, peer: Address, local_address: Address
+        self,
+        broker: Broker,
+        groups: GroupCoordinator,
+        peer: Address,
+        local_address: Address,
+        certificate_username: str | None = None,
     ) -> None:
         self.broker = broker
         self.groups = groups
@@ -41,32 +49,37 @@ class KafkaSession:
         self.user: AuthUser | None = None
         self.client_id = ""  # the current request's
         self.mechanism: str | None = None  # the SASL mechanism of a handshake, until its login
+        self.scram: ScramServer | None = None  # a SCRAM login under way
+        self.scram_user: AuthUser | None = None  # whose credential it checks the proof against
+        self.certificate_username = certificate_username  # a verified TLS client certificate's
         vhost = broker.vhosts[DEFAULT_VHOST]
         self.vhost: VirtualHost = vhost
         self.service = StreamService(vhost)
 
-    async def log_in_anonymously(self) -> bool:
-        """Act as ``guest`` (a loopback peer only); False if refused."""
-        try:
-            self.user = await self.broker.authenticator.login(
-                ANONYMOUS_USER, None, Peer(self.peer[0], self.peer[1])
-            )
-        except LoginRefused:
-            return False
-        chain = self.broker.authenticator.chain
-        return await chain.check_vhost(self.user, self.vhost.name, Peer(self.peer[0]))
+    async def log_in_without_sasl(self) -> str | None:
+        """Act as the user a verified TLS client certificate names, else as ``guest`` (a
+        loopback peer only); None, or why it was refused."""
+        if self.certificate_username is not None:
+            return await self.log_in(self.certificate_username, None)
+        return await self.log_in(ANONYMOUS_USER, None)
 
-    async def log_in(self, username: str, password: str) -> str | None:
-        """A SASL PLAIN login; None, or why it was refused (RabbitMQ's words)."""
+    async def log_in(self, username: str, password: str | None) -> str | None:
+        """A login (SASL PLAIN; ``password`` None: the certificate's user, or guest); None, or
+        why it was refused (RabbitMQ's words)."""
         try:
             user = await self.broker.authenticator.login(
                 username, password, Peer(self.peer[0], self.peer[1])
             )
         except LoginRefused as exc:
             return str(exc)
+        return await self.admit(user)
+
+    async def admit(self, user: AuthUser) -> str | None:
+        """Make an authenticated ``user`` the session's if it may use the vhost; None, or why
+        not."""
         chain = self.broker.authenticator.chain
         if not await chain.check_vhost(user, self.vhost.name, Peer(self.peer[0])):
-            return f"user '{username}' has no access to vhost '{self.vhost.name}'"
+            return f"user '{user.name}' has no access to vhost '{self.vhost.name}'"
         self.user = user
         return None
 
