@@ -17,10 +17,13 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from tqbroker.protocol.kafka.records import (
     CorruptBatch,
     Header,
+    InvalidRecord,
     RecordBatch,
+    RecordTooLarge,
     UnsupportedCompression,
     UnsupportedMagic,
     batch_of,
+    check_batch,
     decode_batch,
     decode_batches,
     encode_batch,
@@ -97,6 +100,45 @@ def test_a_damaged_byte_is_a_corrupt_batch(drawn: list[Any], data: st.DataObject
     raw[at] ^= data.draw(st.integers(1, 255))
     with pytest.raises(CorruptBatch):
         decode_batch(bytes(raw))
+    with pytest.raises(CorruptBatch):
+        check_batch(bytes(raw), max_value=1 << 20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(records, st.integers(0, 2**40), st.integers(0, 12), st.integers(0, 30))
+def test_a_produce_check_agrees_with_the_decoder(
+    drawn: list[Any], base: int, max_name: int, max_value: int
+) -> None:
+    """``check_batch`` (a produce's walk, building nothing) takes what ``decode_batch``
+    decodes, refusing exactly the keys and header names over ``max_name`` bytes or not UTF-8
+    and the values over ``max_value``; its header is the decoded batch's."""
+    raw = kafka_python_batch(base, drawn, (7, 2, 100))
+    batch = decode_batch(raw)
+    names = [r.key or b"" for r in batch.records] + [
+        h.key.encode() for r in batch.records for h in r.headers
+    ]
+
+    def text(name: bytes) -> bool:
+        try:
+            name.decode()
+        except UnicodeDecodeError:
+            return False
+        return True
+
+    bad_name = any(len(n) > max_name or not text(n) for n in names)
+    too_large = any(len(r.value or b"") > max_value for r in batch.records)
+    try:
+        header = check_batch(raw, max_value=max_value, max_name=max_name)
+    except InvalidRecord:
+        assert bad_name
+    except RecordTooLarge:
+        assert too_large
+    else:
+        assert not bad_name
+        assert not too_large
+        assert header.record_count == len(batch.records)
+        assert header.max_timestamp == batch.max_timestamp
+        assert (header.producer_id, header.base_sequence) == (7, 100)
 
 
 def test_several_batches_and_a_trailing_partial_one() -> None:

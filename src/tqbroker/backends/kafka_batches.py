@@ -4,12 +4,12 @@ A Kafka producer's batch (record batch v2, maybe compressed) is stored as it was
 frame for all its records (``docs/storage-format.md``, format 3), so that a Kafka consumer is
 sent the stored bytes. Every other reader (AMQP consumers, the HTTP topic API, compaction)
 gets each record as the message a Kafka produce makes of it: the routing key the record's key
-(UTF-8, at most 255 bytes: ``check_records`` refuses others before anything is stored), the
+(UTF-8, at most 255 bytes), the
 body its value, its headers the ``headers`` table (each value a byte string), persistent, its
-timestamp the record's.
+timestamp the record's. A produce checks, before anything is stored, that each key and header
+name can be (``records.check_batch`` with ``MAX_NAME_BYTES``).
 
 Responsibilities:
-- ``check_records``: a batch's records can be stored (``ValueError`` says why not);
 - ``with_base_offset``: the batch's bytes at the offset the log gives it (Kafka's CRC does not
   cover the base offset, so nothing else changes);
 - ``record_messages``: each record's offset delta and message;
@@ -29,22 +29,6 @@ MAX_NAME_BYTES = 255  # a routing key's and a header name's (AMQP short strings)
 _PERSISTENT = BasicProperties(delivery_mode=2)
 _PERSISTENT_RAW = _PERSISTENT.encode()
 _BASE_OFFSET = struct.Struct(">q")
-
-
-def check_records(batch: RecordBatch) -> None:
-    """``ValueError`` for a record whose key is not UTF-8 or over 255 bytes or whose header
-    name is over 255 bytes (an AMQP routing key and header names are short strings), or whose
-    headers do not encode as an AMQP table."""
-    for record in batch.records:
-        key = record.key or b""
-        if len(key) > MAX_NAME_BYTES:
-            raise ValueError(f"a key of {len(key)} bytes (at most {MAX_NAME_BYTES})")
-        key.decode()  # UnicodeDecodeError is a ValueError
-        for header in record.headers:
-            if len(header.key.encode()) > MAX_NAME_BYTES:
-                raise ValueError(f"a header name over {MAX_NAME_BYTES} bytes")
-        if record.headers:
-            _properties(record)
 
 
 def with_base_offset(batch: bytes, offset: int) -> bytes:

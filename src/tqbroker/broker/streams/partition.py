@@ -54,7 +54,7 @@ from ...backends.streams import (
 )
 from ...model import Message
 from ...plugins.spec import Durability, GroupCommit
-from ...protocol.kafka.records import RecordBatch
+from ...protocol.kafka.records import BatchHeader, decode_batch
 from ..flusher import Flusher, Wakeable
 from .idempotence import RecentBatches
 
@@ -209,19 +209,19 @@ class Partition:
         return first, self._confirms(taken), error
 
     def append_kafka_batch(
-        self, exchange: str, batch: bytes, decoded: RecordBatch
+        self, exchange: str, batch: bytes, header: BatchHeader
     ) -> tuple[int, list[Durability], OSError | None]:
-        """Append a Kafka producer's batch (``batch``, its bytes as produced; ``decoded``, its
-        records checked by ``kafka_batches.check_records``) as ``append`` appends messages: kept
+        """Append a Kafka producer's batch (``batch``, its bytes as produced; ``header``, its
+        records checked by ``records.check_batch``) as ``append`` appends messages: kept
         as produced where the log can (``KafkaBatchLog``), as its records' messages elsewhere,
         and by a replica that forwards appends to its leader."""
         log = self._log
         gate = self.gate
         if not isinstance(log, KafkaBatchLog) or (gate is not None and gate.refusal()):
-            return self.append(messages_of(exchange, decoded))
+            return self.append(messages_of(exchange, decode_batch(batch)))
         first = log.next_offset
-        stamp = decoded.max_timestamp if decoded.max_timestamp > 0 else clock.now_ms()
-        taken, error = log.append_kafka_batch(exchange, batch, len(decoded.records), stamp)
+        stamp = header.max_timestamp if header.max_timestamp > 0 else clock.now_ms()
+        taken, error = log.append_kafka_batch(exchange, batch, header.record_count, stamp)
         return first, self._confirms(taken), error
 
     def _confirms(self, taken: int) -> list[Durability]:

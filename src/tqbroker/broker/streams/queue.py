@@ -52,7 +52,7 @@ from ...model import Message, with_long_header
 from ...plugins.spec import Durability
 from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, ReplyCode
-from ...protocol.kafka.records import RecordBatch
+from ...protocol.kafka.records import BatchHeader
 from ..arguments import QueueArguments
 from ..consumer import DELIVER_BATCH_BYTES, Consumer, EncodedDelivery
 from ..flusher import Flusher
@@ -278,11 +278,11 @@ class StreamQueue(Queue):
         return self._published(durabilities), error
 
     def publish_kafka_batch(
-        self, exchange: str, batch: bytes, decoded: RecordBatch
+        self, exchange: str, batch: bytes, header: BatchHeader
     ) -> tuple[list[Durability], Exception | None]:
         """Append a Kafka producer's batch as produced (``Partition.append_kafka_batch``), as
         ``publish_run`` appends its messages."""
-        _first, durabilities, error = self.partition.append_kafka_batch(exchange, batch, decoded)
+        _first, durabilities, error = self.partition.append_kafka_batch(exchange, batch, header)
         return self._published(durabilities), error
 
     def _published(self, durabilities: list[Durability]) -> list[Durability]:

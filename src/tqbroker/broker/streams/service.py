@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import trio
 
 from ...protocol.codec import FieldTable
-from ...protocol.kafka.records import RecordBatch
+from ...protocol.kafka.records import BatchHeader
 from ..queue import Queue
 from ..read_budget import Piece, ReadBody, ReadBudget
 from ..vhost import VirtualHost
@@ -118,7 +118,7 @@ class StreamService:
         return await topics.produce(self.vhost, topic, records, producer=producer)
 
     async def produce_kafka_batches(
-        self, topic: str, partition: int, batches: Sequence[tuple[bytes, RecordBatch]]
+        self, topic: str, partition: int, batches: Sequence[tuple[bytes, BatchHeader]]
     ) -> int:
         """Append Kafka record batches to a partition, each kept as produced; once durable,
         the first one's offset (``topics.produce_kafka_batches``)."""

@@ -43,7 +43,7 @@ from ...backends.streams import CorruptLogError
 from ...model import Message
 from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, DecodeError, ReplyCode
-from ...protocol.kafka.records import RecordBatch
+from ...protocol.kafka.records import BatchHeader
 from ...protocol.methods import BasicProperties
 from ..declaring import open_and_declare_queue
 from ..exchange import Exchange
@@ -294,10 +294,10 @@ async def produce(
 
 
 async def produce_kafka_batches(
-    vhost: VirtualHost, topic: str, partition: int, batches: Sequence[tuple[bytes, RecordBatch]]
+    vhost: VirtualHost, topic: str, partition: int, batches: Sequence[tuple[bytes, BatchHeader]]
 ) -> int:
     """Append Kafka record batches (each its bytes as produced and its records, checked by
-    ``kafka_batches.check_records``) to a partition, in order, each kept as produced
+    ``records.check_batch``) to a partition, in order, each kept as produced
     (``StreamQueue.publish_kafka_batch``); once they are durable, return the first one's
     offset. An idempotent producer's batch is checked against the producer's state
     (``idempotence.py``: a ``SequenceError`` refuses it and those after it); one written
@@ -311,9 +311,9 @@ async def produce_kafka_batches(
     first: int | None = None
     repeated = -1  # the last offset of the repeats answered: durable before the answer
     with Durability() as durability:
-        for raw, decoded in batches:
-            producer, count = decoded.producer_id, len(decoded.records)
-            epoch, sequence = decoded.producer_epoch, decoded.base_sequence
+        for raw, header in batches:
+            producer, count = header.producer_id, header.record_count
+            epoch, sequence = header.producer_epoch, header.base_sequence
             if producer >= 0:
                 state = stream.producer_state(state_key(producer))
                 duplicate = recent.check(state, producer, epoch, sequence, count)
@@ -324,7 +324,7 @@ async def produce_kafka_batches(
             if not target.accepting:
                 raise Unavailable(f"topic '{topic}': partition {partition} takes no records")
             offset = stream.log_end_offset
-            tickets, error = target.publish_kafka_batch(source, raw, decoded)
+            tickets, error = target.publish_kafka_batch(source, raw, header)
             if error is not None or not tickets:
                 raise Unavailable(f"topic '{topic}': partition storage cannot write")
             durability.add([ticket for ticket in tickets[-1:] if ticket is not None])

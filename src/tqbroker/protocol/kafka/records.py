@@ -21,7 +21,7 @@ from typing import Final, NamedTuple
 import google_crc32c
 
 from . import compression
-from .wire import Malformed, Reader, Writer
+from .wire import Malformed, Writer
 
 MAGIC: Final = 2
 # base offset i64, length i32, leader epoch i32, magic i8, crc u32
@@ -120,6 +120,142 @@ def decode_batches(data: bytes, max_size: int = MAX_DECOMPRESSED) -> list[Record
     return batches
 
 
+class InvalidRecord(Malformed):
+    """A record the caller's rules refuse (``check_batch``: a key or header name too long or
+    not UTF-8; Kafka's ``INVALID_RECORD``, 87)."""
+
+
+class RecordTooLarge(Malformed):
+    """A record whose value is over the caller's limit (Kafka's ``MESSAGE_TOO_LARGE``, 10)."""
+
+
+class BatchHeader(NamedTuple):
+    """A batch's fixed fields (what a produce needs of it besides its bytes)."""
+
+    base_offset: int
+    partition_leader_epoch: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+
+def check_batch(
+    data: bytes, *, max_value: int, max_name: int = 255, max_size: int = MAX_DECOMPRESSED
+) -> BatchHeader:
+    """One whole batch checked as a produce checks it, without building its records: the CRC
+    and magic, the records (decompressed) laid out exactly, their offset deltas 0, 1, ... up
+    to the last offset delta, each key and header name UTF-8 of at most ``max_name`` bytes
+    (``InvalidRecord``), each value at most ``max_value`` bytes (``RecordTooLarge``).
+    Control batches are ``InvalidRecord`` (no transactions here)."""
+    if len(data) < HEADER_SIZE:
+        raise CorruptBatch(f"a batch of {len(data)} bytes")
+    base_offset, length, leader_epoch, magic, crc = _PREFIX.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise UnsupportedMagic(f"a batch of magic {magic}")
+    if LENGTH_OFFSET + 4 + length != len(data):
+        raise CorruptBatch(f"a batch length of {length} in {len(data)} bytes")
+    if google_crc32c.value(data[CRC_START:]) != crc:
+        raise CorruptBatch("the batch's CRC does not match its bytes")
+    header = BatchHeader(base_offset, leader_epoch, *_HEADER.unpack_from(data, _PREFIX.size))
+    if header.attributes & CONTROL_MASK:
+        raise InvalidRecord("a control batch (transactions are not served)")
+    count = header.record_count
+    if count < 1 or header.last_offset_delta != count - 1:
+        raise CorruptBatch(f"{count} records and a last offset delta {header.last_offset_delta}")
+    position = HEADER_SIZE
+    codec = header.compression
+    if codec:
+        try:
+            data, position = compression.decompress(codec, data[HEADER_SIZE:], max_size), 0
+        except compression.UnknownCodec as exc:
+            raise UnsupportedCompression(str(exc)) from None
+        except compression.CompressionError as exc:
+            raise CorruptBatch(str(exc)) from None
+    if count > len(data) - position:
+        raise CorruptBatch(f"{count} records in {len(data) - position} bytes")
+    _check_records(data, position, count, max_value, max_name)
+    return header
+
+
+def _check_records(data: bytes, p: int, count: int, max_value: int, max_name: int) -> None:
+    """``_decode_records``' walk, building nothing (the hot loop of a produce: each varint
+    of one byte read in line)."""
+    varint = _varint
+    try:
+        for expected in range(count):
+            byte = data[p]
+            if byte < 0x80:
+                size, p = (byte >> 1) ^ -(byte & 1), p + 1
+            else:
+                size, p = varint(data, p)
+            end = p + size
+            if size < 0 or end > len(data):
+                raise CorruptBatch(f"a record of {size} bytes in {len(data) - p}")
+            byte = data[p + 1]  # after the attributes: the timestamp delta
+            p = p + 2 if byte < 0x80 else varint(data, p + 1)[1]
+            byte = data[p]  # the offset delta
+            if byte < 0x80:
+                delta, p = (byte >> 1) ^ -(byte & 1), p + 1
+            else:
+                delta, p = varint(data, p)
+            if delta != expected:  # LogValidator: inner offsets in order from 0
+                raise CorruptBatch(f"offset delta {delta} where {expected} belongs")
+            byte = data[p]  # the key's length
+            if byte < 0x80:
+                size, p = (byte >> 1) ^ -(byte & 1), p + 1
+            else:
+                size, p = varint(data, p)
+            if size > 0:
+                key = data[p : p + size]
+                if size > max_name:
+                    raise InvalidRecord(f"a key of {size} bytes (at most {max_name})")
+                if not key.isascii():
+                    _text(key, "a key")
+                p += size
+            elif size < -1:
+                raise CorruptBatch(f"a key length of {size}")
+            byte = data[p]  # the value's length
+            if byte < 0x80:
+                size, p = (byte >> 1) ^ -(byte & 1), p + 1
+            else:
+                size, p = varint(data, p)
+            if size > max_value:
+                raise RecordTooLarge(f"a value of {size} bytes (at most {max_value})")
+            if size > 0:
+                p += size
+            elif size < -1:
+                raise CorruptBatch(f"a value length of {size}")
+            if data[p] == 0:  # no headers: most records
+                p += 1
+            else:
+                headers, p = _headers(data, p, end)
+                for name, _value in headers:
+                    if len(name.encode()) > max_name:
+                        raise InvalidRecord(f"a header name over {max_name} bytes")
+            if p != end:
+                raise CorruptBatch("a record's length does not match its fields")
+    except IndexError:
+        raise CorruptBatch("records cut short") from None
+    if p != len(data):
+        raise CorruptBatch(f"{len(data) - p} bytes after the last record")
+
+
+def _text(data: bytes, what: str) -> None:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        raise InvalidRecord(f"{what} that is not UTF-8") from None
+
+
 def split_batches(data: bytes) -> list[bytes]:
     """A Produce request's ``records``: its whole batches' bytes (``CorruptBatch`` for bytes
     that are not whole batches, ``UnsupportedMagic``)."""
@@ -154,20 +290,17 @@ def decode_batch(data: bytes, max_size: int = MAX_DECOMPRESSED) -> RecordBatch:
         _HEADER.unpack_from(data, _PREFIX.size)
     )
     codec = attributes & COMPRESSION_MASK
+    position = HEADER_SIZE
     if codec:
         try:
-            reader = Reader(compression.decompress(codec, data[HEADER_SIZE:], max_size), 0)
+            data, position = compression.decompress(codec, data[HEADER_SIZE:], max_size), 0
         except compression.UnknownCodec as exc:
             raise UnsupportedCompression(str(exc)) from None
         except compression.CompressionError as exc:
             raise CorruptBatch(str(exc)) from None
-    else:
-        reader = Reader(data, HEADER_SIZE)
-    if count < 0 or count > reader.remaining:
-        raise CorruptBatch(f"{count} records in {reader.remaining} bytes")
-    records = tuple(_decode_record(reader) for _ in range(count))
-    if reader.remaining:
-        raise CorruptBatch(f"{reader.remaining} bytes after the last record")
+    if count < 0 or count > len(data) - position:
+        raise CorruptBatch(f"{count} records in {len(data) - position} bytes")
+    records = _decode_records(data, position, count)
     return RecordBatch(
         base_offset,
         records,
@@ -182,38 +315,107 @@ def decode_batch(data: bytes, max_size: int = MAX_DECOMPRESSED) -> RecordBatch:
     )
 
 
-def _decode_record(reader: Reader) -> Record:
-    size = reader.varint()
-    if size < 0 or size > reader.remaining:
-        raise CorruptBatch(f"a record of {size} bytes in {reader.remaining}")
-    end = reader.offset + size
-    attributes = reader.int8()
-    timestamp_delta = reader.varint()
-    offset_delta = reader.varint()
-    key = _nullable_bytes(reader)
-    value = _nullable_bytes(reader)
-    count = reader.varint()
-    if count < 0 or count > reader.remaining:
-        raise CorruptBatch(f"{count} headers in {reader.remaining} bytes")
+def _decode_records(data: bytes, position: int, count: int) -> tuple[Record, ...]:
+    """``count`` records from ``position`` to the end of ``data`` (the hot loop of a produce:
+    positions and slices, no reader object; a varint of one byte read in line)."""
+    records: list[Record] = []
+    append = records.append
+    varint = _varint
+    try:
+        for _ in range(count):
+            size, position = varint(data, position)
+            end = position + size
+            if size < 0 or end > len(data):
+                raise CorruptBatch(f"a record of {size} bytes in {len(data) - position}")
+            attributes = data[position]
+            timestamp_delta, position = varint(data, position + 1)
+            byte = data[position]
+            if byte < 0x80:
+                offset_delta, position = (byte >> 1) ^ -(byte & 1), position + 1
+            else:
+                offset_delta, position = varint(data, position)
+            size, position = varint(data, position)
+            if size >= 0:
+                key: bytes | None = data[position : position + size]
+                position += size
+            elif size == -1:
+                key = None
+            else:
+                raise CorruptBatch(f"a key length of {size}")
+            size, position = varint(data, position)
+            if size >= 0:
+                value: bytes | None = data[position : position + size]
+                position += size
+            elif size == -1:
+                value = None
+            else:
+                raise CorruptBatch(f"a value length of {size}")
+            byte = data[position]
+            if byte == 0:  # no headers: most records
+                headers: tuple[Header, ...] = ()
+                position += 1
+            else:
+                headers, position = _headers(data, position, end)
+            if position != end:
+                raise CorruptBatch("a record's length does not match its fields")
+            append(
+                Record(
+                    offset_delta,
+                    timestamp_delta,
+                    key,
+                    value,
+                    headers,
+                    attributes - 256 if attributes > 127 else attributes,
+                )
+            )
+    except IndexError:
+        raise CorruptBatch("records cut short") from None
+    if position != len(data):
+        raise CorruptBatch(f"{len(data) - position} bytes after the last record")
+    return tuple(records)
+
+
+def _headers(data: bytes, position: int, end: int) -> tuple[tuple[Header, ...], int]:
+    count, position = _varint(data, position)
+    if count < 0 or count > end - position:
+        raise CorruptBatch(f"{count} headers in {end - position} bytes")
     headers = []
     for _ in range(count):
-        name = _nullable_bytes(reader)
-        if name is None:
+        size, position = _varint(data, position)
+        if size < 0:
             raise CorruptBatch("a header without a key")
+        name = data[position : position + size]
+        size, position = _varint(data, position + size)
+        if size >= 0:
+            value: bytes | None = data[position : position + size]
+            position += size
+        elif size == -1:
+            value = None
+        else:
+            raise CorruptBatch(f"a header value length of {size}")
         try:
-            headers.append(Header(name.decode(), _nullable_bytes(reader)))
+            headers.append(Header(name.decode(), value))
         except UnicodeDecodeError as exc:
             raise CorruptBatch("a header key that is not UTF-8") from exc
-    if reader.offset != end:
-        raise CorruptBatch("a record's length does not match its fields")
-    return Record(offset_delta, timestamp_delta, key, value, tuple(headers), attributes)
+    return tuple(headers), position
 
 
-def _nullable_bytes(reader: Reader) -> bytes | None:
-    size = reader.varint()
-    if size < -1:
-        raise CorruptBatch(f"a length of {size}")
-    return None if size == -1 else reader.raw(size)
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    """The zigzag varint at ``position`` and the position after it (``IndexError``: cut
+    short)."""
+    byte = data[position]
+    if byte < 0x80:
+        return (byte >> 1) ^ -(byte & 1), position + 1
+    value, shift = byte & 0x7F, 7
+    while True:
+        position += 1
+        byte = data[position]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (value >> 1) ^ -(value & 1), position + 1
+        shift += 7
+        if shift > 63:
+            raise CorruptBatch("a varint longer than 10 bytes")
 
 
 def encode_batch(batch: RecordBatch) -> bytes:

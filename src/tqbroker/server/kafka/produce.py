@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ...backends.kafka_batches import check_records
+from ...backends.kafka_batches import MAX_NAME_BYTES
 from ...broker.streams.service import (
     DuplicateSequence,
     InvalidProducerEpoch,
@@ -32,10 +32,11 @@ from ...broker.streams.service import (
 from ...protocol.kafka import errors
 from ...protocol.kafka.records import (
     CorruptBatch,
-    RecordBatch,
+    InvalidRecord,
+    RecordTooLarge,
     UnsupportedCompression,
     UnsupportedMagic,
-    decode_batch,
+    check_batch,
     split_batches,
 )
 from ..topic_needs import produce as produce_needs
@@ -81,7 +82,10 @@ async def _produce_partition(
     """The error code and base offset of one partition's part of a Produce."""
     try:
         limit = _max_message_bytes(session, topic)
-        batches = [(raw, _checked(raw, limit)) for raw in split_batches(records or b"")]
+        batches = [
+            (raw, check_batch(raw, max_value=limit, max_name=MAX_NAME_BYTES))
+            for raw in split_batches(records or b"")
+        ]
     except NotFound:
         return errors.UNKNOWN_TOPIC_OR_PARTITION, -1
     except UnsupportedMagic:
@@ -90,9 +94,9 @@ async def _produce_partition(
         return errors.UNSUPPORTED_COMPRESSION_TYPE, -1
     except CorruptBatch:
         return errors.CORRUPT_MESSAGE, -1
-    except _TooLarge:
+    except RecordTooLarge:
         return errors.MESSAGE_TOO_LARGE, -1
-    except ValueError as exc:
+    except InvalidRecord as exc:
         log.info("kafka produce to %s-%d refused: %s", topic, index, exc)
         return errors.INVALID_RECORD, -1
     if not batches:
@@ -120,24 +124,3 @@ def _max_message_bytes(session: KafkaSession, topic: str) -> int:
     limit = session.broker.config.max_message_size
     own = session.service.arguments(topic).get("x-stream-max-message-bytes")
     return min(limit, own) if isinstance(own, int) else limit
-
-
-class _TooLarge(ValueError):
-    pass
-
-
-def _checked(raw: bytes, limit: int) -> RecordBatch:
-    """The batch decoded and checked (``ValueError``s: see the module doc)."""
-    batch = decode_batch(raw)
-    count = len(batch.records)
-    if not count or batch.last_offset_delta != count - 1:
-        raise CorruptBatch(f"{count} records with a last offset delta {batch.last_offset_delta}")
-    for expected, record in enumerate(batch.records):
-        if record.offset_delta != expected:  # LogValidator: "out of order" inner offsets
-            raise CorruptBatch(f"offset delta {record.offset_delta} where {expected} belongs")
-        if record.value is not None and len(record.value) > limit:
-            raise _TooLarge(f"a value of {len(record.value)} bytes")
-    if batch.is_control:
-        raise ValueError("a control batch (transactions are not served)")
-    check_records(batch)
-    return batch
