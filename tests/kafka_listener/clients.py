@@ -48,12 +48,12 @@ def consume(
     broker: RunningBroker | BrokerProcess, name: str, count: int, **options: Any
 ) -> list[Any]:
     """Up to ``count`` records of every partition of topic ``name``, from the earliest (10 s
-    without a record ends it)."""
+    without a record ends it, unless ``consumer_timeout_ms`` says otherwise)."""
+    options.setdefault("consumer_timeout_ms", 10_000)
     consumer = KafkaConsumer(
         bootstrap_servers=broker.kafka_bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
-        consumer_timeout_ms=10_000,
         **options,
     )
     try:
