@@ -293,7 +293,10 @@ class GroupCoordinator:
     def check_commit(self, group_id: str, generation: int, member_id: str) -> int:
         """Whether an OffsetCommit may store offsets for the group: a commit outside the
         group protocol (generation -1, Kafka's "simple" consumer) always may; a member's only
-        in the group's current generation."""
+        in the group's current generation, while it is Stable or preparing a rebalance (the
+        members commit what they processed before they join again: Kafka's
+        ``doCommitOffsets`` takes it, and counts it as a heartbeat), not once every member
+        joined (CompletingRebalance: ``REBALANCE_IN_PROGRESS``)."""
         group = self.groups.get(group_id)
         if generation < 0 and not member_id:
             return errors.NONE
@@ -301,8 +304,10 @@ class GroupCoordinator:
             return UNKNOWN_MEMBER_ID
         if generation != group.generation:
             return ILLEGAL_GENERATION
-        if group.state == PREPARING:
+        if group.state == COMPLETING:
             return REBALANCE_IN_PROGRESS
+        member = group.members[member_id]
+        member.heartbeat_deadline = trio.current_time() + member.session_timeout
         return errors.NONE
 
     def _check(self, group: Group | None, member_id: str, generation: int) -> int | None:
