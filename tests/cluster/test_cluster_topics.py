@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.cluster_nodes import POLL, Nodes, three_nodes
+from tests.support.cluster_nodes import POLL, Nodes, partition_records, three_nodes
 from tests.support.etcd import EtcdProcess
 from tests.support.polling import eventually
 from tqbroker.cluster.records import PartitionRecord
@@ -27,12 +27,7 @@ PARTITIONS = 6
 
 
 def records_of(nodes: Nodes) -> dict[str, PartitionRecord]:
-    found = {}
-    for n in range(PARTITIONS):
-        record = nodes.record(f"orders-{n}")
-        if record is not None:
-            found[f"orders-{n}"] = record
-    return found
+    return partition_records(nodes, "orders", PARTITIONS)
 
 
 def total(api: httpx.Client) -> int:

@@ -22,7 +22,7 @@ import attrs
 import httpx
 import pika
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka import KafkaConsumer, KafkaProducer
 
 from tests.kafka_listener.raw import call
@@ -267,3 +267,72 @@ def test_stored_batches_survive_a_restart(tmp_path: Path) -> None:
     with running_broker(config) as second:
         assert set(stored_codecs(second, "restarted")) == {CODECS["zstd"]}
         check_every_reader(second, "restarted")
+
+
+def stream_bytes(broker: RunningBroker, queue: str) -> int:
+    """The bytes of a stream's segments (``GET /topics/{t}``: a stream queue is a topic of one
+    partition), once written out (a read seals the open batch)."""
+    with httpx.Client(base_url=broker.http_url, auth=("guest", "guest")) as http:
+        (partition,) = http.get(f"/topics/{queue}").json()["partitions"]
+        return int(partition["bytes"])
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_amqp_publishes_are_stored_compressed_with_the_stream_argument(
+    broker: RunningBroker, codec: str
+) -> None:
+    """``x-stream-compression-type`` (a topic's ``compression.type``) stores the stream's own
+    batches compressed: a fraction of the bytes on disk, every property read back as
+    published over AMQP, the records over Kafka."""
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+
+    def body(n: int) -> bytes:
+        return b'{"event": "page-view", "path": "/products/42", "n": %d}' % n * 10
+
+    try:
+        channel = connection.channel()  # no confirms: publishes arrive together, as batches
+        for name, argument in ((f"plain-{codec}", "producer"), (f"packed-{codec}", codec)):
+            arguments = {"x-queue-type": "stream", "x-stream-compression-type": argument}
+            channel.queue_declare(name, durable=True, arguments=arguments)
+            properties = pika.BasicProperties(content_type="application/json", headers={"h": 1})
+            for n in range(COUNT * 5):
+                channel.basic_publish("", name, body(n), properties)
+        got = []
+        channel.basic_qos(prefetch_count=500)
+        for method, properties, delivered in channel.consume(
+            f"packed-{codec}", arguments={"x-stream-offset": "first"}, inactivity_timeout=10
+        ):
+            assert method is not None, "no delivery within 10 s"
+            got.append((properties.content_type, properties.headers["h"], delivered))
+            channel.basic_ack(method.delivery_tag)
+            if len(got) == COUNT * 5:
+                break
+    finally:
+        connection.close()
+    assert got == [("application/json", 1, body(n)) for n in range(COUNT * 5)]
+    plain, packed = stream_bytes(broker, f"plain-{codec}"), stream_bytes(broker, f"packed-{codec}")
+    assert packed < plain / 3, (plain, packed)
+    consumer = Consumer({"bootstrap.servers": broker.kafka_bootstrap, "group.id": f"amqp-{codec}"})
+    try:
+        consumer.assign([TopicPartition(f"packed-{codec}", 0, 0)])
+        values: list[bytes | None] = []
+        deadline = time.monotonic() + 30
+        while len(values) < COUNT * 5 and time.monotonic() < deadline:
+            values += [m.value() for m in consumer.consume(500, 1.0) if m.error() is None]
+    finally:
+        consumer.close()
+    assert values == [body(n) for n in range(COUNT * 5)]
+
+
+def test_a_topic_compression_type_recompresses_what_producers_send(
+    broker: RunningBroker,
+) -> None:
+    """A topic whose ``compression.type`` names a codec stores every batch with it (Kafka's
+    ``LogValidator`` recompresses a batch of another codec); ``producer`` keeps each as sent."""
+    with httpx.Client(base_url=broker.http_url, auth=("guest", "guest")) as http:
+        configs = {"compression.type": "gzip"}
+        response = http.put("/topics/recompressed", json={"partitions": 1, "configs": configs})
+        assert response.status_code == 201, response.text
+    produce_with_confluent_kafka(broker, "recompressed", "lz4")
+    assert set(stored_codecs(broker, "recompressed")) == {CODECS["gzip"]}
+    check_every_reader(broker, "recompressed")

@@ -61,11 +61,13 @@ def _messages(
     ]
 
 
-@settings(max_examples=150, deadline=None)
-@given(entries, st.integers(0, 2**40))
-def test_a_batch_decodes_to_its_records(drawn: list, base: int) -> None:  # type: ignore[type-arg]
+@settings(max_examples=300, deadline=None)
+@given(entries, st.integers(0, 2**40), st.sampled_from(range(5)))
+def test_a_batch_decodes_to_its_records(drawn: list, base: int, codec: int) -> None:  # type: ignore[type-arg]
+    """Plain, and with each codec (gzip, snappy, lz4, zstd: ``x-stream-compression-type``;
+    entries that do not compress are stored plain)."""
     batch = _messages(drawn)
-    raw = encode_batch(base, batch)
+    raw = encode_batch(base, batch, codec)
     frame = decode_frame(raw, 0)
     assert frame is not None
     assert frame.size == len(raw)
@@ -94,7 +96,7 @@ def test_a_batch_decodes_to_its_records(drawn: list, base: int) -> None:  # type
 @settings(max_examples=150, deadline=None)
 @given(entries, st.data())
 def test_a_damaged_or_cut_batch_is_never_read_as_records(drawn: list, data: st.DataObject) -> None:  # type: ignore[type-arg]
-    raw = bytearray(encode_batch(7, _messages(drawn)))
+    raw = bytearray(encode_batch(7, _messages(drawn), data.draw(st.sampled_from(range(5)))))
     cut = data.draw(st.integers(0, len(raw) - 1))
     assert decode_frame(bytes(raw[:cut]), 0) is None  # a torn write: not there yet
     at = data.draw(st.integers(HEAD_SIZE - 4, len(raw) - 1))  # past the length field

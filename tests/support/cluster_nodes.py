@@ -101,6 +101,16 @@ class Nodes:
         return trio.run(read)
 
 
+def partition_records(nodes: Nodes, topic: str, partitions: int) -> dict[str, PartitionRecord]:
+    """The partition records of a topic's stream queues that exist, by queue name."""
+    found = {}
+    for n in range(partitions):
+        record = nodes.record(f"{topic}-{n}")
+        if record is not None:
+            found[f"{topic}-{n}"] = record
+    return found
+
+
 def wait_record(
     nodes: Nodes,
     check: Callable[[PartitionRecord], bool],

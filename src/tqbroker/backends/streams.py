@@ -335,6 +335,17 @@ class StreamLog(Protocol):
 
 
 @runtime_checkable
+class CompressingLog(Protocol):
+    """A ``StreamLog`` that can store its record batches compressed (the built-in log
+    backend: a stream's ``x-stream-compression-type``)."""
+
+    def compress_batches(self, codec: int) -> None:
+        """Compress the batches appended from now on with ``codec`` (Kafka's ids: 1 gzip, 2
+        snappy, 3 lz4, 4 zstd; 0 none); those written before stay as they are."""
+        ...
+
+
+@runtime_checkable
 class KafkaBatchLog(Protocol):
     """A ``StreamLog`` that stores a Kafka producer's record batch as it was produced, so that
     a Kafka consumer is sent the stored bytes (the built-in log backend: format 3 frames).

@@ -352,7 +352,8 @@ class QueueArguments:
     compaction_key_header: str | None = None
     delete_retention_ms: int | None = None
     max_message_bytes: int | None = None  # a Kafka producer's largest record (None: broker's)
-    compression_type: str | None = None  # stored, not applied yet (None: as produced)
+    # x-stream-compression-type: how the stream's batches are stored (None: as produced)
+    compression_type: str | None = None
     replicas: int | None = None  # a cluster's stream replicas (None: min(3, nodes))
     min_isr: int | None = None  # and in-sync replicas (None: min(2, replicas))
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+import attrs
 import trio
 
 from ..storage_env import StorageEnv
@@ -142,14 +143,7 @@ class Membership:
                 )
                 await self.store.revoke(kv.lease)
         lease = await self.store.grant_lease(self.ttl)
-        record = NodeRecord(
-            node=self.node_id,
-            incarnation=lease.id,
-            amqp=self.record.amqp,
-            http=self.record.http,
-            peer=self.record.peer,
-            version=self.record.version,
-        )
+        record = attrs.evolve(self.record, node=self.node_id, incarnation=lease.id)
         result = await self.store.txn(
             [Compare.absent(key)], [Put(key, record.encode(), lease=lease.id)], [Get(key)]
         )

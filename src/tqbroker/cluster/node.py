@@ -195,10 +195,11 @@ class ClusterNode:
             if record.leader == self.node_id and record.state == ONLINE
         ]
 
-    def advertise(self, *, amqp: str = "", http: str = "") -> None:
-        """Where clients reach this node (``host:port``, the HTTP API's base URL): the node
-        registers, with them in its record."""
-        self.membership.record = attrs.evolve(self.membership.record, amqp=amqp, http=http)
+    def advertise(self, *, amqp: str = "", http: str = "", kafka: str = "") -> None:
+        """Where clients reach this node (``host:port`` of AMQP and Kafka, the HTTP API's base
+        URL): the node registers, with them in its record."""
+        record = self.membership.record
+        self.membership.record = attrs.evolve(record, amqp=amqp, http=http, kafka=kafka)
         self._advertised.set()
 
     async def _stats(self, peer: str, body: Any) -> Any:

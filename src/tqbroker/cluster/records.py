@@ -131,6 +131,7 @@ class NodeRecord:
     http: str = ""  # the HTTP API's base URL
     peer: str = ""  # host:port of the node-to-node link
     version: str = ""
+    kafka: str = ""  # host:port Kafka clients connect to (its Kafka listener's)
 
     def encode(self) -> bytes:
         return cbor2.dumps(attrs.asdict(self))
@@ -146,6 +147,7 @@ class NodeRecord:
                 http=str(value.get("http", "")),
                 peer=str(value.get("peer", "")),
                 version=str(value.get("version", "")),
+                kafka=str(value.get("kafka", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"node record: {exc}") from None

@@ -62,11 +62,19 @@ async def run_node(
 
 
 def advertise(
-    node: ClusterNode, config: BrokerConfig, amqp: Sequence[Address], http: Sequence[Address]
+    node: ClusterNode,
+    config: BrokerConfig,
+    amqp: Sequence[Address],
+    http: Sequence[Address],
+    kafka: Sequence[Address] = (),
 ) -> None:
     host = advertised_host(config)
     scheme = "https" if config.tls.http else "http"
+    kafka_address = config.kafka_advertised_address or (
+        join_address(host, kafka[0][1]) if kafka else ""
+    )
     node.advertise(
         amqp=join_address(host, amqp[0][1]) if amqp else "",
         http=f"{scheme}://{join_address(host, http[0][1])}" if http else "",
+        kafka=kafka_address,
     )

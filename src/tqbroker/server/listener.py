@@ -108,7 +108,7 @@ async def serve(
             kafka_tls_listeners = await open_listeners(config.kafka_tls_port, config.host)
         addresses, tls_addresses = _bound(listeners), _bound(tls_listeners)
         kafka_addresses, kafka_tls_addresses = _bound(kafka_listeners), _bound(kafka_tls_listeners)
-        kafka = KafkaService(broker)
+        kafka = KafkaService(broker, node)
         if kafka_listeners or kafka_tls_listeners:
             await broker_nursery.start(kafka.run)
         for host, port in kafka_addresses:
@@ -153,7 +153,7 @@ async def serve(
             connections.listeners += [(f"{https}/prometheus", h, p) for h, p in metrics]
 
         if node is not None:
-            advertise(node, config, addresses or tls_addresses, http)
+            advertise(node, config, addresses or tls_addresses, http, kafka_addresses)
         admission = HandshakeAdmission(config.max_pending_handshakes_per_address)
 
         async def accept_tls(

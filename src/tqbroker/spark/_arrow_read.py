@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..protocol.kafka import compression
 from ..protocol.kafka.records import decode_batch
 from ..recordbatch import FRAMES_MAGIC, READ_MAGIC
 
@@ -44,6 +45,7 @@ _FRAME_START = struct.Struct(">IIQQB")
 _U32_BE = struct.Struct(">I")
 _FLAG_BATCH = 0x80
 _FLAG_KAFKA = 0x40  # with _FLAG_BATCH: a Kafka producer's batch as produced (format 3)
+_FLAG_COMPRESSED = 0x20  # with _FLAG_BATCH: a format 2 batch whose entries are compressed
 _FRAME_HEAD, _FRAME_FIXED = struct.Struct(">II"), struct.Struct(">QQB")  # _FRAME_START's parts
 _ENTRY_HEAD = struct.Struct(">IIQB")  # a batch entry's length, offset delta, timestamp, flags
 _ENTRY_DELTA_AT, _ENTRY_TIMESTAMP_AT, _ENTRY_NAMES_AT = 4, 8, 17
@@ -170,7 +172,7 @@ def _decode_frames(body: bytes, topic: str, partition: int, start: int, end: int
     _magic, count, next_offset = _READ_HEAD.unpack_from(body)
     if len(body) > _MAX_FRAMES_BODY:  # Arrow's 32-bit offsets address it
         raise ValueError(f"a TQF1 body of {len(body)} bytes: at most {_MAX_FRAMES_BODY}")
-    body = _without_kafka_frames(body, count)
+    body = _plain_frames(body, count)
     starts: list[int] = []  # where each record starts (a record: 8 bytes into its frame)
     frame_ends: list[int] = []
     sizes: list[int] = []  # records a frame
@@ -238,29 +240,38 @@ def _decode_frames(body: bytes, topic: str, partition: int, start: int, end: int
     return _fetched(columns, topic, partition, offsets, int(next_offset))
 
 
-def _without_kafka_frames(body: bytes, count: int) -> bytes:
+def _plain_frames(body: bytes, count: int) -> bytes:
     """``body`` with each Kafka producer's batch (format 3: maybe compressed, its records
-    varint-coded) rewritten as a record batch of the log's format 2, which the columns are cut
-    from (its CRC left 0: the broker checked the frame's); ``body`` itself when it has none."""
+    varint-coded) and each compressed format 2 batch rewritten as a plain record batch of the
+    log's format 2, which the columns are cut from (its CRC left 0: the broker checked the
+    frame's); ``body`` itself when it has none."""
     parts: list[bytes] = []
     at, copied = _READ_HEAD.size, 0
     try:
         for _ in range(count):
             length, _crc, first, timestamp, flags = _FRAME_START.unpack_from(body, at)
             frame_end = at + 4 + length
-            if flags & _FLAG_KAFKA and flags & _FLAG_BATCH:
-                parts += (
-                    body[copied:at],
-                    _as_format_2(body[at + 25 : frame_end], first, timestamp),
-                )
+            if flags & _FLAG_BATCH and flags & (_FLAG_KAFKA | _FLAG_COMPRESSED):
+                rest = body[at + 25 : frame_end]
+                if flags & _FLAG_KAFKA:
+                    batch = _as_format_2(rest, first, timestamp)
+                else:
+                    batch = _decompressed(rest, first, timestamp, flags & ~_FLAG_COMPRESSED)
+                parts += (body[copied:at], batch)
                 copied = frame_end
             at = frame_end
-    except (struct.error, IndexError, ValueError) as exc:
+    except (struct.error, IndexError, ValueError) as exc:  # CompressionError is a ValueError
         raise ValueError(f"a TQF1 body whose frames do not decode: {exc}") from None
     if not parts:
         return body
     parts.append(body[copied:])
     return b"".join(parts)
+
+
+def _decompressed(rest: bytes, first: int, timestamp: int, flags: int) -> bytes:
+    entries = compression.decompress(rest[4], rest[5:], _MAX_FRAMES_BODY)
+    plain = _FRAME_FIXED.pack(first, timestamp, flags) + rest[:4] + entries
+    return _FRAME_HEAD.pack(len(plain) + 4, 0) + plain
 
 
 def _as_format_2(rest: bytes, first: int, timestamp: int) -> bytes:

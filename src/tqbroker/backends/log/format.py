@@ -10,7 +10,8 @@ CRC-32C (Castagnoli) covers everything after the CRC. A frame is one of:
   messages under one header and one CRC, ``offset`` the first record's, ``timestamp_ms`` the
   greatest, then ``count u32`` and the entries ``entry_length u32 | offset_delta u32 |
   timestamp_ms u64 | flags u8 | exchange | routing_key | properties_length u32 | properties |
-  body``;
+  body``; with ``FLAG_COMPRESSED`` (a stream's ``x-stream-compression-type``), ``count u32 |
+  codec u8 | the entries compressed`` (Kafka's codec ids);
 - a *Kafka batch* (format 3, streams; flags ``FLAG_BATCH | FLAG_KAFKA``): a Kafka producer's
   record batch as it was produced (maybe compressed), ``... | exchange shortstr | batch``, its
   base offset the frame's; read back as the messages a Kafka produce makes
@@ -35,6 +36,7 @@ from operator import itemgetter
 import google_crc32c
 
 from ...model import Message
+from ...protocol.kafka import compression
 from ...protocol.kafka.records import decode_batch
 from ..kafka_batches import record_messages, with_base_offset
 
@@ -49,6 +51,7 @@ MAX_RECORD = 512 * 1024 * 1024 + 1024
 FLAG_PERSISTENT = 0x01
 FLAG_BATCH = 0x80  # the frame is a record batch (format 2)
 FLAG_KAFKA = 0x40  # with FLAG_BATCH: the batch is a Kafka record batch (format 3)
+FLAG_COMPRESSED = 0x20  # with FLAG_BATCH: the entries are compressed (format 2, compressed)
 KAFKA_FLAGS = FLAG_BATCH | FLAG_KAFKA | FLAG_PERSISTENT
 
 BATCH_COUNT = struct.Struct(">I")
@@ -245,9 +248,12 @@ def records_after(frame: Frame, record: Record, end: int, limit: int) -> list[Re
     return taken
 
 
-def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> bytes:
+def encode_batch(
+    base_offset: int, entries: list[tuple[int, int, Message]], codec: int = 0
+) -> bytes:
     """A record batch of ``entries`` (``(timestamp_ms, flags, message)``), offsets from
-    ``base_offset`` on."""
+    ``base_offset`` on; its entries compressed with ``codec`` (Kafka's ids) unless that does
+    not make them smaller."""
     parts: list[bytes] = [b""]
     extend = parts.extend
     pack_entry = ENTRY_HEAD.pack
@@ -271,9 +277,14 @@ def encode_batch(base_offset: int, entries: list[tuple[int, int, Message]]) -> b
         length = fixed + len(middle) + len(body)
         extend((pack_entry(length, delta, timestamp_ms, flags), middle, body))
     max_timestamp = max(map(_first, entries))
-    parts[0] = RECORD_FIXED.pack(
-        base_offset, max_timestamp, FLAG_BATCH | FLAG_PERSISTENT
-    ) + BATCH_COUNT.pack(len(entries))
+    flags = FLAG_BATCH | FLAG_PERSISTENT
+    if codec:
+        plain = b"".join(parts)
+        packed = compression.compress(codec, plain)
+        if len(packed) + 1 < len(plain):
+            flags |= FLAG_COMPRESSED
+            parts = [b"", bytes((codec,)), packed]
+    parts[0] = RECORD_FIXED.pack(base_offset, max_timestamp, flags) + BATCH_COUNT.pack(len(entries))
     rest = b"".join(parts)
     return RECORD_HEAD.pack(len(rest) + 4, google_crc32c.value(rest)) + rest
 
@@ -387,6 +398,8 @@ def _parse_kafka_batch(frame: bytes, start: int, size: int) -> Batch:
 
 
 def _parse_batch(frame: bytes, start: int, size: int) -> Batch:
+    if frame[start + FIXED_SIZE - 1] & FLAG_COMPRESSED:
+        frame, start = _decompressed(frame, start), 0
     try:
         base, max_timestamp, _flags = RECORD_FIXED.unpack_from(frame, start)
         (count,) = BATCH_COUNT.unpack_from(frame, start + FIXED_SIZE)
@@ -440,6 +453,17 @@ def _parse_batch(frame: bytes, start: int, size: int) -> Batch:
     if not records or p != len(frame):
         raise RecordError("a record batch whose entries do not fill it")
     return Batch(base, max_timestamp, records, size)
+
+
+def _decompressed(frame: bytes, start: int) -> bytes:
+    """A compressed batch's fixed fields and count, then its entries decompressed."""
+    head_end = start + FIXED_SIZE + BATCH_COUNT.size
+    try:
+        codec = frame[head_end]
+        entries = compression.decompress(codec, frame[head_end + 1 :], MAX_RECORD)
+    except (IndexError, compression.CompressionError) as exc:
+        raise RecordError(f"a compressed batch that does not decompress: {exc}") from None
+    return frame[start:head_end] + entries
 
 
 def _parse(record: bytes, start: int, size: int) -> Record:

@@ -68,6 +68,7 @@ class Log:
         # Shared with every segment of the log: ``move`` renames it for all of them at once.
         self._directory = Directory(directory)
         self.segment_bytes = segment_bytes
+        self.compression = 0  # the codec of the batches appended (Kafka's ids; 0: none)
         self.segment_ms = segment_ms
         self.index_interval_bytes = index_interval_bytes
         self.segments: list[Segment] = []
@@ -232,7 +233,7 @@ class Log:
             stamp, flags, message = entries[0]
             frame = encode_record(offset, stamp, flags, message)
         else:
-            frame = encode_batch(offset, entries)
+            frame = encode_batch(offset, entries, self.compression)
         last = offset + len(entries) - 1
         max_timestamp = max(map(_first, entries))
         if active.size and (

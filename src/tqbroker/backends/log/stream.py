@@ -165,6 +165,10 @@ class LogStream:
         self._batch.generation += 1  # a flush from now on covers the frame
         return count, None
 
+    def compress_batches(self, codec: int) -> None:
+        """Compress the batches appended from now on with ``codec`` (``CompressingLog``)."""
+        self.log.compression = codec
+
     def seal(self) -> None:
         """Write the open batch into the log (``OpenBatch.seal``)."""
         self._batch.seal()

@@ -43,6 +43,7 @@ from ... import clock
 from ...backends.kafka_batches import messages_of
 from ...backends.streams import (
     CompactionPolicy,
+    CompressingLog,
     KafkaBatchLog,
     ProducerState,
     StreamLog,
@@ -223,6 +224,12 @@ class Partition:
         stamp = header.max_timestamp if header.max_timestamp > 0 else clock.now_ms()
         taken, error = log.append_kafka_batch(exchange, batch, header.record_count, stamp)
         return first, self._confirms(taken), error
+
+    def compress_batches(self, codec: int) -> None:
+        """Store the record batches appended from now on compressed with ``codec`` (Kafka's
+        ids), where the log can (``CompressingLog``); elsewhere as they are."""
+        if isinstance(self._log, CompressingLog):
+            self._log.compress_batches(codec)
 
     def _confirms(self, taken: int) -> list[Durability]:
         """What the confirms of ``taken`` records just appended wait for."""

@@ -52,6 +52,7 @@ from ...model import Message, with_long_header
 from ...plugins.spec import Durability
 from ...protocol.codec import FieldTable
 from ...protocol.errors import AMQPError, ReplyCode
+from ...protocol.kafka import compression
 from ...protocol.kafka.records import BatchHeader
 from ..arguments import QueueArguments
 from ..consumer import DELIVER_BATCH_BYTES, Consumer, EncodedDelivery
@@ -100,6 +101,7 @@ class StreamQueue(Queue):
         )
         self.partition = Partition(stream, flusher)
         self.partition.add_reader(self)  # a cluster's high watermark moving wakes the actor
+        self.partition.compress_batches(batch_codec(arguments.compression_type))
         self.max_bytes = arguments.max_length_bytes
         self.max_age_ms = arguments.max_age_ms
         self.compaction = _compaction(arguments)
@@ -131,6 +133,7 @@ class StreamQueue(Queue):
         and compaction apply from now on (retention at once); a new segment size from the
         next start, when the log opens with it."""
         self.arguments = arguments
+        self.partition.compress_batches(batch_codec(arguments.compression_type))
         self.max_bytes = arguments.max_length_bytes
         self.max_age_ms = arguments.max_age_ms
         self.compaction = _compaction(arguments)
@@ -456,6 +459,15 @@ class StreamQueue(Queue):
 
     def _describe(self) -> str:
         return f"queue '{self.name}' in vhost '{self.vhost}'"
+
+
+def batch_codec(compression_type: str | None) -> int:
+    """The codec a stream's own batches are stored with (``x-stream-compression-type``,
+    Kafka's ``compression.type``): none for ``producer`` (Kafka producers' batches are kept as
+    produced either way) and ``uncompressed``."""
+    if compression_type in (None, "producer", "uncompressed"):
+        return compression.NONE
+    return compression.BY_NAME[compression_type]
 
 
 def _compaction(arguments: QueueArguments) -> CompactionPolicy | None:

@@ -10,8 +10,10 @@ import logging
 import trio
 
 from ...broker.broker import Broker
+from ...cluster.node import ClusterNode
 from .connection import KafkaConnection
 from .groups import GroupCoordinator
+from .nodes import KafkaNodes
 
 log = logging.getLogger(__name__)
 
@@ -20,9 +22,10 @@ class KafkaService:
     """The node's Kafka side: its group coordinator (``run``) and its connections
     (``handle``)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, cluster: ClusterNode | None = None) -> None:
         self.broker = broker
         self.groups = GroupCoordinator()
+        self.nodes = KafkaNodes(cluster)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -35,7 +38,9 @@ class KafkaService:
     ) -> None:
         """Serve one Kafka connection (over TLS: after its handshake, with the user its
         verified client certificate names) until it ends; a bug in it costs it alone."""
-        connection = KafkaConnection(self.broker, self.groups, stream, certificate_username)
+        connection = KafkaConnection(
+            self.broker, self.groups, stream, certificate_username, self.nodes
+        )
         try:
             await connection.run()
         except* Exception as group:

@@ -32,7 +32,6 @@ from ...broker.streams.service import (
 )
 from ...protocol.kafka import errors
 from .. import topic_needs
-from .handlers import NODE_ID
 from .session import KafkaSession
 
 TOPIC, BROKER = 2, 4  # ConfigResource.Type
@@ -289,8 +288,9 @@ def _broker_configs(
     session: KafkaSession, name: str
 ) -> tuple[int, str | None, list[dict[str, Any]]]:
     """This node's settings that a topic's defaults come from (read-only here)."""
-    if name not in ("", str(NODE_ID)):  # ConfigAdminManager: another broker's id
-        why = f"Unexpected broker id, expected {NODE_ID}, but received {name}"
+    node_id = session.nodes.this_node_id
+    if name not in ("", str(node_id)):  # ConfigAdminManager: another broker's id
+        why = f"Unexpected broker id, expected {node_id}, but received {name}"
         return errors.INVALID_REQUEST, why, []
     settings = {
         "num.partitions": str(DEFAULT_PARTITIONS),

@@ -29,7 +29,8 @@ from ...protocol.kafka.requests import (
 )
 from ..addresses import local_address, peer_address, socket_of, text
 from . import admin, fetch, group_listing, group_offsets, handlers, produce, sasl
-from .groups import GroupCoordinator
+from .groups import GroupCoordinator, join_error, sync_answer
+from .nodes import KafkaNodes
 from .session import KafkaSession
 
 log = logging.getLogger(__name__)
@@ -48,19 +49,35 @@ async def _api_versions(session: KafkaSession, body: Body, version: int) -> dict
     return handlers.api_versions()
 
 
+# The group APIs are answered by the group's coordinator only (``KafkaNodes.coordinator``: in
+# a cluster, one node per group); elsewhere NOT_COORDINATOR, and the client finds it again.
+
+
+def _coordinates(session: KafkaSession, body: Body) -> bool:
+    return session.nodes.coordinates(body["group_id"], session.advertised_address)
+
+
 async def _join_group(session: KafkaSession, body: Body, version: int) -> dict[str, Any]:
+    if not _coordinates(session, body):
+        return join_error(errors.NOT_COORDINATOR, body["member_id"])
     return await session.groups.join(body, version, session.client_id, session.peer[0])
 
 
 async def _sync_group(session: KafkaSession, body: Body, version: int) -> dict[str, Any]:
+    if not _coordinates(session, body):
+        return sync_answer(errors.NOT_COORDINATOR)
     return await session.groups.sync(body)
 
 
 async def _heartbeat(session: KafkaSession, body: Body, version: int) -> dict[str, Any]:
+    if not _coordinates(session, body):
+        return {"throttle_time_ms": 0, "error_code": errors.NOT_COORDINATOR}
     return {"throttle_time_ms": 0, "error_code": session.groups.heartbeat(body)}
 
 
 async def _leave_group(session: KafkaSession, body: Body, version: int) -> dict[str, Any]:
+    if not _coordinates(session, body):
+        return {"throttle_time_ms": 0, "error_code": errors.NOT_COORDINATOR, "members": []}
     code = session.groups.leave(body["group_id"], [body["member_id"]])
     return {"throttle_time_ms": 0, "error_code": code, "members": []}
 
@@ -98,13 +115,16 @@ class KafkaConnection:
         groups: GroupCoordinator,
         stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
         certificate_username: str | None = None,
+        nodes: KafkaNodes | None = None,
     ) -> None:
         self.stream = stream
         sock = socket_of(stream)
         peer = peer_address(sock)
         self.peer = text(peer)
         self.max_request_bytes = broker.config.kafka_max_request_bytes
-        self.session = KafkaSession(broker, groups, peer, local_address(sock), certificate_username)
+        self.session = KafkaSession(
+            broker, groups, peer, local_address(sock), certificate_username, nodes
+        )
 
     async def run(self) -> None:
         buffer = bytearray()

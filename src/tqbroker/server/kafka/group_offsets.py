@@ -12,22 +12,21 @@ from typing import Any
 from ...broker.streams.service import NotFound, TopicError
 from ...protocol.kafka import errors
 from ..topic_needs import read as read_needs
-from .handlers import NODE_ID
 from .session import KafkaSession
 
 
 async def find_coordinator(
     session: KafkaSession, body: Mapping[str, Any], version: int
 ) -> dict[str, Any]:
-    """This node coordinates every group (one node: Kafka's single-broker answer)."""
-    host, port = session.advertised_address
+    """The group's coordinator (``KafkaNodes.coordinator``: this node, on one node)."""
+    found = session.nodes.coordinator(body["key"], session.advertised_address)
     return {
         "throttle_time_ms": 0,
         "error_code": errors.NONE,
         "error_message": None,
-        "node_id": NODE_ID,
-        "host": host,
-        "port": port,
+        "node_id": found.node_id,
+        "host": found.host,
+        "port": found.port,
     }
 
 
@@ -38,6 +37,8 @@ async def offset_commit(
     refusal = session.groups.check_commit(
         group, body["generation_id_or_member_epoch"], body["member_id"]
     )
+    if not session.nodes.coordinates(group, session.advertised_address):
+        refusal = errors.NOT_COORDINATOR  # the group's members are another node's
     topics = []
     for topic in body["topics"]:
         name = topic["name"]

@@ -130,11 +130,11 @@ class GroupCoordinator:
         protocols = [(p["name"], p["metadata"]) for p in body["protocols"]]
         protocol_type = body["protocol_type"]
         if not protocols:  # nothing to choose from (Kafka's JoinGroup refuses it so too)
-            return _join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
+            return join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
         if group.members and protocol_type != group.protocol_type:
-            return _join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
+            return join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
         if group.members and not self._common(group, [name for name, _ in protocols]):
-            return _join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
+            return join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
         if instance is not None:
             known = next(
                 (m for m in group.members.values() if m.group_instance_id == instance), None
@@ -145,9 +145,9 @@ class GroupCoordinator:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
             if version >= 4 and instance is None:
                 group.pending.add(member_id)
-                return _join_error(MEMBER_ID_REQUIRED, member_id)
+                return join_error(MEMBER_ID_REQUIRED, member_id)
         elif member_id not in group.members and member_id not in group.pending:
-            return _join_error(UNKNOWN_MEMBER_ID, member_id)
+            return join_error(UNKNOWN_MEMBER_ID, member_id)
         group.pending.discard(member_id)
         session = body["session_timeout_ms"] / 1000
         rebalance = body.get("rebalance_timeout_ms", -1)
@@ -172,7 +172,7 @@ class GroupCoordinator:
         self._changed.set()
         await generation_event.wait()
         if member_id not in group.members:  # dropped: it did not join in time
-            return _join_error(UNKNOWN_MEMBER_ID, member_id)
+            return join_error(UNKNOWN_MEMBER_ID, member_id)
         leader = group.leader
         members = []
         if member_id == leader:
@@ -253,9 +253,9 @@ class GroupCoordinator:
         member_id = body["member_id"]
         error = self._check(group, member_id, body["generation_id"])
         if error is not None or group is None:
-            return _sync_answer(error or UNKNOWN_MEMBER_ID)
+            return sync_answer(error or UNKNOWN_MEMBER_ID)
         if group.state == PREPARING:
-            return _sync_answer(REBALANCE_IN_PROGRESS)
+            return sync_answer(REBALANCE_IN_PROGRESS)
         if group.state == COMPLETING:
             if member_id == group.leader:
                 assignments = {a["member_id"]: a["assignment"] for a in body["assignments"]}
@@ -267,10 +267,10 @@ class GroupCoordinator:
                 synced = group.synced
                 await synced.wait()
                 if group.state != STABLE or member_id not in group.members:
-                    return _sync_answer(REBALANCE_IN_PROGRESS)
+                    return sync_answer(REBALANCE_IN_PROGRESS)
         member = group.members[member_id]
         member.heartbeat_deadline = trio.current_time() + member.session_timeout
-        return _sync_answer(errors.NONE, group, member.assignment)
+        return sync_answer(errors.NONE, group, member.assignment)
 
     def heartbeat(self, body: Mapping[str, Any]) -> int:
         group = self.groups.get(body["group_id"])
@@ -328,7 +328,7 @@ class GroupCoordinator:
                 self._complete_join(group, trio.current_time())
 
 
-def _join_error(code: int, member_id: str) -> dict[str, Any]:
+def join_error(code: int, member_id: str) -> dict[str, Any]:
     return {
         "throttle_time_ms": 0,
         "error_code": code,
@@ -340,7 +340,7 @@ def _join_error(code: int, member_id: str) -> dict[str, Any]:
     }
 
 
-def _sync_answer(code: int, group: Group | None = None, assignment: bytes = b"") -> dict[str, Any]:
+def sync_answer(code: int, group: Group | None = None, assignment: bytes = b"") -> dict[str, Any]:
     return {
         "throttle_time_ms": 0,
         "error_code": code,

@@ -34,11 +34,11 @@ from ...broker.streams.service import (
 )
 from ...protocol.kafka import errors
 from ..topic_needs import read as read_needs
+from .nodes import Placement
 from .session import KafkaSession
 
 log = logging.getLogger(__name__)
 
-NODE_ID = 0
 # API key -> (min, max) served (shared/reference/kafka.md §0: the "lean caps", at which all four
 # clients land on one version; Produce from 0, as librdkafka before 2.11.1 needs to compress).
 SERVED: Mapping[int, tuple[int, int]] = {
@@ -81,29 +81,43 @@ async def metadata(session: KafkaSession, body: Mapping[str, Any], version: int)
         names = [summary.name for summary in service.list_topics()]
     else:
         names = [topic["name"] for topic in asked]
+    nodes = session.nodes
+    brokers = nodes.brokers(session.advertised_address)
+    live = [broker.node_id for broker in brokers]
     topics = []
     for name in names:
         try:
-            count = len(service.partitions(name))
+            queues = service.queue_names(name)
         except TopicError:
             topics.append({"error_code": errors.UNKNOWN_TOPIC_OR_PARTITION, "name": name})
             continue
-        partitions = [
-            {
-                "partition_index": n,
-                "leader_id": NODE_ID,
-                "leader_epoch": -1,
-                "replica_nodes": [NODE_ID],
-                "isr_nodes": [NODE_ID],
-            }
-            for n in range(count)
-        ]
+        partitions = []
+        for n, queue in enumerate(queues):
+            placement = nodes.placement(session.vhost.name, queue, live)
+            if placement is None:  # this node's alone
+                here = nodes.this_node_id
+                placement = Placement(here, [here], [here])
+            leader = placement.leader
+            partitions.append(
+                {
+                    "error_code": errors.NONE
+                    if leader is not None
+                    else errors.LEADER_NOT_AVAILABLE,
+                    "partition_index": n,
+                    "leader_id": -1 if leader is None else leader,
+                    "leader_epoch": -1,
+                    "replica_nodes": placement.replicas,
+                    "isr_nodes": placement.isr,
+                    "offline_replicas": [r for r in placement.replicas if r not in live],
+                }
+            )
         topics.append({"error_code": errors.NONE, "name": name, "partitions": partitions})
-    host, port = session.advertised_address
     return {
-        "brokers": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
+        "brokers": [
+            {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": None} for b in brokers
+        ],
         "cluster_id": "tqbroker",
-        "controller_id": NODE_ID,
+        "controller_id": nodes.this_node_id,
         "topics": topics,
     }
 

@@ -29,14 +29,18 @@ from ...broker.streams.service import (
     OutOfOrderSequence,
     TopicError,
 )
-from ...protocol.kafka import errors
+from ...protocol.kafka import compression, errors
 from ...protocol.kafka.records import (
+    COMPRESSION_MASK,
+    BatchHeader,
     CorruptBatch,
     InvalidRecord,
     RecordTooLarge,
     UnsupportedCompression,
     UnsupportedMagic,
     check_batch,
+    decode_batch,
+    encode_batch,
     split_batches,
 )
 from ..topic_needs import produce as produce_needs
@@ -81,9 +85,11 @@ async def _produce_partition(
 ) -> tuple[int, int]:
     """The error code and base offset of one partition's part of a Produce."""
     try:
-        limit = _max_message_bytes(session, topic)
+        arguments = session.service.arguments(topic)
+        limit = _max_message_bytes(session, arguments)
+        codec = _topic_codec(arguments)
         batches = [
-            (raw, check_batch(raw, max_value=limit, max_name=MAX_NAME_BYTES))
+            _recompressed(raw, check_batch(raw, max_value=limit, max_name=MAX_NAME_BYTES), codec)
             for raw in split_batches(records or b"")
         ]
     except NotFound:
@@ -118,9 +124,28 @@ async def _produce_partition(
     return errors.NONE, offset
 
 
-def _max_message_bytes(session: KafkaSession, topic: str) -> int:
+def _max_message_bytes(session: KafkaSession, arguments: Mapping[str, Any]) -> int:
     """The largest record the topic takes: the broker's ``max_message_size``, or its
-    ``max.message.bytes`` (``x-stream-max-message-bytes``) when less (``NotFound``)."""
+    ``max.message.bytes`` (``x-stream-max-message-bytes``) when less."""
     limit = session.broker.config.max_message_size
-    own = session.service.arguments(topic).get("x-stream-max-message-bytes")
+    own = arguments.get("x-stream-max-message-bytes")
     return min(limit, own) if isinstance(own, int) else limit
+
+
+def _topic_codec(arguments: Mapping[str, Any]) -> int | None:
+    """The codec the topic's ``compression.type`` (``x-stream-compression-type``) stores
+    batches with; None for ``producer`` (the default): as produced."""
+    name = arguments.get("x-stream-compression-type")
+    if not isinstance(name, str) or name == "producer":
+        return None
+    return compression.NONE if name == "uncompressed" else compression.BY_NAME[name]
+
+
+def _recompressed(raw: bytes, header: BatchHeader, codec: int | None) -> tuple[bytes, BatchHeader]:
+    """The batch as the topic stores it: compressed with the topic's codec when it names
+    another (Kafka's ``LogValidator`` recompresses so), else as produced."""
+    if codec is None or header.compression == codec:
+        return raw, header
+    attributes = header.attributes & ~COMPRESSION_MASK | codec
+    batch = decode_batch(raw)._replace(attributes=attributes)
+    return encode_batch(batch), header._replace(attributes=attributes)

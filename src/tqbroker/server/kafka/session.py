@@ -20,6 +20,7 @@ from ...broker.streams.service import StreamService
 from ...broker.vhost import VirtualHost
 from ..topic_needs import Need
 from .groups import GroupCoordinator
+from .nodes import KafkaNodes
 
 ANONYMOUS_USER = "guest"
 DEFAULT_VHOST = "/"
@@ -35,9 +36,11 @@ class KafkaSession:
         peer: Address,
         local_address: Address,
         certificate_username: str | None = None,
+        nodes: KafkaNodes | None = None,
     ) -> None:
         self.broker = broker
         self.groups = groups
+        self.nodes = nodes if nodes is not None else KafkaNodes(None)
         self.peer = peer
         self.local_address = local_address
         advertised = broker.config.kafka_advertised_address
