@@ -644,8 +644,8 @@ def mutants() -> list[Mutant]:
             "login-allowance-keyed-by-address-only",
             "auth",
             "auth/authenticator.py",
-            'source = self._digest(f"{peer.host}\\0{username}")',
-            "source = self._digest(peer.host)",
+            'return self._digest(f"{peer.host}\\0{username}")',
+            "return self._digest(peer.host)",
             LOGINS,
         ),
         Mutant(

@@ -176,7 +176,7 @@ def test_kafka_python_batches_are_stored_and_served_as_produced(
     try:
         got = [
             (m.key, m.value, m.headers, m.offset)
-            for m, _ in zip(consumer, range(COUNT), strict=False)
+            for _, m in zip(range(COUNT), consumer, strict=False)
         ]
     finally:
         consumer.close()

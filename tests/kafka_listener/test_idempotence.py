@@ -10,7 +10,9 @@ OUT_OF_ORDER_SEQUENCE_NUMBER (45); an epoch below the producer's is INVALID_PROD
 The real clients are driven through a test-owned proxy (the broker advertises it:
 ``kafka_advertised_address``) that drops the first Produce response and closes the
 connection, so that the client retries a batch the broker already wrote: kafka-python 3 (its
-producer is idempotent by default) and confluent-kafka (``enable.idempotence``).
+producer is idempotent by default), confluent-kafka (librdkafka's ``enable.idempotence``)
+and aiokafka (``enable_idempotence``). kcat is librdkafka too, but it exits when its only
+broker connection drops ("All broker connections are down: terminating"), before it retries.
 """
 
 from __future__ import annotations
@@ -148,48 +150,65 @@ def make_topic(broker: RunningBroker, name: str) -> None:
         assert http.put(f"/topics/{name}", json={"partitions": 1}).status_code == 201
 
 
-def test_kafka_python_retry_after_a_lost_answer_lands_once(
-    proxied: tuple[RunningBroker, DroppingProxy],
-) -> None:
-    broker, proxy = proxied
-    make_topic(broker, "once-kp")
-    host, port = proxy.address
+COUNT = 30
+
+
+def kafka_python_sends(bootstrap: str, topic: str) -> list[int]:
     producer = KafkaProducer(
-        bootstrap_servers=f"{host}:{port}", enable_idempotence=True, acks="all", retries=5
+        bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", retries=5
     )
     try:
-        offsets = [
-            producer.send("once-kp", b"v%d" % n, partition=0).get(timeout=30).offset
-            for n in range(10)
-        ]
+        sent = [producer.send(topic, b"v%d" % n, partition=0) for n in range(COUNT)]
+        return [future.get(timeout=30).offset for future in sent]
     finally:
         producer.close()
-    assert proxy.dropped.is_set()  # a retry happened
-    assert offsets == list(range(10))
-    assert stored_values(broker, "once-kp") == [f"v{n}" for n in range(10)]
 
 
-def test_confluent_kafka_retry_after_a_lost_answer_lands_once(
-    proxied: tuple[RunningBroker, DroppingProxy],
-) -> None:
-    broker, proxy = proxied
-    make_topic(broker, "once-ck")
-    host, port = proxy.address
-    producer = Producer(
-        {"bootstrap.servers": f"{host}:{port}", "enable.idempotence": True, "linger.ms": 20}
-    )
+def confluent_sends(bootstrap: str, topic: str) -> list[int]:
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     landed: list[int] = []
 
     def delivered(error: Any, message: Any) -> None:
         assert error is None, error
         landed.append(message.offset())
 
-    for n in range(50):
-        producer.produce("once-ck", b"v%d" % n, partition=0, on_delivery=delivered)
+    for n in range(COUNT):
+        producer.produce(topic, b"v%d" % n, partition=0, on_delivery=delivered)
     assert producer.flush(30) == 0
-    assert proxy.dropped.is_set()
-    assert sorted(landed) == list(range(50))
-    assert stored_values(broker, "once-ck") == [f"v{n}" for n in range(50)]
+    return landed
+
+
+def aiokafka_sends(bootstrap: str, topic: str) -> list[int]:
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    async def main() -> list[int]:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, enable_idempotence=True, request_timeout_ms=5000
+        )
+        await producer.start()
+        try:
+            sent = [await producer.send(topic, b"v%d" % n, partition=0) for n in range(COUNT)]
+            return [(await future).offset for future in sent]
+        finally:
+            await producer.stop()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("sends", [kafka_python_sends, confluent_sends, aiokafka_sends])
+def test_a_retry_after_a_lost_answer_lands_once(
+    proxied: tuple[RunningBroker, DroppingProxy], sends: Any
+) -> None:
+    broker, proxy = proxied
+    topic = f"once-{sends.__name__}".replace("_", "-")
+    make_topic(broker, topic)
+    host, port = proxy.address
+    offsets = sends(f"{host}:{port}", topic)
+    assert proxy.dropped.is_set()  # a retry happened
+    assert sorted(offsets) == list(range(COUNT))
+    assert stored_values(broker, topic) == [f"v{n}" for n in range(COUNT)]
 
 
 def idempotent_batch(producer: int, epoch: int, sequence: int, values: list[bytes]) -> bytes:

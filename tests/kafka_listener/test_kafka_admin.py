@@ -387,3 +387,44 @@ def test_describing_a_group_needs_read(broker: RunningBroker) -> None:
         broker.kafka_bootstrap, 15, 3, {"groups": ["kp-committed"]}, login=("reader", "pw")
     )
     assert (answer["groups"][0]["error_code"], answer["groups"][0]["group_state"]) == (0, "Empty")
+
+
+def test_aiokafka_admin_client(broker: RunningBroker) -> None:
+    """aiokafka's ``AIOKafkaAdminClient``: create, list, grow, describe the configs of and
+    delete a topic, and list and describe groups (it has no IncrementalAlterConfigs: its
+    ``alter_configs`` sends AlterConfigs, 33, which is not served)."""
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin import NewPartitions as AkPartitions
+    from aiokafka.admin import NewTopic as AkTopic
+    from aiokafka.admin.config_resource import ConfigResource as AkResource
+    from aiokafka.admin.config_resource import ConfigResourceType as AkResourceType
+
+    name = f"ak-admin-{uuid.uuid4().hex[:8]}"
+
+    async def main() -> tuple[Any, ...]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.kafka_bootstrap)
+        await admin.start()
+        try:
+            configs = {"retention.ms": "3600000", "cleanup.policy": "compact"}
+            await admin.create_topics([AkTopic(name, 2, 1, topic_configs=configs)])
+            listed = await admin.list_topics()
+            await admin.create_partitions({name: AkPartitions(4)})
+            described = await admin.describe_configs([AkResource(AkResourceType.TOPIC, name)])
+            groups = await admin.list_consumer_groups()
+            await admin.delete_topics([name])
+            after = await admin.list_topics()
+            return listed, described, groups, after
+        finally:
+            await admin.close()
+
+    listed, described, _groups, after = asyncio.run(main())
+    assert name in listed
+    assert name not in after
+    ((_code, _message, _type, resource_name, entries),) = described[0].resources
+    assert resource_name == name
+    values = {entry[0]: entry[1] for entry in entries}
+    assert values["retention.ms"] == "3600000"
+    assert values["cleanup.policy"] == "compact"
+    assert http_topic(broker, name).status_code == 404

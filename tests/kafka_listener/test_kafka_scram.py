@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,7 +67,7 @@ def kafka_python(bootstrap: str, mechanism: str, user: str, password: str) -> in
         bootstrap_servers=bootstrap,
         **sasl(mechanism, user, password),
         max_block_ms=5000,
-        bootstrap_timeout_ms=3000,  # a refused login is retried until then
+        bootstrap_timeout_ms=1500,  # a refused login is retried until then
     )
     try:
         offset: int = producer.send(TOPIC, value=b"kafka-python").get(10).offset
@@ -90,7 +91,9 @@ def confluent(bootstrap: str, mechanism: str, user: str, password: str) -> int:
     )
     delivered: list[Any] = []
     producer.produce(TOPIC, b"confluent", on_delivery=lambda e, m: delivered.append((e, m)))
-    producer.flush(10)
+    deadline = time.monotonic() + 10
+    while not errors and not delivered and time.monotonic() < deadline:
+        producer.poll(0.05)  # a refused login reaches error_cb at once: no message timeout
     if errors:
         raise KafkaException(errors[0])
     error, message = delivered[0]

@@ -133,13 +133,12 @@ class Authenticator:
     async def login(self, username: str, password: str | None, peer: Peer) -> AuthUser:
         """The authenticated user; ``password`` None is EXTERNAL (``username`` from the
         certificate). LoginRefused after ``failure_delay`` otherwise."""
-        source = self._digest(f"{peer.host}\0{username}")
+        source = self._source(peer, username)
         token = None if password is None else self._digest(f"{username}\0{password}")
         cached = self._cached(token)
         user = None if cached is None else cached[0]
         if user is None:  # not a recent success: the allowance applies
-            if not self.buckets.allows(source):
-                await self._refuse(username, RATE_LIMITED, peer, source, count=False)
+            await self._within_allowance(username, peer, source)
             if cached is None:  # a failure the cache holds is not asked again
                 user = await self._authenticate(username, password, peer, source, token)
         if user is None:
@@ -155,9 +154,8 @@ class Authenticator:
         proof against; LoginRefused (after ``failure_delay``) for a source over its
         allowance, or an unknown user or one without that credential (counted, as a wrong
         password is)."""
-        source = self._digest(f"{peer.host}\0{username}")
-        if not self.buckets.allows(source):
-            await self._refuse(username, RATE_LIMITED, peer, source, count=False)
+        source = self._source(peer, username)
+        await self._within_allowance(username, peer, source)
         internal = self.chain.backends.get("internal")
         user = internal.db.get(username) if isinstance(internal, InternalBackend) else None
         credential = None if user is None else user.scram_credential(mechanism)
@@ -168,12 +166,21 @@ class Authenticator:
     async def scram_login(self, user: AuthUser, proved: bool, peer: Peer) -> AuthUser:
         """The end of a SCRAM login whose proof the caller checked: ``user``, or LoginRefused
         (after ``failure_delay``; a wrong proof counted against the source)."""
-        source = self._digest(f"{peer.host}\0{user.name}")
+        source = self._source(peer, user.name)
         if not proved:
             await self._refuse(user.name, INVALID_CREDENTIALS, peer, source)
         if user.name in self.loopback_users and not is_loopback(peer.host):
             await self._refuse(user.name, LOOPBACK_ONLY, peer, source, count=False)
         return user
+
+    def _source(self, peer: Peer, username: str) -> bytes:
+        """What the failure allowance is kept by: the address and the username, keyed."""
+        return self._digest(f"{peer.host}\0{username}")
+
+    async def _within_allowance(self, username: str, peer: Peer, source: bytes) -> None:
+        """Refused at once (not counted) when ``source`` has no failures left to spend."""
+        if not self.buckets.allows(source):
+            await self._refuse(username, RATE_LIMITED, peer, source, count=False)
 
     def _digest(self, text: str) -> bytes:
         return hmac.digest(self._key, text.encode("utf-8", "surrogatepass"), "sha256")

@@ -288,8 +288,7 @@ async def produce(
             following = max(following, expected or 0)
             for n in sorted({n for n, _offset in landed}):  # kept with the records it wrote
                 found[n].partition.record_producer(producer[0], HTTP_PRODUCER_EPOCH, following)
-        if not await durability.wait():
-            raise Unavailable(f"topic '{topic}': the write could not be made durable")
+        await _made_durable(durability, topic)
     return landed
 
 
@@ -332,13 +331,18 @@ async def produce_kafka_batches(
             if producer >= 0:  # durable with the batch: the same flush writes both
                 state = recent.appended(producer, epoch, sequence, count, offset)
                 stream.record_producer(state_key(producer), state.epoch, state.next_sequence)
-        if not await durability.wait():
-            raise Unavailable(f"topic '{topic}': the write could not be made durable")
+        await _made_durable(durability, topic)
     deadline = trio.current_time() + REPEAT_WAIT
     if repeated >= stream.high_watermark and not await stream.wait_beyond(repeated, deadline):
         raise Unavailable(f"topic '{topic}': the write could not be made durable")
     assert first is not None  # at least one batch
     return first
+
+
+async def _made_durable(durability: Durability, topic: str) -> None:
+    """Wait for the write's flushes; ``Unavailable`` if one failed."""
+    if not await durability.wait():
+        raise Unavailable(f"topic '{topic}': the write could not be made durable")
 
 
 def _expected_sequence(found: Sequence[StreamQueue], producer: str) -> int | None:
