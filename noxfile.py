@@ -45,7 +45,8 @@ def tests(session: nox.Session) -> None:
     """The test suite (slow tests excluded unless asked for with ``-- -m slow``); durable queues
     on the default ``log`` backend."""
     python, env = dev_env(session)
-    args = session.posargs or ["-m", "not slow", *PARALLEL]
+    # the 25 slowest tests are printed: the set must stay under 15 minutes on two cores
+    args = session.posargs or ["-m", "not slow", "--durations=25", *PARALLEL]
     session.run(python, "-m", "pytest", "-p", "no:cacheprovider", *args, env=env, external=True)
 
 

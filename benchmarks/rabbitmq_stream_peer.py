@@ -1,7 +1,7 @@
 """RabbitMQ's native stream protocol as a peer for tqbroker's stream numbers (issue 31, item 6).
 
     cd benchmarks && PYTHONPATH=..:../src python rabbitmq_stream_peer.py \\
-        [--count 200000] [--size 100] [--batch 1000] [--window 20000] [--client rstream|rbfly]
+        [--count 200000] [--size 100] [--batch 1000] [--window 20000] [--client rstream]
 
 What it measures: ``measure_rabbitmq_stream(count, size)`` starts a private RabbitMQ node (Debian's
 ``rabbitmq-server``, 3.10.8 here) on loopback the way ``targets.RabbitMQTarget`` does (its own
@@ -34,9 +34,9 @@ and calls the confirm callback once per message) and ~2 µs per consumed one, ag
 while the broker's ``beam.smp`` stays at 30-50 %. So the rates are a lower bound on what
 RabbitMQ's stream protocol can do; its CPU µs per message are the broker's real cost (they
 include what Erlang's schedulers spend busy-waiting between bursts, as any RabbitMQ run does).
-``--client rbfly`` (RbFly 0.10, Cython codecs, binary publisher; it keeps one frame in flight per
-publisher, so it runs ``window // batch`` publishers side by side) measured slower here (~6 µs of
-client CPU per message both ways), so rstream is the default. Each line printed gives both
+RbFly 0.10 (Cython codecs, a binary batch publisher with one frame in flight per publisher) was
+measured too and was slower here (~6 µs of client CPU per message both ways), so rstream is the
+one client kept. Each line printed gives both
 processes' share of a core and an estimate of what everything else on the machine used
 (``/proc/stat`` less the two; tick-based, rough over a phase under a second): a busy machine
 shows there.
@@ -196,55 +196,8 @@ async def rstream_consume(port: int, count: int) -> float:
         await consumer.close()
 
 
-async def rbfly_produce(port: int, messages: list[bytes], batch: int, window: int) -> float:
-    """Publish ``messages`` with RbFly's binary batch publisher: ``window // batch`` publishers
-    side by side (each keeps one frame of ``batch`` messages unconfirmed); the seconds until the
-    last confirm."""
-    from rbfly.streams import streams_client
-    from rbfly.streams._client import PublisherBinBatch
-
-    client = streams_client(f"rabbitmq-stream://{USER}:{PASSWORD}@127.0.0.1:{port}/")
-    publishers = max(1, window // batch)
-
-    async def publish(index: int) -> None:
-        name = f"tqbench-{os.getpid()}-{index}"
-        async with client.publisher(STREAM, name=name, cls=PublisherBinBatch) as publisher:
-            for first in range(index * batch, len(messages), publishers * batch):
-                for message in messages[first : first + batch]:
-                    publisher.batch(message)
-                await publisher.flush()
-
-    try:
-        await client.create_stream(STREAM)
-        start = time.perf_counter()
-        async with asyncio.TaskGroup() as group:
-            for index in range(publishers):
-                group.create_task(publish(index))
-        return time.perf_counter() - start
-    finally:
-        await client.disconnect()
-
-
-async def rbfly_consume(port: int, count: int) -> float:
-    """Read the stream from ``first`` with RbFly (no AMQP decoding); the seconds to ``count``."""
-    from rbfly.streams import Offset, OffsetType, streams_client
-
-    client = streams_client(f"rabbitmq-stream://{USER}:{PASSWORD}@127.0.0.1:{port}/")
-    received = 0
-    try:
-        start = time.perf_counter()
-        async for _message in client.subscribe(STREAM, offset=Offset(OffsetType.FIRST), amqp=False):
-            received += 1
-            if received >= count:
-                break
-        return time.perf_counter() - start
-    finally:
-        await client.disconnect()
-
-
 CLIENTS: dict[str, tuple[Produce, Consume]] = {
     "rstream": (rstream_produce, rstream_consume),
-    "rbfly": (rbfly_produce, rbfly_consume),
 }
 
 
