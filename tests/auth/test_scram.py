@@ -116,6 +116,7 @@ def test_client_final_refusals() -> None:
 
     for final, why in [
         (b"c=biws,r=CX,p=%s", "nonce"),
+        (b"c=biws,r=CSX,p=%s", "nonce"),
         (b"c=eSws,r=CS,p=%s", "channel binding"),
         (b"c=biws,r=CS,p=%s", "invalid credentials"),
         (b"c=biws,r=CS", "invalid SCRAM client-final"),

@@ -1,6 +1,6 @@
 """A consumer group of three members rebalancing on join and leave while a producer writes,
-with confluent-kafka (librdkafka) and aiokafka (kafka-python 3's is in ``test_kafka_groups``):
-no record is skipped and none read twice.
+with confluent-kafka (librdkafka), aiokafka and kcat (kafka-python 3's is in
+``test_kafka_groups``): no record is skipped and none read twice.
 
 Kafka's guarantee is at least once, with a duplicate only past the last commit at the
 revocation: a member that commits what it processed in ``onPartitionsRevoked`` hands its
@@ -12,13 +12,18 @@ coordinator takes a commit of the current generation while the group prepares a 
 ("During PreparingRebalance phase, we still allow a commit request", ``doCommitOffsets`` in
 Kafka's ``GroupCoordinator.scala``) and refuses it with REBALANCE_IN_PROGRESS only once the
 members joined (CompletingRebalance). Each member here commits synchronously after each
-batch and on revocation, so every record is read exactly once.
+batch and on revocation, so every record is read exactly once. kcat's members (``kcat -G``)
+commit as librdkafka's auto-commit does: what was handed to kcat, every interval, at each
+revocation and when the member closes on SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -100,6 +105,8 @@ class ConfluentProducing:
         self.topic = topic
         self.acked: list[tuple[int, int]] = []
         self.halt = threading.Event()
+        self.pausing = threading.Event()
+        self.idle = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -107,9 +114,26 @@ class ConfluentProducing:
         assert error is None, error
         self.acked.append(position(message))
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No record produced meanwhile; every one before acknowledged."""
+        self.pausing.set()
+        assert self.idle.wait(timeout=10)
+        try:
+            yield
+        finally:
+            self.idle.clear()
+            self.pausing.clear()
+
     def _run(self) -> None:
         n = 0
         while not self.halt.is_set():
+            if self.pausing.is_set():
+                if not self.idle.is_set():
+                    assert self.producer.flush(10) == 0
+                    self.idle.set()
+                time.sleep(0.01)
+                continue
             for _ in range(10):
                 key, value = b"k%d" % (n % 60), b"%d" % n
                 self.producer.produce(self.topic, value, key, on_delivery=self._delivered)
@@ -336,3 +360,98 @@ def test_aiokafka_group_rebalances_without_gap_or_duplicate(broker: RunningBroke
     assert not [r for m in members for r in m.refused]
     assert_read_once(acked, [p for m in members for p in m.read])
     assert committed(broker, "rb-aio", "rb-aio-g") == ends(acked)
+
+
+# -- kcat --------------------------------------------------------------------------------------
+
+
+class KcatMember:
+    """``kcat -G``: a balanced consumer printing each record's partition and offset, its
+    assignments read from what it reports on stderr (``% Group ... rebalanced ...: assigned:
+    topic [0], ...``). Where to start comes from ``auto.offset.reset``, not ``-o``: kcat's
+    ``rebalance_cb`` sets each assigned partition to ``-o``'s offset, over the commit."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+        self.process = subprocess.Popen(
+            [
+                *("kcat", "-b", bootstrap, "-G", group, "-u"),
+                *("-f", "%p %o\n"),
+                *("-X", f"session.timeout.ms={GROUP_OPTIONS['session_timeout_ms']}"),
+                *("-X", f"heartbeat.interval.ms={GROUP_OPTIONS['heartbeat_interval_ms']}"),
+                *("-X", "auto.commit.interval.ms=200", "-X", "auto.offset.reset=earliest"),
+                topic,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.assigned: frozenset[int] = frozenset()
+        self.read: list[tuple[int, int]] = []
+        self.errors: list[str] = []
+        self.threads = [
+            threading.Thread(target=self._records, daemon=True),
+            threading.Thread(target=self._reports, daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _records(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            partition, offset = line.split()
+            self.read.append((int(partition), int(offset)))
+
+    def _reports(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            if "rebalanced" in line:
+                partitions = frozenset(int(p) for p in re.findall(r"\[(\d+)\]", line))
+                self.assigned = partitions if "assigned:" in line else frozenset()
+            elif "ERROR" in line or "FAIL" in line:
+                self.errors.append(line.strip())
+
+    def close(self) -> None:
+        self.process.terminate()  # kcat closes its consumer: a last commit, then it leaves
+        assert self.process.wait(timeout=20) == 0
+        for thread in self.threads:
+            thread.join(timeout=10)
+        for pipe in (self.process.stdout, self.process.stderr):
+            assert pipe is not None
+            pipe.close()
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="Debian's kcat is not installed")
+@pytest.mark.timeout(45)
+def test_kcat_group_rebalances_without_gap_or_duplicate(broker: RunningBroker) -> None:
+    create_topic(broker, "rb-kcat", PARTITIONS)
+    producing = ConfluentProducing(broker.kafka_bootstrap, "rb-kcat")
+    members: list[KcatMember] = []
+
+    def read_everything(among: list[KcatMember]) -> bool:
+        return set(producing.acked) <= {p for m in among for p in m.read}
+
+    def leave(n: int) -> None:
+        # A record kcat polls after SIGTERM is not printed, yet librdkafka stored its offset
+        # as it handed it over (kcat's consume_cb returns at once once told to stop), and the
+        # close commits it: the member leaves once it has caught up, with nothing in flight.
+        with producing.paused():
+            eventually(lambda: read_everything(members), timeout=10, what="members caught up")
+            members[n].close()
+
+    try:
+        run_phases(
+            members,
+            lambda n: members.append(KcatMember(broker.kafka_bootstrap, "rb-kcat", "rb-kcat-g")),
+            leave,
+            lambda: len(producing.acked),
+        )
+        producing.stop()
+        eventually(lambda: read_everything(members), timeout=15, what="all records read")
+    finally:
+        producing.halt.set()
+        for member in members:
+            if member.process.poll() is None:
+                member.close()
+    assert not [e for m in members for e in m.errors]
+    assert_read_once(producing.acked, [p for m in members for p in m.read])
+    assert committed(broker, "rb-kcat", "rb-kcat-g") == ends(producing.acked)

@@ -16,6 +16,9 @@ clients reconnect through the new bootstrap address.
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -23,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition as AioTopicPartition
 from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as ConfluentTopicPartition
 from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata
@@ -37,6 +42,13 @@ pytestmark = pytest.mark.timeout(90)
 PARTITIONS = 3
 RECORDS = 300
 GROUP_OPTIONS = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 200}
+# kafka-python's and aiokafka's names for a member that commits by hand
+PYTHON_MEMBER_OPTIONS: dict[str, Any] = {
+    "auto_offset_reset": "earliest",
+    "enable_auto_commit": False,
+    "session_timeout_ms": 6000,
+    "heartbeat_interval_ms": 200,
+}
 
 Positions = dict[tuple[int, int], bytes | None]  # (partition, offset) -> value
 
@@ -203,13 +215,7 @@ def committed_by(read: Iterable[tuple[int, int]]) -> dict[int, int | None]:
 
 def kafka_python_member(bootstrap: str, topic: str, group: str) -> KafkaConsumer:
     return KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=200,
+        topic, bootstrap_servers=bootstrap, group_id=group, **PYTHON_MEMBER_OPTIONS
     )
 
 
@@ -272,3 +278,137 @@ def test_kafka_python_resumes_at_the_commit_after_kill_9(tmp_path: Path) -> None
         assert_resumed_at(commit, got, acked)
         everything = consume(restarted, "k9-kp", RECORDS)
     assert {(r.partition, r.offset): r.value for r in everything} == acked
+
+
+# -- aiokafka ----------------------------------------------------------------------------------
+
+
+def aiokafka_member(bootstrap: str, topic: str, group: str) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=group, **PYTHON_MEMBER_OPTIONS
+    )
+
+
+async def aiokafka_read(consumer: AIOKafkaConsumer, count: int) -> list[Any]:
+    """``(partition, offset, value)`` of each record ``consumer`` got until it has ``count``."""
+    got: list[Any] = []
+    while len(got) < count:
+        for records in (await consumer.getmany(timeout_ms=200)).values():
+            got.extend((r.partition, r.offset, r.value) for r in records)
+    return got
+
+
+async def aiokafka_produce_and_commit(bootstrap: str) -> tuple[Positions, dict[int, int | None]]:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    acked: Positions = {}
+    try:
+        values = [b"v%d" % n for n in range(RECORDS)]
+        sent = [await producer.send("k9-aio", v, key=v[-1:]) for v in values]
+        for value, metadata in zip(values, await asyncio.gather(*sent), strict=True):
+            acked[(metadata.partition, metadata.offset)] = value
+    finally:
+        await producer.stop()
+    consumer = aiokafka_member(bootstrap, "k9-aio", "k9-aio-g")
+    await consumer.start()
+    try:
+        read = await aiokafka_read(consumer, RECORDS // 2)
+        commit = committed_by((p, o) for p, o, _value in read)
+        await consumer.commit(
+            {AioTopicPartition("k9-aio", p): end for p, end in commit.items() if end is not None}
+        )
+    finally:
+        await consumer.stop()
+    return acked, commit
+
+
+async def aiokafka_resume(bootstrap: str, count: int) -> list[Any]:
+    consumer = aiokafka_member(bootstrap, "k9-aio", "k9-aio-g")
+    await consumer.start()
+    try:
+        return await aiokafka_read(consumer, count)
+    finally:
+        await consumer.stop()
+
+
+def test_aiokafka_resumes_at_the_commit_after_kill_9(tmp_path: Path) -> None:
+    broker = start(tmp_path)
+    try:
+        create_topic(broker, "k9-aio", PARTITIONS)
+        acked, commit = asyncio.run(
+            asyncio.wait_for(aiokafka_produce_and_commit(broker.kafka_bootstrap), 60)
+        )
+        assert committed(broker, "k9-aio", "k9-aio-g") == commit
+        broker.kill()
+    finally:
+        if broker.proc.poll() is None:
+            broker.kill()
+    with start(tmp_path) as restarted:
+        assert committed(restarted, "k9-aio", "k9-aio-g") == commit
+        remaining = RECORDS - sum(n or 0 for n in commit.values())
+        got = asyncio.run(
+            asyncio.wait_for(aiokafka_resume(restarted.kafka_bootstrap, remaining), 60)
+        )
+        assert_resumed_at(commit, got, acked)
+        everything = consume(restarted, "k9-aio", RECORDS)
+    assert {(r.partition, r.offset): r.value for r in everything} == acked
+
+
+# -- kcat --------------------------------------------------------------------------------------
+
+
+def kcat_member(bootstrap: str, *arguments: str) -> list[Any]:
+    """``kcat -G`` in group ``k9-kcat-g`` until ``arguments`` stop it (``-c N``: N records;
+    ``-e``: the end of every assigned partition); ``(partition, offset, value)`` of each record
+    it printed. librdkafka's auto-commit commits what it handed over when kcat closes."""
+    done = subprocess.run(
+        [
+            *("kcat", "-b", bootstrap, "-G", "k9-kcat-g", "-f", "%p %o %s\n"),
+            *("-X", "auto.offset.reset=earliest", "-X", "session.timeout.ms=6000"),
+            *(*arguments, "k9-kcat"),
+        ],
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return [
+        (int(p), int(o), value.encode())
+        for p, o, value in (line.split() for line in done.stdout.splitlines())
+    ]
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="Debian's kcat is not installed")
+def test_kcat_resumes_at_the_commit_after_kill_9(tmp_path: Path) -> None:
+    broker = start(tmp_path)
+    try:
+        create_topic(broker, "k9-kcat", PARTITIONS)
+        # kcat -P exits 0 once every record was delivered, acknowledged by all in-sync replicas
+        produced = subprocess.run(
+            [
+                *("kcat", "-b", broker.kafka_bootstrap, "-P", "-t", "k9-kcat", "-K:"),
+                *("-X", "acks=all", "-X", "partitioner=murmur2_random"),
+            ],
+            input="".join(f"k{n % 30}:v{n}\n" for n in range(RECORDS)),
+            text=True,
+            capture_output=True,
+            timeout=60,
+        )
+        assert produced.returncode == 0, produced.stderr
+        acked: Positions = {
+            (r.partition, r.offset): r.value for r in consume(broker, "k9-kcat", RECORDS)
+        }
+        assert len(acked) == RECORDS
+        read = kcat_member(broker.kafka_bootstrap, "-c", str(RECORDS // 2))
+        assert len(read) == RECORDS // 2
+        commit = committed_by((p, o) for p, o, _value in read)
+        assert committed(broker, "k9-kcat", "k9-kcat-g") == commit
+        broker.kill()
+    finally:
+        if broker.proc.poll() is None:
+            broker.kill()
+    with start(tmp_path) as restarted:
+        assert committed(restarted, "k9-kcat", "k9-kcat-g") == commit
+        got = kcat_member(restarted.kafka_bootstrap, "-e")
+        assert_resumed_at(commit, got, acked)
+        assert len(got) == RECORDS - RECORDS // 2

@@ -1,15 +1,19 @@
 """SASL SCRAM-SHA-256 and SCRAM-SHA-512 on the Kafka listener (KIP-84) with kafka-python,
-confluent-kafka (librdkafka) and aiokafka: a user whose password was set through the HTTP API
-logs in and produces; a wrong password is refused; a user imported with a RabbitMQ password
-hash alone has no SCRAM credentials, so SCRAM refuses it (SASL_AUTHENTICATION_FAILED, 58,
-saying why) while PLAIN logs it in. Kafka closes the connection after a failed login
-(``SaslServerAuthenticator``): the raw exchanges check that."""
+confluent-kafka (librdkafka), aiokafka and Debian's kcat (librdkafka 2.0.2, which logs in only
+where SaslHandshake version 0 is served; it then speaks version 1): a user whose password was
+set through the HTTP API logs in and produces; a wrong password is refused; a user imported
+with a RabbitMQ password hash alone has no SCRAM credentials, so SCRAM refuses it
+(SASL_AUTHENTICATION_FAILED, 58, saying why) while PLAIN logs it in. Kafka closes the
+connection after a failed login (``SaslServerAuthenticator``): the raw exchanges check that."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import shutil
 import socket
+import struct
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -118,8 +122,36 @@ def aiokafka(bootstrap: str, mechanism: str, user: str, password: str) -> int:
     return asyncio.run(produce())
 
 
-CLIENTS = [kafka_python, confluent, aiokafka]
-REFUSED = (KafkaError, KafkaException, AIOKafkaError)
+class KcatFailed(Exception):
+    """kcat exited non-zero (a refused login: ``Local: Authentication failure``)."""
+
+
+def kcat(bootstrap: str, mechanism: str, user: str, password: str) -> int:
+    """Produce a record, then read the offset of the last one back, logged in both times."""
+    login = [
+        *("-X", "security.protocol=SASL_PLAINTEXT", "-X", f"sasl.mechanisms={mechanism}"),
+        *("-X", f"sasl.username={user}", "-X", f"sasl.password={password}"),
+    ]
+    runs = [(["-P", "-X", "message.timeout.ms=5000"], "kcat\n"), (["-C", "-o", "-1", "-e"], "")]
+    out = ""
+    for arguments, given in runs:
+        done = subprocess.run(
+            ["kcat", "-b", bootstrap, "-t", TOPIC, *login, *arguments, "-f", "%o\n"],
+            input=given,
+            text=True,
+            capture_output=True,
+            timeout=30,
+        )
+        if done.returncode != 0:
+            raise KcatFailed(done.stderr)
+        out = done.stdout
+    return int(out.split()[-1])
+
+
+CLIENTS: list[Any] = [kafka_python, confluent, aiokafka]
+if shutil.which("kcat") is not None:
+    CLIENTS.append(kcat)
+REFUSED = (KafkaError, KafkaException, AIOKafkaError, KcatFailed)
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
@@ -170,4 +202,45 @@ def test_the_exchange_and_its_refusals_on_the_wire(broker: RunningBroker, mechan
         assert bad["error_code"] == 0
         answer = exchange(raw, 36, 1, {"auth_bytes": f"c=biws,r=x,p={proof}".encode()})
         assert answer["error_code"] == 58  # a client-final first: not a client-first
+        assert raw.recv(10) == b""
+
+
+def _bare(raw: socket.socket, token: bytes) -> bytes:
+    """A token as a bare size-prefixed frame, and the bare frame that answers it."""
+    raw.sendall(struct.pack(">i", len(token)) + token)
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+        chunk = raw.recv(65536)
+        assert chunk, "closed before the answer"
+        data += chunk
+    return data[4:]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_version_0_handshakes_take_bare_tokens(broker: RunningBroker, mechanism: str) -> None:
+    """After SaslHandshake version 0 the tokens are frames without a request header, and so
+    are the answers (``SaslServerAuthenticator.handleSaslToken``: ``sizePrefixed`` responses
+    when ``enableKafkaSaslAuthenticateHeaders`` is off; ``handleHandshakeRequest`` turns it on
+    from version 1 only); PLAIN answers with an empty token; a refusal closes the connection,
+    version 0 having no error to carry."""
+    host, port = broker.kafka_bootstrap.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        client = ScramClient("carol", "c4rol", mechanism)
+        assert exchange(raw, 17, 0, {"mechanism": mechanism})["error_code"] == 0
+        client.process_server_first_message(_bare(raw, client.first_message()))
+        client.process_server_final_message(_bare(raw, client.final_message()))
+        assert exchange(raw, 3, 1, {"topics": None})["topics"]  # logged in: requests again
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        client = ScramClient("carol", "wrong", mechanism)
+        assert exchange(raw, 17, 0, {"mechanism": mechanism})["error_code"] == 0
+        client.process_server_first_message(_bare(raw, client.first_message()))
+        raw.sendall(struct.pack(">i", len(client.final_message())) + client.final_message())
+        assert raw.recv(10) == b""
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        assert exchange(raw, 17, 0, {"mechanism": "PLAIN"})["error_code"] == 0
+        assert _bare(raw, b"\0hasher\0h4sh") == b""
+        assert exchange(raw, 3, 1, {"topics": None})["topics"]
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        assert exchange(raw, 17, 0, {"mechanism": "PLAIN"})["error_code"] == 0
+        raw.sendall(struct.pack(">i", 13) + b"\0hasher\0wrong")
         assert raw.recv(10) == b""

@@ -157,6 +157,17 @@ def test_kcat_over_ssl(broker: RunningBroker, pki: Pki) -> None:
         timeout=30,
     )
     assert consumed.stdout.split() == [b"one", b"two"]
+    # SASL PLAIN over SASL_SSL: librdkafka 2.0.2 logs in only where SaslHandshake 0 is served
+    sasl_flags = ["-X", "security.protocol=SASL_SSL", "-X", f"ssl.ca.location={pki.ca}"]
+    sasl_flags += ["-X", "sasl.mechanisms=PLAIN", "-X", "sasl.username=carol"]
+    sasl_flags += ["-X", f"sasl.password={PLAIN['password']}"]
+    logged_in = subprocess.run(
+        [*common[:3], *sasl_flags, "-t", "tls-kcat", "-C", "-o", "beginning", "-e", "-q"],
+        capture_output=True,
+        check=True,
+        timeout=30,
+    )
+    assert logged_in.stdout.split() == [b"one", b"two"]
 
 
 @pytest.fixture(scope="module")

@@ -176,6 +176,12 @@ class KafkaConnection:
         return size
 
     async def _answer(self, frame: bytes) -> bytes | None:
+        if self.session.unframed_tokens:  # a SASL token after a version 0 handshake
+            reply = await sasl.unframed_token(self.session, frame)
+            if reply is None:
+                log.info("kafka %s: a SASL login refused: closing", self.peer)
+                raise _Close
+            return reply
         try:
             header, body = decode_request(frame)
         except UnknownApi as exc:

@@ -55,7 +55,7 @@ SERVED: Mapping[int, tuple[int, int]] = {
     14: (0, 3),  # SyncGroup
     15: (0, 3),  # DescribeGroups
     16: (0, 2),  # ListGroups
-    17: (1, 1),  # SaslHandshake (version 0's unframed tokens are not served)
+    17: (0, 1),  # SaslHandshake (after version 0, the tokens are bare frames: sasl.py)
     18: (0, 3),  # ApiVersions
     19: (0, 3),  # CreateTopics
     20: (0, 3),  # DeleteTopics

@@ -1,5 +1,8 @@
-"""SASL on the Kafka listener: SaslHandshake (v1: the mechanism), then SaslAuthenticate with
-the mechanism's tokens (KIP-152).
+"""SASL on the Kafka listener: SaslHandshake (the mechanism), then the mechanism's tokens: in
+SaslAuthenticate requests after a version 1 handshake (KIP-152), or after a version 0 one as
+bare size-prefixed frames answered by bare frames, as Kafka's ``SaslServerAuthenticator``
+(``handleSaslToken``) takes them (librdkafka before 2.11.1, Debian's kcat among them, needs
+version 0 served to log in at all: ``shared/reference/kafka.md`` §1.1).
 
 - PLAIN (RFC 4616): one token, ``authzid NUL authcid NUL password``, logged in as an AMQP
   PLAIN login is (the broker's users and authentication backends);
@@ -9,7 +12,8 @@ the mechanism's tokens (KIP-152).
   SCRAM credentials).
 
 A refusal is SASL_AUTHENTICATION_FAILED with the reason, and the connection closes after it
-(``connection.py``), as Kafka's ``SaslServerAuthenticator`` does.
+(``connection.py``), as Kafka's ``SaslServerAuthenticator`` does; after a version 0 handshake
+there is no way to say why, so the connection just closes.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ async def sasl_handshake(
     if mechanism not in MECHANISMS:
         return {"error_code": errors.UNSUPPORTED_SASL_MECHANISM, "mechanisms": MECHANISMS}
     session.mechanism = mechanism
+    session.unframed_tokens = version == 0
     if mechanism != PLAIN:
         session.scram = ScramServer(mechanism)
     return {"error_code": errors.NONE, "mechanisms": MECHANISMS}
@@ -61,6 +66,18 @@ async def sasl_authenticate(
         return _answer(errors.SASL_AUTHENTICATION_FAILED, refused)
     session.mechanism = None
     return _answer(errors.NONE, None)
+
+
+async def unframed_token(session: KafkaSession, token: bytes) -> bytes | None:
+    """A token after a version 0 handshake: the server's token, size-prefixed (empty for
+    PLAIN, as Kafka's ``PlainSaslServer`` answers), or None when the login is refused."""
+    answer = await sasl_authenticate(session, {"auth_bytes": token}, 0)
+    if answer["error_code"] != errors.NONE:
+        return None
+    if session.mechanism is None:  # logged in: requests again
+        session.unframed_tokens = False
+    reply: bytes = answer["auth_bytes"]
+    return len(reply).to_bytes(4, "big") + reply
 
 
 async def _scram(session: KafkaSession, server: ScramServer, token: bytes) -> dict[str, Any]:

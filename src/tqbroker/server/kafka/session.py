@@ -52,6 +52,7 @@ class KafkaSession:
         self.user: AuthUser | None = None
         self.client_id = ""  # the current request's
         self.mechanism: str | None = None  # the SASL mechanism of a handshake, until its login
+        self.unframed_tokens = False  # a version 0 handshake: its tokens come as bare frames
         self.scram: ScramServer | None = None  # a SCRAM login under way
         self.scram_user: AuthUser | None = None  # whose credential it checks the proof against
         self.certificate_username = certificate_username  # a verified TLS client certificate's
